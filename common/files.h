@@ -1,0 +1,24 @@
+// Filesystem helpers: whole-file reads and crash-safe replacement.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace msaflow {
+
+// Reads the whole file. Throws kNotFound if it does not exist, kIo on other failures.
+std::string ReadFile(const std::string& path);
+
+// Writes `data` to a temporary file beside `path`, fsyncs it, renames it over `path` and fsyncs
+// the directory: a reader sees the old file or the new one, never a mix. Creates parent
+// directories. Throws kIo.
+void WriteFileAtomic(const std::string& path, std::string_view data);
+
+// Appends one line and fsyncs (journals). Throws kIo.
+void AppendLineSynced(const std::string& path, std::string_view line);
+
+bool PathExists(const std::string& path);
+void MakeDirs(const std::string& path);
+
+}  // namespace msaflow

@@ -1,0 +1,736 @@
+#include "kernels/executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <set>
+#include <unordered_map>
+
+#include "common/error.h"
+
+namespace msaflow::kernels {
+
+using dnnl::algorithm;
+using dnnl::memory;
+using Dims = std::vector<int64_t>;
+
+namespace {
+
+struct EltStep {
+  algorithm alg;
+  float alpha = 0, beta = 0;
+};
+
+bool IsLinear(const EltStep& s) { return s.alg == algorithm::eltwise_linear; }
+
+// Appends `s` to `chain`, composing consecutive affine steps and dropping identities.
+void PushStep(std::vector<EltStep>& chain, const EltStep& s) {
+  if (IsLinear(s) && !chain.empty() && IsLinear(chain.back())) {
+    EltStep& b = chain.back();  // y = a2 * (a1 x + b1) + b2
+    b.beta = s.alpha * b.beta + s.beta;
+    b.alpha = s.alpha * b.alpha;
+  } else {
+    chain.push_back(s);
+  }
+  if (IsLinear(chain.back()) && chain.back().alpha == 1.f && chain.back().beta == 0.f) chain.pop_back();
+}
+
+enum class Kind { kConv, kEltwise, kBinary, kPool, kGlobalPool, kConcat };
+
+}  // namespace
+
+struct Executor::Op {
+  Kind kind;
+  std::string name;                 // ONNX node name, for errors
+  std::vector<std::string> inputs;  // activations or constants
+  std::string output;
+  // Conv
+  ConstTensor weights, bias;
+  Dims strides{1, 1}, dilations{1, 1}, pads{0, 0, 0, 0};  // pads: top, left, bottom, right
+  std::string auto_pad = "NOTSET";
+  int64_t group = 1;
+  std::vector<EltStep> post;     // eltwise chain after the op
+  std::string sum_input;         // Conv: residual tensor added after `post`
+  std::vector<EltStep> post_sum; // chain after the residual add
+  // Binary
+  algorithm bin = algorithm::binary_add;
+  // Pool
+  algorithm pool = algorithm::pooling_max;
+  Dims kernel;
+  int64_t ceil_mode = 0;
+  // Concat
+  int64_t axis = 1;
+};
+
+struct Executor::Engine {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+};
+
+struct Executor::Plan {
+  struct Step {
+    dnnl::primitive prim;
+    std::unordered_map<int, memory> args;
+  };
+  std::vector<Step> steps;
+  memory input;   // user NCHW, handle set per call
+  memory output;  // [N, C, 1, 1] plain
+  int64_t channels = 0;
+  std::vector<std::shared_ptr<void>> buffers;
+};
+
+namespace {
+
+const ConstTensor* ConstOf(const Graph& g, const std::string& name) {
+  auto it = g.consts.find(name);
+  return it == g.consts.end() ? nullptr : &it->second;
+}
+
+[[noreturn]] void Unsupported(const Node& n, const std::string& what) {
+  Throw(ErrorKind::kUnsupported, "node '" + n.name + "' (" + n.op + "): " + what);
+}
+
+// Scalar constant value of input `i`, if it is one.
+bool ScalarInput(const Graph& g, const Node& n, size_t i, float* v) {
+  if (i >= n.inputs.size()) return false;
+  const ConstTensor* c = ConstOf(g, n.inputs[i]);
+  if (!c || c->numel() != 1) return false;
+  *v = c->data[0];
+  return true;
+}
+
+bool ClipBounds(const Graph& g, const Node& n, float* lo, float* hi) {
+  *lo = n.Float("min", -std::numeric_limits<float>::max());
+  *hi = n.Float("max", std::numeric_limits<float>::max());
+  if (n.inputs.size() > 1 && !n.inputs[1].empty() && !ScalarInput(g, n, 1, lo)) return false;
+  if (n.inputs.size() > 2 && !n.inputs[2].empty() && !ScalarInput(g, n, 2, hi)) return false;
+  return true;
+}
+
+// Rewrites x * clip(x + 3, 0, 6) (the decomposed hardswish that exporters emit) into one
+// HardSwish followed by a scale of 6, which the following "/ 6" cancels.
+void RewriteHardSwish(Graph& g) {
+  std::map<std::string, size_t> producer;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  for (auto& n : g.nodes) {
+    if (n.op != "Mul" || n.inputs.size() != 2) continue;
+    for (int side = 0; side < 2; ++side) {
+      const std::string& x = n.inputs[side];
+      auto pc = producer.find(n.inputs[1 - side]);
+      if (pc == producer.end()) continue;
+      const Node& clip = g.nodes[pc->second];
+      float lo, hi;
+      if (clip.op != "Clip" || !ClipBounds(g, clip, &lo, &hi) || lo != 0.f || hi != 6.f) continue;
+      auto pa = producer.find(clip.inputs[0]);
+      if (pa == producer.end()) continue;
+      const Node& add = g.nodes[pa->second];
+      if (add.op != "Add" || add.inputs.size() != 2) continue;
+      float three = 0;
+      bool ok = (add.inputs[0] == x && ScalarInput(g, add, 1, &three)) ||
+                (add.inputs[1] == x && ScalarInput(g, add, 0, &three));
+      if (!ok || three != 3.f) continue;
+      n.op = "msaflow.HardSwishX6";
+      n.inputs = {x};
+      break;
+    }
+  }
+}
+
+Executor::Op MakeConv(const Graph& g, const Node& n) {
+  Executor::Op op;
+  op.kind = Kind::kConv;
+  op.name = n.name;
+  if (n.inputs.size() < 2) Unsupported(n, "expected inputs X, W[, B]");
+  const ConstTensor* w = ConstOf(g, n.inputs[1]);
+  if (!w) Unsupported(n, "weights must be a constant");
+  if (w->dims.size() != 4) Unsupported(n, "only 2-D convolutions (4-D weights) are supported");
+  op.weights = *w;
+  if (n.inputs.size() > 2 && !n.inputs[2].empty()) {
+    const ConstTensor* b = ConstOf(g, n.inputs[2]);
+    if (!b) Unsupported(n, "bias must be a constant");
+    op.bias = *b;
+  } else {
+    op.bias.dims = {w->dims[0]};
+    op.bias.data.assign(static_cast<size_t>(w->dims[0]), 0.f);
+  }
+  op.inputs = {n.inputs[0]};
+  op.group = n.Int("group", 1);
+  if (n.Has("strides")) op.strides = n.Ints("strides");
+  if (n.Has("dilations")) op.dilations = n.Ints("dilations");
+  if (n.Has("pads")) {
+    auto p = n.Ints("pads");  // x1_begin, x2_begin, x1_end, x2_end
+    if (p.size() != 4) Unsupported(n, "expected 4 pads");
+    op.pads = p;
+  }
+  op.auto_pad = n.Str("auto_pad", "NOTSET");
+  if (op.strides.size() != 2 || op.dilations.size() != 2) Unsupported(n, "expected 2-D strides and dilations");
+  if (op.group < 1 || w->dims[0] % op.group != 0) Unsupported(n, "invalid group count");
+  return op;
+}
+
+Executor::Op MakeEltwise(const Node& n, const std::string& in, std::vector<EltStep> steps) {
+  Executor::Op op;
+  op.kind = Kind::kEltwise;
+  op.name = n.name;
+  op.inputs = {in};
+  for (const auto& s : steps) PushStep(op.post, s);
+  return op;
+}
+
+std::vector<Executor::Op> BuildOps(Graph& g) {
+  RewriteHardSwish(g);
+  std::vector<Executor::Op> ops;
+  std::map<std::string, std::string> alias;  // Identity/Dropout outputs
+  auto resolve = [&](const std::string& t) {
+    auto it = alias.find(t);
+    return it == alias.end() ? t : it->second;
+  };
+  for (Node n : g.nodes) {
+    for (auto& in : n.inputs) in = resolve(in);
+    Executor::Op op;
+    const std::string& op_type = n.op;
+    if (op_type == "Identity" || op_type == "Dropout") {
+      alias[n.outputs[0]] = n.inputs[0];
+      continue;
+    }
+    if (op_type == "Conv") {
+      op = MakeConv(g, n);
+    } else if (op_type == "BatchNormalization") {
+      // Standalone batch norm = depthwise 1x1 convolution.
+      if (n.inputs.size() != 5) Unsupported(n, "expected inputs X, scale, B, mean, var");
+      const ConstTensor *s = ConstOf(g, n.inputs[1]), *b = ConstOf(g, n.inputs[2]),
+                        *m = ConstOf(g, n.inputs[3]), *v = ConstOf(g, n.inputs[4]);
+      if (!s || !b || !m || !v) Unsupported(n, "scale, bias, mean and variance must be constants");
+      int64_t c = s->numel();
+      if (b->numel() != c || m->numel() != c || v->numel() != c) Unsupported(n, "parameter sizes differ");
+      float eps = n.Float("epsilon", 1e-5f);
+      op.kind = Kind::kConv;
+      op.name = n.name;
+      op.inputs = {n.inputs[0]};
+      op.group = c;
+      op.weights.dims = {c, 1, 1, 1};
+      op.bias.dims = {c};
+      for (int64_t i = 0; i < c; ++i) {
+        size_t k = static_cast<size_t>(i);
+        float sc = s->data[k] / std::sqrt(v->data[k] + eps);
+        op.weights.data.push_back(sc);
+        op.bias.data.push_back(b->data[k] - m->data[k] * sc);
+      }
+    } else if (op_type == "Relu") {
+      op = MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_relu, 0.f, 0.f}});
+    } else if (op_type == "Clip") {
+      float lo, hi;
+      if (!ClipBounds(g, n, &lo, &hi)) Unsupported(n, "min and max must be scalar constants");
+      op = MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_clip, lo, hi}});
+    } else if (op_type == "HardSigmoid") {
+      op = MakeEltwise(n, n.inputs[0],
+                       {{algorithm::eltwise_linear, n.Float("alpha", 0.2f), n.Float("beta", 0.5f)},
+                        {algorithm::eltwise_clip, 0.f, 1.f}});
+    } else if (op_type == "HardSwish") {
+      op = MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_hardswish, 0.f, 0.f}});
+    } else if (op_type == "msaflow.HardSwishX6") {
+      op = MakeEltwise(n, n.inputs[0],
+                       {{algorithm::eltwise_hardswish, 0.f, 0.f}, {algorithm::eltwise_linear, 6.f, 0.f}});
+    } else if (op_type == "Sigmoid") {
+      op = MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_logistic, 0.f, 0.f}});
+    } else if (op_type == "Add" || op_type == "Sub" || op_type == "Mul" || op_type == "Div") {
+      if (n.inputs.size() != 2) Unsupported(n, "expected two inputs");
+      float c;
+      bool c1 = ScalarInput(g, n, 1, &c), c0 = !c1 && ScalarInput(g, n, 0, &c);
+      if (c0 || c1) {
+        const std::string& x = n.inputs[c1 ? 0 : 1];
+        EltStep s{algorithm::eltwise_linear, 1.f, 0.f};
+        if (op_type == "Add") s.beta = c;
+        if (op_type == "Mul") s.alpha = c;
+        if (op_type == "Sub") c1 ? (s.beta = -c) : (s.alpha = -1.f, s.beta = c);
+        if (op_type == "Div") {
+          if (c0) Unsupported(n, "division of a constant by a tensor is not supported");
+          s.alpha = 1.f / c;
+        }
+        op = MakeEltwise(n, x, {s});
+      } else {
+        op.kind = Kind::kBinary;
+        op.name = n.name;
+        op.inputs = n.inputs;
+        op.bin = op_type == "Add"   ? algorithm::binary_add
+                 : op_type == "Sub" ? algorithm::binary_sub
+                 : op_type == "Mul" ? algorithm::binary_mul
+                                    : algorithm::binary_div;
+        if (ConstOf(g, n.inputs[0])) Unsupported(n, "the first input must not be a constant tensor");
+      }
+    } else if (op_type == "GlobalAveragePool") {
+      op.kind = Kind::kGlobalPool;
+      op.name = n.name;
+      op.inputs = {n.inputs[0]};
+      op.pool = algorithm::pooling_avg_exclude_padding;
+    } else if (op_type == "AveragePool" || op_type == "MaxPool") {
+      op.kind = Kind::kPool;
+      op.name = n.name;
+      op.inputs = {n.inputs[0]};
+      op.kernel = n.Ints("kernel_shape");
+      if (op.kernel.size() != 2) Unsupported(n, "expected a 2-D kernel_shape");
+      if (n.Has("strides")) op.strides = n.Ints("strides");
+      if (n.Has("pads")) op.pads = n.Ints("pads");
+      if (n.Has("dilations") && n.Ints("dilations") != Dims{1, 1}) Unsupported(n, "dilated pooling");
+      op.auto_pad = n.Str("auto_pad", "NOTSET");
+      op.ceil_mode = n.Int("ceil_mode", 0);
+      if (op.ceil_mode) Unsupported(n, "ceil_mode=1 is not supported");
+      if (n.outputs.size() > 1) Unsupported(n, "MaxPool indices output is not supported");
+      op.pool = op_type == "MaxPool"              ? algorithm::pooling_max
+                : n.Int("count_include_pad", 0) ? algorithm::pooling_avg_include_padding
+                                                 : algorithm::pooling_avg_exclude_padding;
+    } else if (op_type == "Concat") {
+      op.kind = Kind::kConcat;
+      op.name = n.name;
+      op.inputs = n.inputs;
+      op.axis = n.Int("axis", 1);
+      for (const auto& in : n.inputs)
+        if (ConstOf(g, in)) Unsupported(n, "constant inputs are not supported");
+    } else {
+      Unsupported(n, "operator is not supported by the msaflow executor");
+    }
+    op.output = n.outputs.at(0);
+    ops.push_back(std::move(op));
+  }
+  g.output = resolve(g.output);
+  // Drop ops nothing reads any more (e.g. the pieces of a rewritten hardswish).
+  std::set<std::string> live{g.output};
+  std::vector<char> keep(ops.size(), 0);
+  for (size_t i = ops.size(); i-- > 0;) {
+    if (!live.count(ops[i].output)) continue;
+    keep[i] = 1;
+    for (const auto& in : ops[i].inputs) live.insert(in);
+  }
+  std::vector<Executor::Op> kept;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (keep[i]) kept.push_back(std::move(ops[i]));
+  return kept;
+}
+
+// Consumers of each tensor; the graph output counts as one.
+std::map<std::string, int> UseCounts(const std::vector<Executor::Op>& ops, const std::string& out) {
+  std::map<std::string, int> uses;
+  for (const auto& op : ops) {
+    for (const auto& in : op.inputs) uses[in]++;
+    if (!op.sum_input.empty()) uses[op.sum_input]++;
+  }
+  uses[out]++;
+  return uses;
+}
+
+// Merges single-consumer elementwise ops into their producer (Conv or Eltwise).
+std::vector<Executor::Op> FuseEltwise(std::vector<Executor::Op> ops, const std::string& out) {
+  auto uses = UseCounts(ops, out);
+  std::map<std::string, size_t> producer;
+  std::vector<char> dead(ops.size(), 0);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Executor::Op& op = ops[i];
+    if (op.kind == Kind::kEltwise) {
+      auto p = producer.find(op.inputs[0]);
+      if (p != producer.end() && uses[op.inputs[0]] == 1) {
+        Executor::Op& prev = ops[p->second];
+        if (prev.kind == Kind::kConv || prev.kind == Kind::kEltwise) {
+          auto& chain = prev.sum_input.empty() ? prev.post : prev.post_sum;
+          for (const auto& s : op.post) PushStep(chain, s);
+          prev.output = op.output;
+          producer[op.output] = p->second;
+          dead[i] = 1;
+          continue;
+        }
+      }
+    }
+    producer[op.output] = i;
+  }
+  std::vector<Executor::Op> kept;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (!dead[i]) kept.push_back(std::move(ops[i]));
+  return kept;
+}
+
+memory::dims ToDims(const Dims& d) { return memory::dims(d.begin(), d.end()); }
+
+// Output size and (begin, end) padding of one spatial axis.
+void SpatialOut(const std::string& auto_pad, int64_t in, int64_t k, int64_t s, int64_t d, int64_t pb, int64_t pe,
+                int64_t* out, int64_t* pad_b, int64_t* pad_e) {
+  int64_t ke = (k - 1) * d + 1;
+  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    *out = (in + s - 1) / s;
+    int64_t total = std::max<int64_t>((*out - 1) * s + ke - in, 0);
+    int64_t small = total / 2;
+    *pad_b = auto_pad == "SAME_UPPER" ? small : total - small;
+    *pad_e = total - *pad_b;
+  } else {
+    if (auto_pad == "VALID") pb = pe = 0;
+    *pad_b = pb;
+    *pad_e = pe;
+    *out = (in + pb + pe - ke) / s + 1;
+  }
+}
+
+dnnl::post_ops MakePostOps(const Executor::Op& op) {
+  dnnl::post_ops po;
+  for (const auto& s : op.post) po.append_eltwise(1.f, s.alg, s.alpha, s.beta);
+  if (!op.sum_input.empty()) {
+    po.append_sum(1.f);
+    for (const auto& s : op.post_sum) po.append_eltwise(1.f, s.alg, s.alpha, s.beta);
+  }
+  return po;
+}
+
+}  // namespace
+
+Executor::Executor(Graph graph) : graph_(std::move(graph)), engine_(std::make_unique<Engine>()) {
+  ops_ = FuseEltwise(BuildOps(graph_), graph_.output);
+}
+
+Executor::~Executor() = default;
+
+size_t Executor::FusedOpCount() const { return ops_.size(); }
+
+int64_t Executor::FeatureDim(int64_t c, int64_t h, int64_t w) { return PlanFor({1, c, h, w}).channels; }
+
+std::vector<float> Executor::Features(const float* x, int64_t n, int64_t c, int64_t h, int64_t w) {
+  Plan& plan = PlanFor({n, c, h, w});
+  plan.input.set_data_handle(const_cast<float*>(x));
+  for (auto& s : plan.steps) s.prim.execute(engine_->strm, s.args);
+  engine_->strm.wait();
+  std::vector<float> out(static_cast<size_t>(n * plan.channels));
+  std::memcpy(out.data(), plan.output.get_data_handle(), out.size() * sizeof(float));
+  return out;
+}
+
+Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
+  auto found = plans_.find(shape);
+  if (found != plans_.end()) return *found->second;
+  for (size_t i = 0; i < 4; ++i) {
+    if (shape[i] <= 0) Throw(ErrorKind::kInvalidInput, "executor: input dims must be positive");
+    if (graph_.input_dims[i] > 0 && graph_.input_dims[i] != shape[i])
+      Throw(ErrorKind::kInvalidInput, "executor: input '" + graph_.input + "' dim " + std::to_string(i) +
+                                          " is fixed at " + std::to_string(graph_.input_dims[i]) + " by the model, got " +
+                                          std::to_string(shape[i]));
+  }
+  auto plan = std::make_unique<Plan>();
+  const dnnl::engine& eng = engine_->eng;
+  using tag = memory::format_tag;
+  using dt = memory::data_type;
+
+  // Tensor state while planning.
+  struct Value {
+    Dims dims;
+    memory mem;
+    int buffer = -1;
+  };
+  std::map<std::string, Value> values;
+  std::vector<ConstTensor> const_keep;
+
+  // Buffer pool with reuse by liveness (plans are built in execution order).
+  struct Buffer {
+    size_t size;
+    std::shared_ptr<void> data;
+  };
+  std::vector<Buffer> buffers;
+  std::vector<int> free_list;
+  auto take = [&](size_t bytes) {
+    int best = -1;
+    for (size_t i = 0; i < free_list.size(); ++i) {
+      const Buffer& b = buffers[static_cast<size_t>(free_list[i])];
+      if (b.size >= bytes && (best < 0 || b.size < buffers[static_cast<size_t>(free_list[static_cast<size_t>(best)])].size))
+        best = static_cast<int>(i);
+    }
+    if (best >= 0) {
+      int id = free_list[static_cast<size_t>(best)];
+      free_list.erase(free_list.begin() + best);
+      return id;
+    }
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p) Throw(ErrorKind::kInternal, "executor: out of memory");
+    buffers.push_back({bytes, std::shared_ptr<void>(p, std::free)});
+    return static_cast<int>(buffers.size() - 1);
+  };
+  auto new_value = [&](const std::string& name, const memory::desc& md, const Dims& dims) -> Value& {
+    int id = take(md.get_size());
+    Value v{dims, memory(md, eng, buffers[static_cast<size_t>(id)].data.get()), id};
+    return values[name] = v;
+  };
+  auto temp_memory = [&](const memory::desc& md, std::vector<int>* temps) {
+    int id = take(md.get_size());
+    temps->push_back(id);
+    return memory(md, eng, buffers[static_cast<size_t>(id)].data.get());
+  };
+  // A view of `v` in format `md`, reordering into a temporary when the formats differ.
+  auto as_format = [&](const Value& v, const memory::desc& md, std::vector<int>* temps) {
+    if (v.mem.get_desc() == md) return v.mem;
+    memory m = temp_memory(md, temps);
+    plan->steps.push_back({dnnl::reorder(v.mem, m), {{DNNL_ARG_FROM, v.mem}, {DNNL_ARG_TO, m}}});
+    return m;
+  };
+  auto const_memory = [&](const ConstTensor& t, const Dims& dims4) {
+    memory m(memory::desc(ToDims(dims4), dt::f32, tag::abcd), eng);
+    std::memcpy(m.get_data_handle(), t.data.data(), t.data.size() * sizeof(float));
+    return m;
+  };
+
+  Dims in_dims(shape.begin(), shape.end());
+  plan->input = memory(memory::desc(ToDims(in_dims), dt::f32, tag::abcd), eng, nullptr);
+  values[graph_.input] = Value{in_dims, plan->input, -1};
+
+  // Residual adds fused as a conv "sum" post-op, decided now that shapes are known.
+  std::vector<Op> ops = ops_;
+  std::map<std::string, Dims> shapes;
+  shapes[graph_.input] = in_dims;
+  {
+    // Shape pass, then fold Add(conv_out, other) of equal shapes into the conv.
+    std::map<std::string, size_t> producer;
+    auto uses = UseCounts(ops, graph_.output);
+    std::vector<char> dead(ops.size(), 0);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      Op& op = ops[i];
+      for (const auto& in : op.inputs)
+        if (!shapes.count(in) && !graph_.consts.count(in))
+          Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input '" + in + "' is not computed");
+      auto sh = [&](const std::string& t) -> Dims {
+        if (shapes.count(t)) return shapes[t];
+        Dims d = graph_.consts.at(t).dims;
+        while (d.size() < 4) d.insert(d.begin(), 1);
+        return d;
+      };
+      Dims x = sh(op.inputs[0]), out;
+      switch (op.kind) {
+        case Kind::kConv: {
+          const Dims& w = op.weights.dims;
+          if (x.size() != 4 || x[1] != w[1] * op.group)
+            Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input has " + std::to_string(x[1]) +
+                                                " channels, weights expect " + std::to_string(w[1] * op.group));
+          out = {x[0], w[0], 0, 0};
+          for (int a = 0; a < 2; ++a) {
+            int64_t pb, pe;
+            SpatialOut(op.auto_pad, x[2 + a], w[2 + a], op.strides[a], op.dilations[a], op.pads[a], op.pads[2 + a],
+                       &out[2 + a], &pb, &pe);
+            op.pads[a] = pb;
+            op.pads[2 + a] = pe;
+          }
+          break;
+        }
+        case Kind::kPool:
+          out = {x[0], x[1], 0, 0};
+          for (int a = 0; a < 2; ++a) {
+            int64_t pb, pe;
+            SpatialOut(op.auto_pad, x[2 + a], op.kernel[a], op.strides[a], 1, op.pads[a], op.pads[2 + a], &out[2 + a],
+                       &pb, &pe);
+            op.pads[a] = pb;
+            op.pads[2 + a] = pe;
+          }
+          break;
+        case Kind::kGlobalPool: out = {x[0], x[1], 1, 1}; break;
+        case Kind::kEltwise: out = x; break;
+        case Kind::kBinary: {
+          Dims y = sh(op.inputs[1]);
+          if (y.size() != 4) Throw(ErrorKind::kUnsupported, "node '" + op.name + "': rank above 4");
+          out = x;
+          for (int a = 0; a < 4; ++a) {
+            if (y[a] != x[a] && y[a] != 1)
+              Throw(ErrorKind::kUnsupported, "node '" + op.name + "': the second input must broadcast to the first");
+          }
+          break;
+        }
+        case Kind::kConcat: {
+          out = x;
+          int64_t ax = op.axis < 0 ? op.axis + 4 : op.axis;
+          if (ax < 0 || ax > 3) Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': bad concat axis");
+          op.axis = ax;
+          for (size_t k = 1; k < op.inputs.size(); ++k) out[static_cast<size_t>(ax)] += sh(op.inputs[k])[static_cast<size_t>(ax)];
+          break;
+        }
+      }
+      for (auto v : out)
+        if (v <= 0)
+          Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input of " + std::to_string(x[2]) + "x" +
+                                              std::to_string(x[3]) + " is too small (output would be empty)");
+      shapes[op.output] = out;
+      if (op.kind == Kind::kBinary && op.bin == algorithm::binary_add && shapes.count(op.inputs[1]) &&
+          shapes[op.inputs[0]] == shapes[op.inputs[1]]) {
+        for (int side = 0; side < 2; ++side) {
+          auto p = producer.find(op.inputs[side]);
+          if (p == producer.end() || uses[op.inputs[side]] != 1) continue;
+          Op& conv = ops[p->second];
+          if (conv.kind != Kind::kConv || !conv.sum_input.empty()) continue;
+          conv.sum_input = op.inputs[1 - side];
+          conv.output = op.output;
+          shapes[op.output] = out;
+          dead[i] = 1;
+          producer[op.output] = p->second;
+          break;
+        }
+        if (dead[i]) continue;
+      }
+      producer[op.output] = i;
+    }
+    std::vector<Op> kept;
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (!dead[i]) kept.push_back(std::move(ops[i]));
+    ops = FuseEltwise(std::move(kept), graph_.output);
+  }
+
+  // Last use of each tensor, to return buffers to the pool.
+  std::map<std::string, size_t> last_use;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    for (const auto& in : ops[i].inputs) last_use[in] = i;
+    if (!ops[i].sum_input.empty()) last_use[ops[i].sum_input] = i;
+  }
+  last_use[graph_.output] = ops.size();
+
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Op& op = ops[i];
+    std::vector<int> temps;
+    const Value& src = values.at(op.inputs[0]);
+    const Dims& out_dims = shapes.at(op.output);
+    try {
+      switch (op.kind) {
+        case Kind::kConv: {
+          // Leading affine steps fold into the weights: a*(W*x+b)+c = (aW)*x + (ab+c).
+          ConstTensor w = op.weights, b = op.bias;
+          while (!op.post.empty() && IsLinear(op.post.front())) {
+            const EltStep s = op.post.front();
+            for (auto& v : w.data) v *= s.alpha;
+            for (auto& v : b.data) v = v * s.alpha + s.beta;
+            op.post.erase(op.post.begin());
+          }
+          memory::dims wdims = op.group == 1
+                                   ? ToDims(w.dims)
+                                   : memory::dims{op.group, w.dims[0] / op.group, w.dims[1], w.dims[2], w.dims[3]};
+          memory::desc src_any(ToDims(src.dims), dt::f32, tag::any);
+          memory::desc w_any(wdims, dt::f32, tag::any);
+          memory::desc b_md({w.dims[0]}, dt::f32, tag::a);
+          memory::desc dst_any(ToDims(out_dims), dt::f32, tag::any);
+          dnnl::primitive_attr attr;
+          attr.set_post_ops(MakePostOps(op));
+          memory::dims dil = {op.dilations[0] - 1, op.dilations[1] - 1};
+          dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                                            src_any, w_any, b_md, dst_any, ToDims(op.strides), dil,
+                                            {op.pads[0], op.pads[1]}, {op.pads[2], op.pads[3]});
+          dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
+          memory s = as_format(src, pd.src_desc(), &temps);
+          memory user_w(memory::desc(wdims, dt::f32, op.group == 1 ? tag::oihw : tag::goihw), eng, w.data.data());
+          memory wm(pd.weights_desc(), eng);
+          dnnl::reorder(user_w, wm).execute(engine_->strm, user_w, wm);
+          engine_->strm.wait();
+          memory bm(b_md, eng);
+          std::memcpy(bm.get_data_handle(), b.data.data(), b.data.size() * sizeof(float));
+          Value& dst = new_value(op.output, pd.dst_desc(), out_dims);
+          if (!op.sum_input.empty()) {
+            const Value& res = values.at(op.sum_input);
+            plan->steps.push_back({dnnl::reorder(res.mem, dst.mem), {{DNNL_ARG_FROM, res.mem}, {DNNL_ARG_TO, dst.mem}}});
+          }
+          plan->steps.push_back({dnnl::convolution_forward(pd),
+                                 {{DNNL_ARG_SRC, s}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}, {DNNL_ARG_DST, dst.mem}}});
+          break;
+        }
+        case Kind::kEltwise: {
+          memory::desc md = src.mem.get_desc();
+          if (op.post.empty()) {
+            Value& dst = new_value(op.output, md, out_dims);
+            plan->steps.push_back({dnnl::reorder(src.mem, dst.mem), {{DNNL_ARG_FROM, src.mem}, {DNNL_ARG_TO, dst.mem}}});
+            break;
+          }
+          // One jit primitive per step, in place after the first (oneDNN 2.6 runs eltwise
+          // with post-ops on its reference kernel).
+          memory from = src.mem;
+          Value& dst = new_value(op.output, md, out_dims);
+          for (const auto& st : op.post) {
+            dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, st.alg, md, st.alpha, st.beta);
+            dnnl::eltwise_forward::primitive_desc pd(d, eng);
+            plan->steps.push_back({dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, from}, {DNNL_ARG_DST, dst.mem}}});
+            from = dst.mem;
+          }
+          break;
+        }
+        case Kind::kBinary: {
+          memory m1;
+          const std::string& in1 = op.inputs[1];
+          if (values.count(in1)) {
+            const Value& v1 = values.at(in1);
+            m1 = v1.dims == src.dims ? as_format(v1, src.mem.get_desc(), &temps) : v1.mem;
+          } else {
+            Dims d1 = graph_.consts.at(in1).dims;
+            while (d1.size() < 4) d1.insert(d1.begin(), 1);
+            m1 = const_memory(graph_.consts.at(in1), d1);
+            plan->buffers.push_back(std::make_shared<memory>(m1));
+          }
+          dnnl::binary::desc d(op.bin, src.mem.get_desc(), m1.get_desc(), src.mem.get_desc());
+          dnnl::binary::primitive_desc pd(d, eng);
+          Value& dst = new_value(op.output, pd.dst_desc(), out_dims);
+          plan->steps.push_back(
+              {dnnl::binary(pd), {{DNNL_ARG_SRC_0, src.mem}, {DNNL_ARG_SRC_1, m1}, {DNNL_ARG_DST, dst.mem}}});
+          break;
+        }
+        case Kind::kPool:
+        case Kind::kGlobalPool: {
+          memory::dims kernel, strides{1, 1}, pl{0, 0}, pr{0, 0};
+          if (op.kind == Kind::kGlobalPool) {
+            kernel = {src.dims[2], src.dims[3]};
+          } else {
+            kernel = ToDims(op.kernel);
+            strides = ToDims(op.strides);
+            pl = {op.pads[0], op.pads[1]};
+            pr = {op.pads[2], op.pads[3]};
+          }
+          memory::desc dst_any(ToDims(out_dims), dt::f32, tag::any);
+          dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, op.pool, src.mem.get_desc(), dst_any,
+                                           strides, kernel, {0, 0}, pl, pr);
+          dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
+          Value& dst = new_value(op.output, pd.dst_desc(), out_dims);
+          plan->steps.push_back({dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, dst.mem}}});
+          break;
+        }
+        case Kind::kConcat: {
+          std::vector<memory::desc> mds;
+          std::vector<memory> mems;
+          for (const auto& in : op.inputs) {
+            mems.push_back(values.at(in).mem);
+            mds.push_back(mems.back().get_desc());
+          }
+          dnnl::concat::primitive_desc pd(static_cast<int>(op.axis), mds, eng);
+          Value& dst = new_value(op.output, pd.dst_desc(), out_dims);
+          std::unordered_map<int, memory> args{{DNNL_ARG_DST, dst.mem}};
+          for (size_t k = 0; k < mems.size(); ++k) args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k)] = mems[k];
+          plan->steps.push_back({dnnl::concat(pd), args});
+          break;
+        }
+      }
+    } catch (const dnnl::error& e) {
+      Throw(ErrorKind::kUnsupported, "node '" + op.name + "': oneDNN could not build it: " + e.what());
+    }
+    for (int t : temps) free_list.push_back(t);
+    std::set<std::string> seen;
+    auto release = [&](const std::string& t) {
+      if (!seen.insert(t).second) return;
+      auto it = values.find(t);
+      if (it != values.end() && it->second.buffer >= 0 && last_use[t] == i) free_list.push_back(it->second.buffer);
+    };
+    for (const auto& in : op.inputs) release(in);
+    if (!op.sum_input.empty()) release(op.sum_input);
+  }
+
+  // Global average pooling of the cut tensor into plain [N, C, 1, 1].
+  const Value& cut = values.at(graph_.output);
+  if (cut.dims.size() != 4) Throw(ErrorKind::kUnsupported, "the feature layer must be 4-D (NCHW)");
+  plan->channels = cut.dims[1];
+  plan->output = memory(memory::desc({cut.dims[0], cut.dims[1], 1, 1}, dt::f32, tag::abcd), eng);
+  dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::pooling_avg_exclude_padding,
+                                   cut.mem.get_desc(), memory::desc({cut.dims[0], cut.dims[1], 1, 1}, dt::f32, tag::any),
+                                   {1, 1}, {cut.dims[2], cut.dims[3]}, {0, 0}, {0, 0}, {0, 0});
+  dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
+  memory pooled = pd.dst_desc() == plan->output.get_desc() ? plan->output : memory(pd.dst_desc(), eng);
+  plan->steps.push_back({dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, cut.mem}, {DNNL_ARG_DST, pooled}}});
+  if (pooled != plan->output)
+    plan->steps.push_back({dnnl::reorder(pooled, plan->output), {{DNNL_ARG_FROM, pooled}, {DNNL_ARG_TO, plan->output}}});
+  for (auto& b : buffers) plan->buffers.push_back(b.data);
+  Plan& ref = *plan;
+  plans_[shape] = std::move(plan);
+  return ref;
+}
+
+}  // namespace msaflow::kernels

@@ -1,0 +1,232 @@
+#include "kernels/onnx_graph.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "common/error.h"
+#include "common/strings.h"
+
+namespace msaflow::kernels {
+namespace {
+
+const std::set<std::string>& SupportedOps() {
+  static const std::set<std::string> ops = {
+      "Conv",    "BatchNormalization", "Relu",    "Clip",    "HardSigmoid", "HardSwish",
+      "Sigmoid", "Add",                "Sub",     "Mul",     "Div",         "GlobalAveragePool",
+      "AveragePool", "MaxPool",        "Concat",  "Identity", "Dropout",    "Constant"};
+  return ops;
+}
+
+ConstTensor ToConst(const onnx::TensorProto& t, const std::string& where) {
+  ConstTensor c;
+  int64_t n = 1;
+  for (auto d : t.dims()) {
+    if (d < 0) Throw(ErrorKind::kInvalidInput, where + ": negative dimension in tensor " + t.name());
+    c.dims.push_back(d);
+    n *= d;
+  }
+  c.data.resize(static_cast<size_t>(n));
+  auto need = [&](int64_t have, size_t elem) {
+    if (have != n)
+      Throw(ErrorKind::kInvalidInput,
+            where + ": tensor '" + t.name() + "' holds " + std::to_string(have) + " values, its dims say " +
+                std::to_string(n) + (elem ? "" : ""));
+  };
+  switch (t.data_type()) {
+    case onnx::TensorProto::FLOAT:
+      if (t.has_raw_data()) {
+        need(static_cast<int64_t>(t.raw_data().size() / 4), 4);
+        std::memcpy(c.data.data(), t.raw_data().data(), static_cast<size_t>(n) * 4);
+      } else {
+        need(t.float_data_size(), 4);
+        std::copy(t.float_data().begin(), t.float_data().end(), c.data.begin());
+      }
+      break;
+    case onnx::TensorProto::INT64:
+      if (t.has_raw_data()) {
+        need(static_cast<int64_t>(t.raw_data().size() / 8), 8);
+        for (int64_t i = 0; i < n; ++i) {
+          int64_t v;
+          std::memcpy(&v, t.raw_data().data() + 8 * i, 8);
+          c.data[static_cast<size_t>(i)] = static_cast<float>(v);
+        }
+      } else {
+        need(t.int64_data_size(), 8);
+        for (int64_t i = 0; i < n; ++i) c.data[static_cast<size_t>(i)] = static_cast<float>(t.int64_data(static_cast<int>(i)));
+      }
+      break;
+    default:
+      Throw(ErrorKind::kUnsupported, where + ": tensor '" + t.name() + "' has data type " +
+                                         std::to_string(t.data_type()) + "; expected float or int64");
+  }
+  return c;
+}
+
+const onnx::NodeProto* dummy = nullptr;
+
+onnx::ModelProto Parse(const std::string& bytes, const std::string& origin) {
+  onnx::ModelProto m;
+  if (bytes.empty()) Throw(ErrorKind::kInvalidInput, origin + ": empty file; expected an ONNX model");
+  if (!m.ParseFromString(bytes))
+    Throw(ErrorKind::kInvalidInput,
+          origin + ": not a valid ONNX protobuf (truncated or not an ONNX file; " +
+              std::to_string(bytes.size()) + " bytes read)");
+  if (!m.has_graph() || m.graph().node_size() == 0)
+    Throw(ErrorKind::kInvalidInput, origin + ": ONNX model has no graph nodes");
+  (void)dummy;
+  return m;
+}
+
+// Indices of the nodes `cut` depends on, in file order; throws if `cut` is no tensor.
+std::vector<int> NeededNodes(const onnx::GraphProto& g, const std::string& origin, const std::string& cut) {
+  std::map<std::string, int> producer;
+  for (int i = 0; i < g.node_size(); ++i)
+    for (const auto& o : g.node(i).output()) producer[o] = i;
+  if (!producer.count(cut)) {
+    std::vector<std::string> names;
+    for (const auto& [k, v] : producer) names.push_back(k);
+    std::string hint = DidYouMean(cut, names);
+    Throw(ErrorKind::kNotFound, origin + ": no tensor named '" + cut + "' (the feature layer)" + hint);
+  }
+  std::vector<char> need(static_cast<size_t>(g.node_size()), 0);
+  std::vector<std::string> stack{cut};
+  while (!stack.empty()) {
+    std::string t = stack.back();
+    stack.pop_back();
+    auto it = producer.find(t);
+    if (it == producer.end() || need[static_cast<size_t>(it->second)]) continue;
+    need[static_cast<size_t>(it->second)] = 1;
+    for (const auto& in : g.node(it->second).input())
+      if (!in.empty()) stack.push_back(in);
+  }
+  std::vector<int> out;
+  for (int i = 0; i < g.node_size(); ++i)
+    if (need[static_cast<size_t>(i)]) out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+int64_t Node::Int(const std::string& a, int64_t dflt) const {
+  auto it = attrs.find(a);
+  return it == attrs.end() ? dflt : it->second.i;
+}
+float Node::Float(const std::string& a, float dflt) const {
+  auto it = attrs.find(a);
+  return it == attrs.end() ? dflt : it->second.f;
+}
+std::vector<int64_t> Node::Ints(const std::string& a) const {
+  auto it = attrs.find(a);
+  return it == attrs.end() ? std::vector<int64_t>{} : it->second.ints;
+}
+std::string Node::Str(const std::string& a, const std::string& dflt) const {
+  auto it = attrs.find(a);
+  return it == attrs.end() ? dflt : it->second.s;
+}
+
+bool IsSupportedOp(const std::string& op) { return SupportedOps().count(op) != 0; }
+
+Graph ImportOnnx(const std::string& bytes, const std::string& origin, const std::string& cut) {
+  onnx::ModelProto m = Parse(bytes, origin);
+  const auto& g = m.graph();
+  Graph out;
+  for (const auto& op : m.opset_import())
+    if (op.domain().empty() || op.domain() == "ai.onnx") out.opset = op.version();
+  for (const auto& init : g.initializer()) out.consts[init.name()] = ToConst(init, origin);
+
+  std::vector<int> need = NeededNodes(g, origin, cut);
+  std::set<std::string> produced;
+  for (int idx : need) {
+    const auto& np = g.node(idx);
+    Node n;
+    n.op = np.op_type();
+    n.name = np.name().empty() ? (np.output_size() ? np.output(0) : "#" + std::to_string(idx)) : np.name();
+    std::string where = origin + ": node '" + n.name + "' (" + n.op + ")";
+    if (!np.domain().empty() && np.domain() != "ai.onnx")
+      Throw(ErrorKind::kUnsupported, where + ": operator domain '" + np.domain() + "' is not supported");
+    if (!IsSupportedOp(n.op))
+      Throw(ErrorKind::kUnsupported, where + ": operator " + n.op +
+                                         " is not supported by the msaflow executor (supported: " +
+                                         Join(std::vector<std::string>(SupportedOps().begin(), SupportedOps().end()), ", ") + ")");
+    for (const auto& a : np.attribute()) {
+      Attr at;
+      at.i = a.i();
+      at.f = a.f();
+      at.s = a.s();
+      at.ints.assign(a.ints().begin(), a.ints().end());
+      at.floats.assign(a.floats().begin(), a.floats().end());
+      if (a.has_t()) {
+        at.has_tensor = true;
+        at.t = ToConst(a.t(), where);
+      }
+      n.attrs[a.name()] = std::move(at);
+    }
+    n.inputs.assign(np.input().begin(), np.input().end());
+    n.outputs.assign(np.output().begin(), np.output().end());
+    if (n.op == "Constant") {
+      if (!n.Has("value") || !n.attrs["value"].has_tensor)
+        Throw(ErrorKind::kUnsupported, where + ": only Constant with a 'value' tensor is supported");
+      out.consts[n.outputs.at(0)] = n.attrs["value"].t;
+      continue;
+    }
+    for (const auto& in : n.inputs) {
+      if (in.empty() || out.consts.count(in) || produced.count(in)) continue;
+      if (out.input.empty()) {
+        out.input = in;
+      } else if (out.input != in) {
+        Throw(ErrorKind::kUnsupported, where + ": reads a second graph input '" + in + "' (besides '" +
+                                           out.input + "'); one image input is supported");
+      }
+    }
+    for (const auto& o : n.outputs) produced.insert(o);
+    out.nodes.push_back(std::move(n));
+  }
+  if (out.input.empty()) Throw(ErrorKind::kInvalidInput, origin + ": '" + cut + "' does not depend on a graph input");
+  bool found = false;
+  for (const auto& vi : g.input()) {
+    if (vi.name() != out.input) continue;
+    found = true;
+    for (const auto& d : vi.type().tensor_type().shape().dim())
+      out.input_dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+  }
+  if (!found) Throw(ErrorKind::kInvalidInput, origin + ": tensor '" + out.input + "' is neither produced, a constant nor a graph input");
+  if (out.input_dims.size() != 4)
+    Throw(ErrorKind::kUnsupported, origin + ": input '" + out.input + "' has rank " +
+                                       std::to_string(out.input_dims.size()) + "; expected an NCHW image (rank 4)");
+  out.output = cut;
+  return out;
+}
+
+std::string CutOnnx(const std::string& bytes, const std::string& origin, const std::string& cut) {
+  onnx::ModelProto m = Parse(bytes, origin);
+  onnx::GraphProto* g = m.mutable_graph();
+  std::vector<int> need = NeededNodes(*g, origin, cut);
+  std::set<std::string> used;
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  for (int idx : need) {
+    for (const auto& in : g->node(idx).input()) used.insert(in);
+    *kept.Add() = g->node(idx);
+  }
+  g->mutable_node()->Swap(&kept);
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> inits;
+  for (const auto& t : g->initializer())
+    if (used.count(t.name())) *inits.Add() = t;
+  g->mutable_initializer()->Swap(&inits);
+  google::protobuf::RepeatedPtrField<onnx::ValueInfoProto> inputs;
+  for (const auto& vi : g->input())
+    if (used.count(vi.name())) *inputs.Add() = vi;
+  g->mutable_input()->Swap(&inputs);
+  g->clear_value_info();
+  g->clear_output();
+  auto* o = g->add_output();
+  o->set_name(cut);
+  o->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  std::string out;
+  m.SerializeToString(&out);
+  return out;
+}
+
+}  // namespace msaflow::kernels

@@ -1,0 +1,62 @@
+// ONNX import: a model file (protobuf) becomes a Graph of float tensors and nodes, cut at a
+// feature tensor. Weights may be initializers or Constant nodes; input dims may be dynamic.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace msaflow::kernels {
+
+struct ConstTensor {
+  std::vector<int64_t> dims;
+  std::vector<float> data;
+  int64_t numel() const { return static_cast<int64_t>(data.size()); }
+};
+
+struct Attr {
+  int64_t i = 0;
+  float f = 0;
+  std::string s;
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  bool has_tensor = false;
+  ConstTensor t;
+};
+
+struct Node {
+  std::string name;  // node name, or its first output when unnamed
+  std::string op;
+  std::vector<std::string> inputs;   // "" = optional input left out
+  std::vector<std::string> outputs;
+  std::map<std::string, Attr> attrs;
+
+  bool Has(const std::string& a) const { return attrs.count(a) != 0; }
+  int64_t Int(const std::string& a, int64_t dflt) const;
+  float Float(const std::string& a, float dflt) const;
+  std::vector<int64_t> Ints(const std::string& a) const;
+  std::string Str(const std::string& a, const std::string& dflt) const;
+};
+
+struct Graph {
+  std::string input;                 // the one non-constant graph input
+  std::vector<int64_t> input_dims;   // -1 where dynamic
+  std::vector<Node> nodes;           // topological order
+  std::map<std::string, ConstTensor> consts;
+  std::string output;                // the cut tensor
+  int64_t opset = 0;
+};
+
+// Operators the executor implements (kernels/executor.cc).
+bool IsSupportedOp(const std::string& op);
+
+// Parses ONNX bytes (`origin` names the file in errors) and keeps only the nodes the tensor
+// `cut` depends on. Throws kInvalidInput for malformed protobuf / graphs, kNotFound if `cut`
+// names no tensor (with a did-you-mean), kUnsupported naming the first unsupported node.
+Graph ImportOnnx(const std::string& bytes, const std::string& origin, const std::string& cut);
+
+// The cut model as ONNX bytes (only the needed nodes and initializers, output = cut tensor).
+std::string CutOnnx(const std::string& bytes, const std::string& origin, const std::string& cut);
+
+}  // namespace msaflow::kernels
