@@ -1,0 +1,126 @@
+#include "kernels/dataset.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/checksum.h"
+#include "common/error.h"
+#include "common/files.h"
+
+namespace msaflow::kernels {
+namespace {
+
+constexpr uint32_t kImagesMagic = 0x00000803;
+constexpr uint32_t kLabelsMagic = 0x00000801;
+
+// Reads the file through zlib (which passes plain files through unchanged).
+std::string ReadMaybeGz(const std::string& path) {
+  if (!PathExists(path)) Throw(ErrorKind::kNotFound, path + ": no such file");
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) ThrowErrno("open " + path);
+  std::string out;
+  char buf[1 << 16];
+  int n;
+  while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  int err = 0;
+  const char* msg = gzerror(f, &err);
+  std::string m = msg ? msg : "";
+  gzclose(f);
+  if (n < 0 || (err != Z_OK && err != Z_STREAM_END))
+    Throw(ErrorKind::kInvalidInput, path + ": corrupt gzip stream (" + m + ")");
+  return out;
+}
+
+uint32_t BigEndian32(const std::string& b, size_t off) {
+  return (static_cast<uint32_t>(static_cast<uint8_t>(b[off])) << 24) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(b[off + 1])) << 16) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(b[off + 2])) << 8) | static_cast<uint8_t>(b[off + 3]);
+}
+
+std::string Hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+void PutBigEndian32(std::string& b, uint32_t v) {
+  for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<char>((v >> s) & 0xff));
+}
+
+}  // namespace
+
+int64_t ImageSet::classes() const {
+  return labels.empty() ? 0 : 1 + *std::max_element(labels.begin(), labels.end());
+}
+
+std::string ImageSet::Digest() const {
+  std::string buf = std::to_string(count) + "x" + std::to_string(rows) + "x" + std::to_string(cols) + ":";
+  buf.append(reinterpret_cast<const char*>(pixels.data()), pixels.size());
+  buf.append(reinterpret_cast<const char*>(labels.data()), labels.size());
+  return ChecksumHex(buf);
+}
+
+ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path, int64_t limit) {
+  std::string img = ReadMaybeGz(images_path);
+  if (img.size() < 16)
+    Throw(ErrorKind::kInvalidInput, images_path + ": " + std::to_string(img.size()) +
+                                        " bytes; an IDX image file has a 16-byte header");
+  uint32_t magic = BigEndian32(img, 0);
+  if (magic != kImagesMagic)
+    Throw(ErrorKind::kInvalidInput, images_path + ": magic " + Hex(magic) + ", expected " + Hex(kImagesMagic) +
+                                        " (IDX unsigned-byte images, 3 dims)");
+  ImageSet s;
+  int64_t n = BigEndian32(img, 4);
+  s.rows = BigEndian32(img, 8);
+  s.cols = BigEndian32(img, 12);
+  if (s.rows <= 0 || s.cols <= 0 || s.rows > 4096 || s.cols > 4096)
+    Throw(ErrorKind::kInvalidInput, images_path + ": image size " + std::to_string(s.rows) + "x" +
+                                        std::to_string(s.cols) + " out of range (1..4096)");
+  int64_t px = s.rows * s.cols;
+  int64_t have = static_cast<int64_t>(img.size() - 16);
+  if (have != n * px)
+    Throw(ErrorKind::kInvalidInput, images_path + ": body has " + std::to_string(have) + " bytes, header says " +
+                                        std::to_string(n) + " images of " + std::to_string(s.rows) + "x" +
+                                        std::to_string(s.cols) + " = " + std::to_string(n * px) + " bytes");
+  std::string lab = ReadMaybeGz(labels_path);
+  if (lab.size() < 8)
+    Throw(ErrorKind::kInvalidInput, labels_path + ": " + std::to_string(lab.size()) +
+                                        " bytes; an IDX label file has an 8-byte header");
+  magic = BigEndian32(lab, 0);
+  if (magic != kLabelsMagic)
+    Throw(ErrorKind::kInvalidInput, labels_path + ": magic " + Hex(magic) + ", expected " + Hex(kLabelsMagic) +
+                                        " (IDX unsigned-byte labels, 1 dim)");
+  int64_t nl = BigEndian32(lab, 4);
+  if (static_cast<int64_t>(lab.size() - 8) != nl)
+    Throw(ErrorKind::kInvalidInput, labels_path + ": body has " + std::to_string(lab.size() - 8) +
+                                        " bytes, header says " + std::to_string(nl) + " labels");
+  if (nl != n)
+    Throw(ErrorKind::kInvalidInput, labels_path + ": " + std::to_string(nl) + " labels for " + std::to_string(n) +
+                                        " images in " + images_path);
+  s.count = limit > 0 ? std::min(n, limit) : n;
+  s.pixels.assign(img.begin() + 16, img.begin() + 16 + s.count * px);
+  s.labels.assign(lab.begin() + 8, lab.begin() + 8 + s.count);
+  return s;
+}
+
+void WriteIdxImages(const std::string& path, int64_t count, int64_t rows, int64_t cols, const uint8_t* pixels) {
+  std::string b;
+  PutBigEndian32(b, kImagesMagic);
+  PutBigEndian32(b, static_cast<uint32_t>(count));
+  PutBigEndian32(b, static_cast<uint32_t>(rows));
+  PutBigEndian32(b, static_cast<uint32_t>(cols));
+  b.append(reinterpret_cast<const char*>(pixels), static_cast<size_t>(count * rows * cols));
+  WriteFileAtomic(path, b);
+}
+
+void WriteIdxLabels(const std::string& path, int64_t count, const uint8_t* labels) {
+  std::string b;
+  PutBigEndian32(b, kLabelsMagic);
+  PutBigEndian32(b, static_cast<uint32_t>(count));
+  b.append(reinterpret_cast<const char*>(labels), static_cast<size_t>(count));
+  WriteFileAtomic(path, b);
+}
+
+}  // namespace msaflow::kernels

@@ -1,0 +1,34 @@
+// Evaluation metrics and the selection reduction (the step-5 reduction; the OpenCL FPGA
+// backend of a later issue implements the same contract).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace msaflow::kernels {
+
+struct Metrics {
+  int64_t count = 0, correct = 0;
+  double loss_sum = 0;                 // summed cross-entropy
+  int64_t classes = 0;
+  std::vector<int64_t> confusion;      // classes x classes, [true][predicted]
+  double accuracy() const { return count ? static_cast<double>(correct) / static_cast<double>(count) : 0; }
+  double loss() const { return count ? loss_sum / static_cast<double>(count) : 0; }
+  // Adds another shard's counts (same classes).
+  void Merge(const Metrics& other);
+};
+
+// Metrics of logits (n x classes) against labels.
+Metrics Evaluate(const float* logits, const uint8_t* labels, int64_t n, int64_t classes);
+
+struct Scored {
+  std::string candidate;
+  double metric = 0;
+};
+
+// The top `k` candidates by metric, highest first; equal metrics are ordered by candidate id
+// (lexicographically smallest first), so the champion is deterministic. NaN sorts last.
+std::vector<Scored> SelectTopK(std::vector<Scored> scores, size_t k);
+
+}  // namespace msaflow::kernels

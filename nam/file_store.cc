@@ -1,0 +1,165 @@
+#include "nam/file_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "common/checksum.h"
+#include "common/error.h"
+#include "common/files.h"
+
+namespace msaflow::nam {
+namespace {
+
+class DirLock {
+ public:
+  explicit DirLock(const std::string& dir) {
+    fd_ = ::open((dir + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) ThrowErrno("open " + dir + "/.lock");
+    if (::flock(fd_, LOCK_EX) != 0) {
+      ::close(fd_);
+      ThrowErrno("lock " + dir + "/.lock");
+    }
+  }
+  ~DirLock() { ::close(fd_); }
+
+ private:
+  int fd_;
+};
+
+constexpr size_t kMagicLen = 8;
+
+}  // namespace
+
+FileStore::FileStore(std::string dir) : dir_(std::move(dir)) {
+  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+  MakeDirs(dir_);
+}
+
+ObjectInfo FileStore::Put(const std::string& name, std::string_view bytes, const nlohmann::json& meta) {
+  ValidateObjectName(name);
+  DirLock lock(dir_);
+  ObjectInfo info;
+  info.name = name;
+  info.size = bytes.size();
+  info.checksum = ChecksumHex(bytes);
+  info.meta = meta.is_null() ? nlohmann::json::object() : meta;
+  info.version = 1;
+  std::string path = PathOf(name);
+  if (PathExists(path)) {
+    try {
+      info.version = ReadObject(name, nullptr).version + 1;
+    } catch (const Error&) {
+      info.version = 1;  // an unreadable old object is replaced
+    }
+  }
+  nlohmann::json h = {{"name", name}, {"size", info.size}, {"checksum", info.checksum},
+                      {"version", info.version}, {"meta", info.meta}};
+  std::string header = h.dump();
+  std::string file(kFileMagic, kMagicLen);
+  uint32_t len = static_cast<uint32_t>(header.size());
+  for (int i = 0; i < 4; ++i) file.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+  file += header;
+  file.append(bytes);
+  WriteFileAtomic(path, file);
+  return info;
+}
+
+ObjectInfo FileStore::ReadObject(const std::string& name, std::string* bytes) {
+  std::string path = PathOf(name);
+  std::string file;
+  if (bytes) {
+    file = ReadFile(path);
+  } else {
+    // Header only: read the first 64 KiB (headers are small; the length field says).
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) Throw(ErrorKind::kNotFound, "NAM " + Uri() + ": no object '" + name + "'");
+      ThrowErrno("open " + path);
+    }
+    file.resize(1 << 16);
+    ssize_t n = ::pread(fd, file.data(), file.size(), 0);
+    ::close(fd);
+    if (n < 0) ThrowErrno("read " + path);
+    file.resize(static_cast<size_t>(n));
+  }
+  auto corrupt = [&](const std::string& why) {
+    Throw(ErrorKind::kCorrupt, "NAM " + Uri() + ": object '" + name + "' (" + path + ") is corrupt: " + why);
+  };
+  if (file.size() < kMagicLen + 4 || std::memcmp(file.data(), kFileMagic, kMagicLen) != 0)
+    corrupt("bad magic (expected " + std::string(kFileMagic) + ")");
+  uint32_t len = 0;
+  for (int i = 0; i < 4; ++i) len |= static_cast<uint32_t>(static_cast<uint8_t>(file[kMagicLen + static_cast<size_t>(i)])) << (8 * i);
+  if (kMagicLen + 4 + len > file.size()) corrupt("header length " + std::to_string(len) + " runs past the end");
+  nlohmann::json h = nlohmann::json::parse(file.begin() + kMagicLen + 4, file.begin() + kMagicLen + 4 + len, nullptr, false);
+  if (h.is_discarded() || !h.is_object() || !h.contains("checksum") || !h.contains("size")) corrupt("unreadable header");
+  ObjectInfo info;
+  try {
+    info.name = h.at("name").get<std::string>();
+    info.size = h.at("size").get<uint64_t>();
+    info.checksum = h.at("checksum").get<std::string>();
+    info.version = h.at("version").get<uint64_t>();
+    info.meta = h.at("meta");
+  } catch (const nlohmann::json::exception&) {
+    corrupt("header fields of the wrong type");
+  }
+  if (info.name != name) corrupt("header names '" + info.name + "'");
+  if (bytes) {
+    size_t body = file.size() - kMagicLen - 4 - len;
+    if (body != info.size) corrupt("body has " + std::to_string(body) + " bytes, header says " + std::to_string(info.size));
+    bytes->assign(file, kMagicLen + 4 + len, body);
+    std::string got = ChecksumHex(*bytes);
+    if (got != info.checksum) corrupt("checksum mismatch (stored " + info.checksum + ", bytes hash to " + got + ")");
+  }
+  return info;
+}
+
+Object FileStore::Get(const std::string& name) {
+  ValidateObjectName(name);
+  if (!PathExists(PathOf(name))) Throw(ErrorKind::kNotFound, "NAM " + Uri() + ": no object '" + name + "'");
+  Object o;
+  o.info = ReadObject(name, &o.bytes);
+  return o;
+}
+
+std::optional<ObjectInfo> FileStore::Stat(const std::string& name) {
+  ValidateObjectName(name);
+  if (!PathExists(PathOf(name))) return std::nullopt;
+  return ReadObject(name, nullptr);
+}
+
+std::vector<ObjectInfo> FileStore::List(const std::string& prefix) {
+  std::vector<ObjectInfo> out;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir_, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    std::string rel = std::filesystem::relative(it->path(), dir_).string();
+    if (rel.size() < 4 || rel.compare(rel.size() - 4, 4, ".nam") != 0) continue;
+    std::string name = rel.substr(0, rel.size() - 4);
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    try {
+      ValidateObjectName(name);
+      out.push_back(ReadObject(name, nullptr));
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kNotFound) continue;  // removed while listing
+      throw;
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.name < b.name; });
+  return out;
+}
+
+bool FileStore::Remove(const std::string& name) {
+  ValidateObjectName(name);
+  DirLock lock(dir_);
+  if (::unlink(PathOf(name).c_str()) == 0) return true;
+  if (errno == ENOENT) return false;
+  ThrowErrno("remove " + PathOf(name));
+}
+
+}  // namespace msaflow::nam

@@ -1,0 +1,31 @@
+// file://DIR — one file per object, DIR/<name>.nam, laid out as docs/nam.md says:
+//   "MSANAM01" | u32 LE header length | header JSON | object bytes
+// Puts write a temporary file, fsync it and rename it into place (atomic publish); a lock
+// file (flock) orders concurrent puts of several processes so versions increase.
+#pragma once
+
+#include "nam/store.h"
+
+namespace msaflow::nam {
+
+inline constexpr char kFileMagic[] = "MSANAM01";  // format version 1 (docs/nam.md)
+
+class FileStore : public Store {
+ public:
+  explicit FileStore(std::string dir);
+  ObjectInfo Put(const std::string& name, std::string_view bytes, const nlohmann::json& meta) override;
+  Object Get(const std::string& name) override;
+  std::optional<ObjectInfo> Stat(const std::string& name) override;
+  std::vector<ObjectInfo> List(const std::string& prefix) override;
+  bool Remove(const std::string& name) override;
+  std::string Uri() const override { return "file://" + dir_; }
+
+  std::string PathOf(const std::string& name) const { return dir_ + "/" + name + ".nam"; }
+
+ private:
+  // Reads the header (and the bytes if `bytes` is set) of the object file. Throws kCorrupt.
+  ObjectInfo ReadObject(const std::string& name, std::string* bytes);
+  std::string dir_;
+};
+
+}  // namespace msaflow::nam

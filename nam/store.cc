@@ -1,0 +1,40 @@
+#include "nam/store.h"
+
+#include "common/error.h"
+#include "nam/file_store.h"
+#include "nam/mem_store.h"
+
+namespace msaflow::nam {
+
+void ValidateObjectName(const std::string& name) {
+  auto bad = [&](const std::string& why) {
+    Throw(ErrorKind::kInvalidInput, "NAM object name '" + name + "': " + why);
+  };
+  if (name.empty()) bad("empty");
+  if (name.size() > 255) bad("longer than 255 bytes");
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('/', start);
+    if (end == std::string::npos) end = name.size();
+    std::string seg = name.substr(start, end - start);
+    if (seg.empty()) bad("empty segment (expected segments of [a-z0-9._-] joined by '/')");
+    if (seg == "." || seg == "..") bad("segment '" + seg + "' is not allowed");
+    for (char c : seg) {
+      bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+      if (!ok) bad(std::string("character '") + c + "' not allowed (expected [a-z0-9._-])");
+    }
+    start = end + 1;
+  }
+}
+
+std::unique_ptr<Store> OpenStore(const std::string& uri) {
+  if (uri.rfind("mem://", 0) == 0) return std::make_unique<MemStore>(uri.substr(6));
+  if (uri.rfind("file://", 0) == 0) {
+    std::string dir = uri.substr(7);
+    if (dir.empty()) Throw(ErrorKind::kInvalidInput, "NAM URI '" + uri + "': file:// needs a directory");
+    return std::make_unique<FileStore>(dir);
+  }
+  Throw(ErrorKind::kInvalidInput, "NAM URI '" + uri + "': unknown scheme; expected mem://NAME or file://DIR");
+}
+
+}  // namespace msaflow::nam

@@ -1,0 +1,58 @@
+// The NAM store: named objects every step reads and writes. docs/nam.md is the contract.
+//
+// Names are `/`-joined segments of [a-z0-9._-] (no empty segment, no "." or ".."), at most
+// 255 bytes. An object is bytes + small JSON metadata + an XXH3-64 checksum of the bytes + a
+// version that increases on every put of the same name. A put publishes atomically: readers
+// see the whole old object or the whole new one. Every Get verifies the checksum and throws
+// kCorrupt on mismatch.
+//
+// Backends: mem://NAME (process-local, for tests), file://DIR (a shared filesystem);
+// fabric://HOST:PORT (the NAM server) plugs in behind the same interface.
+// Thread-safety: implementations are safe to call from several threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace msaflow::nam {
+
+struct ObjectInfo {
+  std::string name;
+  uint64_t size = 0;
+  std::string checksum;  // 16 hex digits, XXH3-64 of the bytes
+  uint64_t version = 0;
+  nlohmann::json meta = nlohmann::json::object();
+};
+
+struct Object {
+  ObjectInfo info;
+  std::string bytes;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Publishes `bytes` under `name`; returns the stored info (new version).
+  virtual ObjectInfo Put(const std::string& name, std::string_view bytes, const nlohmann::json& meta) = 0;
+  // Throws kNotFound if absent, kCorrupt if the bytes fail their checksum.
+  virtual Object Get(const std::string& name) = 0;
+  virtual std::optional<ObjectInfo> Stat(const std::string& name) = 0;
+  // Objects whose name starts with `prefix`, sorted by name.
+  virtual std::vector<ObjectInfo> List(const std::string& prefix) = 0;
+  // Returns false if there was nothing to remove.
+  virtual bool Remove(const std::string& name) = 0;
+  virtual std::string Uri() const = 0;
+};
+
+// Throws kInvalidInput naming the problem ("NAM object name 'a//b': empty segment").
+void ValidateObjectName(const std::string& name);
+
+// Opens a store by URI. Throws kInvalidInput for an unknown scheme (with the known ones).
+std::unique_ptr<Store> OpenStore(const std::string& uri);
+
+}  // namespace msaflow::nam
