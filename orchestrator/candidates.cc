@@ -1,0 +1,136 @@
+#include "orchestrator/candidates.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+namespace msaflow::orchestrator {
+namespace {
+
+std::string Id(int round, size_t i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "r%d-c%02zu", round, i);
+  return buf;
+}
+
+uint64_t SeedFor(const Pipeline& p, int round, size_t i) {
+  std::seed_seq seq{static_cast<uint64_t>(p.rounds.seed), static_cast<uint64_t>(round), static_cast<uint64_t>(i)};
+  std::mt19937_64 g(seq);
+  return g() % 1000000007ULL;
+}
+
+std::string Sci(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0e", v);
+  return buf;
+}
+
+// Every configuration of the search space, per backbone.
+std::vector<std::vector<Candidate>> Grid(const Pipeline& p) {
+  std::vector<std::vector<Candidate>> per_bb;
+  for (const auto& bb : p.backbones) {
+    std::vector<Candidate> g;
+    for (const auto& type : p.head.types)
+      for (int64_t hidden : type == "mlp" ? p.head.hidden : std::vector<int64_t>{0})
+        for (const auto& opt : p.head.optimizers)
+          for (double lr : p.head.lr)
+            for (double l2 : p.head.l2)
+              for (int64_t ep : p.head.epochs) {
+                Candidate c;
+                c.backbone = bb.name;
+                c.head = {type, hidden, opt, lr, l2, ep, p.head.batch, 0};
+                g.push_back(c);
+              }
+    per_bb.push_back(std::move(g));
+  }
+  return per_bb;
+}
+
+std::vector<Candidate> Sample(const Pipeline& p, int round) {
+  auto grid = Grid(p);
+  std::mt19937_64 rng(SeedFor(p, round, 999983));
+  for (auto& g : grid) std::shuffle(g.begin(), g.end(), rng);
+  std::vector<Candidate> out;
+  size_t want = static_cast<size_t>(p.rounds.candidates);
+  for (size_t k = 0; out.size() < want; ++k) {
+    bool any = false;
+    for (auto& g : grid) {
+      if (out.size() == want) break;
+      // Past the grid's size, configurations repeat with other seeds.
+      out.push_back(g[k % g.size()]);
+      any = true;
+    }
+    if (!any) break;
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].id = Id(round, i);
+    out[i].head.seed = SeedFor(p, round, i);
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json ToJson(const Candidate& c) {
+  return {{"id", c.id},
+          {"backbone", c.backbone},
+          {"head",
+           {{"type", c.head.type},
+            {"hidden", c.head.hidden},
+            {"optimizer", c.head.optimizer},
+            {"lr", c.head.lr},
+            {"l2", c.head.l2},
+            {"epochs", c.head.epochs},
+            {"batch", c.head.batch},
+            {"seed", c.head.seed}}},
+          {"warm_start", c.warm_start},
+          {"parent", c.parent}};
+}
+
+Candidate CandidateFromJson(const nlohmann::json& j) {
+  Candidate c;
+  c.id = j.at("id");
+  c.backbone = j.at("backbone");
+  const auto& h = j.at("head");
+  c.head = {h.at("type"), h.at("hidden"), h.at("optimizer"), h.at("lr"), h.at("l2"),
+            h.at("epochs"), h.at("batch"), h.at("seed")};
+  c.warm_start = j.value("warm_start", "");
+  c.parent = j.value("parent", "");
+  return c;
+}
+
+std::string HeadLabel(const kernels::HeadConfig& h) {
+  std::string t = h.type == "mlp" ? "mlp-" + std::to_string(h.hidden) : h.type;
+  return t + " " + h.optimizer + " lr=" + Sci(h.lr) + " l2=" + Sci(h.l2) + " e=" + std::to_string(h.epochs);
+}
+
+std::vector<Candidate> FirstRound(const Pipeline& p) { return Sample(p, 1); }
+
+std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking) {
+  if (p.rounds.strategy == "random" || ranking.empty()) return Sample(p, round);
+  size_t k = std::min<size_t>(static_cast<size_t>(p.rounds.top_k), ranking.size());
+  std::mt19937_64 rng(SeedFor(p, round, 424242));
+  std::vector<Candidate> out;
+  for (size_t i = 0; i < static_cast<size_t>(p.rounds.candidates); ++i) {
+    const Ranked& parent = ranking[i % k];
+    Candidate c = parent.candidate;
+    c.parent = parent.candidate.id;
+    c.warm_start.clear();
+    c.id = Id(round, i);
+    c.head.seed = SeedFor(p, round, i);
+    if (p.rounds.strategy == "perturb") {
+      if (i == 0) {
+        // Warm start: continue from the champion's weights with a smaller step.
+        c.warm_start = parent.model;
+        c.head.lr *= 0.5;
+      } else {
+        c.head.lr *= std::uniform_int_distribution<int>(0, 1)(rng) ? 2.0 : 0.5;
+        c.head.l2 = std::clamp(c.head.l2 * (std::uniform_int_distribution<int>(0, 1)(rng) ? 3.0 : 0.3), 1e-7, 1.0);
+      }
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace msaflow::orchestrator

@@ -1,0 +1,42 @@
+// Candidates: backbone x head hyper-parameters x seed. Round 1 samples the search space;
+// later rounds derive new candidates from the best so far (strategy), keeping the top-k.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/head.h"
+#include "orchestrator/pipeline.h"
+
+namespace msaflow::orchestrator {
+
+struct Candidate {
+  std::string id;        // "r<round>-c<index>", unique within a run
+  std::string backbone;
+  kernels::HeadConfig head;
+  std::string warm_start;  // NAM model object to start from, or ""
+  std::string parent;      // candidate it was derived from, or ""
+};
+
+nlohmann::json ToJson(const Candidate& c);
+Candidate CandidateFromJson(const nlohmann::json& j);
+std::string HeadLabel(const kernels::HeadConfig& h);  // "mlp-128 adam lr=1e-3 l2=1e-4 e=20"
+
+// Round 1: `rounds.candidates` configurations sampled without replacement from the search
+// space, backbones taken in turn so every backbone is tried. Deterministic for rounds.seed.
+std::vector<Candidate> FirstRound(const Pipeline& p);
+
+struct Ranked {
+  Candidate candidate;
+  double metric = 0;
+  std::string model;  // its NAM model object
+};
+
+// Round r >= 2 from the ranking so far (best first). perturb: children of the top-k with
+// learning rate and L2 scaled by 0.5/2 and 0.3/3, new seeds, the champion's first child
+// warm-started from its weights; restart: the top-k configurations with new seeds; random:
+// fresh samples. Deterministic for rounds.seed and the ranking.
+std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking);
+
+}  // namespace msaflow::orchestrator

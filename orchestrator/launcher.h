@@ -1,0 +1,41 @@
+// Launchers run a round's tasks on the modules. The local launcher starts each task as
+// `msaflow module <step> --task FILE` child processes (one per rank); a Slurm launcher (hetjob
+// per round) implements the same interface.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "orchestrator/planner.h"
+
+namespace msaflow::orchestrator {
+
+struct LaunchObserver {
+  std::function<void(const Task&)> on_start;
+  std::function<void(const Task&, const std::string& line)> on_line;  // a line a task printed
+  std::function<void(const Task&, double seconds)> on_end;
+};
+
+class Launcher {
+ public:
+  virtual ~Launcher() = default;
+  // Runs the tasks in order (each after its dependencies). `task_files` maps task id -> the
+  // task file written in the run directory. Throws Error(kTaskFailed) naming the task, its exit
+  // status and its log when one fails; later tasks are not started.
+  virtual void RunRound(const RoundPlan& plan, const std::map<std::string, std::string>& task_files,
+                        const std::string& log_dir, const LaunchObserver& obs) = 0;
+};
+
+class LocalLauncher : public Launcher {
+ public:
+  explicit LocalLauncher(std::string msaflow_exe) : exe_(std::move(msaflow_exe)) {}
+  void RunRound(const RoundPlan& plan, const std::map<std::string, std::string>& task_files, const std::string& log_dir,
+                const LaunchObserver& obs) override;
+  // The command line of one rank (for `msaflow plan`).
+  std::vector<std::string> Command(const Task& t, const std::string& task_file) const;
+
+ private:
+  std::string exe_;
+};
+
+}  // namespace msaflow::orchestrator

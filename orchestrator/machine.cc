@@ -1,0 +1,66 @@
+#include "orchestrator/machine.h"
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/error.h"
+#include "common/files.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+// Kept identical to configs/machines/local.json (a test checks it).
+constexpr char kLocalMachine[] = R"json({
+  "name": "local",
+  "launcher": "local",
+  "modules": {
+    "cm":  {"description": "Cluster Module: coordinator and model loading (local processes)", "max_ranks": 1},
+    "esb": {"description": "Extreme Scale Booster: evaluation task farm (local processes)", "max_ranks": 0},
+    "dam": {"description": "Data Analytics Module: preparation, training, selection (FPGA simulated on the CPU)",
+            "max_ranks": 0, "fpga": "simulated"}
+  }
+})json";
+
+}  // namespace
+
+const ModuleSpec& Machine::Module(const std::string& n, const std::string& where) const {
+  auto it = modules.find(n);
+  if (it == modules.end()) {
+    std::string have;
+    for (const auto& [k, _] : modules) have += (have.empty() ? "" : ", ") + k;
+    Throw(ErrorKind::kInvalidInput, where + ": module '" + n + "' is not in machine '" + name + "' (has " + have + ")");
+  }
+  return it->second;
+}
+
+Machine ParseMachine(const std::string& text, const std::string& origin) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) Throw(ErrorKind::kInvalidInput, origin + ": not a JSON object");
+  Machine m;
+  try {
+    m.name = j.at("name").get<std::string>();
+    m.launcher = j.value("launcher", "local");
+    for (const auto& [k, v] : j.at("modules").items()) {
+      ModuleSpec s;
+      s.name = k;
+      s.description = v.value("description", "");
+      s.max_ranks = v.value("max_ranks", 1);
+      // 0 = as many as this machine has cores.
+      if (s.max_ranks <= 0) s.max_ranks = std::max<int64_t>(1, std::thread::hardware_concurrency());
+      s.fpga = v.value("fpga", "");
+      m.modules[k] = s;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    Throw(ErrorKind::kInvalidInput, origin + ": " + e.what());
+  }
+  if (m.launcher != "local")
+    Throw(ErrorKind::kUnsupported, origin + ": launcher '" + m.launcher + "' is not available in this build (expected local)");
+  return m;
+}
+
+Machine LoadMachine(const std::string& name_or_path) {
+  if (name_or_path == "local") return ParseMachine(kLocalMachine, "<built-in machine local>");
+  return ParseMachine(ReadFile(name_or_path), name_or_path);
+}
+
+}  // namespace msaflow::orchestrator

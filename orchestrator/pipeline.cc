@@ -1,0 +1,282 @@
+#include "orchestrator/pipeline.h"
+
+#include <filesystem>
+#include <set>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/strings.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+using nlohmann::json;
+
+std::string Quote(const json& v) { return v.dump(); }
+
+std::string TypeName(const json& v) {
+  if (v.is_string()) return "string " + Quote(v);
+  if (v.is_boolean()) return "boolean " + Quote(v);
+  if (v.is_number()) return "number " + Quote(v);
+  if (v.is_null()) return "null";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+// Walks the document with JSON pointers; every failure throws "<origin>: <pointer>: ...".
+class Reader {
+ public:
+  Reader(std::string origin, std::string base) : origin_(std::move(origin)), base_(std::move(base)) {}
+
+  [[noreturn]] void Fail(const std::string& ptr, const std::string& msg) const {
+    Throw(ErrorKind::kInvalidInput, origin_ + ": " + (ptr.empty() ? "/" : ptr) + ": " + msg);
+  }
+
+  const json& Object(const json& v, const std::string& ptr, const std::vector<std::string>& keys,
+                     const std::vector<std::string>& required) const {
+    if (!v.is_object()) Fail(ptr, "expected an object, got " + TypeName(v));
+    for (const auto& [k, _] : v.items()) {
+      if (std::find(keys.begin(), keys.end(), k) == keys.end())
+        Fail(ptr + "/" + k, "unknown key" + Hint(k, keys, " (expected one of " + Join(keys, ", ") + ")"));
+    }
+    for (const auto& r : required)
+      if (!v.contains(r)) Fail(ptr, "missing required key \"" + r + "\"");
+    return v;
+  }
+
+  std::string String(const json& v, const std::string& ptr) const {
+    if (!v.is_string()) Fail(ptr, "expected a string, got " + TypeName(v));
+    if (v.get<std::string>().empty()) Fail(ptr, "expected a non-empty string");
+    return v.get<std::string>();
+  }
+
+  std::string Enum(const json& v, const std::string& ptr, const std::vector<std::string>& allowed) const {
+    std::string s = String(v, ptr);
+    if (std::find(allowed.begin(), allowed.end(), s) == allowed.end())
+      Fail(ptr, Quote(v) + " is not one of " + Join(allowed, ", ") + Hint(s, allowed, ""));
+    return s;
+  }
+
+  int64_t Int(const json& v, const std::string& ptr, int64_t lo, int64_t hi) const {
+    if (!v.is_number_integer())
+      Fail(ptr, "expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " + TypeName(v));
+    int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi)
+      Fail(ptr, std::to_string(x) + " is out of range; expected " + std::to_string(lo) + ".." + std::to_string(hi));
+    return x;
+  }
+
+  double Number(const json& v, const std::string& ptr, double lo, double hi) const {
+    if (!v.is_number()) Fail(ptr, "expected a number, got " + TypeName(v));
+    double x = v.get<double>();
+    if (!(x >= lo && x <= hi)) Fail(ptr, v.dump() + " is out of range; expected " + Num(lo) + ".." + Num(hi));
+    return x;
+  }
+
+  // A value or a non-empty array of values (a search-space dimension).
+  template <typename F>
+  auto List(const json& v, const std::string& ptr, F one) const {
+    using T = decltype(one(v, ptr));
+    std::vector<T> out;
+    if (v.is_array()) {
+      if (v.empty()) Fail(ptr, "expected a non-empty array");
+      for (size_t i = 0; i < v.size(); ++i) out.push_back(one(v[i], ptr + "/" + std::to_string(i)));
+    } else {
+      out.push_back(one(v, ptr));
+    }
+    return out;
+  }
+
+  std::string Path(const json& v, const std::string& ptr) const {
+    std::string p = String(v, ptr);
+    std::filesystem::path fp(p);
+    if (fp.is_relative()) fp = std::filesystem::path(base_) / fp;
+    return fp.lexically_normal().string();
+  }
+
+ private:
+  static std::string Num(double d) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", d);
+    return buf;
+  }
+  static std::string Hint(const std::string& got, const std::vector<std::string>& allowed, const std::string& otherwise) {
+    std::string h = DidYouMean(got, allowed);
+    return h.empty() ? otherwise : h;
+  }
+  std::string origin_, base_;
+};
+
+SplitSpec ReadSplit(const Reader& r, const json& v, const std::string& ptr) {
+  r.Object(v, ptr, {"format", "images", "labels", "limit"}, {"images", "labels"});
+  SplitSpec s;
+  if (v.contains("format")) s.format = r.Enum(v["format"], ptr + "/format", {"idx"});
+  s.images = r.Path(v["images"], ptr + "/images");
+  s.labels = r.Path(v["labels"], ptr + "/labels");
+  if (v.contains("limit")) s.limit = r.Int(v["limit"], ptr + "/limit", 1, 100000000);
+  return s;
+}
+
+BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr) {
+  BackboneSpec b;
+  r.Object(v, ptr, {"name", "kind", "onnx", "feature_layer", "input"}, {"name"});
+  b.name = r.String(v["name"], ptr + "/name");
+  for (char c : b.name)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
+      r.Fail(ptr + "/name", Quote(v["name"]) + " must use only [a-z0-9._-] (it names NAM objects)");
+  if (v.contains("kind")) b.kind = r.Enum(v["kind"], ptr + "/kind", {"onnx", "pixels"});
+  if (b.kind == "pixels") {
+    for (const char* k : {"onnx", "feature_layer", "input"})
+      if (v.contains(k)) r.Fail(ptr + "/" + k, "not allowed for kind \"pixels\" (raw pixels are the features)");
+    return b;
+  }
+  for (const char* k : {"onnx", "feature_layer", "input"})
+    if (!v.contains(k)) r.Fail(ptr, std::string("missing required key \"") + k + "\"");
+  b.onnx = r.Path(v["onnx"], ptr + "/onnx");
+  b.feature_layer = r.String(v["feature_layer"], ptr + "/feature_layer");
+  const json& in = v["input"];
+  std::string ip = ptr + "/input";
+  r.Object(in, ip, {"height", "width", "channels", "mean", "std"}, {"height", "width"});
+  b.input.height = r.Int(in["height"], ip + "/height", 8, 1024);
+  b.input.width = r.Int(in["width"], ip + "/width", 8, 1024);
+  if (in.contains("channels")) b.input.channels = r.Int(in["channels"], ip + "/channels", 1, 3);
+  for (const char* k : {"mean", "std"}) {
+    if (!in.contains(k)) continue;
+    std::string kp = ip + "/" + k;
+    if (!in[k].is_array() || in[k].size() != static_cast<size_t>(b.input.channels))
+      r.Fail(kp, "expected an array of " + std::to_string(b.input.channels) + " numbers (one per channel)");
+    for (size_t c = 0; c < in[k].size(); ++c) {
+      double x = r.Number(in[k][c], kp + "/" + std::to_string(c), std::string(k) == "std" ? 1e-6 : -1e3, 1e3);
+      (std::string(k) == "mean" ? b.input.mean : b.input.std)[c] = static_cast<float>(x);
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+const BackboneSpec& Pipeline::Backbone(const std::string& n) const {
+  for (const auto& b : backbones)
+    if (b.name == n) return b;
+  Throw(ErrorKind::kNotFound, "pipeline " + name + ": no backbone named '" + n + "'");
+}
+
+Pipeline ParsePipeline(const std::string& text, const std::string& origin, const std::string& base_dir) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string msg = e.what();
+    auto pos = msg.find("parse error");
+    Throw(ErrorKind::kInvalidInput, origin + ": not valid JSON (" + (pos == std::string::npos ? msg : msg.substr(pos)) + ")");
+  }
+  Reader r(origin, base_dir);
+  r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric"},
+           {"name", "datasets", "backbones"});
+  Pipeline p;
+  if (doc.contains("format") && r.String(doc["format"], "/format") != kPipelineFormat)
+    r.Fail("/format", Quote(doc["format"]) + " is not a supported format; expected \"" + kPipelineFormat + "\"");
+  p.name = r.String(doc["name"], "/name");
+  if (doc.contains("machine")) p.machine = r.String(doc["machine"], "/machine");
+  if (doc.contains("nam")) {
+    p.nam = r.String(doc["nam"], "/nam");
+    if (p.nam.rfind("file://", 0) == 0 && p.nam.size() > 7 && p.nam[7] != '/')
+      p.nam = "file://" + (std::filesystem::path(base_dir) / p.nam.substr(7)).lexically_normal().string();
+    else if (p.nam.rfind("file://", 0) != 0 && p.nam.rfind("mem://", 0) != 0 && p.nam.rfind("fabric://", 0) != 0)
+      r.Fail("/nam", Quote(doc["nam"]) + " is not a NAM URI; expected file://DIR, mem://NAME or fabric://HOST:PORT");
+  }
+
+  r.Object(doc["datasets"], "/datasets", {"train", "test"}, {"train", "test"});
+  p.train = ReadSplit(r, doc["datasets"]["train"], "/datasets/train");
+  p.test = ReadSplit(r, doc["datasets"]["test"], "/datasets/test");
+
+  const json& bbs = doc["backbones"];
+  if (!bbs.is_array() || bbs.empty()) r.Fail("/backbones", "expected a non-empty array of backbones, got " + TypeName(bbs));
+  std::set<std::string> names;
+  for (size_t i = 0; i < bbs.size(); ++i) {
+    std::string ptr = "/backbones/" + std::to_string(i);
+    p.backbones.push_back(ReadBackbone(r, bbs[i], ptr));
+    if (!names.insert(p.backbones.back().name).second)
+      r.Fail(ptr + "/name", Quote(bbs[i]["name"]) + " is used by an earlier backbone; names must be unique");
+  }
+
+  if (doc.contains("head")) {
+    const json& h = doc["head"];
+    r.Object(h, "/head", {"type", "hidden", "optimizer", "lr", "l2", "epochs", "batch"}, {});
+    auto str = [&](const std::vector<std::string>& allowed) {
+      return [&r, allowed](const json& v, const std::string& ptr) { return r.Enum(v, ptr, allowed); };
+    };
+    if (h.contains("type")) p.head.types = r.List(h["type"], "/head/type", str({"softmax", "mlp"}));
+    if (h.contains("optimizer")) p.head.optimizers = r.List(h["optimizer"], "/head/optimizer", str({"adam", "sgd"}));
+    auto integer = [&](int64_t lo, int64_t hi) {
+      return [&r, lo, hi](const json& v, const std::string& ptr) { return r.Int(v, ptr, lo, hi); };
+    };
+    auto number = [&](double lo, double hi) {
+      return [&r, lo, hi](const json& v, const std::string& ptr) { return r.Number(v, ptr, lo, hi); };
+    };
+    if (h.contains("hidden")) p.head.hidden = r.List(h["hidden"], "/head/hidden", integer(1, 4096));
+    if (h.contains("epochs")) p.head.epochs = r.List(h["epochs"], "/head/epochs", integer(1, 10000));
+    if (h.contains("lr")) p.head.lr = r.List(h["lr"], "/head/lr", number(1e-8, 10));
+    if (h.contains("l2")) p.head.l2 = r.List(h["l2"], "/head/l2", number(0, 10));
+    if (h.contains("batch")) p.head.batch = r.Int(h["batch"], "/head/batch", 1, 65536);
+  }
+
+  std::map<std::string, std::string> default_module = {{"load", "cm"},  {"prepare", "dam"},  {"train", "dam"},
+                                                       {"store", "dam"}, {"evaluate", "esb"}, {"select", "dam"}};
+  for (const auto& s : StepNames()) p.steps[s] = StepSpec{default_module[s], 1, "sync", 0};
+  p.steps["evaluate"].ranks = 2;
+  if (doc.contains("steps")) {
+    const json& st = doc["steps"];
+    r.Object(st, "/steps", StepNames(), {});
+    for (const auto& [k, v] : st.items()) {
+      std::string ptr = "/steps/" + k;
+      std::vector<std::string> keys = {"module", "ranks"};
+      if (k == "train") keys.push_back("mode");
+      if (k == "evaluate") keys.push_back("shards");
+      r.Object(v, ptr, keys, {});
+      StepSpec& s = p.steps[k];
+      if (v.contains("module")) s.module = r.Enum(v["module"], ptr + "/module", {"cm", "esb", "dam"});
+      if (v.contains("ranks")) s.ranks = r.Int(v["ranks"], ptr + "/ranks", 1, 4096);
+      if (v.contains("mode")) s.mode = r.Enum(v["mode"], ptr + "/mode", {"sync", "async", "hybrid"});
+      if (v.contains("shards")) s.shards = r.Int(v["shards"], ptr + "/shards", 1, 65536);
+    }
+  }
+
+  if (doc.contains("rounds")) {
+    const json& ro = doc["rounds"];
+    r.Object(ro, "/rounds", {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed"}, {});
+    if (ro.contains("max")) p.rounds.max = r.Int(ro["max"], "/rounds/max", 1, 1000);
+    if (ro.contains("candidates")) p.rounds.candidates = r.Int(ro["candidates"], "/rounds/candidates", 1, 10000);
+    if (ro.contains("top_k")) p.rounds.top_k = r.Int(ro["top_k"], "/rounds/top_k", 1, 10000);
+    if (ro.contains("strategy")) p.rounds.strategy = r.Enum(ro["strategy"], "/rounds/strategy", {"perturb", "restart", "random"});
+    if (ro.contains("min_delta")) p.rounds.min_delta = r.Number(ro["min_delta"], "/rounds/min_delta", 0, 1);
+    if (ro.contains("patience")) p.rounds.patience = r.Int(ro["patience"], "/rounds/patience", 1, 1000);
+    if (ro.contains("seed")) p.rounds.seed = static_cast<uint64_t>(r.Int(ro["seed"], "/rounds/seed", 0, INT64_MAX));
+  }
+  if (doc.contains("metric")) p.metric = r.Enum(doc["metric"], "/metric", {"accuracy"});
+
+  // Source with absolute paths, so tasks and resumed runs need no base directory.
+  p.source = doc;
+  p.source["format"] = kPipelineFormat;
+  for (const char* split : {"train", "test"}) {
+    const SplitSpec& s = std::string(split) == "train" ? p.train : p.test;
+    p.source["datasets"][split]["images"] = s.images;
+    p.source["datasets"][split]["labels"] = s.labels;
+  }
+  for (size_t i = 0; i < p.backbones.size(); ++i)
+    if (p.backbones[i].kind == "onnx") p.source["backbones"][i]["onnx"] = p.backbones[i].onnx;
+  if (!p.nam.empty()) p.source["nam"] = p.nam;
+  return p;
+}
+
+Pipeline LoadPipeline(const std::string& path) {
+  std::string text = ReadFile(path);
+  std::string base = std::filesystem::absolute(path).parent_path().string();
+  return ParsePipeline(text, path, base);
+}
+
+Pipeline PipelineFromSource(const nlohmann::json& source) {
+  return ParsePipeline(source.dump(), "<task pipeline>", "/");
+}
+
+}  // namespace msaflow::orchestrator

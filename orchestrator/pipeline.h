@@ -1,0 +1,86 @@
+// A pipeline: what to run (datasets, backbones, head search space, steps, rounds). Parsed
+// and validated once, then immutable. docs/pipeline.md and configs/schema/pipeline.schema.json
+// describe the format; every error names the JSON pointer.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/prepare.h"
+
+namespace msaflow::orchestrator {
+
+inline constexpr char kPipelineFormat[] = "msaflow.pipeline/1";
+
+struct SplitSpec {
+  std::string format = "idx";
+  std::string images, labels;  // absolute paths
+  int64_t limit = 0;           // 0 = all
+};
+
+struct BackboneSpec {
+  std::string name;
+  std::string kind = "onnx";  // "onnx" | "pixels" (raw pixels: the baseline)
+  std::string onnx;           // absolute path
+  std::string feature_layer;
+  kernels::InputSpec input;
+};
+
+struct HeadSpace {
+  std::vector<std::string> types{"softmax"};
+  std::vector<int64_t> hidden{128};
+  std::vector<std::string> optimizers{"adam"};
+  std::vector<double> lr{1e-3};
+  std::vector<double> l2{1e-4};
+  std::vector<int64_t> epochs{20};
+  int64_t batch = 64;
+};
+
+struct StepSpec {
+  std::string module;
+  int64_t ranks = 1;
+  std::string mode = "sync";  // train only
+  int64_t shards = 0;         // evaluate only; 0 = 2 per rank
+};
+
+struct RoundsSpec {
+  int64_t max = 1;
+  int64_t candidates = 4;
+  int64_t top_k = 2;
+  std::string strategy = "perturb";  // "perturb" | "restart" | "random"
+  double min_delta = 0.0;
+  int64_t patience = 1;
+  uint64_t seed = 1;
+};
+
+struct Pipeline {
+  std::string name;
+  std::string machine = "local";
+  std::string nam;  // "" = the default store of the runs directory
+  SplitSpec train, test;
+  std::vector<BackboneSpec> backbones;
+  HeadSpace head;
+  std::map<std::string, StepSpec> steps;  // load, prepare, train, store, evaluate, select
+  RoundsSpec rounds;
+  std::string metric = "accuracy";
+  nlohmann::json source;  // as submitted, with paths made absolute
+
+  const BackboneSpec& Backbone(const std::string& name) const;
+};
+
+inline const std::vector<std::string>& StepNames() {
+  static const std::vector<std::string> s = {"load", "prepare", "train", "store", "evaluate", "select"};
+  return s;
+}
+
+// Parses and validates. `origin` names the file in errors; relative paths resolve against
+// `base_dir`. Throws Error(kInvalidInput) "<origin>: <pointer>: <problem>".
+Pipeline ParsePipeline(const std::string& text, const std::string& origin, const std::string& base_dir);
+Pipeline LoadPipeline(const std::string& path);
+// Rebuilds a pipeline from its `source` JSON (paths already absolute), as tasks carry it.
+Pipeline PipelineFromSource(const nlohmann::json& source);
+
+}  // namespace msaflow::orchestrator

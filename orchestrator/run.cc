@@ -1,0 +1,212 @@
+#include "orchestrator/run.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fmt/core.h>
+#include <random>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "nam/store.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+using nlohmann::json;
+
+std::string NewRunId(const std::string& name) {
+  std::time_t t = std::time(nullptr);
+  char ts[32];
+  std::strftime(ts, sizeof ts, "%Y%m%d-%H%M%S", std::gmtime(&t));
+  std::string clean;
+  for (char c : name) clean.push_back((std::isalnum(static_cast<unsigned char>(c)) ? std::tolower(c) : '-'));
+  std::mt19937 rng(std::random_device{}());
+  return fmt::format("{}-{}-{:04x}", clean, ts, rng() & 0xffff);
+}
+
+std::string Now() {
+  std::time_t t = std::time(nullptr);
+  char ts[32];
+  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return ts;
+}
+
+class Journal {
+ public:
+  explicit Journal(std::string path) : path_(std::move(path)) {
+    AppendLineSynced(path_, json{{"format", kJournalFormat}, {"time", Now()}}.dump());
+  }
+  void Event(const std::string& event, json fields) {
+    fields["event"] = event;
+    fields["time"] = Now();
+    AppendLineSynced(path_, fields.dump());
+  }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+std::string RunPipeline(const Pipeline& p, const Machine& m, Launcher& launcher, const RunOptions& opt, std::FILE* out) {
+  std::string id = opt.run_id.empty() ? NewRunId(p.name) : opt.run_id;
+  nam::ValidateObjectName(id);
+  std::string dir = std::filesystem::absolute(opt.runs_dir + "/" + id).lexically_normal().string();
+  if (PathExists(dir + "/journal.jsonl"))
+    Throw(ErrorKind::kInvalidInput, "run directory " + dir + " already holds a run; choose another --run-id");
+  MakeDirs(dir + "/tasks");
+  MakeDirs(dir + "/logs");
+  WriteFileAtomic(dir + "/pipeline.json", p.source.dump(2) + "\n");
+  std::string nam_uri = p.nam.empty()
+                            ? "file://" + std::filesystem::absolute(opt.runs_dir + "/nam").lexically_normal().string()
+                            : p.nam;
+  auto store = nam::OpenStore(nam_uri);
+  Journal journal(dir + "/journal.jsonl");
+  journal.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"nam", nam_uri}});
+  std::fprintf(out, "run %s: pipeline %s on machine %s, NAM %s\n  run directory %s\n", id.c_str(), p.name.c_str(),
+               m.name.c_str(), nam_uri.c_str(), dir.c_str());
+
+  json results = {{"format", kResultsFormat}, {"run", id}, {"pipeline", p.name}, {"nam", nam_uri},
+                  {"rounds", json::array()}};
+  std::vector<Ranked> ranking;  // best first, over all rounds
+  std::vector<KeptCandidate> kept;
+  // Best test accuracy per backbone over all rounds (a raw-pixel backbone is the baseline).
+  json per_bb = json::object();
+  double best_so_far = -1;
+  int stale = 0;
+  std::string stop_reason = "max rounds reached";
+  auto run_start = std::chrono::steady_clock::now();
+  for (int round = 1; round <= p.rounds.max; ++round) {
+    std::vector<Candidate> fresh = round == 1 ? FirstRound(p) : NextRound(p, round, ranking);
+    RoundPlan plan = PlanRound(p, m, id, nam_uri, round, fresh, kept);
+    std::map<std::string, std::string> files;
+    for (const auto& t : plan.tasks) {
+      std::string f = dir + "/tasks/" + t.id + ".json";
+      WriteFileAtomic(f, t.body.dump(2) + "\n");
+      files[t.id] = f;
+    }
+    std::fprintf(out, "\n== round %d/%lld: %zu new candidates, %zu kept ==\n", round,
+                 static_cast<long long>(p.rounds.max), fresh.size(), kept.size());
+    journal.Event("round-start", {{"round", round}, {"candidates", fresh.size()}});
+    LaunchObserver obs;
+    obs.on_start = [&](const Task& t) {
+      std::fprintf(out, "  %-8s on %-3s (%lld rank%s) ...\n", t.step.c_str(), t.module.c_str(),
+                   static_cast<long long>(t.ranks), t.ranks > 1 ? "s" : "");
+      std::fflush(out);
+      journal.Event("task-start", {{"task", t.id}, {"module", t.module}, {"ranks", t.ranks}});
+    };
+    obs.on_line = [&](const Task&, const std::string& line) {
+      std::fprintf(out, "      %s\n", line.c_str());
+      std::fflush(out);
+    };
+    obs.on_end = [&](const Task& t, double secs) {
+      std::fprintf(out, "  %-8s done in %.1f s\n", t.step.c_str(), secs);
+      journal.Event("task-end", {{"task", t.id}, {"seconds", secs}, {"status", "ok"}});
+    };
+    try {
+      launcher.RunRound(plan, files, dir + "/logs", obs);
+    } catch (const Error& e) {
+      journal.Event("run-failed", {{"round", round}, {"error", e.what()}});
+      throw;
+    }
+    json best = json::parse(store->Get(BestObject(id, round)).bytes);
+    json prepared = json::parse(store->Get(PreparedObject(id, round)).bytes);
+    // The round table.
+    std::fprintf(out, "\n  %-8s %-12s %-42s %8s %8s\n", "cand", "backbone", "head", "acc", "loss");
+    for (const auto& e : best.at("all")) {
+      Candidate c = CandidateFromJson(e.at("candidate"));
+      bool is_new = e.at("round") == round;
+      std::fprintf(out, "  %-8s %-12s %-42s %8.4f %8.4f%s\n", c.id.c_str(), c.backbone.c_str(),
+                   HeadLabel(c.head).c_str(), e.at("accuracy").get<double>(), e.at("loss").get<double>(),
+                   is_new ? "" : "  (kept)");
+    }
+    const json& champ = best.at("champion");
+    double acc = champ.at("accuracy");
+    std::fprintf(out, "  best of round %d: %s (%s) accuracy %.4f; features computed %zu, reused %zu%s\n", round,
+                 champ.at("candidate").at("id").get<std::string>().c_str(),
+                 champ.at("candidate").at("backbone").get<std::string>().c_str(), acc, prepared.at("computed").size(),
+                 prepared.at("reused").size(),
+                 prepared.at("computed").empty() ? " (no backbone ran this round)" : "");
+    ranking.clear();
+    kept.clear();
+    for (const auto& e : best.at("all")) {
+      ranking.push_back({CandidateFromJson(e.at("candidate")), e.at("accuracy"), e.at("model")});
+      const std::string bb = e.at("candidate").at("backbone");
+      if (!per_bb.contains(bb) || per_bb[bb].get<double>() < e.at("accuracy").get<double>()) per_bb[bb] = e.at("accuracy");
+    }
+    for (const auto& e : best.at("top_k"))
+      kept.push_back({CandidateFromJson(e.at("candidate")), e.at("model"), e.at("result")});
+    double gain = acc - best_so_far;
+    results["rounds"].push_back({{"round", round}, {"champion", champ}, {"top_k", best.at("top_k")},
+                                 {"candidates", best.at("all")}, {"features", prepared},
+                                 {"features_computed", prepared.at("computed").size()},
+                                 {"features_reused", prepared.at("reused").size()}});
+    journal.Event("round-end", {{"round", round}, {"champion", champ.at("candidate").at("id")}, {"accuracy", acc}});
+    if (best_so_far >= 0 && gain < p.rounds.min_delta) {
+      ++stale;
+    } else {
+      stale = 0;
+    }
+    best_so_far = std::max(best_so_far, acc);
+    if (round < p.rounds.max && stale >= p.rounds.patience) {
+      stop_reason = fmt::format("no gain >= {} for {} round(s)", p.rounds.min_delta, stale);
+      break;
+    }
+  }
+  const Ranked& champ = ranking.at(0);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  results["champion"] = {{"candidate", ToJson(champ.candidate)}, {"accuracy", champ.metric}, {"model", champ.model}};
+  results["best_per_backbone"] = per_bb;
+  results["stop_reason"] = stop_reason;
+  results["seconds"] = secs;
+  WriteFileAtomic(dir + "/results.json", results.dump(2) + "\n");
+  journal.Event("run-end", {{"champion", champ.candidate.id}, {"accuracy", champ.metric}, {"stop", stop_reason}});
+  std::fprintf(out, "\nchampion: %s — %s on %s, test accuracy %.4f (model %s)\n", champ.candidate.id.c_str(),
+               HeadLabel(champ.candidate.head).c_str(), champ.candidate.backbone.c_str(), champ.metric,
+               champ.model.c_str());
+  std::fprintf(out, "best per backbone:");
+  for (const auto& [k, v] : per_bb.items()) std::fprintf(out, " %s %.4f;", k.c_str(), v.get<double>());
+  std::fprintf(out, "\nstopped: %s; %.1f s; results in %s/results.json\n", stop_reason.c_str(), secs, dir.c_str());
+  return dir;
+}
+
+void PrintStatus(const std::string& run_dir, std::FILE* out) {
+  std::string text = ReadFile(run_dir + "/journal.jsonl");
+  std::vector<json> events;
+  size_t start = 0, lineno = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    ++lineno;
+    std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded())
+      Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:" + std::to_string(lineno) + ": not a JSON line");
+    events.push_back(j);
+  }
+  if (events.empty() || events[0].value("format", "") != kJournalFormat)
+    Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:1: expected format " + std::string(kJournalFormat));
+  std::string state = "running (or interrupted)";
+  for (const auto& e : events) {
+    std::string ev = e.value("event", "");
+    if (ev == "run-start")
+      std::fprintf(out, "run %s (pipeline %s, machine %s)\n", e.value("run", "").c_str(), e.value("pipeline", "").c_str(),
+                   e.value("machine", "").c_str());
+    if (ev == "round-end")
+      std::fprintf(out, "  round %d: champion %s accuracy %.4f\n", e.at("round").get<int>(),
+                   e.at("champion").get<std::string>().c_str(), e.at("accuracy").get<double>());
+    if (ev == "task-start") state = "running task " + e.value("task", "");
+    if (ev == "run-failed") state = "failed: " + e.value("error", "");
+    if (ev == "run-end")
+      state = fmt::format("finished: champion {} accuracy {:.4f} ({})", e.value("champion", ""),
+                          e.value("accuracy", 0.0), e.value("stop", ""));
+  }
+  std::fprintf(out, "state: %s\n", state.c_str());
+}
+
+}  // namespace msaflow::orchestrator

@@ -1,0 +1,31 @@
+// A run: rounds of the five steps until the stop rule, recorded in runs/<id>/ (docs/formats.md):
+// pipeline.json, journal.jsonl (append-only, fsynced, first line names the format),
+// tasks/*.json, logs/*.log, results.json.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "orchestrator/launcher.h"
+#include "orchestrator/machine.h"
+#include "orchestrator/pipeline.h"
+
+namespace msaflow::orchestrator {
+
+inline constexpr char kJournalFormat[] = "msaflow.journal/1";
+inline constexpr char kResultsFormat[] = "msaflow.results/1";
+
+struct RunOptions {
+  std::string runs_dir = "runs";
+  std::string run_id;  // "" = <name>-<timestamp>-<random>
+  bool verbose = false;
+};
+
+// Runs the pipeline to the end; returns the run directory. Progress goes to `out`.
+// Throws Error (kTaskFailed when a task fails; the journal records it).
+std::string RunPipeline(const Pipeline& p, const Machine& m, Launcher& launcher, const RunOptions& opt, std::FILE* out);
+
+// Prints the state of a run directory (journal + results). Throws kNotFound / kCorrupt.
+void PrintStatus(const std::string& run_dir, std::FILE* out);
+
+}  // namespace msaflow::orchestrator

