@@ -557,6 +557,9 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
           if (p == producer.end() || uses[op.inputs[side]] != 1) continue;
           Op& conv = ops[p->second];
           if (conv.kind != Kind::kConv || !conv.sum_input.empty()) continue;
+          // The residual must already exist when the convolution runs.
+          auto other = producer.find(op.inputs[1 - side]);
+          if (other != producer.end() && other->second > p->second) continue;
           conv.sum_input = op.inputs[1 - side];
           conv.output = op.output;
           shapes[op.output] = out;

@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""The msaflow CLI on bad inputs: one clear error, the documented exit code, nothing written."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+EXE, ROOT = sys.argv[1], sys.argv[2]
+
+
+def msaflow(*args, cwd=None):
+    return subprocess.run([EXE, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+class Cli(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, name, doc):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(doc if isinstance(doc, str) else json.dumps(doc))
+        return path
+
+    def quickstart(self):
+        with open(os.path.join(ROOT, "pipelines", "quickstart.json")) as f:
+            return json.load(f)
+
+    def test_examples_validate(self):
+        for name in ("quickstart.json", "digits.json"):
+            r = msaflow("validate", os.path.join(ROOT, "pipelines", name))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("valid (3 backbones", r.stdout)
+
+    def test_bad_mode_names_pointer_and_suggests(self):
+        doc = self.quickstart()
+        doc["steps"]["train"]["mode"] = "asnyc"
+        path = self.write("p.json", doc)
+        r = msaflow("run", path, "--runs", self.dir)
+        self.assertEqual(r.returncode, 3)
+        self.assertEqual(r.stderr.strip(), f'msaflow: error: {path}: /steps/train/mode: "asnyc" is not one of '
+                                           'sync, async, hybrid — did you mean "async"?')
+        self.assertEqual(sorted(os.listdir(self.dir)), ["p.json"])  # nothing half-written
+
+    def test_missing_model_file(self):
+        doc = self.quickstart()
+        doc["backbones"][0]["onnx"] = "/nonexistent/model.onnx"
+        r = msaflow("validate", self.write("p.json", doc))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("/nonexistent/model.onnx: no such file", r.stderr)
+
+    def test_not_json(self):
+        r = msaflow("validate", self.write("p.json", "{oops"))
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("p.json: not valid JSON (parse error at line 1, column 2", r.stderr)
+
+    def test_usage_errors(self):
+        self.assertEqual(msaflow().returncode, 2)
+        self.assertEqual(msaflow("frobnicate").returncode, 2)
+        r = msaflow("module", "dance", "--task", "/nonexistent")
+        self.assertEqual(r.returncode, 2)
+        for sub in ("validate", "plan", "run", "status", "module"):
+            r = msaflow(sub, "--help")
+            self.assertEqual(r.returncode, 0, sub)
+            self.assertIn("Usage", r.stdout)
+
+    def test_module_rejects_a_task_of_another_step(self):
+        task = self.write("t.json", {"format": "msaflow.task/1", "step": "train", "pipeline": {}, "nam": "mem://x",
+                                     "run": "r", "round": 1})
+        r = msaflow("module", "select", "--task", task)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("task is for step 'train', not 'select'", r.stderr)
+
+    def test_unsupported_operator_fails_the_load_step(self):
+        # A model whose cut tensor depends on an operator msaflow does not run.
+        sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+        import onnx
+        from onnx import TensorProto, helper
+        node = helper.make_node("LpNormalization", ["input"], ["feat"], name="norm1")
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
+                                  [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 3, 8, 8])])
+        model_path = os.path.join(self.dir, "bad.onnx")
+        onnx.save(helper.make_model(graph), model_path)
+        doc = self.quickstart()
+        doc["backbones"] = [{"name": "bad", "onnx": model_path, "feature_layer": "feat",
+                             "input": {"height": 8, "width": 8}}]
+        doc["rounds"] = {"max": 1, "candidates": 1}
+        doc["datasets"]["train"]["limit"] = 10
+        doc["datasets"]["test"]["limit"] = 10
+        for split in ("train", "test"):
+            for k in ("images", "labels"):
+                doc["datasets"][split][k] = os.path.join(ROOT, "pipelines", doc["datasets"][split][k])
+        r = msaflow("run", self.write("p.json", doc), "--runs", self.dir, "--run-id", "bad")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("task r1-load (rank 0) failed with exit status 6", r.stderr)
+        with open(os.path.join(self.dir, "bad", "logs", "r1-load.log")) as f:
+            self.assertIn("node 'norm1' (LpNormalization): operator LpNormalization is not supported", f.read())
+        s = msaflow("status", os.path.join(self.dir, "bad"))
+        self.assertEqual(s.returncode, 0)
+        self.assertIn("state: failed: task r1-load", s.stdout)
+
+    def test_status_of_missing_run(self):
+        r = msaflow("status", os.path.join(self.dir, "nope"))
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("journal.jsonl: no such file", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"])

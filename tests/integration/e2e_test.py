@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""End to end: a small pipeline through the real module processes (real ONNX backbones, real
+Fashion-MNIST images, file:// NAM), two rounds. Checks the champion and that round 2 reused
+every feature object instead of running the backbones again."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+EXE, ROOT = sys.argv[1], sys.argv[2]
+
+
+class EndToEnd(unittest.TestCase):
+    def test_two_rounds(self):
+        with open(os.path.join(ROOT, "pipelines", "quickstart.json")) as f:
+            doc = json.load(f)
+        doc["name"] = "e2e"
+        doc["datasets"]["train"]["limit"] = 600
+        doc["datasets"]["test"]["limit"] = 300
+        for split in ("train", "test"):
+            for k in ("images", "labels"):
+                doc["datasets"][split][k] = os.path.join(ROOT, "pipelines", doc["datasets"][split][k])
+        for bb in doc["backbones"]:
+            if "onnx" in bb:
+                bb["onnx"] = os.path.join(ROOT, "pipelines", bb["onnx"])
+        doc["backbones"][0]["input"]["height"] = doc["backbones"][0]["input"]["width"] = 64
+        doc["head"]["epochs"] = [8]
+        doc["rounds"] = {"max": 2, "candidates": 4, "top_k": 2, "strategy": "perturb", "seed": 3,
+                         "min_delta": 0.0, "patience": 5}
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "p.json")
+            with open(p, "w") as f:
+                json.dump(doc, f)
+            r = subprocess.run([EXE, "run", p, "--runs", d, "--run-id", "e2e"], capture_output=True, text=True,
+                               timeout=800)
+            print(r.stdout[-3000:])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(d, "e2e", "results.json")) as f:
+                res = json.load(f)
+            self.assertEqual(res["format"], "msaflow.results/1")
+            self.assertEqual(len(res["rounds"]), 2)
+            r1, r2 = res["rounds"]
+            # Round 1 ran every backbone on both splits; round 2 ran none.
+            self.assertEqual(r1["features_computed"], 6)
+            self.assertEqual(r2["features_computed"], 0)
+            self.assertEqual(r2["features_reused"], 6)
+            self.assertIn("features computed 0, reused 6 (no backbone ran this round)", r.stdout)
+            # The champion is the best of everything evaluated, ties by id.
+            everything = {}
+            for rnd in res["rounds"]:
+                for c in rnd["candidates"]:
+                    everything[c["candidate"]["id"]] = c["accuracy"]
+            best = max(everything.values())
+            expect = min(k for k, v in everything.items() if v == best)
+            self.assertEqual(res["champion"]["candidate"]["id"], expect)
+            self.assertAlmostEqual(res["champion"]["accuracy"], best)
+            # Real learning happened: well above chance (10 classes) on 300 test images.
+            self.assertGreater(best, 0.6)
+            self.assertEqual(set(res["best_per_backbone"]), {"mobilenetv2", "ppocrv4", "pixels"})
+            # Round 2 kept round 1's top-2 and derived 4 new candidates from them.
+            kept = [c for c in r2["candidates"] if c["round"] == 1]
+            self.assertEqual(len(kept), 2)
+            self.assertEqual(len([c for c in r2["candidates"] if c["round"] == 2]), 4)
+            # The stored champion model and its result are in the NAM, checksummed.
+            nam = os.path.join(d, "nam")
+            self.assertTrue(os.path.exists(os.path.join(nam, res["champion"]["model"] + ".nam")))
+            with open(os.path.join(d, "e2e", "journal.jsonl")) as f:
+                lines = [json.loads(line) for line in f]
+            self.assertEqual(lines[0]["format"], "msaflow.journal/1")
+            self.assertEqual(lines[-1]["event"], "run-end")
+            s = subprocess.run([EXE, "status", os.path.join(d, "e2e")], capture_output=True, text=True)
+            self.assertEqual(s.returncode, 0)
+            self.assertIn("state: finished: champion " + expect, s.stdout)
+            # A second run over the same NAM reuses the first run's features from round 1 on.
+            r = subprocess.run([EXE, "run", p, "--runs", d, "--run-id", "e2e-again"], capture_output=True, text=True,
+                               timeout=800)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(d, "e2e-again", "results.json")) as f:
+                again = json.load(f)
+            self.assertEqual(again["rounds"][0]["features_computed"], 0)
+            # Same pipeline, same seeds: the same champion configuration and accuracy.
+            self.assertAlmostEqual(again["champion"]["accuracy"], res["champion"]["accuracy"])
+            self.assertEqual(again["champion"]["candidate"]["id"], res["champion"]["candidate"]["id"])
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"])

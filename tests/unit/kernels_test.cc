@@ -1,0 +1,333 @@
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "kernels/dataset.h"
+#include "kernels/executor.h"
+#include "kernels/head.h"
+#include "kernels/metrics.h"
+#include "kernels/onnx_graph.h"
+#include "kernels/prepare.h"
+
+namespace msaflow::kernels {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  return "/tmp/msaflow-kt-" + std::to_string(::getpid()) + "-" + name;
+}
+
+std::string ErrorOf(const std::function<void()>& f, ErrorKind* kind = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (kind) *kind = e.kind();
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// ---- IDX -------------------------------------------------------------------------------------
+
+TEST(Idx, RoundTripAndLimit) {
+  std::vector<uint8_t> px(5 * 4 * 3), lab = {0, 1, 2, 1, 0};
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i);
+  std::string ip = TempPath("img"), lp = TempPath("lab");
+  WriteIdxImages(ip, 5, 4, 3, px.data());
+  WriteIdxLabels(lp, 5, lab.data());
+  ImageSet s = ReadIdx(ip, lp, 3);
+  EXPECT_EQ(s.count, 3);
+  EXPECT_EQ(s.rows, 4);
+  EXPECT_EQ(s.cols, 3);
+  EXPECT_EQ(s.pixels.size(), 36u);
+  EXPECT_EQ(s.pixels[35], 35);
+  EXPECT_EQ(s.classes(), 3);
+  EXPECT_NE(s.Digest(), ReadIdx(ip, lp, 0).Digest());
+  std::remove(ip.c_str());
+  std::remove(lp.c_str());
+}
+
+TEST(Idx, WrongMagicAndShortBody) {
+  std::vector<uint8_t> px(2 * 2 * 2, 7), lab = {1, 0};
+  std::string ip = TempPath("img2"), lp = TempPath("lab2");
+  std::vector<uint8_t> many(8, 1);
+  WriteIdxLabels(ip, 8, many.data());  // a label file (16 bytes) where images are expected
+  WriteIdxLabels(lp, 2, lab.data());
+  ErrorKind k;
+  EXPECT_EQ(ErrorOf([&] { ReadIdx(ip, lp, 0); }, &k),
+            ip + ": magic 0x00000801, expected 0x00000803 (IDX unsigned-byte images, 3 dims)");
+  EXPECT_EQ(k, ErrorKind::kInvalidInput);
+  WriteIdxImages(ip, 2, 2, 2, px.data());
+  std::string body = ReadFile(ip);
+  WriteFileAtomic(ip, body.substr(0, body.size() - 3));
+  EXPECT_EQ(ErrorOf([&] { ReadIdx(ip, lp, 0); }),
+            ip + ": body has 5 bytes, header says 2 images of 2x2 = 8 bytes");
+  EXPECT_EQ(ErrorOf([&] { ReadIdx(ip + ".missing", lp, 0); }, &k), ip + ".missing: no such file");
+  EXPECT_EQ(k, ErrorKind::kNotFound);
+  std::remove(ip.c_str());
+  std::remove(lp.c_str());
+}
+
+// ---- preparation -------------------------------------------------------------------------------
+
+TEST(Prepare, SameSizeIsIdentityAndNormalises) {
+  std::vector<uint8_t> px = {0, 255, 51, 102};
+  InputSpec spec;
+  spec.height = 2;
+  spec.width = 2;
+  spec.channels = 3;
+  spec.mean = {0.5f, 0.5f, 0.5f};
+  spec.std = {0.5f, 0.5f, 0.5f};
+  std::vector<float> out(12);
+  PrepareBatch(px.data(), 1, 2, 2, spec, out.data());
+  EXPECT_FLOAT_EQ(out[0], -1.f);
+  EXPECT_FLOAT_EQ(out[1], 1.f);
+  EXPECT_NEAR(out[2], (0.2f - 0.5f) / 0.5f, 1e-6);
+  EXPECT_FLOAT_EQ(out[4], out[0]);  // channels replicated
+  EXPECT_FLOAT_EQ(out[11], out[3]);
+}
+
+TEST(Prepare, UpsamplesBilinearly) {
+  std::vector<uint8_t> px = {0, 255};  // 1x2
+  InputSpec spec;
+  spec.height = 1;
+  spec.width = 4;
+  spec.channels = 1;
+  std::vector<float> out(4);
+  PrepareBatch(px.data(), 1, 1, 2, spec, out.data());
+  // Half-pixel centres: x_src = (x + 0.5) / 2 - 0.5 -> -0.25(clamped 0), 0.25, 0.75, 1.25(clamped)
+  EXPECT_FLOAT_EQ(out[0], 0.f);
+  EXPECT_NEAR(out[1], 0.25f, 1e-6);
+  EXPECT_NEAR(out[2], 0.75f, 1e-6);
+  EXPECT_FLOAT_EQ(out[3], 1.f);
+}
+
+// ---- ONNX import and executor ------------------------------------------------------------------
+
+void AddConst(onnx::GraphProto* g, const std::string& name, const std::vector<int64_t>& dims, const std::vector<float>& v) {
+  auto* t = g->add_initializer();
+  t->set_name(name);
+  t->set_data_type(onnx::TensorProto::FLOAT);
+  for (auto d : dims) t->add_dims(d);
+  for (float x : v) t->add_float_data(x);
+}
+
+onnx::NodeProto* AddNode(onnx::GraphProto* g, const std::string& op, std::vector<std::string> in, const std::string& out) {
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  n->set_name(out + "_node");
+  for (auto& i : in) n->add_input(i);
+  n->add_output(out);
+  return n;
+}
+
+void IntsAttr(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INTS);
+  for (auto x : v) a->add_ints(x);
+}
+
+// conv(3x3, pad 1, 2->4 channels) -> clip(0,6) -> add(residual conv 1x1) -> relu
+std::string SmallModel(const std::string& extra_op = "") {
+  onnx::ModelProto m;
+  m.set_ir_version(7);
+  m.add_opset_import()->set_version(10);
+  auto* g = m.mutable_graph();
+  auto* in = g->add_input();
+  in->set_name("x");
+  auto* shape = in->mutable_type()->mutable_tensor_type()->mutable_shape();
+  in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  shape->add_dim()->set_dim_param("N");
+  shape->add_dim()->set_dim_value(2);
+  shape->add_dim()->set_dim_param("H");
+  shape->add_dim()->set_dim_param("W");
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> w1(4 * 2 * 9), b1(4), w2(4 * 2);
+  for (auto* v : {&w1, &b1, &w2})
+    for (auto& x : *v) x = u(rng);
+  AddConst(g, "w1", {4, 2, 3, 3}, w1);
+  AddConst(g, "b1", {4}, b1);
+  AddConst(g, "w2", {4, 2, 1, 1}, w2);
+  auto* c1 = AddNode(g, "Conv", {"x", "w1", "b1"}, "c1");
+  IntsAttr(c1, "pads", {1, 1, 1, 1});
+  auto* clip = AddNode(g, "Clip", {"c1"}, "r1");
+  auto* a = clip->add_attribute();
+  a->set_name("min");
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(0);
+  a = clip->add_attribute();
+  a->set_name("max");
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(6);
+  AddNode(g, "Conv", {"x", "w2"}, "c2");
+  AddNode(g, "Add", {"r1", "c2"}, "sum");
+  AddNode(g, extra_op.empty() ? "Relu" : extra_op, {"sum"}, "out");
+  g->add_output()->set_name("out");
+  std::string bytes;
+  m.SerializeToString(&bytes);
+  return bytes;
+}
+
+// The same network, naively, for one NCHW image.
+std::vector<float> NaiveFeatures(const std::string& bytes, const std::vector<float>& x, int64_t h, int64_t w) {
+  Graph g = ImportOnnx(bytes, "m", "out");
+  const auto &w1 = g.consts["w1"].data, &b1 = g.consts["b1"].data, &w2 = g.consts["w2"].data;
+  std::vector<float> feat(4, 0.f);
+  for (int64_t o = 0; o < 4; ++o)
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t z = 0; z < w; ++z) {
+        double c1 = b1[static_cast<size_t>(o)], c2 = 0;
+        for (int64_t i = 0; i < 2; ++i) {
+          for (int64_t ky = 0; ky < 3; ++ky)
+            for (int64_t kx = 0; kx < 3; ++kx) {
+              int64_t yy = y + ky - 1, zz = z + kx - 1;
+              if (yy < 0 || zz < 0 || yy >= h || zz >= w) continue;
+              c1 += w1[static_cast<size_t>(((o * 2 + i) * 3 + ky) * 3 + kx)] * x[static_cast<size_t>((i * h + yy) * w + zz)];
+            }
+          c2 += w2[static_cast<size_t>(o * 2 + i)] * x[static_cast<size_t>((i * h + y) * w + z)];
+        }
+        double v = std::min(std::max(c1, 0.0), 6.0) + c2;
+        feat[static_cast<size_t>(o)] += static_cast<float>(std::max(v, 0.0));
+      }
+  for (auto& f : feat) f /= static_cast<float>(h * w);
+  return feat;
+}
+
+TEST(Executor, MatchesNaiveImplementationForAnyBatchAndSize) {
+  std::string bytes = SmallModel();
+  Executor ex(ImportOnnx(bytes, "m", "out"));
+  EXPECT_LT(ex.FusedOpCount(), 5u);  // clip, add and relu fused into the convolutions
+  for (auto [n, h, w] : std::vector<std::array<int64_t, 3>>{{1, 5, 7}, {3, 8, 8}, {2, 1, 1}}) {
+    std::vector<float> x(static_cast<size_t>(n * 2 * h * w));
+    std::mt19937 rng(static_cast<unsigned>(n * 100 + h));
+    std::uniform_real_distribution<float> u(-2, 2);
+    for (auto& v : x) v = u(rng);
+    auto got = ex.Features(x.data(), n, 2, h, w);
+    ASSERT_EQ(got.size(), static_cast<size_t>(n * 4));
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<float> one(x.begin() + i * 2 * h * w, x.begin() + (i + 1) * 2 * h * w);
+      auto want = NaiveFeatures(bytes, one, h, w);
+      for (int64_t c = 0; c < 4; ++c)
+        EXPECT_NEAR(got[static_cast<size_t>(i * 4 + c)], want[static_cast<size_t>(c)], 1e-4) << n << " " << h << " " << c;
+    }
+  }
+}
+
+TEST(Onnx, UnknownOperatorNamesNodeAndOp) {
+  std::string bytes = SmallModel("FancyOp");
+  ErrorKind k;
+  std::string msg = ErrorOf([&] { ImportOnnx(bytes, "m.onnx", "out"); }, &k);
+  EXPECT_EQ(k, ErrorKind::kUnsupported);
+  EXPECT_EQ(msg.rfind("m.onnx: node 'out_node' (FancyOp): operator FancyOp is not supported by the msaflow executor", 0), 0u)
+      << msg;
+  // Cutting before the unsupported node works.
+  EXPECT_NO_THROW(ImportOnnx(bytes, "m.onnx", "sum"));
+}
+
+TEST(Onnx, TruncatedFile) {
+  std::string bytes = SmallModel();
+  ErrorKind k;
+  std::string msg = ErrorOf([&] { ImportOnnx(bytes.substr(0, bytes.size() / 2), "m.onnx", "out"); }, &k);
+  EXPECT_EQ(k, ErrorKind::kInvalidInput);
+  EXPECT_EQ(msg, "m.onnx: not a valid ONNX protobuf (truncated or not an ONNX file; " +
+                     std::to_string(bytes.size() / 2) + " bytes read)");
+  EXPECT_EQ(ErrorOf([&] { ImportOnnx("", "e.onnx", "out"); }), "e.onnx: empty file; expected an ONNX model");
+}
+
+TEST(Onnx, UnknownCutSuggestsAName) {
+  ErrorKind k;
+  EXPECT_EQ(ErrorOf([&] { ImportOnnx(SmallModel(), "m.onnx", "sun"); }, &k),
+            "m.onnx: no tensor named 'sun' (the feature layer) — did you mean \"sum\"?");
+  EXPECT_EQ(k, ErrorKind::kNotFound);
+}
+
+TEST(Onnx, CutModelReimports) {
+  std::string cut = CutOnnx(SmallModel(), "m", "sum");
+  Graph g = ImportOnnx(cut, "cut", "sum");
+  EXPECT_EQ(g.nodes.size(), 4u);
+  EXPECT_EQ(g.input, "x");
+  EXPECT_EQ(g.input_dims, (std::vector<int64_t>{-1, 2, -1, -1}));
+}
+
+TEST(Executor, RejectsInputContradictingFixedDims) {
+  Executor ex(ImportOnnx(SmallModel(), "m", "out"));
+  std::vector<float> x(3 * 4 * 4);
+  EXPECT_EQ(ErrorOf([&] { ex.Features(x.data(), 1, 3, 4, 4); }),
+            "executor: input 'x' dim 1 is fixed at 2 by the model, got 3");
+}
+
+// ---- heads, metrics, selection -----------------------------------------------------------------
+
+void Blobs(int64_t n, int64_t dim, int64_t classes, uint64_t seed, std::vector<float>* x, std::vector<uint8_t>* y) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0, 1);
+  x->resize(static_cast<size_t>(n * dim));
+  y->resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t c = i % classes;
+    (*y)[static_cast<size_t>(i)] = static_cast<uint8_t>(c);
+    for (int64_t j = 0; j < dim; ++j)
+      (*x)[static_cast<size_t>(i * dim + j)] = g(rng) + (j % classes == c ? 2.5f : 0.f) + 10.f;
+  }
+}
+
+TEST(Head, LearnsAndIsDeterministic) {
+  std::vector<float> x, xt;
+  std::vector<uint8_t> y, yt;
+  Blobs(600, 12, 3, 1, &x, &y);
+  Blobs(300, 12, 3, 2, &xt, &yt);
+  for (std::string type : {"softmax", "mlp"}) {
+    HeadConfig cfg;
+    cfg.type = type;
+    cfg.hidden = 16;
+    cfg.epochs = 8;
+    cfg.lr = 0.01;
+    cfg.seed = 42;
+    Head a = TrainHead(cfg, x.data(), y.data(), 600, 12, 3);
+    Head b = TrainHead(cfg, x.data(), y.data(), 600, 12, 3);
+    EXPECT_EQ(a.Serialize(), b.Serialize()) << type;
+    EXPECT_LT(a.curve_loss.back(), a.curve_loss.front()) << type;
+    auto logits = a.Logits(xt.data(), 300);
+    Metrics m = Evaluate(logits.data(), yt.data(), 300, 3);
+    EXPECT_GT(m.accuracy(), 0.9) << type;
+    cfg.seed = 43;
+    EXPECT_NE(TrainHead(cfg, x.data(), y.data(), 600, 12, 3).Serialize(), a.Serialize());
+    Head back = Head::Deserialize(a.config, 12, 3, a.Serialize());
+    EXPECT_EQ(back.Logits(xt.data(), 5), a.Logits(xt.data(), 5));
+    EXPECT_EQ(ErrorOf([&] { Head::Deserialize(a.config, 12, 3, a.Serialize().substr(4)); }).rfind("head weights: ", 0), 0u);
+  }
+}
+
+TEST(Metrics, CountsAndMerges) {
+  std::vector<float> z = {2, 1, 3, 0, 1, 5};  // 3 rows x 2 classes: predicts 0, 0, 1
+  std::vector<uint8_t> y = {0, 1, 1};
+  Metrics m = Evaluate(z.data(), y.data(), 3, 2);
+  EXPECT_EQ(m.correct, 2);
+  EXPECT_EQ(m.confusion, (std::vector<int64_t>{1, 0, 1, 1}));
+  EXPECT_NEAR(m.loss(), (std::log(1 + std::exp(-1.0)) + std::log(1 + std::exp(3.0)) + std::log(1 + std::exp(-4.0))) / 3, 1e-6);
+  Metrics total;
+  total.Merge(m);
+  total.Merge(m);
+  EXPECT_EQ(total.count, 6);
+  EXPECT_EQ(total.confusion[2], 2);
+}
+
+TEST(Select, ArgmaxTiesByIdTopK) {
+  auto top = SelectTopK({{"r1-c02", 0.9}, {"r1-c01", 0.9}, {"r1-c00", 0.5}, {"r1-c03", std::nan("")}, {"r2-c00", 0.95}}, 3);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].candidate, "r2-c00");
+  EXPECT_EQ(top[1].candidate, "r1-c01");
+  EXPECT_EQ(top[2].candidate, "r1-c02");
+  auto all = SelectTopK({{"b", std::nan("")}, {"a", 0.1}}, 5);
+  EXPECT_EQ(all[0].candidate, "a");
+}
+
+}  // namespace
+}  // namespace msaflow::kernels

@@ -1,0 +1,136 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "nam/file_store.h"
+#include "nam/mem_store.h"
+
+namespace msaflow::nam {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/msaflow-nam-XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+ErrorKind KindOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.kind();
+  }
+  return ErrorKind::kInternal;
+}
+
+void Exercise(Store& s) {
+  EXPECT_FALSE(s.Stat("a/b").has_value());
+  EXPECT_EQ(KindOf([&] { s.Get("a/b"); }), ErrorKind::kNotFound);
+  auto i1 = s.Put("a/b", "hello", {{"k", 1}});
+  EXPECT_EQ(i1.version, 1u);
+  auto i2 = s.Put("a/b", "world!", {{"k", 2}});
+  EXPECT_EQ(i2.version, 2u);
+  Object o = s.Get("a/b");
+  EXPECT_EQ(o.bytes, "world!");
+  EXPECT_EQ(o.info.meta["k"], 2);
+  EXPECT_EQ(o.info.size, 6u);
+  s.Put("a/c", std::string(1 << 20, 'x'), nullptr);
+  s.Put("b/z", "", nullptr);
+  auto all = s.List("a/");
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].name, "a/b");
+  EXPECT_EQ(all[1].name, "a/c");
+  EXPECT_EQ(s.Get("b/z").bytes, "");
+  EXPECT_TRUE(s.Remove("a/b"));
+  EXPECT_FALSE(s.Remove("a/b"));
+  EXPECT_EQ(s.List("").size(), 2u);
+}
+
+TEST(Nam, MemStore) {
+  MemStore s("nam-test-1");
+  Exercise(s);
+  MemStore shared("nam-test-1");  // the same name sees the same objects
+  EXPECT_TRUE(shared.Stat("a/c").has_value());
+}
+
+TEST(Nam, FileStore) {
+  TempDir d;
+  FileStore s(d.path());
+  Exercise(s);
+}
+
+TEST(Nam, NamesAreValidated) {
+  MemStore s("nam-test-names");
+  for (const std::string& bad : std::vector<std::string>{"", "/a", "a/", "a//b", "a/../b", "A", "a b", "x/./y", std::string(300, 'a')}) {
+    EXPECT_EQ(KindOf([&] { s.Put(bad, "x", nullptr); }), ErrorKind::kInvalidInput) << bad;
+  }
+  try {
+    s.Put("a//b", "x", nullptr);
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "NAM object name 'a//b': empty segment (expected segments of [a-z0-9._-] joined by '/')");
+  }
+}
+
+TEST(Nam, ChangedByteOnDiskIsDetectedOnRead) {
+  TempDir d;
+  FileStore s(d.path());
+  s.Put("model/x", std::string(1000, 'm'), {{"a", 1}});
+  std::string path = s.PathOf("model/x");
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-10, std::ios::end);
+    f.put('z');
+  }
+  try {
+    s.Get("model/x");
+    FAIL() << "corruption not detected";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find("object 'model/x'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+  }
+  // A truncated file is corrupt too, not a short read.
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 100);
+  EXPECT_EQ(KindOf([&] { s.Get("model/x"); }), ErrorKind::kCorrupt);
+}
+
+TEST(Nam, MemCorruptionIsDetected) {
+  MemStore s("nam-test-corrupt");
+  s.Put("x", "abcdef", nullptr);
+  s.CorruptForTest("x", 2);
+  EXPECT_EQ(KindOf([&] { s.Get("x"); }), ErrorKind::kCorrupt);
+}
+
+TEST(Nam, PutLeavesNoTemporaryFiles) {
+  TempDir d;
+  FileStore s(d.path());
+  for (int i = 0; i < 5; ++i) s.Put("k/v", std::to_string(i), nullptr);
+  int files = 0;
+  for (auto& e : std::filesystem::recursive_directory_iterator(d.path()))
+    if (e.is_regular_file() && e.path().filename() != ".lock") ++files;
+  EXPECT_EQ(files, 1);
+  EXPECT_EQ(s.Get("k/v").info.version, 5u);
+}
+
+TEST(Nam, OpenStoreRejectsUnknownScheme) {
+  try {
+    OpenStore("s3://bucket");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "NAM URI 's3://bucket': unknown scheme; expected mem://NAME or file://DIR");
+  }
+}
+
+}  // namespace
+}  // namespace msaflow::nam

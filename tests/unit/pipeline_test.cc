@@ -1,0 +1,81 @@
+#include "orchestrator/pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+const char* kGood = R"({
+  "name": "t",
+  "datasets": {"train": {"images": "a", "labels": "b", "limit": 10}, "test": {"images": "/abs/c", "labels": "d"}},
+  "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": "x", "input": {"height": 32, "width": 32}},
+                {"name": "pixels", "kind": "pixels"}],
+  "steps": {"train": {"mode": "async", "ranks": 2}},
+  "rounds": {"max": 3, "candidates": 4}
+})";
+
+std::string ErrorOf(const std::string& text) {
+  try {
+    ParsePipeline(text, "p.json", "/base");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Replaces the first occurrence of `from` in the good pipeline.
+std::string With(const std::string& from, const std::string& to) {
+  std::string s = kGood;
+  auto pos = s.find(from);
+  EXPECT_NE(pos, std::string::npos) << from;
+  return s.replace(pos, from.size(), to);
+}
+
+TEST(Pipeline, ParsesAndResolvesPaths) {
+  Pipeline p = ParsePipeline(kGood, "p.json", "/base");
+  EXPECT_EQ(p.name, "t");
+  EXPECT_EQ(p.train.images, "/base/a");
+  EXPECT_EQ(p.test.images, "/abs/c");
+  EXPECT_EQ(p.train.limit, 10);
+  ASSERT_EQ(p.backbones.size(), 2u);
+  EXPECT_EQ(p.backbones[0].onnx, "/base/m.onnx");
+  EXPECT_EQ(p.backbones[1].kind, "pixels");
+  EXPECT_EQ(p.steps.at("train").mode, "async");
+  EXPECT_EQ(p.steps.at("evaluate").module, "esb");
+  EXPECT_EQ(p.rounds.max, 3);
+  // The source round-trips with absolute paths.
+  Pipeline q = PipelineFromSource(p.source);
+  EXPECT_EQ(q.train.images, "/base/a");
+  EXPECT_EQ(q.backbones[0].onnx, "/base/m.onnx");
+}
+
+TEST(Pipeline, ExactErrors) {
+  EXPECT_EQ(ErrorOf(With("\"async\"", "\"asnyc\"")),
+            "p.json: /steps/train/mode: \"asnyc\" is not one of sync, async, hybrid — did you mean \"async\"?");
+  EXPECT_EQ(ErrorOf(With("\"max\": 3", "\"max\": 0")), "p.json: /rounds/max: 0 is out of range; expected 1..1000");
+  EXPECT_EQ(ErrorOf(With("\"max\": 3", "\"maxx\": 3")),
+            "p.json: /rounds/maxx: unknown key — did you mean \"max\"?");
+  EXPECT_EQ(ErrorOf(With("\"max\": 3", "\"max\": \"three\"")),
+            "p.json: /rounds/max: expected an integer in 1..1000, got string \"three\"");
+  EXPECT_EQ(ErrorOf(With("\"labels\": \"b\", ", "")), "p.json: /datasets/train: missing required key \"labels\"");
+  EXPECT_EQ(ErrorOf(With("\"height\": 32", "\"height\": 2")),
+            "p.json: /backbones/0/input/height: 2 is out of range; expected 8..1024");
+  EXPECT_EQ(ErrorOf(With("{\"name\": \"pixels\", \"kind\": \"pixels\"}", "{\"name\": \"m\", \"kind\": \"pixels\"}")),
+            "p.json: /backbones/1/name: \"m\" is used by an earlier backbone; names must be unique");
+  EXPECT_EQ(ErrorOf(With("\"kind\": \"pixels\"", "\"kind\": \"pixel\"")),
+            "p.json: /backbones/1/kind: \"pixel\" is not one of onnx, pixels — did you mean \"pixels\"?");
+  EXPECT_EQ(ErrorOf(With("\"feature_layer\": \"x\", ", "")),
+            "p.json: /backbones/0: missing required key \"feature_layer\"");
+  EXPECT_EQ(ErrorOf(With("\"name\": \"t\",", "\"name\": \"t\", \"colour\": 1,")),
+            "p.json: /colour: unknown key (expected one of format, name, machine, nam, datasets, backbones, head, "
+            "steps, rounds, metric)");
+  EXPECT_EQ(ErrorOf("{\"name\": "), "p.json: not valid JSON (parse error at line 1, column 10: syntax error while "
+                                    "parsing value - unexpected end of input; expected '[', '{', or a literal)");
+  EXPECT_EQ(ErrorOf("[]"), "p.json: /: expected an object, got an array");
+}
+
+}  // namespace
+}  // namespace msaflow::orchestrator
