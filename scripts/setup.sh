@@ -41,7 +41,7 @@ fi
 NM=$NPM_DIR/node_modules
 
 mkdir -p models data
-if [[ ! -f models/mobilenet_v2.onnx ]]; then
+if [[ ! -f models/mobilenet_v2.onnx || ! -f .cache/tfjs/weights.bin ]]; then
   say "converting the TF.js MobileNetV2 of nsfwjs to ONNX"
   tmp=$(mktemp -d)
   node -e "
