@@ -29,32 +29,31 @@ ConstTensor ToConst(const onnx::TensorProto& t, const std::string& where) {
     n *= d;
   }
   c.data.resize(static_cast<size_t>(n));
-  auto need = [&](int64_t have, size_t elem) {
+  auto need = [&](int64_t have) {
     if (have != n)
-      Throw(ErrorKind::kInvalidInput,
-            where + ": tensor '" + t.name() + "' holds " + std::to_string(have) + " values, its dims say " +
-                std::to_string(n) + (elem ? "" : ""));
+      Throw(ErrorKind::kInvalidInput, where + ": tensor '" + t.name() + "' holds " + std::to_string(have) +
+                                          " values, its dims say " + std::to_string(n));
   };
   switch (t.data_type()) {
     case onnx::TensorProto::FLOAT:
       if (t.has_raw_data()) {
-        need(static_cast<int64_t>(t.raw_data().size() / 4), 4);
+        need(static_cast<int64_t>(t.raw_data().size() / 4));
         std::memcpy(c.data.data(), t.raw_data().data(), static_cast<size_t>(n) * 4);
       } else {
-        need(t.float_data_size(), 4);
+        need(t.float_data_size());
         std::copy(t.float_data().begin(), t.float_data().end(), c.data.begin());
       }
       break;
     case onnx::TensorProto::INT64:
       if (t.has_raw_data()) {
-        need(static_cast<int64_t>(t.raw_data().size() / 8), 8);
+        need(static_cast<int64_t>(t.raw_data().size() / 8));
         for (int64_t i = 0; i < n; ++i) {
           int64_t v;
           std::memcpy(&v, t.raw_data().data() + 8 * i, 8);
           c.data[static_cast<size_t>(i)] = static_cast<float>(v);
         }
       } else {
-        need(t.int64_data_size(), 8);
+        need(t.int64_data_size());
         for (int64_t i = 0; i < n; ++i) c.data[static_cast<size_t>(i)] = static_cast<float>(t.int64_data(static_cast<int>(i)));
       }
       break;
@@ -65,8 +64,6 @@ ConstTensor ToConst(const onnx::TensorProto& t, const std::string& where) {
   return c;
 }
 
-const onnx::NodeProto* dummy = nullptr;
-
 onnx::ModelProto Parse(const std::string& bytes, const std::string& origin) {
   onnx::ModelProto m;
   if (bytes.empty()) Throw(ErrorKind::kInvalidInput, origin + ": empty file; expected an ONNX model");
@@ -76,7 +73,6 @@ onnx::ModelProto Parse(const std::string& bytes, const std::string& origin) {
               std::to_string(bytes.size()) + " bytes read)");
   if (!m.has_graph() || m.graph().node_size() == 0)
     Throw(ErrorKind::kInvalidInput, origin + ": ONNX model has no graph nodes");
-  (void)dummy;
   return m;
 }
 
