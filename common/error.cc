@@ -19,6 +19,8 @@ const char* ErrorKindName(ErrorKind kind) {
     case ErrorKind::kUnsupported: return "unsupported";
     case ErrorKind::kIo: return "i/o error";
     case ErrorKind::kTaskFailed: return "task failed";
+    case ErrorKind::kUnavailable: return "unavailable";
+    case ErrorKind::kCapacity: return "capacity";
     case ErrorKind::kInternal: return "internal error";
   }
   return "error";

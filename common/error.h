@@ -15,6 +15,8 @@ enum class ErrorKind {
   kUnsupported,   // well-formed, but outside what msaflow implements (an ONNX operator, ...)
   kIo,            // the operating system refused (open, write, fsync, rename, spawn)
   kTaskFailed,    // a launched task exited non-zero
+  kUnavailable,   // a service (the NAM server) is unreachable or did not answer in time
+  kCapacity,      // a bounded resource is full ("NAM full (used/capacity)")
   kInternal,
 };
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <filesystem>
 #include <random>
@@ -58,7 +59,20 @@ std::string ReadFile(const std::string& path) {
   return out;
 }
 
-void WriteFileAtomic(const std::string& path, std::string_view data) {
+void WriteFileAtomic(const std::string& path, std::string_view data) { WriteFileAtomic(path, {data}); }
+
+bool IsAtomicWriteLeftover(const std::string& file_name) {
+  size_t t = file_name.rfind(".tmp.");
+  if (t == std::string::npos) return false;
+  std::string rest = file_name.substr(t + 5);
+  size_t dot = rest.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == rest.size()) return false;
+  for (size_t i = 0; i < rest.size(); ++i)
+    if (i != dot && !std::isdigit(static_cast<unsigned char>(rest[i]))) return false;
+  return true;
+}
+
+void WriteFileAtomic(const std::string& path, std::initializer_list<std::string_view> parts) {
   std::filesystem::path p(path);
   std::string dir = p.parent_path().string();
   if (!dir.empty()) MakeDirs(dir);
@@ -67,7 +81,7 @@ void WriteFileAtomic(const std::string& path, std::string_view data) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) ThrowErrno("create " + tmp);
   try {
-    WriteAll(fd, data, tmp);
+    for (std::string_view data : parts) WriteAll(fd, data, tmp);
     if (::fsync(fd) != 0) ThrowErrno("fsync " + tmp);
   } catch (...) {
     ::close(fd);

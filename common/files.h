@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -14,6 +15,12 @@ std::string ReadFile(const std::string& path);
 // the directory: a reader sees the old file or the new one, never a mix. Creates parent
 // directories. Throws kIo.
 void WriteFileAtomic(const std::string& path, std::string_view data);
+// The same, for a file made of several pieces (no copy into one buffer).
+void WriteFileAtomic(const std::string& path, std::initializer_list<std::string_view> parts);
+
+// The temporary files WriteFileAtomic leaves behind when a process dies mid-write are named
+// "<path>.tmp.<pid>.<n>"; this says whether a file name is one.
+bool IsAtomicWriteLeftover(const std::string& file_name);
 
 // Appends one line and fsyncs (journals). Throws kIo.
 void AppendLineSynced(const std::string& path, std::string_view line);

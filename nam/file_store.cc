@@ -57,16 +57,19 @@ ObjectInfo FileStore::Put(const std::string& name, std::string_view bytes, const
       info.version = 1;  // an unreadable old object is replaced
     }
   }
-  nlohmann::json h = {{"name", name}, {"size", info.size}, {"checksum", info.checksum},
-                      {"version", info.version}, {"meta", info.meta}};
-  std::string header = h.dump();
-  std::string file(kFileMagic, kMagicLen);
-  uint32_t len = static_cast<uint32_t>(header.size());
-  for (int i = 0; i < 4; ++i) file.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
-  file += header;
-  file.append(bytes);
-  WriteFileAtomic(path, file);
+  WriteObject(info, bytes);
   return info;
+}
+
+void FileStore::WriteObject(const ObjectInfo& info, std::string_view bytes) {
+  nlohmann::json h = {{"name", info.name}, {"size", info.size}, {"checksum", info.checksum},
+                      {"version", info.version}, {"meta", info.meta}};
+  std::string head(kFileMagic, kMagicLen);
+  std::string header = h.dump();
+  uint32_t len = static_cast<uint32_t>(header.size());
+  for (int i = 0; i < 4; ++i) head.push_back(static_cast<char>((len >> (8 * i)) & 0xff));
+  head += header;
+  WriteFileAtomic(PathOf(info.name), {head, bytes});
 }
 
 ObjectInfo FileStore::ReadObject(const std::string& name, std::string* bytes) {

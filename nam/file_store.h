@@ -21,10 +21,15 @@ class FileStore : public Store {
   std::string Uri() const override { return "file://" + dir_; }
 
   std::string PathOf(const std::string& name) const { return dir_ + "/" + name + ".nam"; }
+  const std::string& dir() const { return dir_; }
+
+  // For the NAM server's persistence: writes an object file with the info the server chose
+  // (version included), atomically; and reads the header (and the bytes if `bytes` is set)
+  // of an object file. Throws kNotFound, or kCorrupt naming the file and the fault.
+  void WriteObject(const ObjectInfo& info, std::string_view bytes);
+  ObjectInfo ReadObject(const std::string& name, std::string* bytes);
 
  private:
-  // Reads the header (and the bytes if `bytes` is set) of the object file. Throws kCorrupt.
-  ObjectInfo ReadObject(const std::string& name, std::string* bytes);
   std::string dir_;
 };
 

@@ -1,6 +1,8 @@
 #include "nam/store.h"
 
 #include "common/error.h"
+#include "nam/fabric_store.h"
+#include "nam/fault_store.h"
 #include "nam/file_store.h"
 #include "nam/mem_store.h"
 
@@ -27,14 +29,33 @@ void ValidateObjectName(const std::string& name) {
   }
 }
 
-std::unique_ptr<Store> OpenStore(const std::string& uri) {
+ObjectInfo Store::GetInto(const std::string& name, std::string& bytes) {
+  Object o = Get(name);
+  bytes.swap(o.bytes);
+  return o.info;
+}
+
+namespace {
+
+std::unique_ptr<Store> OpenPlain(const std::string& uri) {
   if (uri.rfind("mem://", 0) == 0) return std::make_unique<MemStore>(uri.substr(6));
   if (uri.rfind("file://", 0) == 0) {
     std::string dir = uri.substr(7);
     if (dir.empty()) Throw(ErrorKind::kInvalidInput, "NAM URI '" + uri + "': file:// needs a directory");
     return std::make_unique<FileStore>(dir);
   }
-  Throw(ErrorKind::kInvalidInput, "NAM URI '" + uri + "': unknown scheme; expected mem://NAME or file://DIR");
+  if (uri.rfind("fabric://", 0) == 0) return std::make_unique<FabricStore>(uri);
+  Throw(ErrorKind::kInvalidInput,
+        "NAM URI '" + uri + "': unknown scheme; expected fabric://HOST:PORT, file://DIR or mem://NAME");
+}
+
+}  // namespace
+
+std::unique_ptr<Store> OpenStore(const std::string& uri) {
+  auto store = OpenPlain(uri);
+  if (const char* f = std::getenv("MSAFLOW_NAM_FAULTS"); f && *f)
+    return std::make_unique<FaultStore>(std::move(store), ParseFaultRules(f, "MSAFLOW_NAM_FAULTS"));
+  return store;
 }
 
 }  // namespace msaflow::nam

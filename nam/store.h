@@ -6,8 +6,9 @@
 // see the whole old object or the whole new one. Every Get verifies the checksum and throws
 // kCorrupt on mismatch.
 //
-// Backends: mem://NAME (process-local, for tests), file://DIR (a shared filesystem);
-// fabric://HOST:PORT (the NAM server) plugs in behind the same interface.
+// Backends: mem://NAME (process-local, for tests), file://DIR (a shared filesystem),
+// fabric://HOST:PORT (the NAM server, `msaflow nam serve`; docs/nam-protocol.md).
+// When MSAFLOW_NAM_FAULTS is set, OpenStore wraps the store in a FaultStore (nam/fault_store.h).
 // Thread-safety: implementations are safe to call from several threads.
 #pragma once
 
@@ -41,6 +42,8 @@ class Store {
   virtual ObjectInfo Put(const std::string& name, std::string_view bytes, const nlohmann::json& meta) = 0;
   // Throws kNotFound if absent, kCorrupt if the bytes fail their checksum.
   virtual Object Get(const std::string& name) = 0;
+  // Like Get, into `bytes`, reusing its memory (no allocation when it is large enough).
+  virtual ObjectInfo GetInto(const std::string& name, std::string& bytes);
   virtual std::optional<ObjectInfo> Stat(const std::string& name) = 0;
   // Objects whose name starts with `prefix`, sorted by name.
   virtual std::vector<ObjectInfo> List(const std::string& prefix) = 0;

@@ -1,9 +1,13 @@
 // msaflow: the command-line front end. Exit codes (docs/cli.md):
 //   0 success · 1 a task or run failed · 2 usage error · 3 invalid input · 4 not found
-//   5 corrupt data · 6 unsupported · 7 I/O error · 70 internal error
+//   5 corrupt data · 6 unsupported · 7 I/O error · 8 NAM unavailable · 9 NAM full · 70 internal
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <iostream>
+#include <iterator>
 #include <cstdio>
 #include <filesystem>
 #include <fmt/core.h>
@@ -11,6 +15,9 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "modules/steps.h"
+#include "nam/fabric_store.h"
+#include "nam/pool.h"
+#include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/launcher.h"
 #include "orchestrator/machine.h"
@@ -30,6 +37,8 @@ int ExitCode(ErrorKind k) {
     case ErrorKind::kCorrupt: return 5;
     case ErrorKind::kUnsupported: return 6;
     case ErrorKind::kIo: return 7;
+    case ErrorKind::kUnavailable: return 8;
+    case ErrorKind::kCapacity: return 9;
     case ErrorKind::kInternal: return 70;
   }
   return 70;
@@ -45,6 +54,20 @@ std::string SelfExe() {
 int EnvInt(const char* name, int dflt) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : dflt;
+}
+
+std::atomic<bool> g_stop{false};
+void OnStopSignal(int) { g_stop.store(true); }
+
+std::string NamUri(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* e = std::getenv("MSAFLOW_NAM"); e && *e) return e;
+  Throw(ErrorKind::kInvalidInput, "no NAM given: pass --nam URI (fabric://HOST:PORT, file://DIR) or set MSAFLOW_NAM");
+}
+
+void PrintInfo(const nam::ObjectInfo& i) {
+  nlohmann::json j = {{"name", i.name}, {"size", i.size}, {"checksum", i.checksum}, {"version", i.version}, {"meta", i.meta}};
+  std::printf("%s\n", j.dump(2).c_str());
 }
 
 }  // namespace
@@ -76,6 +99,50 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::IsMember({"load", "prepare", "train", "store", "evaluate", "select"}));
   module->add_option("--task", task_file, "task JSON written by the planner")->required()->check(CLI::ExistingFile);
+
+  auto* nam_cmd = app.add_subcommand("nam", "The NAM: serve it, or put/get/stat/ls/rm objects by hand");
+  nam_cmd->require_subcommand(1);
+  nam::ServerOptions sopt;
+  std::string capacity = "1GiB";
+  bool no_map = false;
+  auto* serve = nam_cmd->add_subcommand("serve", "Run a NAM server (until SIGTERM or SIGINT)");
+  serve->add_option("--listen", sopt.listen, "HOST:PORT (port 0 picks a free one)")->capture_default_str();
+  serve->add_option("--capacity", capacity, "memory pool size (e.g. 512MiB, 4GiB)")->capture_default_str();
+  serve->add_option("--persist", sopt.persist_dir, "write committed objects through to DIR; reload them on start");
+  serve->add_option("--token-file", sopt.token_file, "clients must present this token (required off loopback)");
+  serve->add_option("--provider", sopt.provider, "libfabric provider: tcp (tcp;ofi_rxm), shm, or a full name")
+      ->capture_default_str();
+  serve->add_option("--ready-file", sopt.ready_file, "write {uri, pid} here once serving; removed on exit");
+  serve->add_option("--lease", sopt.lease_s, "seconds before a silent client's session is dropped")->capture_default_str();
+  serve->add_flag("--no-map", no_map, "never let same-node clients map the pool (bytes move by RMA only)");
+  serve->add_flag("--verbose", sopt.verbose, "log every request");
+
+  std::string nam_uri, obj_name, obj_file, meta_text, out_file, prefix;
+  bool as_json = false;
+  auto add_nam = [&](CLI::App* c) {
+    c->add_option("--nam", nam_uri, "NAM URI (default: $MSAFLOW_NAM)");
+  };
+  auto* nput = nam_cmd->add_subcommand("put", "Store a file (or stdin) as an object");
+  nput->add_option("name", obj_name, "object name")->required();
+  nput->add_option("file", obj_file, "file to store ('-' or absent: stdin)");
+  nput->add_option("--meta", meta_text, "metadata, a JSON object");
+  add_nam(nput);
+  auto* nget = nam_cmd->add_subcommand("get", "Fetch an object's bytes (checksum verified)");
+  nget->add_option("name", obj_name, "object name")->required();
+  nget->add_option("-o,--output", out_file, "write here (atomically) instead of stdout");
+  add_nam(nget);
+  auto* nstat = nam_cmd->add_subcommand("stat", "Show an object's size, checksum, version and metadata");
+  nstat->add_option("name", obj_name, "object name")->required();
+  add_nam(nstat);
+  auto* nls = nam_cmd->add_subcommand("ls", "List objects by name prefix");
+  nls->add_option("prefix", prefix, "name prefix");
+  nls->add_flag("--json", as_json, "one JSON object per line");
+  add_nam(nls);
+  auto* nrm = nam_cmd->add_subcommand("rm", "Remove an object");
+  nrm->add_option("name", obj_name, "object name")->required();
+  add_nam(nrm);
+  auto* ndf = nam_cmd->add_subcommand("df", "Show a NAM server's capacity and use");
+  add_nam(ndf);
 
   try {
     app.parse(argc, argv);
@@ -127,6 +194,82 @@ int main(int argc, char** argv) {
       opt.runs_dir = runs_dir;
       opt.run_id = run_id;
       orchestrator::RunPipeline(p, m, launcher, opt, stdout);
+      return 0;
+    }
+    if (*serve) {
+      sopt.capacity = nam::ParseSize(capacity, "--capacity");
+      sopt.allow_map = !no_map;
+      struct sigaction sa {};
+      sa.sa_handler = OnStopSignal;
+      sigaction(SIGTERM, &sa, nullptr);
+      sigaction(SIGINT, &sa, nullptr);
+      nam::Server server(sopt);
+      server.Run(g_stop);
+      return 0;
+    }
+    if (*nput) {
+      std::string bytes;
+      if (obj_file.empty() || obj_file == "-") {
+        bytes.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      } else {
+        bytes = ReadFile(obj_file);
+      }
+      nlohmann::json meta = nlohmann::json::object();
+      if (!meta_text.empty()) {
+        meta = nlohmann::json::parse(meta_text, nullptr, false);
+        if (meta.is_discarded() || !meta.is_object())
+          Throw(ErrorKind::kInvalidInput, "--meta: expected a JSON object, got '" + meta_text + "'");
+      }
+      auto store = nam::OpenStore(NamUri(nam_uri));
+      auto info = store->Put(obj_name, bytes, meta);
+      std::printf("put %s: %llu bytes, version %llu, checksum %s\n", info.name.c_str(),
+                  static_cast<unsigned long long>(info.size), static_cast<unsigned long long>(info.version),
+                  info.checksum.c_str());
+      return 0;
+    }
+    if (*nget) {
+      auto store = nam::OpenStore(NamUri(nam_uri));
+      std::string bytes;
+      store->GetInto(obj_name, bytes);
+      if (out_file.empty()) {
+        if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() || std::fflush(stdout) != 0)
+          ThrowErrno("writing to stdout");
+      } else {
+        WriteFileAtomic(out_file, bytes);
+      }
+      return 0;
+    }
+    if (*nstat) {
+      auto store = nam::OpenStore(NamUri(nam_uri));
+      auto info = store->Stat(obj_name);
+      if (!info) Throw(ErrorKind::kNotFound, "NAM " + store->Uri() + ": no object '" + obj_name + "'");
+      PrintInfo(*info);
+      return 0;
+    }
+    if (*nls) {
+      auto store = nam::OpenStore(NamUri(nam_uri));
+      for (const auto& i : store->List(prefix)) {
+        if (as_json) {
+          std::printf("%s\n", nlohmann::json({{"name", i.name}, {"size", i.size}, {"checksum", i.checksum},
+                                               {"version", i.version}, {"meta", i.meta}}).dump().c_str());
+        } else {
+          std::printf("%12llu  v%-4llu %s  %s\n", static_cast<unsigned long long>(i.size),
+                      static_cast<unsigned long long>(i.version), i.checksum.c_str(), i.name.c_str());
+        }
+      }
+      return 0;
+    }
+    if (*nrm) {
+      auto store = nam::OpenStore(NamUri(nam_uri));
+      if (!store->Remove(obj_name)) Throw(ErrorKind::kNotFound, "NAM " + store->Uri() + ": no object '" + obj_name + "'");
+      std::printf("removed %s\n", obj_name.c_str());
+      return 0;
+    }
+    if (*ndf) {
+      std::string uri = NamUri(nam_uri);
+      if (uri.rfind("fabric://", 0) != 0) Throw(ErrorKind::kUnsupported, "nam df: '" + uri + "' is not a NAM server (fabric://)");
+      nam::FabricStore store(uri);
+      std::printf("%s\n", store.Capacity().dump(2).c_str());
       return 0;
     }
     if (*status) {
