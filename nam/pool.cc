@@ -51,12 +51,6 @@ void Pool::Free(uint64_t offset, uint64_t size) {
   if (size == 0) return;
   uint64_t len = Rounded(size);
   used_ -= len;
-  // Give the pages back (holes in the memfd); the region reads as zeros if reused.
-  constexpr uint64_t kPage = 4096, kPunchMin = 1 << 20;
-  if (len >= kPunchMin) {
-    uint64_t a = (offset + kPage - 1) / kPage * kPage, b = (offset + len) / kPage * kPage;
-    if (b > a) ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(a), static_cast<off_t>(b - a));
-  }
   auto next = free_.lower_bound(offset);
   if (next != free_.end() && offset + len == next->first) {
     len += next->second;

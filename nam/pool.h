@@ -1,6 +1,7 @@
 // The NAM server's memory: one pool of `capacity` bytes in a memfd (so a client on the same
 // node can map it), carved into regions by a first-fit allocator that coalesces free
-// neighbours. Freed regions of 1 MiB and more give their pages back to the kernel.
+// neighbours. Pages stay with the pool once touched (a reused region costs no page faults),
+// so the server's resident memory is the high-water mark of its use, at most `capacity`.
 #pragma once
 
 #include <cstdint>
