@@ -245,16 +245,26 @@ struct FabricStore::Conn {
     h.request = next_request++;
     size_t len = wire::Build(h, my_addr, text, payload, sbuf.data());
     have_reply = false;
+    const std::string what = OpName(op);
+    // The send queue stays full while the provider cannot reach the server (tcp keeps
+    // retrying a refused connection): bounded by the same timeout.
+    auto start = Clock::now();
     for (;;) {
       ssize_t rc = ep->PostSend(sbuf.data(), len, smr.desc, server, &sctx);
       if (rc == 0) break;
       if (rc != -FI_EAGAIN) Broken("fi_send: " + fabric::FabricError(rc));
       fabric::Completion c[16];
-      int n = ep->Poll(c, 16, 1);
+      int n = ep->Poll(c, 16, 5);
       for (int i = 0; i < n; ++i) OnCompletion(c[i]);
+      if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s) {
+        char b[64];
+        std::snprintf(b, sizeof b, "%g", timeout_s);
+        Broken("cannot reach the server at " + u.host + ":" + u.port + " to send " + what + " within " + b +
+                   " s (is it running?)",
+               true);
+      }
     }
     send_busy = true;
-    const std::string what = OpName(op);
     for (;;) {
       WaitUntil([&] { return have_reply && !send_busy; }, what, timeout_s);
       if (reply.request == h.request && reply.op == (h.op | wire::kReplyBit)) break;

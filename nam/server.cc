@@ -177,7 +177,11 @@ struct Server::Impl {
     }
     if (!opt.persist_dir.empty()) OpenPersist();
     std::string service = port;
-    if (fabric::ProviderName(opt.provider) == "shm" && port == "0") service = std::to_string(::getpid());
+    if (fabric::ProviderName(opt.provider) == "shm" && port == "0") {
+      // shm has names, not ports: pick a number unlikely to be taken (give one to be sure).
+      static int counter = 0;
+      service = std::to_string(10000 + (::getpid() * 7 + counter++ * 101) % 50000);
+    }
     ep = fabric::Endpoint::Open(opt.provider, host, service, true);
     if (port == "0" || fabric::ProviderName(opt.provider) == "shm") port = BoundPort(service);
     for (int i = 0; i < 32; ++i) {
@@ -363,7 +367,7 @@ struct Server::Impl {
         if (s.persisted && s.region && s.region.use_count() == 1 && (!victim || s.last_use < victim->last_use))
           victim = &s;
       if (!victim)
-        Fail(Status::kFull, "NAM full (" + HumanBytes(pool->used()) + " used of " + HumanBytes(pool->capacity()) +
+        Fail(Status::kFull, "NAM full (" + HumanBytes(pool->used()) + " used / " + HumanBytes(pool->capacity()) + " capacity" +
                                 "): no room for '" + name + "' (" + HumanBytes(size) +
                                 "); only persisted objects can be evicted and none is idle");
       victim->region.reset();
@@ -621,9 +625,13 @@ struct Server::Impl {
     if (!bad.empty()) {
       ++rejected;
       // Answer when there is an address to answer to, then forget that session.
-      if (len >= wire::kHeaderSize && h.magic == wire::kMagic && !m.addr.empty() && m.addr.size() <= wire::kMaxAddr) {
+      std::string_view addr;
+      if (len >= wire::kHeaderSize && h.magic == wire::kMagic && h.addr_len > 0 && h.addr_len <= wire::kMaxAddr &&
+          wire::kHeaderSize + h.addr_len <= len)
+        addr = std::string_view(buf + wire::kHeaderSize, h.addr_len);
+      if (!addr.empty()) {
         try {
-          Send(AddrOf(std::string(m.addr)), h.op & ~wire::kReplyBit, h.session, h.request, Status::kProtocol,
+          Send(AddrOf(std::string(addr)), h.op & ~wire::kReplyBit, h.session, h.request, Status::kProtocol,
                {{"error", "malformed message: " + bad}});
         } catch (const Reject&) {
         } catch (const Error&) {

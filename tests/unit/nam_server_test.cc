@@ -1,0 +1,515 @@
+// The NAM server and its fabric:// client, driven in-process over real libfabric endpoints
+// (tcp;ofi_rxm and shm on loopback), plus the pool allocator and the fault-injecting store.
+#include <gtest/gtest.h>
+#include <rdma/fi_errno.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "common/checksum.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "nam/fabric.h"
+#include "nam/fabric_store.h"
+#include "nam/fault_store.h"
+#include "nam/mem_store.h"
+#include "nam/pool.h"
+#include "nam/protocol.h"
+#include "nam/server.h"
+
+namespace msaflow::nam {
+namespace {
+
+using nlohmann::json;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/msaflow-namsrv-XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+ErrorKind KindOf(const std::function<void()>& f, std::string* what = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (what) *what = e.what();
+    return e.kind();
+  }
+  return ErrorKind::kInternal;
+}
+
+// A server running on its own thread for the life of the object.
+class TestServer {
+ public:
+  explicit TestServer(ServerOptions o) {
+    o.log = stderr;
+    server_ = std::make_unique<Server>(o);
+    uri_ = server_->Uri();
+    thread_ = std::thread([this] { server_->Run(stop_); });
+  }
+  ~TestServer() { Stop(); }
+  void Stop() {
+    if (thread_.joinable()) {
+      stop_ = true;
+      thread_.join();
+      server_.reset();
+    }
+  }
+  std::string Uri(const std::string& extra = "") const {
+    if (extra.empty()) return uri_;
+    return uri_ + (uri_.find('?') == std::string::npos ? "?" : "&") + extra;
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  std::string uri_;
+};
+
+// A server in its own process (`msaflow nam serve`): the shm provider cannot put a server and
+// a client endpoint in one process, and this is how users run it anyway.
+class ProcessServer {
+ public:
+  explicit ProcessServer(const ServerOptions& o) {
+    const char* exe = std::getenv("MSAFLOW_BIN");
+    if (!exe) throw std::runtime_error("MSAFLOW_BIN is not set (meson test sets it)");
+    ready_ = dir_.path() + "/ready.json";
+    std::vector<std::string> args = {exe, "nam", "serve", "--listen", o.listen, "--provider", o.provider,
+                                     "--capacity", std::to_string(o.capacity), "--ready-file", ready_};
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(exe, argv.data());
+      ::_exit(127);
+    }
+    for (int i = 0; i < 400 && !PathExists(ready_); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    uri_ = json::parse(ReadFile(ready_)).at("uri");
+  }
+  ~ProcessServer() {
+    ::kill(pid_, SIGTERM);
+    int st;
+    ::waitpid(pid_, &st, 0);
+  }
+  std::string Uri(const std::string& extra) const {
+    return uri_ + (uri_.find('?') == std::string::npos ? "?" : "&") + extra;
+  }
+
+ private:
+  TempDir dir_;
+  std::string ready_, uri_;
+  pid_t pid_ = -1;
+};
+
+ServerOptions Opts(const std::string& provider = "tcp", uint64_t capacity = 256ull << 20) {
+  ServerOptions o;
+  o.provider = provider;
+  o.capacity = capacity;
+  static int port = 21000 + ::getpid() % 20000;
+  o.listen = provider == "shm" ? "127.0.0.1:" + std::to_string(port++) : "127.0.0.1:0";
+  return o;
+}
+
+std::string Pattern(size_t n, uint64_t seed) {
+  std::string s(n, '\0');
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(rng());
+  return s;
+}
+
+// ---- pool ----
+
+TEST(Pool, AllocatesFirstFitAndCoalesces) {
+  Pool p(1 << 20);
+  auto a = p.Allocate(1000), b = p.Allocate(5000), c = p.Allocate(100);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(*a % Pool::kAlign, 0u);
+  EXPECT_EQ(*b, Pool::Rounded(1000));
+  EXPECT_EQ(p.used(), Pool::Rounded(1000) + Pool::Rounded(5000) + Pool::Rounded(100));
+  p.Free(*b, 5000);
+  EXPECT_EQ(*p.Allocate(4000), *b);  // the hole is reused
+  p.Free(*b, 4000);
+  p.Free(*a, 1000);
+  p.Free(*c, 100);
+  EXPECT_EQ(p.used(), 0u);
+  EXPECT_EQ(p.largest_free(), p.capacity());  // all coalesced back into one extent
+  EXPECT_FALSE(p.Allocate(p.capacity() + 1).has_value());
+  EXPECT_TRUE(p.Allocate(p.capacity()).has_value());
+}
+
+TEST(Pool, ParsesSizes) {
+  EXPECT_EQ(ParseSize("4096", "x"), 4096u);
+  EXPECT_EQ(ParseSize("512MiB", "x"), 512ull << 20);
+  EXPECT_EQ(ParseSize("2g", "x"), 2ull << 30);
+  EXPECT_EQ(ParseSize("1.5KiB", "x"), 1536u);
+  std::string what;
+  EXPECT_EQ(KindOf([] { ParseSize("12 parsecs", "--capacity"); }, &what), ErrorKind::kInvalidInput);
+  EXPECT_NE(what.find("--capacity"), std::string::npos);
+  EXPECT_EQ(KindOf([] { ParseSize("", "--capacity"); }), ErrorKind::kInvalidInput);
+}
+
+// ---- the store contract over every provider and transport ----
+
+struct Case {
+  std::string provider, transport;
+};
+
+class FabricContract : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FabricContract, BehavesLikeEveryStore) {
+  ProcessServer srv(Opts(GetParam().provider));
+  FabricStore s(srv.Uri("transport=" + GetParam().transport + "&timeout=10"));
+  EXPECT_EQ(s.Transport(), GetParam().transport);
+  EXPECT_FALSE(s.Stat("a/b").has_value());
+  EXPECT_EQ(KindOf([&] { s.Get("a/b"); }), ErrorKind::kNotFound);
+  EXPECT_EQ(s.Put("a/b", "hello", {{"k", 1}}).version, 1u);
+  EXPECT_EQ(s.Put("a/b", "world!", {{"k", 2}}).version, 2u);
+  Object o = s.Get("a/b");
+  EXPECT_EQ(o.bytes, "world!");
+  EXPECT_EQ(o.info.meta["k"], 2);
+  // Sizes around the inline limit and the RMA chunk size, checked byte for byte.
+  for (size_t n : {size_t{0}, size_t{1}, wire::kInlineMax, wire::kInlineMax + 1, wire::kRmaChunk - 1,
+                   wire::kRmaChunk * 3 + 17, size_t{40} << 20}) {
+    std::string name = "sizes/" + std::to_string(n);
+    std::string bytes = Pattern(n, n);
+    ObjectInfo info = s.Put(name, bytes, nullptr);
+    EXPECT_EQ(info.size, n);
+    EXPECT_EQ(info.checksum, ChecksumHex(bytes));
+    std::string back;
+    s.GetInto(name, back);
+    EXPECT_TRUE(back == bytes) << "size " << n;
+  }
+  EXPECT_EQ(s.List("a/").size(), 1u);
+  EXPECT_EQ(s.List("sizes/").size(), 7u);
+  EXPECT_TRUE(s.Remove("a/b"));
+  EXPECT_FALSE(s.Remove("a/b"));
+  EXPECT_EQ(KindOf([&] { s.Put("../x", "y", nullptr); }), ErrorKind::kInvalidInput);
+  json cap = s.Capacity();
+  EXPECT_EQ(cap["objects"], 7);
+  EXPECT_EQ(cap["pinned"], 0);
+  EXPECT_EQ(cap["uncommitted"], 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Nam, FabricContract,
+                         ::testing::Values(Case{"tcp", "rma"}, Case{"tcp", "map"}, Case{"shm", "rma"},
+                                           Case{"shm", "map"}),
+                         [](const auto& info) { return info.param.provider + "_" + info.param.transport; });
+
+TEST(NamServer, ListPagesThroughManyObjects) {
+  TestServer srv(Opts());
+  FabricStore s(srv.Uri());
+  std::string long_meta(2000, 'm');
+  for (int i = 0; i < 60; ++i) s.Put("many/" + std::to_string(1000 + i), "x", {{"pad", long_meta}});
+  auto all = s.List("many/");
+  ASSERT_EQ(all.size(), 60u);  // more than one page of 24 KiB
+  for (int i = 0; i < 60; ++i) EXPECT_EQ(all[static_cast<size_t>(i)].name, "many/" + std::to_string(1000 + i));
+}
+
+TEST(NamServer, ReadersSeeWholeObjectsWhileAWriterReplacesThem) {
+  TestServer srv(Opts("tcp", 512ull << 20));
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    FabricStore w(srv.Uri("transport=rma"));
+    for (int i = 0; i < 30; ++i) w.Put("hot/x", std::string((i % 2 ? 3 : 5) << 20, static_cast<char>('a' + i % 26)), nullptr);
+    done = true;
+  });
+  int reads = 0;
+  for (const std::string t : {"rma", "map"}) {
+    FabricStore r(srv.Uri("transport=" + t));
+    while (!done || reads < 5) {
+      std::string b;
+      try {
+        r.GetInto("hot/x", b);
+      } catch (const Error& e) {
+        ASSERT_EQ(e.kind(), ErrorKind::kNotFound) << e.what();  // before the first put
+        continue;
+      }
+      ASSERT_TRUE(b.size() == (3u << 20) || b.size() == (5u << 20));
+      ASSERT_EQ(b.find_first_not_of(b[0]), std::string::npos) << "a torn object";
+      ++reads;
+      if (done && reads >= 5) break;
+    }
+  }
+  writer.join();
+  EXPECT_GE(reads, 5);
+}
+
+TEST(NamServer, FullPoolIsAClearErrorAndLosesNothing) {
+  TestServer srv(Opts("tcp", 8ull << 20));
+  FabricStore s(srv.Uri());
+  std::string five(5 << 20, 'f');
+  s.Put("x/first", five, nullptr);
+  std::string what;
+  EXPECT_EQ(KindOf([&] { s.Put("x/second", five, nullptr); }, &what), ErrorKind::kCapacity);
+  EXPECT_NE(what.find("NAM full"), std::string::npos) << what;
+  EXPECT_NE(what.find("capacity"), std::string::npos) << what;
+  EXPECT_EQ(KindOf([&] { s.Put("x/huge", std::string(9 << 20, 'h'), nullptr); }, &what), ErrorKind::kCapacity);
+  EXPECT_EQ(s.Get("x/first").bytes, five);  // nothing was evicted
+  EXPECT_FALSE(s.Stat("x/second").has_value());
+  EXPECT_EQ(s.Capacity()["uncommitted"], 0);
+}
+
+TEST(NamServer, PersistsWritesThroughReloadsAndEvictsOnlyPersisted) {
+  TempDir dir;
+  std::vector<std::string> objs;
+  for (int i = 0; i < 4; ++i) objs.push_back(Pattern(3 << 20, static_cast<uint64_t>(i)));
+  {
+    ServerOptions o = Opts("tcp", 8ull << 20);
+    o.persist_dir = dir.path();
+    TestServer srv(o);
+    FabricStore s(srv.Uri());
+    // 12 MiB into an 8 MiB pool: idle persisted objects make room.
+    for (int i = 0; i < 4; ++i) s.Put("p/" + std::to_string(i), objs[static_cast<size_t>(i)], {{"i", i}});
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(s.Get("p/" + std::to_string(i)).bytes == objs[static_cast<size_t>(i)]);
+    EXPECT_EQ(s.Put("p/0", objs[0], nullptr).version, 2u);
+  }
+  // The layout is the file:// one: a FileStore reads what the server persisted.
+  {
+    auto fs = OpenStore("file://" + dir.path());
+    EXPECT_TRUE(fs->Get("p/3").bytes == objs[3]);
+  }
+  ServerOptions o = Opts("tcp", 8ull << 20);
+  o.persist_dir = dir.path();
+  TestServer again(o);
+  FabricStore s(again.Uri());
+  EXPECT_EQ(s.List("p/").size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(s.Get("p/" + std::to_string(i)).bytes == objs[static_cast<size_t>(i)]);
+  EXPECT_EQ(s.Stat("p/0")->version, 2u);
+  EXPECT_EQ(s.Put("p/0", "x", nullptr).version, 3u);  // versions keep increasing across restarts
+  // A second server on the same directory is refused.
+  std::string what;
+  EXPECT_EQ(KindOf([&] { Server second(o); }, &what), ErrorKind::kIo);
+  EXPECT_NE(what.find("another NAM server"), std::string::npos) << what;
+}
+
+TEST(NamServer, TokenIsRequiredWhenConfiguredAndOffLoopback) {
+  TempDir dir;
+  std::string token_file = dir.path() + "/token";
+  WriteFileAtomic(token_file, "0123456789abcdef-secret\n");
+  ServerOptions o = Opts();
+  o.token_file = token_file;
+  TestServer srv(o);
+  std::string what;
+  {
+    FabricStore anonymous(srv.Uri("timeout=5"));
+    EXPECT_EQ(KindOf([&] { anonymous.Stat("a"); }, &what), ErrorKind::kInvalidInput);
+    EXPECT_NE(what.find("token"), std::string::npos) << what;
+  }
+  FabricStore with(srv.Uri("token-file=" + token_file));
+  with.Put("a", "b", nullptr);
+  EXPECT_EQ(with.Get("a").bytes, "b");
+  ServerOptions open = Opts();
+  open.listen = "0.0.0.0:0";
+  EXPECT_EQ(KindOf([&] { Server s(open); }, &what), ErrorKind::kInvalidInput);
+  EXPECT_NE(what.find("needs a token"), std::string::npos) << what;
+}
+
+TEST(NamServer, ClientOfADeadServerGetsAnErrorNotAHang) {
+  auto srv = std::make_unique<TestServer>(Opts());
+  std::string uri = srv->Uri("timeout=2");
+  FabricStore s(uri);
+  s.Put("a", "b", nullptr);
+  srv.reset();
+  auto t0 = std::chrono::steady_clock::now();
+  std::string what;
+  ErrorKind k = KindOf([&] { s.Get("a"); }, &what);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(k, ErrorKind::kUnavailable) << what;
+  EXPECT_LT(secs, 10.0);
+  FabricStore never("fabric://127.0.0.1:1?timeout=1");
+  EXPECT_EQ(KindOf([&] { never.Stat("a"); }), ErrorKind::kUnavailable);
+}
+
+TEST(NamServer, UriErrorsNameThePart) {
+  std::string what;
+  EXPECT_EQ(KindOf([] { ParseFabricUri("fabric://localhost"); }, &what), ErrorKind::kInvalidInput);
+  EXPECT_EQ(KindOf([] { ParseFabricUri("fabric://h:99999"); }, &what), ErrorKind::kInvalidInput);
+  EXPECT_EQ(KindOf([] { ParseFabricUri("fabric://h:1?transport=carrier-pigeon"); }, &what), ErrorKind::kInvalidInput);
+  EXPECT_NE(what.find("transport"), std::string::npos);
+  EXPECT_EQ(KindOf([] { ParseFabricUri("fabric://h:1?colour=red"); }, &what), ErrorKind::kInvalidInput);
+  EXPECT_NE(what.find("colour"), std::string::npos);
+  FabricUri u = ParseFabricUri("fabric://[::1]:7000?provider=shm&timeout=2.5");
+  EXPECT_EQ(u.host, "::1");
+  EXPECT_EQ(u.port, "7000");
+  EXPECT_EQ(u.provider, "shm");
+  EXPECT_DOUBLE_EQ(u.timeout_s, 2.5);
+}
+
+// ---- hostile and malformed messages, sent raw over the fabric ----
+
+class RawClient {
+ public:
+  explicit RawClient(const std::string& uri) {
+    FabricUri u = ParseFabricUri(uri);
+    ep_ = fabric::Endpoint::Open(u.provider, u.host, u.port, false);
+    server_ = ep_->Insert(ep_->ResolveServer(u.host, u.port));
+    addr_ = ep_->Name();
+    rbuf_.resize(wire::kMaxMessage);
+    sbuf_.resize(wire::kMaxMessage * 2);
+    rctx_.kind = 1;
+    sctx_.kind = 2;
+    EXPECT_EQ(ep_->PostRecv(rbuf_.data(), rbuf_.size(), nullptr, &rctx_), 0);
+  }
+  // Sends raw bytes; returns the reply (status, json) or status -1 when none came in `secs`.
+  std::pair<int, json> SendRaw(const std::string& bytes, double secs = 2) {
+    std::memcpy(sbuf_.data(), bytes.data(), bytes.size());
+    while (ep_->PostSend(sbuf_.data(), bytes.size(), nullptr, server_, &sctx_) == -FI_EAGAIN) Drain(1);
+    auto t0 = std::chrono::steady_clock::now();
+    got_ = false;
+    while (!got_ && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < secs) Drain(20);
+    if (!got_) return {-1, json()};
+    wire::Message m;
+    EXPECT_EQ(wire::Parse(rbuf_.data(), len_, &m), "");
+    session_ = m.header.session ? m.header.session : session_;
+    json j = json::parse(m.json, nullptr, false);
+    EXPECT_EQ(ep_->PostRecv(rbuf_.data(), rbuf_.size(), nullptr, &rctx_), 0);
+    return {m.header.status, j};
+  }
+  std::string Msg(wire::Op op, const json& body, uint64_t session, std::string_view payload = {}) {
+    wire::Header h;
+    h.op = static_cast<uint16_t>(op);
+    h.session = session;
+    h.request = 7;
+    std::string out(wire::kMaxMessage, '\0');
+    out.resize(wire::Build(h, addr_, body.dump(), payload, out.data()));
+    return out;
+  }
+  uint64_t session() const { return session_; }
+
+ private:
+  void Drain(int ms) {
+    fabric::Completion c[16];
+    int n = ep_->Poll(c, 16, ms);
+    for (int i = 0; i < n; ++i)
+      if (c[i].ctx == &rctx_ && !c[i].err) {
+        got_ = true;
+        len_ = c[i].len;
+      }
+  }
+  std::unique_ptr<fabric::Endpoint> ep_;
+  fi_addr_t server_;
+  std::string addr_;
+  std::vector<char> rbuf_, sbuf_;
+  fabric::OpContext rctx_{}, sctx_{};
+  bool got_ = false;
+  size_t len_ = 0;
+  uint64_t session_ = 0;
+};
+
+TEST(NamServer, HostileMessagesGetErrorsAndTheServerServesOthers) {
+  TestServer srv(Opts("tcp", 16ull << 20));
+  FabricStore good(srv.Uri());
+  good.Put("keep/me", "precious", nullptr);
+  RawClient raw(srv.Uri());
+  using wire::Op;
+  using St = wire::Status;
+  // Garbage without a reply address: dropped, no reply.
+  EXPECT_EQ(raw.SendRaw(std::string(100, '\x7f'), 0.5).first, -1);
+  // Wrong protocol version: an error reply.
+  std::string v99 = raw.Msg(Op::kHello, json::object(), 0);
+  wire::PutU16(v99.data() + 4, 99);
+  EXPECT_EQ(raw.SendRaw(v99).first, static_cast<int>(St::kProtocol));
+  // A header announcing more JSON than the message holds.
+  std::string lying = raw.Msg(Op::kHello, json::object(), 0);
+  wire::PutU32(lying.data() + 28, 30000);
+  EXPECT_EQ(raw.SendRaw(lying).first, static_cast<int>(St::kProtocol));
+  // A request without a session.
+  EXPECT_EQ(raw.SendRaw(raw.Msg(Op::kStat, {{"name", "keep/me"}}, 12345)).first, static_cast<int>(St::kStaleSession));
+  // Now a proper session, then bad requests inside it.
+  auto hello = raw.SendRaw(raw.Msg(Op::kHello, json::object(), 0));
+  ASSERT_EQ(hello.first, 0);
+  uint64_t sid = raw.session();
+  auto r = raw.SendRaw(raw.Msg(Op::kAlloc, {{"name", "../etc/passwd"}, {"size", 10}}, sid));
+  EXPECT_EQ(r.first, static_cast<int>(St::kInvalid));
+  EXPECT_NE(r.second.value("error", "").find("not allowed"), std::string::npos) << r.second;
+  EXPECT_EQ(raw.SendRaw(raw.Msg(Op::kAlloc, {{"name", "x/big"}, {"size", 1ull << 40}}, sid)).first,
+            static_cast<int>(St::kFull));
+  EXPECT_EQ(raw.SendRaw(raw.Msg(Op::kAlloc, {{"name", "x/neg"}, {"size", -5}}, sid)).first, static_cast<int>(St::kInvalid));
+  EXPECT_EQ(raw.SendRaw(raw.Msg(Op::kCommit, {{"alloc", 999999}, {"checksum", "0000000000000000"}}, sid)).first,
+            static_cast<int>(St::kInvalid));
+  // An inline put whose bytes do not match its checksum is refused, and nothing appears.
+  EXPECT_EQ(raw.SendRaw(raw.Msg(Op::kPutInline, {{"name", "x/lie"}, {"checksum", "0123456789abcdef"}}, sid, "data")).first,
+            static_cast<int>(St::kCorrupt));
+  EXPECT_FALSE(good.Stat("x/lie").has_value());
+  // An allocation of the whole pool, never committed, is released when the session closes.
+  EXPECT_EQ(raw.SendRaw(raw.Msg(Op::kAlloc, {{"name", "x/hog"}, {"size", 15ull << 20}}, sid)).first, 0);
+  EXPECT_EQ(good.Capacity()["uncommitted"], 1);
+  // Protocol violations close the session: an unknown operation...
+  EXPECT_EQ(raw.SendRaw(raw.Msg(static_cast<Op>(999), json::object(), sid)).first, static_cast<int>(St::kProtocol));
+  // ... after which the session is gone, and so is its allocation.
+  EXPECT_EQ(raw.SendRaw(raw.Msg(Op::kStat, {{"name", "keep/me"}}, sid)).first, static_cast<int>(St::kStaleSession));
+  EXPECT_EQ(good.Capacity()["uncommitted"], 0);
+  // JSON that is not an object, in a fresh session.
+  ASSERT_EQ(raw.SendRaw(raw.Msg(Op::kHello, json::object(), 0)).first, 0);
+  std::string notjson = raw.Msg(Op::kStat, json::array({1, 2}), raw.session());
+  EXPECT_EQ(raw.SendRaw(notjson).first, static_cast<int>(St::kProtocol));
+  // Everyone else is still served, and the object is intact.
+  EXPECT_EQ(good.Get("keep/me").bytes, "precious");
+  good.Put("keep/more", std::string(2 << 20, 'm'), nullptr);
+  EXPECT_GE(good.Capacity()["rejected"].get<int>(), 3);
+}
+
+// ---- the fault-injecting store ----
+
+TEST(FaultStore, FailsDelaysAndCorruptsOnDemand) {
+  auto inner = std::make_unique<MemStore>("fault-test");
+  inner->Put("features/a", "0123456789", nullptr);
+  inner->Put("model/m", "weights", nullptr);
+  FaultStore f(std::move(inner),
+               ParseFaultRules(R"([{"op": "get", "prefix": "features/", "action": "corrupt"},
+                                    {"op": "put", "prefix": "model/", "action": "fail", "nth": 2, "kind": "io"},
+                                    {"op": "stat", "action": "delay", "delay_ms": 30, "count": 0}])",
+                               "test"));
+  std::string what;
+  EXPECT_EQ(KindOf([&] { f.Get("features/a"); }, &what), ErrorKind::kCorrupt);
+  EXPECT_NE(what.find("features/a"), std::string::npos);
+  EXPECT_EQ(f.Get("features/a").bytes, "0123456789");  // count 1: only the first get
+  EXPECT_EQ(f.Get("model/m").bytes, "weights");
+  f.Put("model/m", "v2", nullptr);                                               // 1st put passes
+  EXPECT_EQ(KindOf([&] { f.Put("model/m", "v3", nullptr); }), ErrorKind::kIo);  // 2nd fails
+  EXPECT_EQ(f.Get("model/m").bytes, "v2");                                        // and stored nothing
+  auto t0 = std::chrono::steady_clock::now();
+  f.Stat("model/m");
+  f.Stat("model/m");
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.055);
+  EXPECT_EQ(f.fired(), 4);
+}
+
+TEST(FaultStore, RulesAreValidated) {
+  std::string what;
+  EXPECT_EQ(KindOf([] { ParseFaultRules("{}", "MSAFLOW_NAM_FAULTS"); }), ErrorKind::kInvalidInput);
+  EXPECT_EQ(KindOf([&] { ParseFaultRules(R"([{"action": "explode"}])", "MSAFLOW_NAM_FAULTS"); }, &what),
+            ErrorKind::kInvalidInput);
+  EXPECT_NE(what.find("[0].action"), std::string::npos) << what;
+  EXPECT_EQ(KindOf([&] { ParseFaultRules(R"([{"op": "put", "action": "corrupt"}])", "F"); }, &what),
+            ErrorKind::kInvalidInput);
+  EXPECT_EQ(KindOf([&] { ParseFaultRules(R"([{"action": "fail", "nth": 0}])", "F"); }, &what), ErrorKind::kInvalidInput);
+  EXPECT_NE(what.find("nth"), std::string::npos) << what;
+}
+
+TEST(FaultStore, OpenStoreWrapsWhenTheEnvironmentAsks) {
+  ::setenv("MSAFLOW_NAM_FAULTS", R"([{"op": "any", "action": "fail", "kind": "unavailable"}])", 1);
+  auto s = OpenStore("mem://fault-env");
+  ::unsetenv("MSAFLOW_NAM_FAULTS");
+  EXPECT_EQ(KindOf([&] { s->Put("a", "b", nullptr); }), ErrorKind::kUnavailable);
+  EXPECT_NE(dynamic_cast<FaultStore*>(s.get()), nullptr);
+  EXPECT_EQ(dynamic_cast<FaultStore*>(OpenStore("mem://fault-env").get()), nullptr);
+}
+
+}  // namespace
+}  // namespace msaflow::nam
