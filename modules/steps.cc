@@ -237,20 +237,29 @@ void Train(Ctx& c) {
   }
 }
 
+// Idempotent, so a failed store can simply run again: every model is published before any
+// staging object is removed, and a candidate whose staging is gone but whose model exists was
+// stored by an earlier attempt.
 void Store(Ctx& c) {
+  std::vector<std::string> staged_names;
   for (const auto& cj : c.task.at("candidates")) {
     Candidate cand = orchestrator::CandidateFromJson(cj);
+    std::string name = orchestrator::ModelObject(c.run, c.round, cand.id);
+    if (!c.store->Stat(StagingObject(c, cand.id)) && c.store->Stat(name)) {
+      c.Say(fmt::format("{} was stored by an earlier attempt", name));
+      continue;
+    }
     nam::Object staged = c.store->Get(StagingObject(c, cand.id));  // checksum verified
     // The stored model: head weights + backbone reference + hyper-parameters + curve.
     json meta = staged.info.meta;
     meta["run"] = c.run;
     meta["round"] = c.round;
     kernels::Head::Deserialize(cand.head, meta.at("in_dim"), meta.at("classes"), staged.bytes);  // shape check
-    std::string name = orchestrator::ModelObject(c.run, c.round, cand.id);
     auto info = c.store->Put(name, staged.bytes, meta);
-    c.store->Remove(staged.info.name);
+    staged_names.push_back(staged.info.name);
     c.Say(fmt::format("stored {} ({} bytes, checksum {})", name, info.size, info.checksum));
   }
+  for (const auto& n : staged_names) c.store->Remove(n);
 }
 
 std::string EvalObject(const Ctx& c, const std::string& cand, int64_t shard) {

@@ -169,7 +169,10 @@ int main(int argc, char** argv) {
       orchestrator::Machine m = orchestrator::LoadMachine(machine_override.empty() ? p.machine : machine_override);
       orchestrator::LocalLauncher launcher(SelfExe());
       if (*plan) {
-        std::string nam = p.nam.empty() ? "file://" + std::filesystem::absolute(runs_dir + "/nam").lexically_normal().string() : p.nam;
+        std::string nam = orchestrator::NamFor(p, m, runs_dir);
+        if (nam == "serve")
+          nam = "fabric://<started for the run: " + m.nam.provider + " on " + m.nam.listen + ", " + m.nam.capacity +
+                ", persisting to " + std::filesystem::absolute(runs_dir + "/nam").lexically_normal().string() + ">";
         auto rp = orchestrator::PlanRound(p, m, "<run-id>", nam, 1, orchestrator::FirstRound(p), {});
         std::printf("plan for %s on machine %s (launcher %s), NAM %s\n", p.name.c_str(), m.name.c_str(),
                     m.launcher.c_str(), nam.c_str());
@@ -193,6 +196,7 @@ int main(int argc, char** argv) {
       orchestrator::RunOptions opt;
       opt.runs_dir = runs_dir;
       opt.run_id = run_id;
+      opt.msaflow_exe = SelfExe();
       orchestrator::RunPipeline(p, m, launcher, opt, stdout);
       return 0;
     }

@@ -5,6 +5,8 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "nam/pool.h"
+#include "nam/server.h"
 
 namespace msaflow::orchestrator {
 namespace {
@@ -18,7 +20,8 @@ constexpr char kLocalMachine[] = R"json({
     "esb": {"description": "Extreme Scale Booster: evaluation task farm (local processes)", "max_ranks": 0},
     "dam": {"description": "Data Analytics Module: preparation, training, selection (FPGA simulated on the CPU)",
             "max_ranks": 0, "fpga": "simulated"}
-  }
+  },
+  "nam": {"serve": true, "listen": "127.0.0.1:0", "provider": "tcp", "capacity": "2GiB"}
 })json";
 
 }  // namespace
@@ -52,6 +55,25 @@ Machine ParseMachine(const std::string& text, const std::string& origin) {
     }
   } catch (const nlohmann::json::exception& e) {
     Throw(ErrorKind::kInvalidInput, origin + ": " + e.what());
+  }
+  if (j.contains("nam")) {
+    const auto& n = j["nam"];
+    auto where = origin + ": /nam";
+    if (!n.is_object()) Throw(ErrorKind::kInvalidInput, where + ": expected an object {serve, listen, provider, capacity}");
+    for (const auto& [k, v] : n.items()) {
+      if (k == "serve") {
+        if (!v.is_boolean()) Throw(ErrorKind::kInvalidInput, where + "/serve: expected true or false");
+        m.nam.serve = v;
+      } else if (k == "listen" || k == "provider" || k == "capacity") {
+        if (!v.is_string()) Throw(ErrorKind::kInvalidInput, where + "/" + k + ": expected a string");
+        (k == "listen" ? m.nam.listen : k == "provider" ? m.nam.provider : m.nam.capacity) = v.get<std::string>();
+      } else {
+        Throw(ErrorKind::kInvalidInput, where + ": unknown field '" + k + "' (expected serve, listen, provider, capacity)");
+      }
+    }
+    nam::ParseSize(m.nam.capacity, where + "/capacity");
+    std::string host, port;
+    nam::SplitHostPort(m.nam.listen, where + "/listen", &host, &port);
   }
   if (m.launcher != "local")
     Throw(ErrorKind::kUnsupported, origin + ": launcher '" + m.launcher + "' is not available in this build (expected local)");

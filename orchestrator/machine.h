@@ -15,9 +15,20 @@ struct ModuleSpec {
   std::string fpga;       // "", "simulated", "opencl"
 };
 
+// How a run reaches the NAM when the pipeline names none: start a server for the run
+// (serve = true; it persists to <runs>/nam so later runs reuse what earlier ones stored), or
+// use the directory <runs>/nam as a file:// store.
+struct NamSpec {
+  bool serve = false;
+  std::string listen = "127.0.0.1:0";
+  std::string provider = "tcp";
+  std::string capacity = "2GiB";
+};
+
 struct Machine {
   std::string name;
   std::string launcher = "local";
+  NamSpec nam;
   std::map<std::string, ModuleSpec> modules;
   // Throws kInvalidInput "<where>: module 'x' is not in machine 'local' (has cm, dam, esb)".
   const ModuleSpec& Module(const std::string& name, const std::string& where) const;

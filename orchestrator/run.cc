@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "nam/store.h"
+#include "orchestrator/nam_process.h"
 
 namespace msaflow::orchestrator {
 namespace {
@@ -60,9 +61,17 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, Launcher& launcher,
   MakeDirs(dir + "/tasks");
   MakeDirs(dir + "/logs");
   WriteFileAtomic(dir + "/pipeline.json", p.source.dump(2) + "\n");
-  std::string nam_uri = p.nam.empty()
-                            ? "file://" + std::filesystem::absolute(opt.runs_dir + "/nam").lexically_normal().string()
-                            : p.nam;
+  std::string nam_uri = NamFor(p, m, opt.runs_dir);
+  std::unique_ptr<NamServerProcess> nam_server;
+  if (nam_uri == "serve") {
+    if (opt.msaflow_exe.empty()) Throw(ErrorKind::kInternal, "RunPipeline: no msaflow binary to start the NAM server");
+    std::string persist = std::filesystem::absolute(opt.runs_dir + "/nam").lexically_normal().string();
+    nam_server = std::make_unique<NamServerProcess>(opt.msaflow_exe, m.nam, persist, dir + "/logs/nam-server.log",
+                                                    dir + "/nam-server.json");
+    nam_uri = nam_server->uri();
+    std::fprintf(out, "NAM server for this run: %s (pid %d, %s, persisting to %s)\n", nam_uri.c_str(),
+                 static_cast<int>(nam_server->pid()), m.nam.capacity.c_str(), persist.c_str());
+  }
   auto store = nam::OpenStore(nam_uri);
   Journal journal(dir + "/journal.jsonl");
   journal.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"nam", nam_uri}});
@@ -171,6 +180,12 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, Launcher& launcher,
   for (const auto& [k, v] : per_bb.items()) std::fprintf(out, " %s %.4f;", k.c_str(), v.get<double>());
   std::fprintf(out, "\nstopped: %s; %.1f s; results in %s/results.json\n", stop_reason.c_str(), secs, dir.c_str());
   return dir;
+}
+
+std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir) {
+  if (!p.nam.empty()) return p.nam;
+  if (m.nam.serve) return "serve";
+  return "file://" + std::filesystem::absolute(runs_dir + "/nam").lexically_normal().string();
 }
 
 void PrintStatus(const std::string& run_dir, std::FILE* out) {

@@ -17,6 +17,7 @@ inline constexpr char kResultsFormat[] = "msaflow.results/1";
 
 struct RunOptions {
   std::string runs_dir = "runs";
+  std::string msaflow_exe;  // started as `msaflow nam serve` when the run needs a NAM server
   std::string run_id;  // "" = <name>-<timestamp>-<random>
   bool verbose = false;
 };
@@ -24,6 +25,10 @@ struct RunOptions {
 // Runs the pipeline to the end; returns the run directory. Progress goes to `out`.
 // Throws Error (kTaskFailed when a task fails; the journal records it).
 std::string RunPipeline(const Pipeline& p, const Machine& m, Launcher& launcher, const RunOptions& opt, std::FILE* out);
+
+// The NAM a run uses: the pipeline's URI, else "serve" (a server the run starts, persisting
+// to <runs>/nam) when the machine asks for one, else file://<runs>/nam.
+std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir);
 
 // Prints the state of a run directory (journal + results). Throws kNotFound / kCorrupt.
 void PrintStatus(const std::string& run_dir, std::FILE* out);

@@ -63,9 +63,21 @@ class EndToEnd(unittest.TestCase):
             kept = [c for c in r2["candidates"] if c["round"] == 1]
             self.assertEqual(len(kept), 2)
             self.assertEqual(len([c for c in r2["candidates"] if c["round"] == 2]), 4)
-            # The stored champion model and its result are in the NAM, checksummed.
+            # The run started its own NAM server (the local machine asks for one), and stopped it.
+            self.assertTrue(res["nam"].startswith("fabric://127.0.0.1:"), res["nam"])
+            self.assertFalse(os.path.exists(os.path.join(d, "e2e", "nam-server.json")))
+            with open(os.path.join(d, "e2e", "logs", "nam-server.log")) as f:
+                log = f.read()
+            self.assertIn("serving " + res["nam"], log)
+            self.assertIn("stopping:", log)
+            down = subprocess.run([EXE, "nam", "ls", "--nam", res["nam"] + "?timeout=1"], capture_output=True, text=True)
+            self.assertEqual(down.returncode, 8, down.stdout)
+            # It persisted to <runs>/nam in the file:// layout: the champion model is there, checksummed.
             nam = os.path.join(d, "nam")
             self.assertTrue(os.path.exists(os.path.join(nam, res["champion"]["model"] + ".nam")))
+            model = subprocess.run([EXE, "nam", "stat", res["champion"]["model"], "--nam", "file://" + nam],
+                                   capture_output=True, text=True)
+            self.assertEqual(model.returncode, 0, model.stderr)
             with open(os.path.join(d, "e2e", "journal.jsonl")) as f:
                 lines = [json.loads(line) for line in f]
             self.assertEqual(lines[0]["format"], "msaflow.journal/1")
@@ -83,6 +95,18 @@ class EndToEnd(unittest.TestCase):
             # Same pipeline, same seeds: the same champion configuration and accuracy.
             self.assertAlmostEqual(again["champion"]["accuracy"], res["champion"]["accuracy"])
             self.assertEqual(again["champion"]["candidate"]["id"], res["champion"]["candidate"]["id"])
+            # file:// stays available: the same pipeline over a plain directory, same champion.
+            doc["nam"] = "file://" + os.path.join(d, "plain-nam")
+            with open(p, "w") as f:
+                json.dump(doc, f)
+            r = subprocess.run([EXE, "run", p, "--runs", d, "--run-id", "e2e-file"], capture_output=True, text=True,
+                               timeout=800)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(d, "e2e-file", "results.json")) as f:
+                plain = json.load(f)
+            self.assertEqual(plain["nam"], doc["nam"])
+            self.assertEqual(plain["champion"]["candidate"]["id"], res["champion"]["candidate"]["id"])
+            self.assertAlmostEqual(plain["champion"]["accuracy"], res["champion"]["accuracy"])
 
 
 if __name__ == "__main__":

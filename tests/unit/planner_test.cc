@@ -73,6 +73,11 @@ TEST(Machine, BuiltInLocalMatchesConfigFile) {
     EXPECT_EQ(v.max_ranks, file.modules.at(k).max_ranks);
     EXPECT_EQ(v.description, file.modules.at(k).description);
   }
+  EXPECT_TRUE(built.nam.serve);
+  EXPECT_EQ(built.nam.serve, file.nam.serve);
+  EXPECT_EQ(built.nam.listen, file.nam.listen);
+  EXPECT_EQ(built.nam.provider, file.nam.provider);
+  EXPECT_EQ(built.nam.capacity, file.nam.capacity);
   try {
     built.Module("gpu", "p.json: /steps/train/module");
     FAIL();

@@ -1,0 +1,143 @@
+// The module steps of one round, run in-process on a mem:// NAM, with and without faults
+// injected into the store (nam/fault_store.h through MSAFLOW_NAM_FAULTS, as a launcher's
+// module process would see them).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+
+#include "common/error.h"
+#include "kernels/dataset.h"
+#include "modules/steps.h"
+#include "nam/store.h"
+#include "orchestrator/candidates.h"
+#include "orchestrator/machine.h"
+#include "orchestrator/pipeline.h"
+#include "orchestrator/planner.h"
+
+namespace msaflow {
+namespace {
+
+using nlohmann::json;
+
+class TinyRound : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/msaflow-modules-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    // Three classes of 8x8 images told apart by which third is bright, plus noise.
+    std::mt19937 rng(5);
+    for (const auto& [split, n] : {std::pair<std::string, int>{"train", 90}, {"test", 45}}) {
+      std::vector<uint8_t> px(static_cast<size_t>(n) * 64), lb(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) {
+        lb[static_cast<size_t>(i)] = static_cast<uint8_t>(i % 3);
+        for (int p = 0; p < 64; ++p)
+          px[static_cast<size_t>(i * 64 + p)] =
+              static_cast<uint8_t>((p / 22 == i % 3 ? 180 : 20) + static_cast<int>(rng() % 60));
+      }
+      kernels::WriteIdxImages(dir_ + "/" + split + "-images", n, 8, 8, px.data());
+      kernels::WriteIdxLabels(dir_ + "/" + split + "-labels", n, lb.data());
+    }
+    json doc = {{"format", "msaflow.pipeline/1"},
+                {"name", "tiny"},
+                {"datasets",
+                 {{"train", {{"format", "idx"}, {"images", "train-images"}, {"labels", "train-labels"}}},
+                  {"test", {{"format", "idx"}, {"images", "test-images"}, {"labels", "test-labels"}}}}},
+                {"backbones", json::array({{{"name", "pixels"}, {"kind", "pixels"}}})},
+                {"head", {{"type", {"softmax"}}, {"lr", {0.01}}, {"epochs", {5}}, {"batch", 16}}},
+                {"rounds", {{"max", 1}, {"candidates", 2}, {"seed", 1}}}};
+    static int n = 0;
+    nam_ = "mem://modules-test-" + std::to_string(n++);
+    pipeline_ = orchestrator::ParsePipeline(doc.dump(), "tiny.json", dir_);
+    machine_ = orchestrator::LoadMachine("local");
+    plan_ = orchestrator::PlanRound(pipeline_, machine_, "run1", nam_, 1, orchestrator::FirstRound(pipeline_), {});
+    store_ = nam::OpenStore(nam_);
+  }
+  void TearDown() override {
+    ::unsetenv("MSAFLOW_NAM_FAULTS");
+    std::filesystem::remove_all(dir_);
+  }
+  void Step(const std::string& step) {
+    for (const auto& t : plan_.tasks)
+      if (t.step == step) {
+        std::FILE* sink = std::fopen("/dev/null", "w");
+        try {
+          modules::RunStep(step, t.body, 0, 1, sink);
+        } catch (...) {
+          std::fclose(sink);
+          throw;
+        }
+        std::fclose(sink);
+        return;
+      }
+    FAIL() << "no task for " << step;
+  }
+  void Faults(const std::string& rules) { ::setenv("MSAFLOW_NAM_FAULTS", rules.c_str(), 1); }
+  ErrorKind StepFails(const std::string& step, std::string* what) {
+    try {
+      Step(step);
+    } catch (const Error& e) {
+      *what = e.what();
+      return e.kind();
+    }
+    return ErrorKind::kInternal;
+  }
+
+  std::string dir_, nam_;
+  orchestrator::Pipeline pipeline_;
+  orchestrator::Machine machine_;
+  orchestrator::RoundPlan plan_;
+  std::unique_ptr<nam::Store> store_;
+};
+
+TEST_F(TinyRound, RunsAllSteps) {
+  for (const char* s : {"load", "prepare", "train", "store", "evaluate", "select"}) Step(s);
+  json best = json::parse(store_->Get(orchestrator::BestObject("run1", 1)).bytes);
+  EXPECT_GT(best["champion"]["accuracy"].get<double>(), 0.9);  // an easy problem
+}
+
+TEST_F(TinyRound, CorruptFeaturesStopTrainingWithNothingWritten) {
+  for (const char* s : {"load", "prepare"}) Step(s);
+  Faults(R"([{"op": "get", "prefix": "features/", "action": "corrupt", "count": 0}])");
+  std::string what;
+  EXPECT_EQ(StepFails("train", &what), ErrorKind::kCorrupt);
+  EXPECT_NE(what.find("features/"), std::string::npos) << what;
+  ::unsetenv("MSAFLOW_NAM_FAULTS");
+  EXPECT_TRUE(store_->List("staging/").empty());  // no head was staged from bad features
+  Step("train");                                  // and the step succeeds once the NAM is sound
+  EXPECT_EQ(store_->List("staging/").size(), 2u);
+}
+
+TEST_F(TinyRound, AFailedPutLeavesNoModelAndTheStepCanBeRetried) {
+  for (const char* s : {"load", "prepare", "train"}) Step(s);
+  Faults(R"([{"op": "put", "prefix": "model/", "action": "fail", "nth": 2}])");
+  std::string what;
+  EXPECT_EQ(StepFails("store", &what), ErrorKind::kUnavailable);
+  EXPECT_NE(what.find("injected fault"), std::string::npos) << what;
+  EXPECT_LE(store_->List("model/").size(), 1u);  // the first model, whole; the second, not at all
+  for (const auto& o : store_->List("model/")) EXPECT_NO_THROW(store_->Get(o.name));
+  ::unsetenv("MSAFLOW_NAM_FAULTS");
+  Step("store");
+  EXPECT_EQ(store_->List("model/").size(), 2u);
+}
+
+TEST_F(TinyRound, AnUnreachableNamFailsTheStepWithItsName) {
+  Faults(R"([{"op": "any", "action": "fail", "kind": "unavailable", "count": 0}])");
+  std::string what;
+  EXPECT_EQ(StepFails("load", &what), ErrorKind::kUnavailable);
+  EXPECT_NE(what.find(nam_), std::string::npos) << what;
+}
+
+TEST_F(TinyRound, ASlowNamChangesNothingButTime) {
+  for (const char* s : {"load", "prepare", "train", "store", "evaluate", "select"}) Step(s);
+  json fast = json::parse(store_->Get(orchestrator::BestObject("run1", 1)).bytes);
+  Faults(R"([{"op": "any", "action": "delay", "delay_ms": 3, "count": 0}])");
+  for (const char* s : {"train", "store", "evaluate", "select"}) Step(s);
+  json slow = json::parse(store_->Get(orchestrator::BestObject("run1", 1)).bytes);
+  EXPECT_EQ(slow["champion"], fast["champion"]);
+}
+
+}  // namespace
+}  // namespace msaflow
