@@ -128,7 +128,7 @@ TEST(Nam, OpenStoreRejectsUnknownScheme) {
     OpenStore("s3://bucket");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "NAM URI 's3://bucket': unknown scheme; expected mem://NAME or file://DIR");
+    EXPECT_STREQ(e.what(), "NAM URI 's3://bucket': unknown scheme; expected fabric://HOST:PORT, file://DIR or mem://NAME");
   }
 }
 
