@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
       opt.runs_dir = runs_dir;
       opt.run_id = run_id;
       opt.msaflow_exe = SelfExe();
-      orchestrator::RunPipeline(p, m, launcher, opt, stdout);
+      orchestrator::RunPipeline(p, m, opt, stdout);
       return 0;
     }
     if (*serve) {
@@ -284,7 +284,10 @@ int main(int argc, char** argv) {
       std::string text = ReadFile(task_file);
       nlohmann::json task = nlohmann::json::parse(text, nullptr, false);
       if (task.is_discarded()) Throw(ErrorKind::kInvalidInput, task_file + ": not valid JSON");
-      modules::RunStep(step, task, EnvInt("MSAFLOW_RANK", 0), EnvInt("MSAFLOW_SIZE", 1), stdout);
+      // Rank and size: the local launcher's variables, else Slurm's (srun), else one process.
+      int rank = EnvInt("MSAFLOW_RANK", EnvInt("SLURM_PROCID", 0));
+      int size = EnvInt("MSAFLOW_SIZE", EnvInt("SLURM_STEP_NUM_TASKS", EnvInt("SLURM_NTASKS", 1)));
+      modules::RunStep(step, task, rank, size, stdout);
       return 0;
     }
   } catch (const Error& e) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "orchestrator/planner.h"
@@ -14,6 +16,8 @@ struct LaunchObserver {
   std::function<void(const Task&)> on_start;
   std::function<void(const Task&, const std::string& line)> on_line;  // a line a task printed
   std::function<void(const Task&, double seconds)> on_end;
+  // Launcher-specific events for the journal (a Slurm job submitted, its states, a retry).
+  std::function<void(const std::string& event, nlohmann::json fields)> on_event;
 };
 
 class Launcher {

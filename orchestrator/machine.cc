@@ -1,5 +1,6 @@
 #include "orchestrator/machine.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -36,10 +37,16 @@ const ModuleSpec& Machine::Module(const std::string& n, const std::string& where
   return it->second;
 }
 
-Machine ParseMachine(const std::string& text, const std::string& origin) {
+Machine ParseMachine(const std::string& text, const std::string& origin, const std::string& base_dir) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) Throw(ErrorKind::kInvalidInput, origin + ": not a JSON object");
   Machine m;
+  auto fail = [&](const std::string& ptr, const std::string& what) {
+    Throw(ErrorKind::kInvalidInput, origin + ": " + ptr + ": " + what);
+  };
+  for (const auto& [k, v] : j.items())
+    if (k != "name" && k != "launcher" && k != "modules" && k != "nam" && k != "slurm" && k != "description")
+      fail("/" + k, "unknown field (expected name, description, launcher, modules, nam, slurm)");
   try {
     m.name = j.at("name").get<std::string>();
     m.launcher = j.value("launcher", "local");
@@ -51,6 +58,15 @@ Machine ParseMachine(const std::string& text, const std::string& origin) {
       // 0 = as many as this machine has cores.
       if (s.max_ranks <= 0) s.max_ranks = std::max<int64_t>(1, std::thread::hardware_concurrency());
       s.fpga = v.value("fpga", "");
+      s.partition = v.value("partition", k);
+      s.constraint = v.value("constraint", "");
+      s.gres = v.value("gres", "");
+      s.nodes = v.value("nodes", 1);
+      s.time = v.value("time", "30");
+      if (s.nodes < 1) fail("/modules/" + k + "/nodes", "expected at least 1");
+      for (const std::string* f : {&s.partition, &s.constraint, &s.gres, &s.time})
+        if (f->find_first_of(" \t\n'\"$`\\;") != std::string::npos)
+          fail("/modules/" + k, "'" + *f + "' has characters that do not belong in an #SBATCH option");
       m.modules[k] = s;
     }
   } catch (const nlohmann::json::exception& e) {
@@ -75,14 +91,38 @@ Machine ParseMachine(const std::string& text, const std::string& origin) {
     std::string host, port;
     nam::SplitHostPort(m.nam.listen, where + "/listen", &host, &port);
   }
-  if (m.launcher != "local")
-    Throw(ErrorKind::kUnsupported, origin + ": launcher '" + m.launcher + "' is not available in this build (expected local)");
+  if (m.launcher != "local" && m.launcher != "slurm")
+    fail("/launcher", "'" + m.launcher + "' is not a launcher (expected local or slurm)");
+  if (j.contains("slurm")) {
+    const auto& sl = j["slurm"];
+    if (!sl.is_object()) fail("/slurm", "expected an object {mode, fallback, conf, poll_s}");
+    for (const auto& [k, v] : sl.items()) {
+      if (k == "mode") {
+        if (!v.is_string() || (v != "hetjob" && v != "chained")) fail("/slurm/mode", "expected \"hetjob\" or \"chained\"");
+        m.slurm.mode = v;
+      } else if (k == "fallback") {
+        if (!v.is_boolean()) fail("/slurm/fallback", "expected true or false");
+        m.slurm.fallback = v;
+      } else if (k == "conf") {
+        if (!v.is_string()) fail("/slurm/conf", "expected a path");
+        std::filesystem::path p(v.get<std::string>());
+        if (p.is_relative() && !base_dir.empty()) p = std::filesystem::path(base_dir) / p;
+        m.slurm.conf = p.lexically_normal().string();
+      } else if (k == "poll_s") {
+        if (!v.is_number() || v.get<double>() <= 0) fail("/slurm/poll_s", "expected seconds > 0");
+        m.slurm.poll_s = v;
+      } else {
+        fail("/slurm", "unknown field '" + k + "' (expected mode, fallback, conf, poll_s)");
+      }
+    }
+  }
   return m;
 }
 
 Machine LoadMachine(const std::string& name_or_path) {
-  if (name_or_path == "local") return ParseMachine(kLocalMachine, "<built-in machine local>");
-  return ParseMachine(ReadFile(name_or_path), name_or_path);
+  if (name_or_path == "local") return ParseMachine(kLocalMachine, "<built-in machine local>", "");
+  std::string base = std::filesystem::absolute(name_or_path).parent_path().string();
+  return ParseMachine(ReadFile(name_or_path), name_or_path, base);
 }
 
 }  // namespace msaflow::orchestrator

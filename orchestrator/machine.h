@@ -13,6 +13,20 @@ struct ModuleSpec {
   std::string description;
   int64_t max_ranks = 1;  // processes a step may use on this module
   std::string fpga;       // "", "simulated", "opencl"
+  // Slurm (launcher "slurm"): where this module's hetjob component runs.
+  std::string partition;   // default: the module's name
+  std::string constraint;  // --constraint, if any
+  std::string gres;        // --gres, e.g. "fpga:1"
+  int64_t nodes = 1;
+  std::string time = "30";  // --time of the component (Slurm time format)
+};
+
+// Launcher "slurm": how rounds become jobs (docs/slurm.md).
+struct SlurmSpec {
+  std::string mode = "hetjob";  // "hetjob" | "chained"
+  bool fallback = true;         // a refused hetjob falls back to chained
+  std::string conf;             // SLURM_CONF for sbatch/scontrol/scancel ("" = Slurm's default)
+  double poll_s = 0.25;
 };
 
 // How a run reaches the NAM when the pipeline names none: start a server for the run
@@ -27,8 +41,9 @@ struct NamSpec {
 
 struct Machine {
   std::string name;
-  std::string launcher = "local";
+  std::string launcher = "local";  // "local" | "slurm"
   NamSpec nam;
+  SlurmSpec slurm;
   std::map<std::string, ModuleSpec> modules;
   // Throws kInvalidInput "<where>: module 'x' is not in machine 'local' (has cm, dam, esb)".
   const ModuleSpec& Module(const std::string& name, const std::string& where) const;
@@ -36,6 +51,7 @@ struct Machine {
 
 // "local" -> the built-in machine; anything else is a path to a machine JSON file.
 Machine LoadMachine(const std::string& name_or_path);
-Machine ParseMachine(const std::string& text, const std::string& origin);
+// Relative paths in the file (slurm.conf) resolve against `base_dir`.
+Machine ParseMachine(const std::string& text, const std::string& origin, const std::string& base_dir);
 
 }  // namespace msaflow::orchestrator

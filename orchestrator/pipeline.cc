@@ -171,7 +171,7 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
     Throw(ErrorKind::kInvalidInput, origin + ": not valid JSON (" + (pos == std::string::npos ? msg : msg.substr(pos)) + ")");
   }
   Reader r(origin, base_dir);
-  r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric"},
+  r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric", "retries"},
            {"name", "datasets", "backbones"});
   Pipeline p;
   if (doc.contains("format") && r.String(doc["format"], "/format") != kPipelineFormat)
@@ -254,6 +254,18 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
     if (ro.contains("seed")) p.rounds.seed = static_cast<uint64_t>(r.Int(ro["seed"], "/rounds/seed", 0, INT64_MAX));
   }
   if (doc.contains("metric")) p.metric = r.Enum(doc["metric"], "/metric", {"accuracy"});
+  if (doc.contains("retries")) {
+    const json& rt = doc["retries"];
+    r.Object(rt, "/retries", {"max", "on"}, {});
+    if (rt.contains("max")) p.retries.max = r.Int(rt["max"], "/retries/max", 0, 100);
+    if (rt.contains("on")) {
+      if (!rt["on"].is_array()) r.Fail("/retries/on", "expected an array of Slurm end states");
+      p.retries.on.clear();
+      for (size_t i = 0; i < rt["on"].size(); ++i)
+        p.retries.on.push_back(r.Enum(rt["on"][i], "/retries/on/" + std::to_string(i),
+                                      {"FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}));
+    }
+  }
 
   // Source with absolute paths, so tasks and resumed runs need no base directory.
   p.source = doc;

@@ -56,8 +56,15 @@ struct RoundsSpec {
   uint64_t seed = 1;
 };
 
+// What a launcher does when a round's job ends badly (Slurm states; docs/pipeline.md).
+struct RetrySpec {
+  int64_t max = 0;
+  std::vector<std::string> on = {"NODE_FAIL", "PREEMPTED", "TIMEOUT", "CANCELLED"};
+};
+
 struct Pipeline {
   std::string name;
+  RetrySpec retries;
   std::string machine = "local";
   std::string nam;  // "" = the default store of the runs directory
   SplitSpec train, test;

@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "nam/store.h"
 #include "orchestrator/nam_process.h"
+#include "orchestrator/slurm.h"
 
 namespace msaflow::orchestrator {
 namespace {
@@ -52,7 +53,8 @@ class Journal {
 
 }  // namespace
 
-std::string RunPipeline(const Pipeline& p, const Machine& m, Launcher& launcher, const RunOptions& opt, std::FILE* out) {
+std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& opt, std::FILE* out,
+                        Launcher* given_launcher) {
   std::string id = opt.run_id.empty() ? NewRunId(p.name) : opt.run_id;
   nam::ValidateObjectName(id);
   std::string dir = std::filesystem::absolute(opt.runs_dir + "/" + id).lexically_normal().string();
@@ -73,8 +75,20 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, Launcher& launcher,
                  static_cast<int>(nam_server->pid()), m.nam.capacity.c_str(), persist.c_str());
   }
   auto store = nam::OpenStore(nam_uri);
+  std::unique_ptr<Launcher> own_launcher;
+  if (!given_launcher) {
+    if (m.launcher == "slurm") {
+      if (!m.slurm.conf.empty()) ::setenv("SLURM_CONF", m.slurm.conf.c_str(), 1);  // for the jobs' own srun
+      own_launcher = std::make_unique<SlurmLauncher>(m, opt.msaflow_exe, id, dir, std::make_unique<SlurmCli>(m.slurm.conf),
+                                                     static_cast<int>(p.retries.max), p.retries.on);
+    } else {
+      own_launcher = std::make_unique<LocalLauncher>(opt.msaflow_exe);
+    }
+  }
+  Launcher& launcher = given_launcher ? *given_launcher : *own_launcher;
   Journal journal(dir + "/journal.jsonl");
-  journal.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"nam", nam_uri}});
+  journal.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"launcher", m.launcher},
+                             {"nam", nam_uri}});
   std::fprintf(out, "run %s: pipeline %s on machine %s, NAM %s\n  run directory %s\n", id.c_str(), p.name.c_str(),
                m.name.c_str(), nam_uri.c_str(), dir.c_str());
 
@@ -110,6 +124,22 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, Launcher& launcher,
     obs.on_line = [&](const Task&, const std::string& line) {
       std::fprintf(out, "      %s\n", line.c_str());
       std::fflush(out);
+    };
+    obs.on_event = [&](const std::string& ev, json fields) {
+      if (ev == "slurm-job") {
+        std::string comps;
+        for (const auto& c : fields.at("components"))
+          comps += (comps.empty() ? "" : ", ") + c.at("id").get<std::string>() + " " + c.at("module").get<std::string>() +
+                   "@" + c.at("partition").get<std::string>();
+        std::fprintf(out, "  slurm %s job %s: %s\n", fields.at("mode").get<std::string>().c_str(),
+                     fields.at("job").get<std::string>().c_str(), comps.c_str());
+      } else if (ev == "slurm-end") {
+        std::fprintf(out, "  slurm jobs ended %s\n", fields.at("state").get<std::string>().c_str());
+      } else if (ev == "slurm-retry" || ev == "slurm-fallback") {
+        std::fprintf(out, "  %s: %s\n", ev.c_str(), fields.value("message", fields.value("why", "")).c_str());
+      }
+      std::fflush(out);
+      journal.Event(ev, std::move(fields));
     };
     obs.on_end = [&](const Task& t, double secs) {
       std::fprintf(out, "  %-8s done in %.1f s\n", t.step.c_str(), secs);

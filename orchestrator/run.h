@@ -24,7 +24,9 @@ struct RunOptions {
 
 // Runs the pipeline to the end; returns the run directory. Progress goes to `out`.
 // Throws Error (kTaskFailed when a task fails; the journal records it).
-std::string RunPipeline(const Pipeline& p, const Machine& m, Launcher& launcher, const RunOptions& opt, std::FILE* out);
+// The launcher is the machine's (local processes, or Slurm jobs) unless one is given.
+std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& opt, std::FILE* out,
+                        Launcher* launcher = nullptr);
 
 // The NAM a run uses: the pipeline's URI, else "serve" (a server the run starts, persisting
 // to <runs>/nam) when the machine asks for one, else file://<runs>/nam.
