@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <iostream>
 #include <iterator>
 #include <cstdio>
@@ -24,6 +27,7 @@
 #include "orchestrator/pipeline.h"
 #include "orchestrator/planner.h"
 #include "orchestrator/run.h"
+#include "orchestrator/slurm.h"
 
 namespace {
 
@@ -84,6 +88,18 @@ int main(int argc, char** argv) {
   auto* plan = app.add_subcommand("plan", "Print the plan of round 1: tasks, modules, ranks and commands");
   plan->add_option("pipeline", pipeline_path, "pipeline JSON file")->required();
   plan->add_option("--machine", machine_override, "machine name or file (overrides the pipeline's)");
+  std::string launcher_override;
+  plan->add_option("--launcher", launcher_override, "local: commands per rank; slurm: the exact batch script of round 1")
+      ->check(CLI::IsMember({"local", "slurm"}));
+  plan->add_option("--runs", runs_dir, "directory holding run directories")->capture_default_str();
+
+  bool wait = false;
+  auto* submit = app.add_subcommand("submit", "Submit a run to Slurm: its coordinator becomes a job on the cm module");
+  submit->add_option("pipeline", pipeline_path, "pipeline JSON file")->required();
+  submit->add_option("--machine", machine_override, "machine file with launcher slurm (overrides the pipeline's)");
+  submit->add_option("--runs", runs_dir, "directory holding run directories")->capture_default_str();
+  submit->add_option("--run-id", run_id, "run id (default: <name>-<time>-<random>)");
+  submit->add_flag("--wait", wait, "follow the run to its end, with progress; exit 1 unless it completes");
 
   auto* run = app.add_subcommand("run", "Run a pipeline on this machine (blocking, with progress)");
   run->add_option("pipeline", pipeline_path, "pipeline JSON file")->required();
@@ -168,6 +184,27 @@ int main(int argc, char** argv) {
       orchestrator::Pipeline p = orchestrator::LoadPipeline(pipeline_path);
       orchestrator::Machine m = orchestrator::LoadMachine(machine_override.empty() ? p.machine : machine_override);
       orchestrator::LocalLauncher launcher(SelfExe());
+      if (!launcher_override.empty()) m.launcher = launcher_override;
+      if (*plan && m.launcher == "slurm") {
+        std::string nam = orchestrator::NamFor(p, m, runs_dir);
+        if (nam == "serve") nam = "fabric://<NAM server started for the run>";
+        std::string runs_abs = std::filesystem::absolute(runs_dir).lexically_normal().string();
+        std::string rd = runs_abs + "/<run-id>";
+        auto rp = orchestrator::PlanRound(p, m, "<run-id>", nam, 1, orchestrator::FirstRound(p), {});
+        std::map<std::string, std::string> files;
+        for (const auto& t : rp.tasks) files[t.id] = rd + "/tasks/" + t.id + ".json";
+        orchestrator::SlurmScriptParams sp{"<run-id>", rd, rd + "/logs", rd + "/slurm/round-1.0.progress", SelfExe(), 1};
+        if (m.slurm.mode == "chained") {
+          for (const auto& t : rp.tasks) {
+            std::printf("# --- job for %s%s\n", t.id.c_str(),
+                        t.after.empty() ? "" : " (sbatch --dependency=afterok:<previous> --kill-on-invalid-dep=yes)");
+            std::printf("%s", orchestrator::ChainedScript(t, m, files, sp).c_str());
+          }
+        } else {
+          std::printf("%s", orchestrator::HetjobScript(rp.tasks, m, files, sp).c_str());
+        }
+        return 0;
+      }
       if (*plan) {
         std::string nam = orchestrator::NamFor(p, m, runs_dir);
         if (nam == "serve")
@@ -275,6 +312,74 @@ int main(int argc, char** argv) {
       nam::FabricStore store(uri);
       std::printf("%s\n", store.Capacity().dump(2).c_str());
       return 0;
+    }
+    if (*submit) {
+      orchestrator::Pipeline p = orchestrator::LoadPipeline(pipeline_path);
+      std::string machine_arg = machine_override.empty() ? p.machine : machine_override;
+      orchestrator::Machine m = orchestrator::LoadMachine(machine_arg);
+      if (m.launcher != "slurm")
+        Throw(ErrorKind::kInvalidInput, "submit: machine '" + m.name + "' has launcher '" + m.launcher +
+                                            "'; submit needs a Slurm machine file (configs/machines/slurm-local.json) "
+                                            "or use `msaflow run`");
+      std::string id = run_id.empty() ? orchestrator::NewRunId(p.name) : run_id;
+      nam::ValidateObjectName(id);
+      std::string runs_abs = std::filesystem::absolute(runs_dir).lexically_normal().string();
+      std::string rd = runs_abs + "/" + id;
+      if (PathExists(rd + "/journal.jsonl") || PathExists(rd + "/submitted.json"))
+        Throw(ErrorKind::kInvalidInput, "run directory " + rd + " already holds a run; choose another --run-id");
+      MakeDirs(rd);
+      const auto& cm = m.Module("cm", "submit: the coordinator");
+      std::string machine_abs = machine_arg == "local" ? machine_arg : std::filesystem::absolute(machine_arg).string();
+      std::string script = "#!/bin/bash\n#SBATCH --job-name=msaflow-" + id + "\n#SBATCH --output=" + rd +
+                           "/coordinator.out\n#SBATCH --partition=" + cm.partition +
+                           " --nodes=1 --ntasks=1 --time=UNLIMITED\n# the coordinator of run " + id +
+                           ": it submits one job per round\nexec " + orchestrator::ShellQuote(SelfExe()) + " run " +
+                           orchestrator::ShellQuote(std::filesystem::absolute(pipeline_path).string()) + " --runs " +
+                           orchestrator::ShellQuote(runs_abs) + " --run-id " + id + " --machine " +
+                           orchestrator::ShellQuote(machine_abs) + "\n";
+      WriteFileAtomic(rd + "/coordinator.sh", script);
+      orchestrator::SlurmCli cli(m.slurm.conf);
+      std::string job = cli.Submit(rd + "/coordinator.sh", {});
+      WriteFileAtomic(rd + "/submitted.json",
+                      nlohmann::json{{"run", id}, {"job", job}, {"slurm_conf", m.slurm.conf}}.dump() + "\n");
+      std::printf("run %s submitted as Slurm job %s (its coordinator runs on %s)\n  follow it: msaflow status %s\n",
+                  id.c_str(), job.c_str(), cm.partition.c_str(), rd.c_str());
+      std::fflush(stdout);
+      if (!wait) return 0;
+      size_t shown = 0;
+      std::string end;
+      for (;;) {
+        // Progress: the run's journal as it grows.
+        if (PathExists(rd + "/journal.jsonl")) {
+          std::string text = ReadFile(rd + "/journal.jsonl");
+          size_t pos = 0, n = 0;
+          while (pos < text.size()) {
+            size_t nl = text.find('\n', pos);
+            if (nl == std::string::npos) break;
+            if (n++ >= shown) {
+              auto e = nlohmann::json::parse(text.substr(pos, nl - pos), nullptr, false);
+              std::string ev = e.is_discarded() ? "" : e.value("event", "");
+              if (ev == "task-start") std::printf("  %s started\n", e.value("task", "").c_str());
+              if (ev == "slurm-job") std::printf("  round %d: Slurm %s job %s\n", e.value("round", 0),
+                                                 e.value("mode", "").c_str(), e.value("job", "").c_str());
+              if (ev == "round-end")
+                std::printf("  round %d: champion %s accuracy %.4f\n", e.value("round", 0),
+                            e.value("champion", "").c_str(), e.value("accuracy", 0.0));
+              if (ev == "slurm-retry") std::printf("  retry: %s\n", e.value("message", "").c_str());
+              std::fflush(stdout);
+            }
+            pos = nl + 1;
+          }
+          shown = std::max(shown, static_cast<size_t>(std::count(text.begin(), text.end(), '\n')));
+        }
+        auto comps = orchestrator::ParseShowJob(cli.Show(job));
+        end = comps.empty() ? "FAILED" : orchestrator::EndState(comps);
+        if (!end.empty()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
+      std::printf("coordinator job %s ended %s\n", job.c_str(), orchestrator::DescribeState(end).c_str());
+      orchestrator::PrintStatus(rd, stdout);
+      return end == "COMPLETED" ? 0 : 1;
     }
     if (*status) {
       orchestrator::PrintStatus(run_dir, stdout);

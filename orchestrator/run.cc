@@ -19,6 +19,8 @@ namespace {
 
 using nlohmann::json;
 
+}  // namespace
+
 std::string NewRunId(const std::string& name) {
   std::time_t t = std::time(nullptr);
   char ts[32];
@@ -28,6 +30,8 @@ std::string NewRunId(const std::string& name) {
   std::mt19937 rng(std::random_device{}());
   return fmt::format("{}-{}-{:04x}", clean, ts, rng() & 0xffff);
 }
+
+namespace {
 
 std::string Now() {
   std::time_t t = std::time(nullptr);
@@ -219,7 +223,18 @@ std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_
 }
 
 void PrintStatus(const std::string& run_dir, std::FILE* out) {
-  std::string text = ReadFile(run_dir + "/journal.jsonl");
+  std::string text;
+  if (!PathExists(run_dir + "/journal.jsonl") && PathExists(run_dir + "/submitted.json")) {
+    json sub = json::parse(ReadFile(run_dir + "/submitted.json"), nullptr, false);
+    if (sub.is_discarded()) Throw(ErrorKind::kCorrupt, run_dir + "/submitted.json: not JSON");
+    std::fprintf(out, "run %s submitted as Slurm job %s; the coordinator has not started yet\n",
+                 sub.value("run", "").c_str(), sub.value("job", "").c_str());
+    SlurmCli cli(sub.value("slurm_conf", ""));
+    for (const auto& c : ParseShowJob(cli.Show(sub.value("job", ""))))
+      std::fprintf(out, "  coordinator job %s: %s %s\n", c.id.c_str(), c.state.c_str(), c.reason.c_str());
+    return;
+  }
+  text = ReadFile(run_dir + "/journal.jsonl");
   std::vector<json> events;
   size_t start = 0, lineno = 0;
   while (start < text.size()) {
@@ -237,19 +252,58 @@ void PrintStatus(const std::string& run_dir, std::FILE* out) {
   if (events.empty() || events[0].value("format", "") != kJournalFormat)
     Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:1: expected format " + std::string(kJournalFormat));
   std::string state = "running (or interrupted)";
+  // Slurm jobs: the components each round used and their last known states.
+  std::map<std::string, json> components;  // component id -> last state
   for (const auto& e : events) {
     std::string ev = e.value("event", "");
     if (ev == "run-start")
-      std::fprintf(out, "run %s (pipeline %s, machine %s)\n", e.value("run", "").c_str(), e.value("pipeline", "").c_str(),
-                   e.value("machine", "").c_str());
+      std::fprintf(out, "run %s (pipeline %s, machine %s, launcher %s, NAM %s)\n", e.value("run", "").c_str(),
+                   e.value("pipeline", "").c_str(), e.value("machine", "").c_str(), e.value("launcher", "local").c_str(),
+                   e.value("nam", "").c_str());
+    if (ev == "round-start") std::fprintf(out, "  round %d:\n", e.at("round").get<int>());
+    if (ev == "slurm-job") {
+      std::string comps;
+      for (const auto& c : e.at("components"))
+        comps += (comps.empty() ? "" : ", ") + c.value("id", "") + " " + c.value("module", "") + "@" +
+                 c.value("partition", "");
+      std::fprintf(out, "    slurm %s job %s%s: %s\n", e.value("mode", "").c_str(), e.value("job", "").c_str(),
+                   e.value("attempt", 0) ? fmt::format(" (attempt {})", e.value("attempt", 0) + 1).c_str() : "",
+                   comps.c_str());
+    }
+    if (ev == "slurm-state")
+      for (const auto& c : e.at("components")) components[c.value("id", "")] = c;
+    if (ev == "slurm-end") {
+      for (const auto& j : e.at("jobs"))
+        for (const auto& c : j.at("components")) {
+          components[c.value("id", "")] = c;
+          std::fprintf(out, "      %-8s %-10s %-9s exit %d:%d  %s\n", c.value("id", "").c_str(),
+                       c.value("partition", "").c_str(), c.value("state", "").c_str(), c.value("exit", 0),
+                       c.value("signal", 0), c.value("nodes", "").c_str());
+        }
+      if (e.value("leftover_sruns_killed", 0) > 0)
+        std::fprintf(out, "      %d leftover srun process(es) ended\n", e.value("leftover_sruns_killed", 0));
+    }
+    if (ev == "slurm-retry") std::fprintf(out, "    retried: %s\n", e.value("message", "").c_str());
+    if (ev == "slurm-fallback") std::fprintf(out, "    fell back to chained jobs: %s\n", e.value("why", "").c_str());
+    if (ev == "task-start") {
+      state = "running task " + e.value("task", "");
+      std::fprintf(out, "    step %-12s on %-3s %d rank(s) started\n", e.value("task", "").c_str(),
+                   e.value("module", "").c_str(), e.value("ranks", 1));
+    }
+    if (ev == "task-end")
+      std::fprintf(out, "    step %-12s done in %.1f s\n", e.value("task", "").c_str(), e.value("seconds", 0.0));
     if (ev == "round-end")
-      std::fprintf(out, "  round %d: champion %s accuracy %.4f\n", e.at("round").get<int>(),
-                   e.at("champion").get<std::string>().c_str(), e.at("accuracy").get<double>());
-    if (ev == "task-start") state = "running task " + e.value("task", "");
+      std::fprintf(out, "    champion %s accuracy %.4f\n", e.at("champion").get<std::string>().c_str(),
+                   e.at("accuracy").get<double>());
     if (ev == "run-failed") state = "failed: " + e.value("error", "");
     if (ev == "run-end")
       state = fmt::format("finished: champion {} accuracy {:.4f} ({})", e.value("champion", ""),
                           e.value("accuracy", 0.0), e.value("stop", ""));
+  }
+  if (state.rfind("running", 0) == 0 && !components.empty()) {
+    std::fprintf(out, "  Slurm components (last seen):\n");
+    for (const auto& [id, c] : components)
+      std::fprintf(out, "    %-8s %-10s %s\n", id.c_str(), c.value("partition", "").c_str(), c.value("state", "").c_str());
   }
   std::fprintf(out, "state: %s\n", state.c_str());
 }

@@ -32,6 +32,9 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
 // to <runs>/nam) when the machine asks for one, else file://<runs>/nam.
 std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir);
 
+// "<name>-<UTC time>-<4 hex digits>".
+std::string NewRunId(const std::string& name);
+
 // Prints the state of a run directory (journal + results). Throws kNotFound / kCorrupt.
 void PrintStatus(const std::string& run_dir, std::FILE* out);
 
