@@ -1,0 +1,345 @@
+// Slurm script generation and state handling against a fake Slurm (the JobRunner interface).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "orchestrator/machine.h"
+#include "orchestrator/slurm.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+Machine TestMachine() {
+  return ParseMachine(R"({"name": "t", "launcher": "slurm",
+    "modules": {"cm": {"partition": "cm", "max_ranks": 1, "time": "10"},
+                "dam": {"partition": "dam", "max_ranks": 2, "gres": "fpga:1", "time": "20"},
+                "esb": {"partition": "booster", "nodes": 2, "max_ranks": 4, "constraint": "gpu", "time": "5"}},
+    "slurm": {"poll_s": 0.01}})",
+                      "t.json", "");
+}
+
+std::vector<Task> TestTasks() {
+  auto t = [](const std::string& step, const std::string& module, int64_t ranks) {
+    Task x;
+    x.id = "r1-" + step;
+    x.step = step;
+    x.module = module;
+    x.ranks = ranks;
+    return x;
+  };
+  return {t("load", "cm", 1), t("prepare", "dam", 1), t("train", "dam", 2), t("store", "dam", 1),
+          t("evaluate", "esb", 4), t("select", "dam", 1)};
+}
+
+std::map<std::string, std::string> Files() {
+  std::map<std::string, std::string> f;
+  for (const auto& t : TestTasks()) f[t.id] = "/r/tasks/" + t.id + ".json";
+  return f;
+}
+
+TEST(Slurm, HetjobScriptIsExact) {
+  SlurmScriptParams p{"run1", "/r", "/r/logs", "/r/slurm/round-1.0.progress", "/bin/msaflow", 1};
+  std::string s = HetjobScript(TestTasks(), TestMachine(), Files(), p);
+  const std::string expected = R"SH(#!/bin/bash
+#SBATCH --job-name=msaflow-run1-r1
+#SBATCH --output=/r/logs/slurm-r1-%j.out
+#SBATCH --chdir=/r
+#SBATCH --partition=cm --nodes=1 --ntasks=1 --time=10
+#SBATCH hetjob
+#SBATCH --partition=dam --nodes=1 --ntasks=2 --time=20 --gres=fpga:1
+#SBATCH hetjob
+#SBATCH --partition=booster --nodes=2 --ntasks=4 --time=5 --constraint=gpu
+# round 1 of run run1: one heterogeneous job, components 0=cm, 1=dam, 2=esb
+set -u
+PROGRESS=/r/slurm/round-1.0.progress
+step() {
+  local id=$1 log=$2; shift 2
+  echo "start $id $(date +%s.%N)" >> "$PROGRESS"
+  "$@" > "$log" 2>&1 &
+  local pid=$!
+  echo "srun $id $pid" >> "$PROGRESS"
+  wait "$pid"
+  local rc=$?
+  echo "end $id $rc $(date +%s.%N)" >> "$PROGRESS"
+  return "$rc"
+}
+step r1-load /r/logs/r1-load.log srun --het-group=0 --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module load --task /r/tasks/r1-load.json || exit 1
+step r1-prepare /r/logs/r1-prepare.log srun --het-group=1 --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module prepare --task /r/tasks/r1-prepare.json || exit 1
+step r1-train /r/logs/r1-train.log srun --het-group=1 --ntasks=2 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module train --task /r/tasks/r1-train.json || exit 1
+step r1-store /r/logs/r1-store.log srun --het-group=1 --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module store --task /r/tasks/r1-store.json || exit 1
+step r1-evaluate /r/logs/r1-evaluate.log srun --het-group=2 --ntasks=4 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module evaluate --task /r/tasks/r1-evaluate.json || exit 1
+step r1-select /r/logs/r1-select.log srun --het-group=1 --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module select --task /r/tasks/r1-select.json || exit 1
+)SH";
+  EXPECT_EQ(s, expected);
+}
+
+TEST(Slurm, ChainedScriptIsExactAndQuotesPaths) {
+  SlurmScriptParams p{"run1", "/r", "/r/logs", "/r/my progress", "/opt/ms aflow", 2};
+  Task t = TestTasks()[2];
+  auto files = Files();
+  files[t.id] = "/r/tasks/it's.json";
+  std::string s = ChainedScript(t, TestMachine(), files, p);
+  EXPECT_NE(s.find("#SBATCH --job-name=msaflow-run1-r2-train\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("#SBATCH --partition=dam --nodes=1 --ntasks=2 --time=20 --gres=fpga:1\n"), std::string::npos);
+  EXPECT_NE(s.find("PROGRESS='/r/my progress'\n"), std::string::npos);
+  EXPECT_NE(s.find("step r1-train /r/logs/r1-train.log srun --ntasks=2 --mpi=none --kill-on-bad-exit=1 "
+                   "'/opt/ms aflow' module train --task '/r/tasks/it'\\''s.json' || exit 1\n"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(s.find("hetjob"), std::string::npos);
+}
+
+TEST(Slurm, ParsesComponentsAndClassifiesEndStates) {
+  const std::string text =
+      "JobId=41 JobName=msaflow-x-r1 HetJobId=41 HetJobOffset=0 JobState=COMPLETED Reason=None ExitCode=0:0 "
+      "Partition=cm NodeList=cm01\n"
+      "JobId=42 JobName=msaflow-x-r1 HetJobId=41 HetJobOffset=1 JobState=FAILED Reason=NonZeroExitCode "
+      "ExitCode=1:0 Partition=dam NodeList=dam01\n"
+      "JobId=43 JobName=msaflow-x-r1 HetJobId=41 HetJobOffset=2 JobState=CANCELLED Reason=None ExitCode=0:15 "
+      "Partition=esb NodeList=esb01\n";
+  auto c = ParseShowJob(text);
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c[1].id, "41+1");
+  EXPECT_EQ(c[1].job_id, "42");
+  EXPECT_EQ(c[1].exit_code, 1);
+  EXPECT_EQ(c[2].signal, 15);
+  EXPECT_EQ(c[2].nodes, "esb01");
+  EXPECT_EQ(EndState(c), "FAILED");  // the failure, not the cancellation it caused
+  c[1].state = "TIMEOUT";
+  EXPECT_EQ(EndState(c), "TIMEOUT");
+  c[2].state = "RUNNING";
+  EXPECT_EQ(EndState(c), "");  // not over while a component runs
+  c = ParseShowJob("JobId=7 JobName=a JobState=NODE_FAIL Reason=None ExitCode=0:0 Partition=cm NodeList=cm02\n");
+  EXPECT_EQ(c.at(0).id, "7");
+  EXPECT_EQ(EndState(c), "NODE_FAIL");
+  for (const char* s : {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"})
+    EXPECT_TRUE(IsTerminal(s)) << s;
+  for (const char* s : {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "REQUEUED"})
+    EXPECT_FALSE(IsTerminal(s)) << s;
+  EXPECT_NE(DescribeState("TIMEOUT").find("time limit"), std::string::npos);
+}
+
+// A fake Slurm: runs nothing, but plays each job's part in the progress file and reports
+// states from a script of outcomes.
+class FakeSlurm : public JobRunner {
+ public:
+  struct Outcome {
+    std::string fail_task;        // this task ends with status 1 ...
+    std::string state = "FAILED";  // ... and the job with this state
+  };
+  std::vector<Outcome> outcomes;  // one per submission (missing: success)
+  bool refuse_hetjobs = false;
+  std::vector<std::string> scripts;
+  std::vector<std::vector<std::string>> extras;
+  std::vector<std::string> cancelled;
+  std::map<std::string, std::string> states;
+
+  std::string Submit(const std::string& script, const std::vector<std::string>& extra) override {
+    std::string text = ReadFile(script);
+    if (refuse_hetjobs && text.find("#SBATCH hetjob") != std::string::npos)
+      Throw(ErrorKind::kTaskFailed, "sbatch: error: Heterogeneous jobs are not supported here");
+    scripts.push_back(text);
+    extras.push_back(extra);
+    std::string id = std::to_string(100 + scripts.size());
+    Outcome o = scripts.size() <= outcomes.size() ? outcomes[scripts.size() - 1] : Outcome{"", "COMPLETED"};
+    // Play the steps: the progress file path is in the script.
+    size_t p = text.find("PROGRESS=");
+    std::string progress = text.substr(p + 9, text.find('\n', p) - p - 9);
+    std::ofstream out(progress, std::ios::app);
+    std::string state = "COMPLETED";
+    size_t pos = 0;
+    while ((pos = text.find("\nstep ", pos)) != std::string::npos) {
+      pos += 6;
+      std::string task = text.substr(pos, text.find(' ', pos) - pos);
+      out << "start " << task << " 1.0\n";
+      bool fail = task == o.fail_task;
+      out << "end " << task << " " << (fail ? 1 : 0) << " 2.0\n";
+      if (fail) {
+        state = o.state;
+        break;
+      }
+    }
+    states[id] = state;
+    return id;
+  }
+  std::string Show(const std::string& id) override {
+    return "JobId=" + id + " JobState=" + states.at(id) + " Reason=None ExitCode=" +
+           (states.at(id) == "COMPLETED" ? "0:0" : "1:0") + " Partition=dam NodeList=dam01\n";
+  }
+  void Cancel(const std::string& id) override { cancelled.push_back(id); }
+};
+
+// The launcher owns its runner; the test keeps the fake to look at afterwards.
+struct Forward : JobRunner {
+  explicit Forward(JobRunner* f) : f(f) {}
+  std::string Submit(const std::string& s, const std::vector<std::string>& e) override { return f->Submit(s, e); }
+  std::string Show(const std::string& id) override { return f->Show(id); }
+  void Cancel(const std::string& id) override { f->Cancel(id); }
+  JobRunner* f;
+};
+
+class SlurmRound : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/msaflow-slurm-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    MakeDirs(dir_ + "/logs");
+    plan_.round = 1;
+    plan_.tasks = TestTasks();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::vector<std::pair<std::string, nlohmann::json>> Run(FakeSlurm* fake, int retries, bool* threw,
+                                                          std::string* what, const std::string& mode = "hetjob") {
+    Machine m = TestMachine();
+    m.slurm.mode = mode;
+    std::unique_ptr<JobRunner> runner(new Forward(fake));
+    SlurmLauncher l(m, "/bin/msaflow", "run1", dir_, std::move(runner), retries, {"TIMEOUT", "NODE_FAIL"});
+    std::vector<std::pair<std::string, nlohmann::json>> events;
+    LaunchObserver obs;
+    obs.on_event = [&](const std::string& e, nlohmann::json f) { events.push_back({e, f}); };
+    *threw = false;
+    try {
+      l.RunRound(plan_, Files(), dir_ + "/logs", obs);
+    } catch (const Error& e) {
+      *threw = true;
+      *what = e.what();
+    }
+    return events;
+  }
+  std::string dir_;
+  RoundPlan plan_;
+};
+
+TEST_F(SlurmRound, OneHetjobPerRound) {
+  FakeSlurm real_fake;
+  FakeSlurm* fake = &real_fake;
+  bool threw;
+  std::string what;
+  auto events = Run(fake, 0, &threw, &what);
+  EXPECT_FALSE(threw) << what;
+  ASSERT_EQ(fake->scripts.size(), 1u);
+  EXPECT_EQ(events.front().first, "slurm-job");
+  EXPECT_EQ(events.front().second["components"].size(), 3u);
+  EXPECT_EQ(events.back().first, "slurm-end");
+  EXPECT_EQ(events.back().second["state"], "COMPLETED");
+}
+
+TEST_F(SlurmRound, ARetryableEndResubmitsOnlyUnfinishedSteps) {
+  FakeSlurm real_fake;
+  FakeSlurm* fake = &real_fake;
+  fake->outcomes = {{"r1-train", "TIMEOUT"}};
+  bool threw;
+  std::string what;
+  auto events = Run(fake, 1, &threw, &what);
+  EXPECT_FALSE(threw) << what;
+  ASSERT_EQ(fake->scripts.size(), 2u);
+  EXPECT_EQ(fake->scripts[1].find("step r1-load "), std::string::npos);     // finished before the timeout
+  EXPECT_EQ(fake->scripts[1].find("step r1-prepare "), std::string::npos);
+  EXPECT_NE(fake->scripts[1].find("step r1-train "), std::string::npos);
+  EXPECT_EQ(fake->scripts[1].find("--partition=cm"), std::string::npos);  // no cm component needed any more
+  bool retried = false;
+  for (const auto& [e, f] : events) retried |= e == "slurm-retry" && f["state"] == "TIMEOUT";
+  EXPECT_TRUE(retried);
+}
+
+TEST_F(SlurmRound, ANonRetryableEndFailsWithStateTaskAndLog) {
+  FakeSlurm real_fake;
+  FakeSlurm* fake = &real_fake;
+  fake->outcomes = {{"r1-evaluate", "FAILED"}};
+  bool threw;
+  std::string what;
+  Run(fake, 3, &threw, &what);  // FAILED is not in retry_on
+  EXPECT_TRUE(threw);
+  EXPECT_EQ(fake->scripts.size(), 1u);
+  EXPECT_NE(what.find("FAILED"), std::string::npos) << what;
+  EXPECT_NE(what.find("task r1-evaluate exited with status 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("/logs/r1-evaluate.log"), std::string::npos) << what;
+}
+
+TEST_F(SlurmRound, RetriesRunOut) {
+  FakeSlurm real_fake;
+  FakeSlurm* fake = &real_fake;
+  fake->outcomes = {{"r1-load", "NODE_FAIL"}, {"r1-load", "NODE_FAIL"}};
+  bool threw;
+  std::string what;
+  Run(fake, 1, &threw, &what);
+  EXPECT_TRUE(threw);
+  EXPECT_EQ(fake->scripts.size(), 2u);
+  EXPECT_NE(what.find("attempt 2"), std::string::npos) << what;
+  EXPECT_NE(what.find("NODE_FAIL"), std::string::npos) << what;
+}
+
+TEST_F(SlurmRound, ARefusedHetjobFallsBackToChainedJobs) {
+  FakeSlurm real_fake;
+  FakeSlurm* fake = &real_fake;
+  fake->refuse_hetjobs = true;
+  bool threw;
+  std::string what;
+  auto events = Run(fake, 0, &threw, &what);
+  EXPECT_FALSE(threw) << what;
+  ASSERT_EQ(fake->scripts.size(), 6u);  // one job per step
+  EXPECT_TRUE(fake->extras[0].empty());
+  for (size_t i = 1; i < 6; ++i) {
+    ASSERT_EQ(fake->extras[i].size(), 2u);
+    EXPECT_EQ(fake->extras[i][0], "--dependency=afterok:" + std::to_string(100 + i));
+    EXPECT_EQ(fake->extras[i][1], "--kill-on-invalid-dep=yes");
+  }
+  EXPECT_EQ(events.front().first, "slurm-fallback");
+}
+
+TEST_F(SlurmRound, AFailedChainedJobCancelsTheRest) {
+  FakeSlurm real_fake;
+  FakeSlurm* fake = &real_fake;
+  // Job 2 (prepare) fails; later ones stay PENDING in this fake until cancelled.
+  fake->outcomes = {{"", "COMPLETED"}, {"r1-prepare", "FAILED"}};
+  struct Pending : FakeSlurm {
+    std::string Show(const std::string& id) override {
+      if (std::stoi(id) > 102 && std::find(cancelled.begin(), cancelled.end(), id) == cancelled.end())
+        return "JobId=" + id + " JobState=PENDING Reason=Dependency ExitCode=0:0 Partition=dam NodeList=\n";
+      if (std::stoi(id) > 102) return "JobId=" + id + " JobState=CANCELLED Reason=None ExitCode=0:0 Partition=dam\n";
+      return FakeSlurm::Show(id);
+    }
+  };
+  Pending pending;
+  Pending* p = &pending;
+  p->outcomes = fake->outcomes;
+  bool threw;
+  std::string what;
+  Run(p, 0, &threw, &what, "chained");
+  EXPECT_TRUE(threw);
+  EXPECT_NE(what.find("task r1-prepare exited with status 1"), std::string::npos) << what;
+}
+
+TEST(Slurm, MachineFilesAreValidated) {
+  std::string what;
+  try {
+    ParseMachine(R"({"name": "x", "launcher": "pbs", "modules": {}})", "m.json", "");
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_EQ(what, "m.json: /launcher: 'pbs' is not a launcher (expected local or slurm)");
+  try {
+    ParseMachine(R"({"name": "x", "launcher": "slurm", "modules": {"cm": {"partition": "cm; rm -rf /"}}})", "m.json", "");
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("/modules/cm"), std::string::npos) << what;
+  try {
+    ParseMachine(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"mode": "single"}})", "m.json", "");
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  EXPECT_EQ(what, "m.json: /slurm/mode: expected \"hetjob\" or \"chained\"");
+  for (const char* f : {"slurm-local.json", "deep-est.json"}) {
+    Machine m = LoadMachine(std::string(MSAFLOW_SOURCE_DIR) + "/configs/machines/" + f);
+    EXPECT_EQ(m.launcher, "slurm") << f;
+    for (const char* mod : {"cm", "dam", "esb"}) EXPECT_TRUE(m.modules.count(mod)) << f << " " << mod;
+  }
+}
+
+}  // namespace
+}  // namespace msaflow::orchestrator
