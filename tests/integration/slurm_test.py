@@ -1,0 +1,233 @@
+#!/usr/bin/python3
+"""Rounds as Slurm jobs on a real one-machine Slurm cluster (scripts/slurm-cluster.sh):
+hetjobs and the chained fallback reach the local launcher's champion; submit --wait; a job
+cancelled with scancel and a step killed by its time limit are reported with their state and
+retried or failed as the pipeline says, with nothing left running."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+EXE, ROOT = sys.argv[1], sys.argv[2]
+CLUSTER = os.path.join(ROOT, "scripts", "slurm-cluster.sh")
+MACHINE = os.path.join(ROOT, "configs", "machines", "slurm-local.json")
+started_cluster = False
+
+
+def setUpModule():
+    global started_cluster
+    if subprocess.run([CLUSTER, "status"], capture_output=True).returncode != 0:
+        r = subprocess.run([CLUSTER, "start"], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError("cannot start the test cluster: " + r.stdout + r.stderr)
+        started_cluster = True
+    with open(MACHINE) as f:
+        conf = json.load(f)["slurm"]["conf"]
+    os.environ["SLURM_CONF"] = os.path.normpath(os.path.join(os.path.dirname(MACHINE), conf))
+
+
+def tearDownModule():
+    if started_cluster:
+        subprocess.run([CLUSTER, "stop"], capture_output=True, timeout=120)
+
+
+def pipeline(name, rounds=2, retries=None):
+    with open(os.path.join(ROOT, "pipelines", "quickstart.json")) as f:
+        doc = json.load(f)
+    doc["name"] = name
+    doc["datasets"]["train"]["limit"] = 600
+    doc["datasets"]["test"]["limit"] = 300
+    for split in ("train", "test"):
+        for k in ("images", "labels"):
+            doc["datasets"][split][k] = os.path.join(ROOT, "pipelines", doc["datasets"][split][k])
+    for bb in doc["backbones"]:
+        if "onnx" in bb:
+            bb["onnx"] = os.path.join(ROOT, "pipelines", bb["onnx"])
+    doc["backbones"][0]["input"]["height"] = doc["backbones"][0]["input"]["width"] = 64
+    doc["head"]["epochs"] = [8]
+    doc["rounds"] = {"max": rounds, "candidates": 4, "top_k": 2, "strategy": "perturb", "seed": 3,
+                     "min_delta": 0.0, "patience": 5}
+    if retries is not None:
+        doc["retries"] = retries
+    return doc
+
+
+def events(run_dir):
+    path = os.path.join(run_dir, "journal.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [e for e in (json.loads(line) for line in f if line.strip()) if "event" in e]
+
+
+def squeue():
+    return subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout.strip()
+
+
+def leftovers(run_dir):
+    """Processes of this run still alive: module steps or sruns."""
+    out = subprocess.run(["pgrep", "-af", "msaflow module|srun"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if run_dir in line]
+
+
+class Slurm(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, name, doc):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return path
+
+    def machine(self, **changes):
+        with open(MACHINE) as f:
+            m = json.load(f)
+        m["slurm"]["conf"] = os.environ["SLURM_CONF"]
+        for module, fields in changes.get("modules", {}).items():
+            m["modules"][module].update(fields)
+        m["slurm"].update(changes.get("slurm", {}))
+        return self.write("machine-%d.json" % time.monotonic_ns(), m)
+
+    def run_msaflow(self, *args, env=None, timeout=600):
+        return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+    def results(self, run_id):
+        with open(os.path.join(self.dir, "runs", run_id, "results.json")) as f:
+            return json.load(f)
+
+    def test_hetjobs_and_chained_jobs_reach_the_local_champion(self):
+        p = self.write("p.json", pipeline("slurm-e2e"))
+        runs = os.path.join(self.dir, "runs")
+        r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "local")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "het", "--machine", MACHINE)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        local, het = self.results("local"), self.results("het")
+        self.assertEqual(het["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
+        self.assertAlmostEqual(het["champion"]["accuracy"], local["champion"]["accuracy"])
+        ev = events(os.path.join(runs, "het"))
+        jobs = [e for e in ev if e["event"] == "slurm-job"]
+        self.assertEqual(len(jobs), 2)  # one hetjob per round
+        for j in jobs:
+            self.assertEqual(j["mode"], "hetjob")
+            self.assertEqual([c["module"] for c in j["components"]], ["cm", "dam", "esb"])
+        ends = [e for e in ev if e["event"] == "slurm-end"]
+        for e in ends:
+            self.assertEqual(e["state"], "COMPLETED")
+            comps = e["jobs"][0]["components"]
+            self.assertEqual([c["partition"] for c in comps], ["cm", "dam", "esb"])
+            self.assertEqual(comps[1]["nodes"], "dam01")  # the only node with the fpga GRES
+        with open(os.path.join(runs, "het", "slurm", "round-1.0.sh")) as f:
+            script = f.read()
+        self.assertIn("#SBATCH hetjob", script)
+        self.assertIn("--gres=fpga:1", script)
+        self.assertIn("srun --het-group=2 --ntasks=2", script)  # evaluate on esb, 2 ranks
+        st = self.run_msaflow("status", os.path.join(runs, "het"))
+        self.assertIn("COMPLETED", st.stdout)
+        self.assertIn("state: finished", st.stdout)
+        # The chained fallback: one job per step, afterok dependencies, same champion.
+        chained = self.machine(slurm={"mode": "chained"})
+        r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "chain", "--machine", chained)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        ch = self.results("chain")
+        self.assertEqual(ch["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
+        self.assertAlmostEqual(ch["champion"]["accuracy"], local["champion"]["accuracy"])
+        cj = [e for e in events(os.path.join(runs, "chain")) if e["event"] == "slurm-job"]
+        self.assertEqual(len(cj), 12)
+        self.assertTrue(all(e["mode"] == "chained" for e in cj))
+        self.assertEqual(squeue(), "")
+
+    def test_submit_wait(self):
+        p = self.write("p.json", pipeline("slurm-submit", rounds=1))
+        runs = os.path.join(self.dir, "runs")
+        r = self.run_msaflow("submit", p, "--runs", runs, "--run-id", "sub", "--machine", MACHINE, "--wait")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("submitted as Slurm job", r.stdout)
+        self.assertIn("ended COMPLETED", r.stdout)
+        self.assertIn("+2     esb", r.stdout)  # status lists every component
+        self.assertIn("state: finished", r.stdout)
+        r = self.run_msaflow("submit", p, "--runs", runs, "--run-id", "sub2")
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("needs a Slurm machine", r.stderr)
+
+    def cancel_mid_round(self, retries):
+        p = self.write("p.json", pipeline("slurm-cancel", rounds=1, retries=retries))
+        runs = os.path.join(self.dir, "runs")
+        env = dict(os.environ)
+        # Training waits on its features, so the round is surely running when we cancel it.
+        env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
+                                                 "delay_ms": 1500, "count": 2}])
+        proc = subprocess.Popen([EXE, "run", p, "--runs", runs, "--run-id", "c", "--machine", MACHINE],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        rd = os.path.join(runs, "c")
+        deadline = time.time() + 120
+        job = None
+        while time.time() < deadline and job is None:
+            ev = events(rd)
+            if any(e["event"] == "task-start" and e["task"] == "r1-train" for e in ev):
+                job = [e for e in ev if e["event"] == "slurm-job"][-1]["job"]
+            time.sleep(0.1)
+        self.assertIsNotNone(job, "the round never reached training")
+        subprocess.run(["scancel", job], check=True)
+        out, err = proc.communicate(timeout=300)
+        return proc.returncode, out, err, rd
+
+    def test_scancel_without_retries_fails_with_the_state(self):
+        rc, out, err, rd = self.cancel_mid_round(None)
+        self.assertEqual(rc, 1, out[-2000:] + err)
+        self.assertIn("CANCELLED", err)
+        self.assertIn("r1-train", err)
+        failed = [e for e in events(rd) if e["event"] == "slurm-failed"]
+        self.assertEqual(failed[0]["state"], "CANCELLED")
+        time.sleep(1)
+        self.assertEqual(squeue(), "")
+        self.assertEqual(leftovers(rd), [])
+
+    def test_scancel_is_retried_when_the_pipeline_says_so(self):
+        rc, out, err, rd = self.cancel_mid_round({"max": 1, "on": ["CANCELLED"]})
+        self.assertEqual(rc, 0, out[-2000:] + err)
+        ev = events(rd)
+        self.assertEqual([e["state"] for e in ev if e["event"] == "slurm-retry"], ["CANCELLED"])
+        attempts = [e for e in ev if e["event"] == "slurm-job"]
+        self.assertEqual(len(attempts), 2)
+        # The retry resubmitted only what had not finished: load and prepare were done.
+        with open(attempts[1]["script"]) as f:
+            retry = f.read()
+        self.assertNotIn("step r1-load ", retry)
+        self.assertIn("step r1-train ", retry)
+        self.assertEqual(ev[-1]["event"], "run-end")
+        self.assertEqual(squeue(), "")
+
+    def test_a_step_past_its_time_limit_is_killed_and_reported(self):
+        p = self.write("p.json", pipeline("slurm-timeout", rounds=1))
+        runs = os.path.join(self.dir, "runs")
+        machine = self.machine(modules={"dam": {"time": "1"}})
+        env = dict(os.environ)
+        env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
+                                                 "delay_ms": 300000, "count": 0}])  # a hung step
+        t0 = time.time()
+        r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "t", "--machine", machine, env=env, timeout=400)
+        self.assertEqual(r.returncode, 1, r.stdout[-2000:] + r.stderr)
+        self.assertIn("TIMEOUT", r.stderr)
+        self.assertIn("time limit", r.stderr)
+        self.assertLess(time.time() - t0, 300)
+        rd = os.path.join(runs, "t")
+        ends = [e for e in events(rd) if e["event"] == "slurm-end"]
+        self.assertEqual(ends[-1]["state"], "TIMEOUT")
+        time.sleep(1)
+        self.assertEqual(squeue(), "")
+        self.assertEqual(leftovers(rd), [])
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"])
