@@ -124,4 +124,14 @@ void MakeDirs(const std::string& path) {
   if (ec) Throw(ErrorKind::kIo, "create directory " + path + ": " + ec.message());
 }
 
+std::string ReadBootId() {
+  try {
+    std::string s = ReadFile("/proc/sys/kernel/random/boot_id");
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+  } catch (const Error&) {
+    return "";
+  }
+}
+
 }  // namespace msaflow

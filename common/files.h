@@ -26,6 +26,10 @@ bool IsAtomicWriteLeftover(const std::string& file_name);
 void AppendLineSynced(const std::string& path, std::string_view line);
 
 bool PathExists(const std::string& path);
+
+// This boot's id (/proc/sys/kernel/random/boot_id): two processes that read the same one run
+// on the same node. "" if unreadable.
+std::string ReadBootId();
 void MakeDirs(const std::string& path);
 
 }  // namespace msaflow

@@ -78,16 +78,6 @@ std::string Hostname() {
   return b;
 }
 
-std::string OwnBootId() {
-  try {
-    std::string s = ReadFile("/proc/sys/kernel/random/boot_id");
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    return s;
-  } catch (const Error&) {
-    return "";
-  }
-}
-
 }  // namespace
 
 FabricUri ParseFabricUri(const std::string& uri) {
@@ -296,7 +286,7 @@ struct FabricStore::Conn {
     }
     rma_ctx.resize(wire::kRmaWindow);
     PostRecv();
-    std::string boot = OwnBootId();
+    std::string boot = ReadBootId();
     json hello = {{"pid", ::getpid()}, {"host", Hostname()}, {"boot_id", boot}, {"client", "msaflow 0.1.0"}};
     if (!token.empty()) hello["token"] = token;
     json r = Call(Op::kHello, hello);

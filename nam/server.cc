@@ -55,16 +55,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::string BootId() {
-  try {
-    std::string s = ReadFile("/proc/sys/kernel/random/boot_id");
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    return s;
-  } catch (const Error&) {
-    return "";
-  }
-}
-
 bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
   unsigned diff = 0;
@@ -168,7 +158,7 @@ struct Server::Impl {
                                           "listen on 127.0.0.1 for a private server");
     if (opt.capacity == 0) Throw(ErrorKind::kInvalidInput, "--capacity must be positive");
     if (opt.lease_s <= 0) Throw(ErrorKind::kInvalidInput, "--lease must be positive");
-    boot_id = BootId();
+    boot_id = ReadBootId();
     pool = std::make_unique<Pool>(opt.capacity);
     struct stat st {};
     if (::fstat(pool->fd(), &st) == 0) {
