@@ -9,26 +9,15 @@ import sys
 import tempfile
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from small_pipeline import small_pipeline  # noqa: E402
+
 EXE, ROOT = sys.argv[1], sys.argv[2]
 
 
 class EndToEnd(unittest.TestCase):
     def test_two_rounds(self):
-        with open(os.path.join(ROOT, "pipelines", "quickstart.json")) as f:
-            doc = json.load(f)
-        doc["name"] = "e2e"
-        doc["datasets"]["train"]["limit"] = 600
-        doc["datasets"]["test"]["limit"] = 300
-        for split in ("train", "test"):
-            for k in ("images", "labels"):
-                doc["datasets"][split][k] = os.path.join(ROOT, "pipelines", doc["datasets"][split][k])
-        for bb in doc["backbones"]:
-            if "onnx" in bb:
-                bb["onnx"] = os.path.join(ROOT, "pipelines", bb["onnx"])
-        doc["backbones"][0]["input"]["height"] = doc["backbones"][0]["input"]["width"] = 64
-        doc["head"]["epochs"] = [8]
-        doc["rounds"] = {"max": 2, "candidates": 4, "top_k": 2, "strategy": "perturb", "seed": 3,
-                         "min_delta": 0.0, "patience": 5}
+        doc = small_pipeline(ROOT, "e2e")
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "p.json")
             with open(p, "w") as f:

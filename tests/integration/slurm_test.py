@@ -5,13 +5,14 @@ cancelled with scancel and a step killed by its time limit are reported with the
 retried or failed as the pipeline says, with nothing left running."""
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from small_pipeline import small_pipeline  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
 CLUSTER = os.path.join(ROOT, "scripts", "slurm-cluster.sh")
@@ -37,21 +38,7 @@ def tearDownModule():
 
 
 def pipeline(name, rounds=2, retries=None):
-    with open(os.path.join(ROOT, "pipelines", "quickstart.json")) as f:
-        doc = json.load(f)
-    doc["name"] = name
-    doc["datasets"]["train"]["limit"] = 600
-    doc["datasets"]["test"]["limit"] = 300
-    for split in ("train", "test"):
-        for k in ("images", "labels"):
-            doc["datasets"][split][k] = os.path.join(ROOT, "pipelines", doc["datasets"][split][k])
-    for bb in doc["backbones"]:
-        if "onnx" in bb:
-            bb["onnx"] = os.path.join(ROOT, "pipelines", bb["onnx"])
-    doc["backbones"][0]["input"]["height"] = doc["backbones"][0]["input"]["width"] = 64
-    doc["head"]["epochs"] = [8]
-    doc["rounds"] = {"max": rounds, "candidates": 4, "top_k": 2, "strategy": "perturb", "seed": 3,
-                     "min_delta": 0.0, "patience": 5}
+    doc = small_pipeline(ROOT, name, rounds)
     if retries is not None:
         doc["retries"] = retries
     return doc

@@ -1,0 +1,23 @@
+"""The small pipeline the end-to-end tests run: quickstart's backbones on 600/300 Fashion-MNIST
+images, MobileNetV2 at 64x64, 8 epochs, rounds of 4 candidates."""
+import json
+import os
+
+
+def small_pipeline(root, name, rounds=2):
+    with open(os.path.join(root, "pipelines", "quickstart.json")) as f:
+        doc = json.load(f)
+    doc["name"] = name
+    doc["datasets"]["train"]["limit"] = 600
+    doc["datasets"]["test"]["limit"] = 300
+    for split in ("train", "test"):
+        for k in ("images", "labels"):
+            doc["datasets"][split][k] = os.path.join(root, "pipelines", doc["datasets"][split][k])
+    for bb in doc["backbones"]:
+        if "onnx" in bb:
+            bb["onnx"] = os.path.join(root, "pipelines", bb["onnx"])
+    doc["backbones"][0]["input"]["height"] = doc["backbones"][0]["input"]["width"] = 64
+    doc["head"]["epochs"] = [8]
+    doc["rounds"] = {"max": rounds, "candidates": 4, "top_k": 2, "strategy": "perturb", "seed": 3,
+                     "min_delta": 0.0, "patience": 5}
+    return doc
