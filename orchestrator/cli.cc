@@ -392,6 +392,15 @@ int main(int argc, char** argv) {
       // Rank and size: the local launcher's variables, else Slurm's (srun), else one process.
       int rank = EnvInt("MSAFLOW_RANK", EnvInt("SLURM_PROCID", 0));
       int size = EnvInt("MSAFLOW_SIZE", EnvInt("SLURM_STEP_NUM_TASKS", EnvInt("SLURM_NTASKS", 1)));
+      // Under Slurm, say where this rank runs: the launch modes are checked by it, and users
+      // read it when a node misbehaves.
+      if (const char* node = std::getenv("SLURMD_NODENAME")) {
+        const char* job = std::getenv("SLURM_JOB_ID");
+        const char* st = std::getenv("SLURM_STEP_ID");
+        std::printf("rank %d/%d on node %s (Slurm job %s, step %s)\n", rank, size, node, job ? job : "?",
+                    st ? st : "?");
+        std::fflush(stdout);
+      }
       modules::RunStep(step, task, rank, size, stdout);
       return 0;
     }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace msaflow::orchestrator {
 
@@ -17,26 +18,38 @@ struct ModuleSpec {
   std::string partition;   // default: the module's name
   std::string constraint;  // --constraint, if any
   std::string gres;        // --gres, e.g. "fpga:1"
+  std::string feature;     // node feature marking this module's nodes (single mode)
   int64_t nodes = 1;
   std::string time = "30";  // --time of the component (Slurm time format)
 };
 
 // Launcher "slurm": how rounds become jobs (docs/slurm.md).
 struct SlurmSpec {
-  std::string mode = "hetjob";  // "hetjob" | "chained"
-  bool fallback = true;         // a refused hetjob falls back to chained
-  std::string conf;             // SLURM_CONF for sbatch/scontrol/scancel ("" = Slurm's default)
+  std::string mode = "hetjob";  // "hetjob" | "chained" | "single"
+  // The modes tried, in order, when Slurm refuses a round's job(s) ("fallback": true is
+  // ["chained"], false is []).
+  std::vector<std::string> fallback = {"chained"};
+  std::string partition;  // single mode: the one partition holding every module's nodes
+  std::string conf;       // SLURM_CONF for sbatch/scontrol/scancel ("" = Slurm's default)
   double poll_s = 0.25;
 };
 
-// How a run reaches the NAM when the pipeline names none: start a server for the run
-// (serve = true; it persists to <runs>/nam so later runs reuse what earlier ones stored), or
-// use the directory <runs>/nam as a file:// store.
+// A Slurm time limit ("30", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS",
+// "UNLIMITED"/"INFINITE") in seconds, -1 for unlimited. Throws kInvalidInput naming `where`.
+int64_t ParseSlurmTime(const std::string& t, const std::string& where);
+
+// How a run reaches the NAM when the pipeline names none: a running NAM server the machine
+// names (uri), a server started for the run (serve = true; it persists to <runs>/nam so later
+// runs reuse what earlier ones stored), or the directory <runs>/nam as a file:// store.
+// Under Slurm, `module` puts the started server on that module's nodes: as its own job, or as
+// a component of the coordinator's job when the run was submitted (docs/slurm.md).
 struct NamSpec {
   bool serve = false;
-  std::string listen = "127.0.0.1:0";
+  std::string uri;                     // fabric://host:port?... of a running server
+  std::string listen = "127.0.0.1:0";  // host "*" = the name of the node the server runs on
   std::string provider = "tcp";
   std::string capacity = "2GiB";
+  std::string module;                  // launcher slurm: run the server on this module
 };
 
 struct Machine {

@@ -139,8 +139,8 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
                      fields.at("job").get<std::string>().c_str(), comps.c_str());
       } else if (ev == "slurm-end") {
         std::fprintf(out, "  slurm jobs ended %s\n", fields.at("state").get<std::string>().c_str());
-      } else if (ev == "slurm-retry" || ev == "slurm-fallback") {
-        std::fprintf(out, "  %s: %s\n", ev.c_str(), fields.value("message", fields.value("why", "")).c_str());
+      } else if (ev == "slurm-retry") {
+        std::fprintf(out, "  slurm-retry: %s\n", fields.value("message", "").c_str());
       }
       std::fflush(out);
       journal.Event(ev, std::move(fields));
@@ -284,7 +284,9 @@ void PrintStatus(const std::string& run_dir, std::FILE* out) {
         std::fprintf(out, "      %d leftover srun process(es) ended\n", e.value("leftover_sruns_killed", 0));
     }
     if (ev == "slurm-retry") std::fprintf(out, "    retried: %s\n", e.value("message", "").c_str());
-    if (ev == "slurm-fallback") std::fprintf(out, "    fell back to chained jobs: %s\n", e.value("why", "").c_str());
+    if (ev == "slurm-fallback")
+      std::fprintf(out, "    Slurm refused the %s mode; fell back to %s: %s\n", e.value("from", "").c_str(),
+                   e.value("to", "").c_str(), e.value("why", "").c_str());
     if (ev == "task-start") {
       state = "running task " + e.value("task", "");
       std::fprintf(out, "    step %-12s on %-3s %d rank(s) started\n", e.value("task", "").c_str(),

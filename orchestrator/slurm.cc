@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fmt/core.h>
@@ -128,15 +129,40 @@ std::string StepFunction(const SlurmScriptParams& p) {
   return f;
 }
 
-std::string StepLine(const Task& t, const std::string& het_group, const std::map<std::string, std::string>& task_files,
+// `placement`: the srun options that put the step on its module ("--het-group=1", or in
+// single mode "--nodes=1 --nodelist=$NODES_dam"; empty in chained mode).
+std::string StepLine(const Task& t, const std::string& placement, const std::map<std::string, std::string>& task_files,
                      const SlurmScriptParams& p) {
   std::string srun = "srun";
-  if (!het_group.empty()) srun += " --het-group=" + het_group;
+  if (!placement.empty()) srun += " " + placement;
   // No MPI in the steps yet: --mpi=none (never a PMIx step spanning components).
   srun += " --ntasks=" + std::to_string(t.ranks) + " --mpi=none --kill-on-bad-exit=1";
   return "step " + t.id + " " + ShellQuote(p.log_dir + "/" + t.id + ".log") + " " + srun + " " + ShellQuote(p.exe) +
          " module " + t.step + " --task " + ShellQuote(task_files.at(t.id)) + " || exit 1\n";
 }
+
+// Single mode: the batch script splits its one allocation into the modules' node sets,
+// by node feature (the feature names a module's nodes) or, without features, in order.
+constexpr char kTakeNodes[] = R"SH(POOL=" $(scontrol show hostnames "$SLURM_JOB_NODELIST" | tr '\n' ' ')"
+take_nodes() {
+  local module=$1 feature=$2 n=$3 h
+  TAKEN=""
+  for h in $POOL; do
+    [ "$n" -gt 0 ] || break
+    if [ -n "$feature" ]; then
+      sinfo -h -N -n "$h" -o %b | tr ',' '\n' | grep -qx -- "$feature" || continue
+    fi
+    TAKEN+=${TAKEN:+,}$h
+    POOL=${POOL/ $h / }
+    n=$((n - 1))
+  done
+  if [ "$n" -gt 0 ]; then
+    echo "msaflow: allocation $SLURM_JOB_NODELIST has too few nodes${feature:+ with feature $feature} left for module $module" >&2
+    exit 1
+  fi
+  echo "nodes $module $TAKEN" >> "$PROGRESS"
+}
+)SH";
 
 std::string Header(const std::string& job_name, const std::string& log_name, const SlurmScriptParams& p) {
   return "#!/bin/bash\n#SBATCH --job-name=" + job_name + "\n#SBATCH --output=" + p.log_dir + "/" + log_name +
@@ -170,7 +196,53 @@ std::string HetjobScript(const std::vector<Task>& tasks, const Machine& m,
   for (const Task& t : tasks) {
     size_t group = 0;
     while (comps[group].first != t.module) ++group;
-    s += StepLine(t, std::to_string(group), task_files, p);
+    s += StepLine(t, "--het-group=" + std::to_string(group), task_files, p);
+  }
+  return s;
+}
+
+std::string SingleScript(const std::vector<Task>& tasks, const Machine& m,
+                         const std::map<std::string, std::string>& task_files, const SlurmScriptParams& p) {
+  auto comps = Components(tasks);
+  int64_t nodes = 0, per_node = 1, time = 0;
+  bool by_feature = false;
+  std::string constraint, left_out, layout;
+  for (const auto& [name, ranks] : comps) {
+    const ModuleSpec& s = m.Module(name, "machine " + m.name);
+    nodes += s.nodes;
+    per_node = std::max(per_node, (ranks + s.nodes - 1) / s.nodes);
+    int64_t t = ParseSlurmTime(s.time, "machine " + m.name + ": module " + name + " time");
+    time = (t < 0 || time < 0) ? -1 : std::max(time, t);
+    if (!s.feature.empty()) {
+      by_feature = true;
+      constraint += (constraint.empty() ? "" : "&") + s.feature + "*" + std::to_string(s.nodes);
+    }
+    if (!s.gres.empty()) left_out += " " + name + " --gres=" + s.gres + ";";
+    if (!s.constraint.empty()) left_out += " " + name + " --constraint=" + s.constraint + ";";
+    layout += fmt::format("{}{} {} node{}", layout.empty() ? "" : ", ", name, s.nodes, s.nodes > 1 ? "s" : "");
+  }
+  std::string time_s = time < 0 ? "UNLIMITED" : fmt::format("{}:{:02}:{:02}", time / 3600, time / 60 % 60, time % 60);
+  std::string s = Header("msaflow-" + p.run + "-r" + std::to_string(p.round),
+                         "slurm-r" + std::to_string(p.round) + "-%j.out", p);
+  s += fmt::format("#SBATCH --partition={} --nodes={} --ntasks-per-node={} --time={}{}\n", m.slurm.partition, nodes,
+                   per_node, time_s, by_feature ? " --constraint=[" + constraint + "]" : "");
+  s += fmt::format("# round {} of run {}: one allocation, modules as node subsets {}: {}\n", p.round, p.run,
+                   by_feature ? "by node feature" : "in node order", layout);
+  if (!left_out.empty())
+    s += "# left out (a job's --gres and --constraint apply to all its nodes):" + left_out + "\n";
+  s += StepFunction(p);
+  s += kTakeNodes;
+  for (const auto& [name, ranks] : comps) {
+    const ModuleSpec& ms = m.Module(name, "machine " + m.name);
+    s += fmt::format("take_nodes {} {} {}\nNODES_{}=$TAKEN\n", name, ms.feature.empty() ? "''" : ms.feature,
+                     ms.nodes, name);
+  }
+  for (const Task& t : tasks) {
+    int64_t n = std::min(t.ranks, m.Module(t.module, "machine " + m.name).nodes);
+    std::string list = n < m.Module(t.module, "").nodes
+                           ? fmt::format("$(echo \"$NODES_{}\" | cut -d, -f1-{})", t.module, n)
+                           : "$NODES_" + t.module;
+    s += StepLine(t, fmt::format("--nodes={} --nodelist={}", n, list), task_files, p);
   }
   return s;
 }
@@ -258,8 +330,11 @@ std::string SlurmCli::Submit(const std::string& script, const std::vector<std::s
   argv.push_back(script);
   CommandResult r = RunCommand(argv, conf_);
   std::string id = Trim(r.out);
-  if (r.rc != 0 || id.empty())
-    Throw(ErrorKind::kTaskFailed, "sbatch refused " + script + ": " + Trim(r.err.empty() ? r.out : r.err));
+  if (r.rc != 0 || id.empty()) {
+    std::string why = Trim(r.err.empty() ? r.out : r.err);
+    for (size_t nl; (nl = why.find('\n')) != std::string::npos;) why.replace(nl, 1, "; ");
+    Throw(ErrorKind::kTaskFailed, "sbatch refused " + script + ": " + why);
+  }
   size_t semi = id.find(';');  // "id;cluster"
   return semi == std::string::npos ? id : id.substr(0, semi);
 }
@@ -283,8 +358,11 @@ SlurmLauncher::SlurmLauncher(Machine m, std::string exe, std::string run, std::s
       run_dir_(std::move(run_dir)),
       runner_(std::move(runner)),
       retries_(retries),
-      retry_on_(std::move(retry_on)),
-      mode_(m_.slurm.mode) {}
+      retry_on_(std::move(retry_on)) {
+  modes_.push_back(m_.slurm.mode);
+  for (const auto& f : m_.slurm.fallback)
+    if (std::find(modes_.begin(), modes_.end(), f) == modes_.end()) modes_.push_back(f);
+}
 
 namespace {
 
@@ -376,31 +454,32 @@ void SlurmLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
                          exe_, plan.round};
     ::unlink(sp.progress.c_str());
     std::vector<std::string> jobs;  // leader ids, in order
-    std::map<std::string, std::string> job_of_task;
-    if (mode_ == "hetjob") {
-      std::string script = fmt::format("{}/round-{}.{}.sh", slurm_dir, plan.round, attempt);
-      WriteFileAtomic(script, HetjobScript(todo, m_, task_files, sp));
-      try {
+    // Submits the round in `mode`; throws kTaskFailed when Slurm refuses it (having cancelled
+    // whatever of it was already submitted).
+    auto submit = [&](const std::string& mode) {
+      if (mode == "hetjob" || mode == "single") {
+        std::string script = fmt::format("{}/round-{}.{}{}.sh", slurm_dir, plan.round, attempt,
+                                         mode == "single" ? ".single" : "");
+        WriteFileAtomic(script, mode == "hetjob" ? HetjobScript(todo, m_, task_files, sp)
+                                                 : SingleScript(todo, m_, task_files, sp));
         jobs.push_back(runner_->Submit(script, {}));
-      } catch (const Error& e) {
-        if (!m_.slurm.fallback || e.kind() != ErrorKind::kTaskFailed) throw;
-        event("slurm-fallback", {{"round", plan.round}, {"from", "hetjob"}, {"to", "chained"}, {"why", e.what()}});
-        if (obs.on_line) obs.on_line(todo.front(), std::string("hetjob refused, falling back to chained jobs: ") + e.what());
-        mode_ = "chained";
-      }
-      if (!jobs.empty()) {
-        for (const Task& t : todo) job_of_task[t.id] = jobs[0];
         json comps = json::array();
         auto cs = Components(todo);
-        for (size_t i = 0; i < cs.size(); ++i)
-          comps.push_back({{"id", jobs[0] + "+" + std::to_string(i)}, {"module", cs[i].first},
-                           {"partition", m_.Module(cs[i].first, "machine").partition}});
-        event("slurm-job", {{"round", plan.round}, {"attempt", attempt}, {"mode", "hetjob"}, {"job", jobs[0]},
+        for (size_t i = 0; i < cs.size(); ++i) {
+          const ModuleSpec& ms = m_.Module(cs[i].first, "machine");
+          if (mode == "hetjob") {
+            comps.push_back({{"id", jobs[0] + "+" + std::to_string(i)}, {"module", cs[i].first},
+                             {"partition", ms.partition}});
+          } else {
+            comps.push_back({{"id", jobs[0]}, {"module", cs[i].first}, {"partition", m_.slurm.partition},
+                             {"nodes", ms.nodes}, {"feature", ms.feature}});
+          }
+        }
+        event("slurm-job", {{"round", plan.round}, {"attempt", attempt}, {"mode", mode}, {"job", jobs[0]},
                             {"script", script}, {"components", comps}});
+        return;
       }
-    }
-    if (mode_ == "chained") {
-      std::string prev;
+      std::string prev;  // chained: one job per step
       for (const Task& t : todo) {
         std::string script = fmt::format("{}/round-{}.{}.{}.sh", slurm_dir, plan.round, attempt, t.step);
         WriteFileAtomic(script, ChainedScript(t, m_, task_files, sp));
@@ -410,14 +489,27 @@ void SlurmLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
           prev = runner_->Submit(script, extra);
         } catch (...) {
           for (const auto& j : jobs) runner_->Cancel(j);
+          jobs.clear();
           throw;
         }
         jobs.push_back(prev);
-        job_of_task[t.id] = prev;
         event("slurm-job", {{"round", plan.round}, {"attempt", attempt}, {"mode", "chained"}, {"job", prev},
                             {"task", t.id}, {"script", script},
                             {"components", json::array({{{"id", prev}, {"module", t.module},
                                                          {"partition", m_.Module(t.module, "machine").partition}}})}});
+      }
+    };
+    for (;;) {
+      try {
+        submit(modes_[mode_i_]);
+        break;
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kTaskFailed || mode_i_ + 1 >= modes_.size()) throw;
+        const std::string &from = modes_[mode_i_], &to = modes_[mode_i_ + 1];
+        event("slurm-fallback", {{"round", plan.round}, {"from", from}, {"to", to}, {"why", e.what()}});
+        if (obs.on_line)
+          obs.on_line(todo.front(), fmt::format("Slurm refused the {} mode, falling back to {}: {}", from, to, e.what()));
+        ++mode_i_;
       }
     }
 

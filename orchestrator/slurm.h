@@ -68,6 +68,11 @@ struct SlurmScriptParams {
 // `step` line per task. `tasks` may be a subset of the plan (a retry skips finished ones).
 std::string HetjobScript(const std::vector<Task>& tasks, const Machine& m,
                          const std::map<std::string, std::string>& task_files, const SlurmScriptParams& p);
+// The batch script of a round as one allocation over `slurm.partition` (single mode): the
+// modules' node sets are taken from it by node feature (or in order), each step an
+// `srun --nodes --nodelist` on its module's nodes.
+std::string SingleScript(const std::vector<Task>& tasks, const Machine& m,
+                         const std::map<std::string, std::string>& task_files, const SlurmScriptParams& p);
 // The batch script of one task as its own job (chained mode).
 std::string ChainedScript(const Task& t, const Machine& m, const std::map<std::string, std::string>& task_files,
                           const SlurmScriptParams& p);
@@ -87,7 +92,8 @@ class SlurmLauncher : public Launcher {
   std::unique_ptr<JobRunner> runner_;
   int retries_;
   std::vector<std::string> retry_on_;
-  std::string mode_;  // becomes "chained" after a refused hetjob
+  std::vector<std::string> modes_;  // slurm.mode, then its fallbacks
+  size_t mode_i_ = 0;               // the mode in use; moves on when Slurm refuses one
 };
 
 std::string ShellQuote(const std::string& s);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A one-machine Slurm test cluster shaped like DEEP-EST's modules: partitions cm (cm01, cm02),
-# esb (esb01, esb02) and dam (dam01, with one "fpga" GRES). One slurmd per virtual node, all
+# esb (esb01, esb02) and dam (dam01, with one "fpga" GRES), each node carrying its module's
+# name as a node feature, and partition "all" holding every node (for the single-allocation
+# launch mode). One slurmd per virtual node, all
 # on 127.0.0.1 with their own ports (hetjob components are only placed on distinct nodes).
 # Nothing outside the state directory is configured: clients use SLURM_CONF.
 #
@@ -58,19 +60,38 @@ write_conf() {
     echo "KillWait=2"
     echo "GresTypes=fpga"
     echo "ReturnToService=2"
+    echo "JobSubmitPlugins=lua"
     local p=$((PORT0 + 1))
     for n in "${NODES[@]}"; do
       local gres=""
       [[ $n == dam01 ]] && gres=" Gres=fpga:1"
-      echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$p CPUs=4 RealMemory=4000$gres State=UNKNOWN"
+      echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$p CPUs=4 RealMemory=4000 Features=${n%%[0-9]*}$gres State=UNKNOWN"
       p=$((p + 1))
     done
     echo "PartitionName=cm Nodes=cm01,cm02 Default=YES MaxTime=INFINITE State=UP"
     echo "PartitionName=esb Nodes=esb01,esb02 MaxTime=INFINITE State=UP"
     echo "PartitionName=dam Nodes=dam01 MaxTime=INFINITE State=UP"
+    echo "PartitionName=all Nodes=ALL MaxTime=INFINITE State=UP"
   } > "$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
   echo "NodeName=dam01 Name=fpga Count=1" > "$STATE/etc/gres.conf"
+  # A site policy, as real sites write them: this cluster refuses a round's hetjob (or single
+  # allocation) when the job name says "nohet", so the tests meet a real refusal and msaflow's
+  # automatic fallback to chained jobs (docs/slurm.md).
+  cat > "$STATE/etc/job_submit.lua" <<'LUA'
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local name = job_desc.name or ""
+  if string.find(name, "nohet", 1, true) and string.match(name, "%-r%d+$") then
+    slurm.log_user("this cluster refuses heterogeneous jobs named like %s (msaflow test policy)", name)
+    return slurm.ERROR
+  end
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+LUA
 }
 
 start() {

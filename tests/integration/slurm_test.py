@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """Rounds as Slurm jobs on a real one-machine Slurm cluster (scripts/slurm-cluster.sh):
-hetjobs and the chained fallback reach the local launcher's champion; submit --wait; a job
+hetjobs, the chained fallback (after a real refusal) and the single allocation reach the
+local launcher's champion, each step on its module's nodes; submit --wait; a job
 cancelled with scancel and a step killed by its time limit are reported with their state and
 retried or failed as the pipeline says, with nothing left running."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -52,6 +54,18 @@ def events(run_dir):
         return [e for e in (json.loads(line) for line in f if line.strip()) if "event" in e]
 
 
+def step_nodes(run_dir):
+    """task -> the nodes its ranks reported running on ("rank R/S on node N ...")."""
+    out = {}
+    logs = os.path.join(run_dir, "logs")
+    for name in os.listdir(logs):
+        if name.startswith("r") and name.endswith(".log") and "-" in name:
+            with open(os.path.join(logs, name)) as f:
+                nodes = set(re.findall(r"^rank \d+/\d+ on node (\S+) ", f.read(), re.M))
+            out[name[:-4]] = nodes
+    return out
+
+
 def squeue():
     return subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout.strip()
 
@@ -92,7 +106,7 @@ class Slurm(unittest.TestCase):
         with open(os.path.join(self.dir, "runs", run_id, "results.json")) as f:
             return json.load(f)
 
-    def test_hetjobs_and_chained_jobs_reach_the_local_champion(self):
+    def test_hetjobs_chained_jobs_and_single_allocations_reach_the_local_champion(self):
         p = self.write("p.json", pipeline("slurm-e2e"))
         runs = os.path.join(self.dir, "runs")
         r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "local")
@@ -122,17 +136,51 @@ class Slurm(unittest.TestCase):
         st = self.run_msaflow("status", os.path.join(runs, "het"))
         self.assertIn("COMPLETED", st.stdout)
         self.assertIn("state: finished", st.stdout)
-        # The chained fallback: one job per step, afterok dependencies, same champion.
-        chained = self.machine(slurm={"mode": "chained"})
-        r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "chain", "--machine", chained)
+        self.assert_on_module_nodes(os.path.join(runs, "het"))
+        # The chained fallback, after a real refusal: the test cluster's job_submit policy
+        # refuses round jobs named "nohet". One job per step, afterok dependencies, same champion.
+        r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "nohet-chain", "--machine", MACHINE)
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
-        ch = self.results("chain")
+        ch = self.results("nohet-chain")
         self.assertEqual(ch["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
         self.assertAlmostEqual(ch["champion"]["accuracy"], local["champion"]["accuracy"])
-        cj = [e for e in events(os.path.join(runs, "chain")) if e["event"] == "slurm-job"]
+        ev = events(os.path.join(runs, "nohet-chain"))
+        fallback = [e for e in ev if e["event"] == "slurm-fallback"]
+        self.assertEqual([(e["from"], e["to"]) for e in fallback], [("hetjob", "chained")])
+        self.assertIn("refuses heterogeneous jobs", fallback[0]["why"])
+        cj = [e for e in ev if e["event"] == "slurm-job"]
         self.assertEqual(len(cj), 12)
         self.assertTrue(all(e["mode"] == "chained" for e in cj))
+        self.assert_on_module_nodes(os.path.join(runs, "nohet-chain"))
+        # The single mode: one allocation over partition "all", modules as node subsets by feature.
+        single = self.machine(slurm={"mode": "single"})
+        r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "single", "--machine", single)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        sg = self.results("single")
+        self.assertEqual(sg["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
+        self.assertAlmostEqual(sg["champion"]["accuracy"], local["champion"]["accuracy"])
+        sj = [e for e in events(os.path.join(runs, "single")) if e["event"] == "slurm-job"]
+        self.assertEqual([e["mode"] for e in sj], ["single", "single"])
+        self.assertEqual({c["partition"] for c in sj[0]["components"]}, {"all"})
+        with open(os.path.join(runs, "single", "slurm", "round-1.0.single.sh")) as f:
+            script = f.read()
+        self.assertIn("--partition=all --nodes=3 --ntasks-per-node=2 --time=0:30:00 --constraint=[cm*1&dam*1&esb*1]",
+                      script)
+        self.assertNotIn("hetjob", script)
+        with open(os.path.join(runs, "single", "slurm", "round-1.0.progress")) as f:
+            taken = dict(line.split()[1:3] for line in f if line.startswith("nodes "))
+        self.assertEqual(taken, {"cm": "cm01", "dam": "dam01", "esb": "esb01"})
+        self.assert_on_module_nodes(os.path.join(runs, "single"))
         self.assertEqual(squeue(), "")
+
+    def assert_on_module_nodes(self, run_dir):
+        """Every step ran on nodes of its module: load on cm, evaluate on esb, the rest on dam."""
+        nodes = step_nodes(run_dir)
+        self.assertEqual(len(nodes), 12, nodes)  # 6 steps x 2 rounds, each with a node line
+        for task, ns in nodes.items():
+            step = task.split("-", 1)[1]
+            want = {"load": "cm", "evaluate": "esb"}.get(step, "dam")
+            self.assertTrue(ns and all(n.startswith(want) for n in ns), (task, ns))
 
     def test_submit_wait(self):
         p = self.write("p.json", pipeline("slurm-submit", rounds=1))

@@ -93,6 +93,87 @@ TEST(Slurm, ChainedScriptIsExactAndQuotesPaths) {
   EXPECT_EQ(s.find("hetjob"), std::string::npos);
 }
 
+Machine SingleMachine(bool features) {
+  auto mod = [&](const std::string& body, const std::string& feature) {
+    return "{" + body + (features ? R"(, "feature": ")" + feature + "\"" : "") + "}";
+  };
+  return ParseMachine(R"({"name": "t", "launcher": "slurm", "modules": {"cm": )" +
+                          mod(R"("partition": "cm", "max_ranks": 1, "time": "10")", "cmnode") + R"(, "dam": )" +
+                          mod(R"("partition": "dam", "max_ranks": 2, "gres": "fpga:1", "time": "20")", "dam") +
+                          R"(, "esb": )" +
+                          mod(R"("partition": "booster", "nodes": 2, "max_ranks": 4, "constraint": "gpu", "time": "1:30:00")",
+                              "esb") +
+                          R"(}, "slurm": {"mode": "single", "partition": "all", "poll_s": 0.01}})",
+                      "t.json", "");
+}
+
+TEST(Slurm, SingleScriptIsExact) {
+  SlurmScriptParams p{"run1", "/r", "/r/logs", "/r/slurm/round-1.0.progress", "/bin/msaflow", 1};
+  std::vector<Task> tasks = TestTasks();
+  tasks[4].ranks = 1;  // evaluate on one of the two esb nodes
+  std::string s = SingleScript(tasks, SingleMachine(true), Files(), p);
+  const std::string expected = R"SH(#!/bin/bash
+#SBATCH --job-name=msaflow-run1-r1
+#SBATCH --output=/r/logs/slurm-r1-%j.out
+#SBATCH --chdir=/r
+#SBATCH --partition=all --nodes=4 --ntasks-per-node=2 --time=1:30:00 --constraint=[cmnode*1&dam*1&esb*2]
+# round 1 of run run1: one allocation, modules as node subsets by node feature: cm 1 node, dam 1 node, esb 2 nodes
+# left out (a job's --gres and --constraint apply to all its nodes): dam --gres=fpga:1; esb --constraint=gpu;
+set -u
+PROGRESS=/r/slurm/round-1.0.progress
+step() {
+  local id=$1 log=$2; shift 2
+  echo "start $id $(date +%s.%N)" >> "$PROGRESS"
+  "$@" > "$log" 2>&1 &
+  local pid=$!
+  echo "srun $id $pid" >> "$PROGRESS"
+  wait "$pid"
+  local rc=$?
+  echo "end $id $rc $(date +%s.%N)" >> "$PROGRESS"
+  return "$rc"
+}
+POOL=" $(scontrol show hostnames "$SLURM_JOB_NODELIST" | tr '\n' ' ')"
+take_nodes() {
+  local module=$1 feature=$2 n=$3 h
+  TAKEN=""
+  for h in $POOL; do
+    [ "$n" -gt 0 ] || break
+    if [ -n "$feature" ]; then
+      sinfo -h -N -n "$h" -o %b | tr ',' '\n' | grep -qx -- "$feature" || continue
+    fi
+    TAKEN+=${TAKEN:+,}$h
+    POOL=${POOL/ $h / }
+    n=$((n - 1))
+  done
+  if [ "$n" -gt 0 ]; then
+    echo "msaflow: allocation $SLURM_JOB_NODELIST has too few nodes${feature:+ with feature $feature} left for module $module" >&2
+    exit 1
+  fi
+  echo "nodes $module $TAKEN" >> "$PROGRESS"
+}
+take_nodes cm cmnode 1
+NODES_cm=$TAKEN
+take_nodes dam dam 1
+NODES_dam=$TAKEN
+take_nodes esb esb 2
+NODES_esb=$TAKEN
+step r1-load /r/logs/r1-load.log srun --nodes=1 --nodelist=$NODES_cm --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module load --task /r/tasks/r1-load.json || exit 1
+step r1-prepare /r/logs/r1-prepare.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module prepare --task /r/tasks/r1-prepare.json || exit 1
+step r1-train /r/logs/r1-train.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=2 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module train --task /r/tasks/r1-train.json || exit 1
+step r1-store /r/logs/r1-store.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module store --task /r/tasks/r1-store.json || exit 1
+step r1-evaluate /r/logs/r1-evaluate.log srun --nodes=1 --nodelist=$(echo "$NODES_esb" | cut -d, -f1-1) --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module evaluate --task /r/tasks/r1-evaluate.json || exit 1
+step r1-select /r/logs/r1-select.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module select --task /r/tasks/r1-select.json || exit 1
+)SH";
+  EXPECT_EQ(s, expected);
+  // Without node features the modules take the allocation's nodes in order; with 4 esb ranks
+  // on 2 nodes, 2 per node.
+  s = SingleScript(TestTasks(), SingleMachine(false), Files(), p);
+  EXPECT_NE(s.find("#SBATCH --partition=all --nodes=4 --ntasks-per-node=2 --time=1:30:00\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("modules as node subsets in node order"), std::string::npos) << s;
+  EXPECT_NE(s.find("take_nodes esb '' 2\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("srun --nodes=2 --nodelist=$NODES_esb --ntasks=4 "), std::string::npos) << s;
+}
+
 TEST(Slurm, ParsesComponentsAndClassifiesEndStates) {
   const std::string text =
       "JobId=41 JobName=msaflow-x-r1 HetJobId=41 HetJobOffset=0 JobState=COMPLETED Reason=None ExitCode=0:0 "
@@ -133,6 +214,7 @@ class FakeSlurm : public JobRunner {
   };
   std::vector<Outcome> outcomes;  // one per submission (missing: success)
   bool refuse_hetjobs = false;
+  bool refuse_chained = false;
   std::vector<std::string> scripts;
   std::vector<std::vector<std::string>> extras;
   std::vector<std::string> cancelled;
@@ -142,6 +224,8 @@ class FakeSlurm : public JobRunner {
     std::string text = ReadFile(script);
     if (refuse_hetjobs && text.find("#SBATCH hetjob") != std::string::npos)
       Throw(ErrorKind::kTaskFailed, "sbatch: error: Heterogeneous jobs are not supported here");
+    if (refuse_chained && text.find("(chained mode)") != std::string::npos && scripts.size() >= 2)
+      Throw(ErrorKind::kTaskFailed, "sbatch: error: QOSMaxSubmitJobPerUserLimit");
     scripts.push_back(text);
     extras.push_back(extra);
     std::string id = std::to_string(100 + scripts.size());
@@ -193,9 +277,12 @@ class SlurmRound : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::vector<std::pair<std::string, nlohmann::json>> Run(FakeSlurm* fake, int retries, bool* threw,
-                                                          std::string* what, const std::string& mode = "hetjob") {
+                                                          std::string* what, const std::string& mode = "hetjob",
+                                                          std::vector<std::string> fallback = {"chained"}) {
     Machine m = TestMachine();
     m.slurm.mode = mode;
+    m.slurm.fallback = fallback;
+    m.slurm.partition = "all";
     std::unique_ptr<JobRunner> runner(new Forward(fake));
     SlurmLauncher l(m, "/bin/msaflow", "run1", dir_, std::move(runner), retries, {"TIMEOUT", "NODE_FAIL"});
     std::vector<std::pair<std::string, nlohmann::json>> events;
@@ -291,6 +378,31 @@ TEST_F(SlurmRound, ARefusedHetjobFallsBackToChainedJobs) {
   EXPECT_EQ(events.front().first, "slurm-fallback");
 }
 
+TEST_F(SlurmRound, FallbacksAreTriedInOrderAndCancelWhatWasSubmitted) {
+  FakeSlurm fake;
+  fake.refuse_hetjobs = true;
+  fake.refuse_chained = true;  // the third chained job is refused (a submit limit)
+  bool threw;
+  std::string what;
+  auto events = Run(&fake, 0, &threw, &what, "hetjob", {"chained", "single"});
+  EXPECT_FALSE(threw) << what;
+  ASSERT_EQ(fake.scripts.size(), 3u);  // two chained jobs, then the single allocation
+  EXPECT_EQ(fake.cancelled, (std::vector<std::string>{"101", "102"}));
+  EXPECT_NE(fake.scripts[2].find("one allocation, modules as node subsets"), std::string::npos) << fake.scripts[2];
+  std::vector<std::string> hops;
+  for (const auto& [e, f] : events)
+    if (e == "slurm-fallback") hops.push_back(f["from"].get<std::string>() + ">" + f["to"].get<std::string>());
+  EXPECT_EQ(hops, (std::vector<std::string>{"hetjob>chained", "chained>single"}));
+  EXPECT_EQ(events.back().first, "slurm-end");
+  EXPECT_EQ(events.back().second["state"], "COMPLETED");
+  // Without a further fallback the refusal is the error.
+  FakeSlurm strict;
+  strict.refuse_hetjobs = true;
+  Run(&strict, 0, &threw, &what, "hetjob", {});
+  EXPECT_TRUE(threw);
+  EXPECT_NE(what.find("Heterogeneous jobs are not supported here"), std::string::npos) << what;
+}
+
 TEST_F(SlurmRound, AFailedChainedJobCancelsTheRest) {
   FakeSlurm real_fake;
   FakeSlurm* fake = &real_fake;
@@ -328,12 +440,47 @@ TEST(Slurm, MachineFilesAreValidated) {
     what = e.what();
   }
   EXPECT_NE(what.find("/modules/cm"), std::string::npos) << what;
-  try {
-    ParseMachine(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"mode": "single"}})", "m.json", "");
-  } catch (const Error& e) {
-    what = e.what();
-  }
-  EXPECT_EQ(what, "m.json: /slurm/mode: expected \"hetjob\" or \"chained\"");
+  auto error = [](const std::string& text) {
+    try {
+      ParseMachine(text, "m.json", "");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"mode": "sinlge"}})"),
+            "m.json: /slurm/mode: expected \"hetjob\", \"chained\" or \"single\"");
+  EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"mode": "single"}})"),
+            "m.json: /slurm/partition: the single mode needs the one partition that holds every module's nodes");
+  EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"fallback": ["chained", 3]}})"),
+            "m.json: /slurm/fallback/1: expected \"hetjob\", \"chained\" or \"single\"");
+  EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {"cm": {"feature": "cm"}, "dam": {}},
+                      "slurm": {"fallback": ["single"], "partition": "all"}})"),
+            "m.json: /modules: in single mode either every module names its node feature or none does");
+  EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {"cm": {"time": "1:2:3:4"}}})"),
+            "m.json: /modules/cm/time: '1:2:3:4' is not a Slurm time (expected minutes, MM:SS, HH:MM:SS, D-HH, "
+            "D-HH:MM, D-HH:MM:SS or UNLIMITED)");
+  EXPECT_EQ(error(R"({"name": "x", "modules": {"cm": {"nodse": 2}}})"),
+            "m.json: /modules/cm/nodse: unknown field (expected description, max_ranks, fpga, partition, constraint, "
+            "gres, feature, nodes, time)");
+  EXPECT_EQ(error(R"({"name": "x", "modules": {"c-m": {}}})"),
+            "m.json: /modules/c-m: a module name is 1 to 32 lower-case letters, digits or '_'");
+  EXPECT_EQ(error(R"({"name": "x", "modules": {}, "nam": {"serve": true, "uri": "fabric://h:1"}})"),
+            "m.json: /nam: give either uri (a running NAM server) or serve: true, not both");
+  EXPECT_EQ(error(R"({"name": "x", "modules": {}, "nam": {"uri": "redis://h:1"}})"),
+            "m.json: /nam/uri: 'redis://h:1': expected fabric://host:port or file:///dir");
+  EXPECT_EQ(error(R"({"name": "x", "modules": {"cm": {}}, "nam": {"serve": true, "module": "cm"}})"),
+            "m.json: /nam/module: a NAM server on a module needs launcher slurm");
+  EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {"cm": {}}, "nam": {"serve": true, "module": "nam"}})"),
+            "m.json: /nam/module: module 'nam' is not in machine 'x' (has cm)");
+  EXPECT_EQ(ParseSlurmTime("30", "t"), 1800);
+  EXPECT_EQ(ParseSlurmTime("1:30", "t"), 90);
+  EXPECT_EQ(ParseSlurmTime("01:00:05", "t"), 3605);
+  EXPECT_EQ(ParseSlurmTime("2-3", "t"), 2 * 86400 + 3 * 3600);
+  EXPECT_EQ(ParseSlurmTime("1-0:10:01", "t"), 86400 + 601);
+  EXPECT_EQ(ParseSlurmTime("UNLIMITED", "t"), -1);
+  Machine fb = ParseMachine(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"fallback": false}})", "m", "");
+  EXPECT_TRUE(fb.slurm.fallback.empty());
   for (const char* f : {"slurm-local.json", "deep-est.json"}) {
     Machine m = LoadMachine(std::string(MSAFLOW_SOURCE_DIR) + "/configs/machines/" + f);
     EXPECT_EQ(m.launcher, "slurm") << f;
