@@ -146,6 +146,11 @@ struct Server::Impl {
   // ---- startup ----
   void Open() {
     SplitHostPort(opt.listen, "--listen", &host, &port);
+    if (host == "*") {  // this node's name: a server placed by Slurm does not know its node beforehand
+      char name[256] = {};
+      if (::gethostname(name, sizeof name - 1) != 0) ThrowErrno("gethostname");
+      host = name;
+    }
     if (!opt.token_file.empty()) {
       token = ReadFile(opt.token_file);
       while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
@@ -680,9 +685,13 @@ struct Server::Impl {
   }
 
   void Run(const std::atomic<bool>& stop) {
-    if (!opt.ready_file.empty())
-      WriteFileAtomic(opt.ready_file, json{{"uri", Uri()}, {"pid", ::getpid()}, {"provider", ep->provider()},
-                                           {"capacity", pool->capacity()}}.dump() + "\n");
+    if (!opt.ready_file.empty()) {
+      json ready = {{"uri", Uri()}, {"pid", ::getpid()}, {"provider", ep->provider()}, {"capacity", pool->capacity()}};
+      // Placed by Slurm: where, so the coordinator can say so (and cancel the job if need be).
+      if (const char* job = std::getenv("SLURM_JOB_ID")) ready["slurm_job"] = job;
+      if (const char* node = std::getenv("SLURMD_NODENAME")) ready["node"] = node;
+      WriteFileAtomic(opt.ready_file, ready.dump() + "\n");
+    }
     Log("serving " + Uri() + " (provider " + ep->provider() + ", capacity " + HumanBytes(pool->capacity()) +
         (persist ? ", persist " + persist->dir() : ", memory only") + (token.empty() ? "" : ", token required") + ")");
     auto last_sweep = Clock::now();

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   std::string capacity = "1GiB";
   bool no_map = false;
   auto* serve = nam_cmd->add_subcommand("serve", "Run a NAM server (until SIGTERM or SIGINT)");
-  serve->add_option("--listen", sopt.listen, "HOST:PORT (port 0 picks a free one)")->capture_default_str();
+  serve->add_option("--listen", sopt.listen, "HOST:PORT (port 0 picks a free one; host * is this node's name)")->capture_default_str();
   serve->add_option("--capacity", capacity, "memory pool size (e.g. 512MiB, 4GiB)")->capture_default_str();
   serve->add_option("--persist", sopt.persist_dir, "write committed objects through to DIR; reload them on start");
   serve->add_option("--token-file", sopt.token_file, "clients must present this token (required off loopback)");
@@ -187,7 +187,15 @@ int main(int argc, char** argv) {
       if (!launcher_override.empty()) m.launcher = launcher_override;
       if (*plan && m.launcher == "slurm") {
         std::string nam = orchestrator::NamFor(p, m, runs_dir);
-        if (nam == "serve") nam = "fabric://<NAM server started for the run>";
+        if (nam == "serve") {
+          nam = "fabric://<NAM server started for the run>";
+          if (!m.nam.module.empty())
+            std::printf("# NAM server: srun msaflow nam serve on module %s (partition %s), a job of its own under "
+                        "`msaflow run`, a component of the coordinator's job under `msaflow submit`\n",
+                        m.nam.module.c_str(), m.Module(m.nam.module, "nam").partition.c_str());
+          else
+            std::printf("# NAM server: msaflow nam serve, started by the coordinator where it runs\n");
+        }
         std::string runs_abs = std::filesystem::absolute(runs_dir).lexically_normal().string();
         std::string rd = runs_abs + "/<run-id>";
         auto rp = orchestrator::PlanRound(p, m, "<run-id>", nam, 1, orchestrator::FirstRound(p), {});
@@ -200,6 +208,8 @@ int main(int argc, char** argv) {
                         t.after.empty() ? "" : " (sbatch --dependency=afterok:<previous> --kill-on-invalid-dep=yes)");
             std::printf("%s", orchestrator::ChainedScript(t, m, files, sp).c_str());
           }
+        } else if (m.slurm.mode == "single") {
+          std::printf("%s", orchestrator::SingleScript(rp.tasks, m, files, sp).c_str());
         } else {
           std::printf("%s", orchestrator::HetjobScript(rp.tasks, m, files, sp).c_str());
         }
@@ -330,9 +340,19 @@ int main(int argc, char** argv) {
       MakeDirs(rd);
       const auto& cm = m.Module("cm", "submit: the coordinator");
       std::string machine_abs = machine_arg == "local" ? machine_arg : std::filesystem::absolute(machine_arg).string();
+      // With a NAM module, the NAM server is component 1 of the coordinator's job: it lives
+      // exactly as long as the run.
+      bool nam_component = p.nam.empty() && m.nam.uri.empty() && m.nam.serve && !m.nam.module.empty();
+      std::string nam_part;
+      if (nam_component) {
+        const auto& nm = m.Module(m.nam.module, "submit: the NAM server");
+        nam_part = "#SBATCH hetjob\n#SBATCH --partition=" + nm.partition + " --nodes=1 --ntasks=1 --time=UNLIMITED" +
+                   (nm.constraint.empty() ? "" : " --constraint=" + nm.constraint) +
+                   "\n# component 1: the run's NAM server (module " + m.nam.module + ")\nexport MSAFLOW_NAM_HET_GROUP=1\n";
+      }
       std::string script = "#!/bin/bash\n#SBATCH --job-name=msaflow-" + id + "\n#SBATCH --output=" + rd +
                            "/coordinator.out\n#SBATCH --partition=" + cm.partition +
-                           " --nodes=1 --ntasks=1 --time=UNLIMITED\n# the coordinator of run " + id +
+                           " --nodes=1 --ntasks=1 --time=UNLIMITED\n" + nam_part + "# the coordinator of run " + id +
                            ": it submits one job per round\nexec " + orchestrator::ShellQuote(SelfExe()) + " run " +
                            orchestrator::ShellQuote(std::filesystem::absolute(pipeline_path).string()) + " --runs " +
                            orchestrator::ShellQuote(runs_abs) + " --run-id " + id + " --machine " +

@@ -1,31 +1,43 @@
-// A NAM server started for a run (`msaflow nam serve` as a child process) and stopped by its
-// PID when the run ends, however it ends.
+// A NAM server started for a run (`msaflow nam serve` as a child process, or under Slurm an
+// `srun ... msaflow nam serve` child) and stopped by its PID when the run ends, however it ends.
 #pragma once
 
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "orchestrator/machine.h"
 
 namespace msaflow::orchestrator {
 
+// How the server is started: here, or through a launcher command (srun) that places it.
+struct NamLaunch {
+  std::vector<std::string> prefix;  // e.g. {"srun", "--het-group=1", ...}; empty: a plain child
+  bool own_allocation = false;      // the prefix makes a new Slurm job: drop SLURM_* job variables
+  std::string token_file;           // --token-file for the server ("" = none)
+  double start_timeout_s = 30;      // includes waiting for an allocation under Slurm
+};
+
 class NamServerProcess {
  public:
   // Starts the server and waits until it serves (its ready file appears). Throws
-  // kUnavailable with the end of the server's log when it exits or does not come up in 30 s.
+  // kUnavailable with the end of the server's log when it exits or does not come up in time.
   NamServerProcess(const std::string& msaflow_exe, const NamSpec& spec, const std::string& persist_dir,
-                   const std::string& log_path, const std::string& ready_path);
+                   const std::string& log_path, const std::string& ready_path, const NamLaunch& launch = {});
   ~NamServerProcess();  // SIGTERM; SIGKILL after 10 s
   NamServerProcess(const NamServerProcess&) = delete;
   NamServerProcess& operator=(const NamServerProcess&) = delete;
 
   const std::string& uri() const { return uri_; }
   pid_t pid() const { return pid_; }
+  // Where Slurm placed it (empty when not under Slurm).
+  const std::string& slurm_job() const { return slurm_job_; }
+  const std::string& node() const { return node_; }
 
  private:
   pid_t pid_ = -1;
-  std::string uri_;
+  std::string uri_, slurm_job_, node_;
 };
 
 }  // namespace msaflow::orchestrator

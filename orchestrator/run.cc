@@ -1,5 +1,6 @@
 #include "orchestrator/run.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/nam_process.h"
 #include "orchestrator/slurm.h"
@@ -68,21 +70,30 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   MakeDirs(dir + "/logs");
   WriteFileAtomic(dir + "/pipeline.json", p.source.dump(2) + "\n");
   std::string nam_uri = NamFor(p, m, opt.runs_dir);
+  if (m.launcher == "slurm" && !m.slurm.conf.empty())
+    ::setenv("SLURM_CONF", m.slurm.conf.c_str(), 1);  // for the jobs' own srun, and the NAM's
   std::unique_ptr<NamServerProcess> nam_server;
+  nlohmann::json nam_event;
   if (nam_uri == "serve") {
     if (opt.msaflow_exe.empty()) Throw(ErrorKind::kInternal, "RunPipeline: no msaflow binary to start the NAM server");
     std::string persist = std::filesystem::absolute(opt.runs_dir + "/nam").lexically_normal().string();
+    NamLaunch launch = NamLaunchFor(m, id, dir);
     nam_server = std::make_unique<NamServerProcess>(opt.msaflow_exe, m.nam, persist, dir + "/logs/nam-server.log",
-                                                    dir + "/nam-server.json");
+                                                    dir + "/nam-server.json", launch);
     nam_uri = nam_server->uri();
-    std::fprintf(out, "NAM server for this run: %s (pid %d, %s, persisting to %s)\n", nam_uri.c_str(),
-                 static_cast<int>(nam_server->pid()), m.nam.capacity.c_str(), persist.c_str());
+    std::string where = fmt::format("pid {}", nam_server->pid());
+    if (!nam_server->slurm_job().empty())
+      where = fmt::format("Slurm job {} on {} node {}, srun pid {}", nam_server->slurm_job(), m.nam.module,
+                          nam_server->node(), nam_server->pid());
+    std::fprintf(out, "NAM server for this run: %s (%s, %s, persisting to %s)\n", nam_uri.c_str(), where.c_str(),
+                 m.nam.capacity.c_str(), persist.c_str());
+    nam_event = {{"uri", nam_uri}, {"pid", nam_server->pid()}, {"persist", persist}, {"capacity", m.nam.capacity},
+                 {"module", m.nam.module}, {"slurm_job", nam_server->slurm_job()}, {"node", nam_server->node()}};
   }
   auto store = nam::OpenStore(nam_uri);
   std::unique_ptr<Launcher> own_launcher;
   if (!given_launcher) {
     if (m.launcher == "slurm") {
-      if (!m.slurm.conf.empty()) ::setenv("SLURM_CONF", m.slurm.conf.c_str(), 1);  // for the jobs' own srun
       own_launcher = std::make_unique<SlurmLauncher>(m, opt.msaflow_exe, id, dir, std::make_unique<SlurmCli>(m.slurm.conf),
                                                      static_cast<int>(p.retries.max), p.retries.on);
     } else {
@@ -93,6 +104,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   Journal journal(dir + "/journal.jsonl");
   journal.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"launcher", m.launcher},
                              {"nam", nam_uri}});
+  if (!nam_event.is_null()) journal.Event("nam-server", nam_event);
   std::fprintf(out, "run %s: pipeline %s on machine %s, NAM %s\n  run directory %s\n", id.c_str(), p.name.c_str(),
                m.name.c_str(), nam_uri.c_str(), dir.c_str());
 
@@ -216,8 +228,40 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   return dir;
 }
 
+NamLaunch NamLaunchFor(const Machine& m, const std::string& run_id, const std::string& run_dir) {
+  NamLaunch l;
+  std::string host, port;
+  nam::SplitHostPort(m.nam.listen, "machine " + m.name + ": /nam/listen", &host, &port);
+  if (!nam::IsLoopbackHost(host)) {
+    // Off loopback the server needs a token; the run directory is on the file system the
+    // modules share, and only this user may read it.
+    l.token_file = run_dir + "/nam-token";
+    std::random_device rd;
+    std::string token;
+    for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", rd());
+    WriteFileAtomic(l.token_file, token + "\n");
+    if (::chmod(l.token_file.c_str(), 0600) != 0) ThrowErrno("chmod " + l.token_file);
+  }
+  if (m.nam.module.empty() || m.launcher != "slurm") return l;
+  const ModuleSpec& s = m.Module(m.nam.module, "machine " + m.name + ": /nam/module");
+  if (const char* group = std::getenv("MSAFLOW_NAM_HET_GROUP")) {
+    // The coordinator was submitted with the NAM as a component of its own job.
+    l.prefix = {"srun", std::string("--het-group=") + group, "--nodes=1", "--ntasks=1", "--mpi=none",
+                "--kill-on-bad-exit=1"};
+  } else {
+    // Its own job on the module's nodes, for as long as this run lasts.
+    l.prefix = {"srun", "--job-name=msaflow-" + run_id + "-nam", "--partition=" + s.partition, "--nodes=1",
+                "--ntasks=1", "--time=" + s.time, "--mpi=none", "--kill-on-bad-exit=1"};
+    if (!s.constraint.empty()) l.prefix.push_back("--constraint=" + s.constraint);
+    l.own_allocation = true;
+  }
+  l.start_timeout_s = 300;  // an allocation may have to wait
+  return l;
+}
+
 std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir) {
   if (!p.nam.empty()) return p.nam;
+  if (!m.nam.uri.empty()) return m.nam.uri;
   if (m.nam.serve) return "serve";
   return "file://" + std::filesystem::absolute(runs_dir + "/nam").lexically_normal().string();
 }
@@ -260,6 +304,13 @@ void PrintStatus(const std::string& run_dir, std::FILE* out) {
       std::fprintf(out, "run %s (pipeline %s, machine %s, launcher %s, NAM %s)\n", e.value("run", "").c_str(),
                    e.value("pipeline", "").c_str(), e.value("machine", "").c_str(), e.value("launcher", "local").c_str(),
                    e.value("nam", "").c_str());
+    if (ev == "nam-server") {
+      std::string where = e.value("slurm_job", "").empty()
+                              ? fmt::format("pid {}", e.value("pid", 0))
+                              : fmt::format("Slurm job {} on node {}", e.value("slurm_job", ""), e.value("node", ""));
+      std::fprintf(out, "  NAM server %s (%s, persisting to %s)\n", e.value("uri", "").c_str(), where.c_str(),
+                   e.value("persist", "").c_str());
+    }
     if (ev == "round-start") std::fprintf(out, "  round %d:\n", e.at("round").get<int>());
     if (ev == "slurm-job") {
       std::string comps;

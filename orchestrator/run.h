@@ -8,6 +8,7 @@
 
 #include "orchestrator/launcher.h"
 #include "orchestrator/machine.h"
+#include "orchestrator/nam_process.h"
 #include "orchestrator/pipeline.h"
 
 namespace msaflow::orchestrator {
@@ -28,9 +29,14 @@ struct RunOptions {
 std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& opt, std::FILE* out,
                         Launcher* launcher = nullptr);
 
-// The NAM a run uses: the pipeline's URI, else "serve" (a server the run starts, persisting
-// to <runs>/nam) when the machine asks for one, else file://<runs>/nam.
+// The NAM a run uses: the pipeline's URI, else the machine's, else "serve" (a server the run
+// starts, persisting to <runs>/nam) when the machine asks for one, else file://<runs>/nam.
 std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir);
+
+// How a run starts its NAM server: a child process, or under Slurm (machine nam.module) an
+// srun into the coordinator's NAM component (MSAFLOW_NAM_HET_GROUP, set by `submit`) or into a
+// job of its own. Off loopback it writes a token file into `run_dir`.
+NamLaunch NamLaunchFor(const Machine& m, const std::string& run_id, const std::string& run_dir);
 
 // "<name>-<UTC time>-<4 hex digits>".
 std::string NewRunId(const std::string& name);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A one-machine Slurm test cluster shaped like DEEP-EST's modules: partitions cm (cm01, cm02),
-# esb (esb01, esb02) and dam (dam01, with one "fpga" GRES), each node carrying its module's
+# esb (esb01, esb02), dam (dam01, with one "fpga" GRES) and nam (nam01, where a run's NAM
+# server is placed), each node carrying its module's
 # name as a node feature, and partition "all" holding every node (for the single-allocation
 # launch mode). One slurmd per virtual node, all
 # on 127.0.0.1 with their own ports (hetjob components are only placed on distinct nodes).
@@ -19,7 +20,7 @@ mkdir -p "$STATE"
 STATE=$(cd "$STATE" && pwd)
 CONF=$STATE/etc/slurm.conf
 export SLURM_CONF=$CONF
-NODES=(cm01 cm02 esb01 esb02 dam01)
+NODES=(cm01 cm02 esb01 esb02 dam01 nam01)
 PORT0=${MSAFLOW_SLURM_PORT:-16817}
 say() { printf '[slurm-cluster] %s\n' "$*"; }
 alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -71,6 +72,7 @@ write_conf() {
     echo "PartitionName=cm Nodes=cm01,cm02 Default=YES MaxTime=INFINITE State=UP"
     echo "PartitionName=esb Nodes=esb01,esb02 MaxTime=INFINITE State=UP"
     echo "PartitionName=dam Nodes=dam01 MaxTime=INFINITE State=UP"
+    echo "PartitionName=nam Nodes=nam01 MaxTime=INFINITE State=UP"
     echo "PartitionName=all Nodes=ALL MaxTime=INFINITE State=UP"
   } > "$CONF.tmp"
   mv "$CONF.tmp" "$CONF"

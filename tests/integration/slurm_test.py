@@ -97,6 +97,8 @@ class Slurm(unittest.TestCase):
         for module, fields in changes.get("modules", {}).items():
             m["modules"][module].update(fields)
         m["slurm"].update(changes.get("slurm", {}))
+        if "nam" in changes:
+            m["nam"] = changes["nam"]
         return self.write("machine-%d.json" % time.monotonic_ns(), m)
 
     def run_msaflow(self, *args, env=None, timeout=600):
@@ -137,6 +139,7 @@ class Slurm(unittest.TestCase):
         self.assertIn("COMPLETED", st.stdout)
         self.assertIn("state: finished", st.stdout)
         self.assert_on_module_nodes(os.path.join(runs, "het"))
+        self.assert_nam_job_came_and_went(os.path.join(runs, "het"))
         # The chained fallback, after a real refusal: the test cluster's job_submit policy
         # refuses round jobs named "nohet". One job per step, afterok dependencies, same champion.
         r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "nohet-chain", "--machine", MACHINE)
@@ -173,6 +176,17 @@ class Slurm(unittest.TestCase):
         self.assert_on_module_nodes(os.path.join(runs, "single"))
         self.assertEqual(squeue(), "")
 
+    def assert_nam_job_came_and_went(self, run_dir, node="nam01"):
+        """The run's NAM server ran as a Slurm job on the nam module, and stopped cleanly."""
+        nam = [e for e in events(run_dir) if e["event"] == "nam-server"]
+        self.assertEqual(len(nam), 1)
+        self.assertEqual(nam[0]["node"], node)
+        self.assertTrue(nam[0]["slurm_job"])
+        with open(os.path.join(run_dir, "logs", "nam-server.log")) as f:
+            log = f.read()
+        self.assertIn("serving " + nam[0]["uri"], log)
+        self.assertIn("stopping:", log)  # TERM reached the server itself, not a SIGKILL of its step
+
     def assert_on_module_nodes(self, run_dir):
         """Every step ran on nodes of its module: load on cm, evaluate on esb, the rest on dam."""
         nodes = step_nodes(run_dir)
@@ -191,9 +205,77 @@ class Slurm(unittest.TestCase):
         self.assertIn("ended COMPLETED", r.stdout)
         self.assertRegex(r.stdout, r"\d+\+2 +esb +COMPLETED")  # status lists every component
         self.assertIn("state: finished", r.stdout)
+        # The NAM server was component 1 of the coordinator's own job.
+        with open(os.path.join(runs, "sub", "coordinator.sh")) as f:
+            script = f.read()
+        self.assertIn("#SBATCH hetjob\n#SBATCH --partition=nam --nodes=1", script)
+        self.assert_nam_job_came_and_went(os.path.join(runs, "sub"))
+        self.assertEqual(squeue(), "")
         r = self.run_msaflow("submit", p, "--runs", runs, "--run-id", "sub2")
         self.assertEqual(r.returncode, 3)
         self.assertIn("needs a Slurm machine", r.stderr)
+
+    def test_a_machine_can_name_a_running_nam_server(self):
+        """The NAM at an address the machine file names: a server this test started on the node's
+        name (not loopback, so with a token), used by every step, left running."""
+        token = os.path.join(self.dir, "token")
+        with open(token, "w") as f:
+            f.write(os.urandom(16).hex())
+        os.chmod(token, 0o600)
+        ready = os.path.join(self.dir, "ready.json")
+        log = open(os.path.join(self.dir, "server.log"), "w")
+        srv = subprocess.Popen([EXE, "nam", "serve", "--listen", "*:0", "--token-file", token, "--ready-file", ready],
+                               stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 20
+            while not os.path.exists(ready):
+                self.assertIsNone(srv.poll(), "the NAM server did not start")
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.05)
+            with open(ready) as f:
+                uri = json.load(f)["uri"] + "?token-file=" + token
+            self.assertNotIn("127.0.0.1", uri)
+            machine = self.machine(nam={"serve": False, "uri": uri})
+            p = self.write("p.json", pipeline("slurm-uri", rounds=1))
+            runs = os.path.join(self.dir, "runs")
+            r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "uri", "--machine", machine)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+            self.assertEqual(self.results("uri")["nam"], uri)
+            self.assertEqual([e for e in events(os.path.join(runs, "uri")) if e["event"] == "nam-server"], [])
+            models = self.run_msaflow("nam", "ls", "model/uri/", "--nam", uri)
+            self.assertEqual(models.returncode, 0, models.stderr)
+            self.assertEqual(len(models.stdout.strip().splitlines()), 4, models.stdout)  # round 1's 4 candidates
+            self.assertIsNone(srv.poll())  # not the run's to stop
+            no_token = self.run_msaflow("nam", "ls", "--nam", uri.split("?")[0] + "?timeout=2")
+            self.assertNotEqual(no_token.returncode, 0)
+            self.assertIn("needs its token", no_token.stderr)
+        finally:
+            srv.terminate()
+            srv.wait(timeout=30)
+            log.close()
+
+    def test_a_killed_coordinator_leaves_no_nam_job(self):
+        p = self.write("p.json", pipeline("slurm-kill", rounds=1))
+        runs = os.path.join(self.dir, "runs")
+        env = dict(os.environ)
+        env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
+                                                 "delay_ms": 1500, "count": 2}])
+        proc = subprocess.Popen([EXE, "run", p, "--runs", runs, "--run-id", "k", "--machine", MACHINE],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        rd = os.path.join(runs, "k")
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(e["event"] == "task-start" for e in events(rd)):
+            time.sleep(0.1)
+        self.assertTrue(any(e["event"] == "nam-server" for e in events(rd)))
+        proc.kill()  # no chance to clean up
+        proc.wait()
+        # The NAM's srun learns of it (parent-death signal) and ends its job; the round's job
+        # fails without its NAM or finishes; nothing stays.
+        deadline = time.time() + 120
+        while time.time() < deadline and (squeue() or leftovers(rd)):
+            time.sleep(0.5)
+        self.assertEqual(squeue(), "")
+        self.assertEqual(leftovers(rd), [])
 
     def cancel_mid_round(self, retries):
         p = self.write("p.json", pipeline("slurm-cancel", rounds=1, retries=retries))
