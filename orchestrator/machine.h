@@ -1,5 +1,5 @@
 // A machine file: which modules exist (cm, esb, dam) and what each offers. configs/machines/
-// holds them; "local" (this machine, no Slurm) is built in. docs/machines.md.
+// holds them; "local" (this machine, no Slurm) is built in. Fields: docs/slurm.md ("The machine file").
 #pragma once
 
 #include <cstdint>
