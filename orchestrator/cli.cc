@@ -244,6 +244,7 @@ int main(int argc, char** argv) {
       opt.runs_dir = runs_dir;
       opt.run_id = run_id;
       opt.msaflow_exe = SelfExe();
+      orchestrator::InstallInterruptHandlers();  // Ctrl-C / scancel of the coordinator: end what it started
       orchestrator::RunPipeline(p, m, opt, stdout);
       return 0;
     }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,7 +29,22 @@ struct Child {
   bool exited = false;
 };
 
+volatile sig_atomic_t g_interrupt = 0;
+
+void OnInterrupt(int sig) { g_interrupt = sig; }
+
 }  // namespace
+
+void InstallInterruptHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+int InterruptSignal() { return g_interrupt; }
 
 std::vector<std::string> LocalLauncher::Command(const Task& t, const std::string& task_file) const {
   return {exe_, "module", t.step, "--task", task_file};
@@ -80,8 +96,19 @@ void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
       for (auto& k : kids)
         if (k.fd >= 0) pfds.push_back({k.fd, POLLIN, 0});
       if (::poll(pfds.data(), pfds.size(), -1) < 0) {
-        if (errno == EINTR) continue;
-        ThrowErrno("poll");
+        if (errno != EINTR) ThrowErrno("poll");
+        if (int sig = InterruptSignal()) {
+          for (auto& k : kids) ::kill(k.pid, SIGTERM);
+          for (auto& k : kids) {
+            while (::waitpid(k.pid, &k.status, 0) < 0 && errno == EINTR) {
+            }
+            if (k.fd >= 0) ::close(k.fd);
+            std::fclose(k.log);
+          }
+          Throw(ErrorKind::kTaskFailed, "interrupted by signal " + std::to_string(sig) + " during task " + t.id +
+                                            "; its processes were stopped");
+        }
+        continue;
       }
       for (auto& k : kids) {
         if (k.fd < 0) continue;

@@ -30,6 +30,12 @@ class Launcher {
                         const std::string& log_dir, const LaunchObserver& obs) = 0;
 };
 
+// SIGINT/SIGTERM to the coordinator: InstallInterruptHandlers makes them set a flag (no
+// SA_RESTART, so waits return EINTR) that the launchers check; they then end what they started
+// (child processes, Slurm jobs) and throw kTaskFailed "interrupted by signal N".
+void InstallInterruptHandlers();
+int InterruptSignal();  // 0 until one arrived
+
 class LocalLauncher : public Launcher {
  public:
   explicit LocalLauncher(std::string msaflow_exe) : exe_(std::move(msaflow_exe)) {}

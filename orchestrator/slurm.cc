@@ -536,6 +536,19 @@ void SlurmLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
       }
     };
     for (;;) {
+      if (int sig = InterruptSignal()) {
+        // The coordinator is asked to stop: its jobs go with it.
+        for (const auto& j : jobs) runner_->Cancel(j);
+        std::this_thread::sleep_for(std::chrono::seconds(1));  // let Slurm end the steps first
+        int leftovers = EndLeftoverSruns(ReadProgress(sp.progress));
+        std::string list;
+        for (const auto& j : jobs) list += (list.empty() ? "" : ", ") + j;
+        std::string msg = fmt::format("round {}: interrupted by signal {}; cancelled Slurm job(s) {}", plan.round, sig,
+                                      list);
+        if (leftovers) msg += fmt::format("; {} leftover srun process(es) ended", leftovers);
+        event("slurm-interrupted", {{"round", plan.round}, {"signal", sig}, {"jobs", jobs}, {"message", msg}});
+        Throw(ErrorKind::kTaskFailed, msg);
+      }
       Progress pr = ReadProgress(sp.progress);
       for (const Task& t : todo) {
         if (pr.started.count(t.id) && !announced.count(t.id)) {

@@ -7,6 +7,7 @@ retried or failed as the pipeline says, with nothing left running."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -275,6 +276,29 @@ class Slurm(unittest.TestCase):
         while time.time() < deadline and (squeue() or leftovers(rd)):
             time.sleep(0.5)
         self.assertEqual(squeue(), "")
+        self.assertEqual(leftovers(rd), [])
+
+    def test_an_interrupted_coordinator_cancels_its_jobs(self):
+        p = self.write("p.json", pipeline("slurm-int", rounds=1))
+        runs = os.path.join(self.dir, "runs")
+        env = dict(os.environ)
+        env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
+                                                 "delay_ms": 300000, "count": 0}])  # training would hang
+        proc = subprocess.Popen([EXE, "run", p, "--runs", runs, "--run-id", "i", "--machine", MACHINE],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        rd = os.path.join(runs, "i")
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(e["event"] == "task-start" and e["task"] == "r1-train"
+                                                 for e in events(rd)):
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 1, out[-2000:] + err)
+        self.assertIn("interrupted by signal 15", err)
+        ev = events(rd)
+        self.assertEqual([e["event"] for e in ev if e["event"] in ("slurm-interrupted", "run-failed")],
+                         ["slurm-interrupted", "run-failed"])
+        self.assertEqual(squeue(), "")  # the round's job and the NAM job are gone already
         self.assertEqual(leftovers(rd), [])
 
     def cancel_mid_round(self, retries):
