@@ -30,6 +30,16 @@ std::string Tail(const std::string& path) {
   }
 }
 
+// Waits up to `ms` for the child to exit; true once it has been reaped.
+bool Reap(pid_t pid, int ms) {
+  int st = 0;
+  for (int i = 0; i < ms / 10; ++i) {
+    if (::waitpid(pid, &st, WNOHANG) == pid) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 }  // namespace
 
 NamServerProcess::NamServerProcess(const std::string& exe, const NamSpec& spec, const std::string& persist_dir,
@@ -103,10 +113,7 @@ NamServerProcess::NamServerProcess(const std::string& exe, const NamSpec& spec, 
     }
     if (std::chrono::steady_clock::now() - start > std::chrono::duration<double>(launch.start_timeout_s)) {
       ::kill(pid_, SIGTERM);  // srun, if it is one, ends its job on TERM
-      bool reaped = false;
-      for (int i = 0; i < 500 && !(reaped = ::waitpid(pid_, &st, WNOHANG) == pid_); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      if (!reaped) {
+      if (!Reap(pid_, 5000)) {
         ::kill(pid_, SIGKILL);
         ::waitpid(pid_, &st, 0);
       }
@@ -117,20 +124,6 @@ NamServerProcess::NamServerProcess(const std::string& exe, const NamSpec& spec, 
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
-
-namespace {
-
-// Waits up to `ms` for the child to exit; true once it has been reaped.
-bool Reap(pid_t pid, int ms) {
-  int st = 0;
-  for (int i = 0; i < ms / 10; ++i) {
-    if (::waitpid(pid, &st, WNOHANG) == pid) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
-}  // namespace
 
 NamServerProcess::~NamServerProcess() {
   if (pid_ <= 0) return;

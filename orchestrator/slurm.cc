@@ -238,10 +238,10 @@ std::string SingleScript(const std::vector<Task>& tasks, const Machine& m,
                      ms.nodes, name);
   }
   for (const Task& t : tasks) {
-    int64_t n = std::min(t.ranks, m.Module(t.module, "machine " + m.name).nodes);
-    std::string list = n < m.Module(t.module, "").nodes
-                           ? fmt::format("$(echo \"$NODES_{}\" | cut -d, -f1-{})", t.module, n)
-                           : "$NODES_" + t.module;
+    int64_t module_nodes = m.Module(t.module, "machine " + m.name).nodes;
+    int64_t n = std::min(t.ranks, module_nodes);
+    std::string list = n < module_nodes ? fmt::format("$(echo \"$NODES_{}\" | cut -d, -f1-{})", t.module, n)
+                                        : "$NODES_" + t.module;
     s += StepLine(t, fmt::format("--nodes={} --nodelist={}", n, list), task_files, p);
   }
   return s;
