@@ -1,6 +1,6 @@
 // Launchers run a round's tasks on the modules. The local launcher starts each task as
-// `msaflow module <step> --task FILE` child processes (one per rank); a Slurm launcher (hetjob
-// per round) implements the same interface.
+// `msaflow module <step> --task FILE`, under `mpirun -n N` when it has several ranks; the Slurm
+// launcher (a hetjob per round, srun --mpi=pmix per step) implements the same interface.
 #pragma once
 
 #include <functional>
@@ -38,14 +38,16 @@ int InterruptSignal();  // 0 until one arrived
 
 class LocalLauncher : public Launcher {
  public:
-  explicit LocalLauncher(std::string msaflow_exe) : exe_(std::move(msaflow_exe)) {}
+  explicit LocalLauncher(std::string msaflow_exe);
   void RunRound(const RoundPlan& plan, const std::map<std::string, std::string>& task_files, const std::string& log_dir,
                 const LaunchObserver& obs) override;
-  // The command line of one rank (for `msaflow plan`).
+  // The command line of a task: `mpirun -n N --bind-to none msaflow module ...` for several
+  // ranks, the module alone for one (an MPI singleton).
   std::vector<std::string> Command(const Task& t, const std::string& task_file) const;
 
  private:
   std::string exe_;
+  std::string mpirun_;
 };
 
 }  // namespace msaflow::orchestrator

@@ -20,9 +20,9 @@ constexpr char kLocalMachine[] = R"json({
   "launcher": "local",
   "modules": {
     "cm":  {"description": "Cluster Module: coordinator and model loading (local processes)", "max_ranks": 1},
-    "esb": {"description": "Extreme Scale Booster: evaluation task farm (local processes)", "max_ranks": 0},
-    "dam": {"description": "Data Analytics Module: preparation, training, selection (FPGA simulated on the CPU)",
-            "max_ranks": 0, "fpga": "simulated"}
+    "esb": {"description": "Extreme Scale Booster: evaluation task farm (local MPI ranks, may outnumber the cores)", "max_ranks": 64},
+    "dam": {"description": "Data Analytics Module: preparation, training, selection (FPGA simulated on the CPU; local MPI ranks)",
+            "max_ranks": 64, "fpga": "simulated"}
   },
   "nam": {"serve": true, "listen": "127.0.0.1:0", "provider": "tcp", "capacity": "2GiB"}
 })json";

@@ -1,18 +1,39 @@
 #include "orchestrator/planner.h"
 
+#include <fmt/core.h>
+
 #include "common/error.h"
 
 namespace msaflow::orchestrator {
 
-std::string ModelObject(const std::string& run, int round, const std::string& cand) {
-  return "model/" + run + "/" + std::to_string(round) + "/" + cand;
-}
-std::string ResultObject(const std::string& run, int round, const std::string& cand) {
-  return "result/" + run + "/" + std::to_string(round) + "/" + cand;
-}
-std::string BestObject(const std::string& run, int round) { return "best/" + run + "/" + std::to_string(round); }
-std::string PreparedObject(const std::string& run, int round) {
-  return "prepared/" + run + "/" + std::to_string(round);
+TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, const ModuleSpec& mod,
+                               size_t candidates) {
+  const workflow::TrainParallelSpec& ps = s.parallel;
+  TrainLayout t;
+  t.mode = ps.mode;
+  t.ranks = s.ranks;
+  if (t.mode == "auto") t.mode = static_cast<int64_t>(candidates) >= s.ranks ? "independent" : "sync";
+  if (t.mode == "async" || t.mode == "hybrid") {
+    t.servers = ps.servers;
+    t.max_staleness = ps.max_staleness;
+  }
+  if (t.mode == "hybrid") t.groups = ps.groups;
+  if (t.processes() > mod.max_ranks) {
+    // The machine gives the module fewer processes than asked: keep the servers, fewer workers.
+    int64_t fit = mod.max_ranks - t.servers;
+    std::string why = fmt::format("{}: /steps/train/ranks: {} ranks{} need {} processes, but module {} allows {} "
+                                  "(max_ranks in the machine file)",
+                                  p.name, t.ranks, t.servers ? fmt::format(" + {} server(s)", t.servers) : "",
+                                  t.processes(), mod.name, mod.max_ranks);
+    if (t.mode == "async" && fit < 2) Throw(ErrorKind::kInvalidInput, why + "; async needs 2 workers besides its servers");
+    if (t.mode == "hybrid") Throw(ErrorKind::kInvalidInput, why + "; hybrid groups need exactly the ranks asked for");
+    t.ranks = std::max<int64_t>(1, fit);
+  }
+  if (ps.straggler_rank >= 0 && ps.straggler_rank < t.ranks) {
+    t.straggler_rank = ps.straggler_rank;
+    t.straggler_factor = ps.straggler_factor;
+  }
+  return t;
 }
 
 RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_id, const std::string& nam_uri,
@@ -33,13 +54,17 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
     t.step = step;
     t.module = s.module;
     t.ranks = std::min<int64_t>(s.ranks, mod.max_ranks);
-    if (step == "load" || step == "store" || step == "select") t.ranks = 1;  // single-writer steps
+    if (step == "load" || step == "store") t.ranks = 1;  // single-writer steps
     if (!prev.empty()) t.after = {prev};
     prev = t.id;
     t.body = {{"format", kTaskFormat}, {"run", run_id}, {"round", round}, {"step", step},
               {"module", s.module},    {"nam", nam_uri}, {"pipeline", p.source}};
     if (step == "train" || step == "store" || step == "evaluate" || step == "select") t.body["candidates"] = cands;
-    if (step == "train") t.body["mode"] = s.mode;
+    if (step == "train") {
+      TrainLayout layout = ResolveTrainLayout(p, s, mod, fresh.size());
+      t.ranks = layout.processes();
+      t.body["train"] = layout.ToJson();
+    }
     if (step == "evaluate") t.body["shards"] = s.shards > 0 ? s.shards : 2 * t.ranks;
     if (step == "select") {
       t.body["kept"] = kept_json;

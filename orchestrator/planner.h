@@ -7,19 +7,39 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/candidates.h"
 #include "orchestrator/machine.h"
-#include "orchestrator/pipeline.h"
+#include "workflow/candidates.h"
+#include "workflow/objects.h"
+#include "workflow/pipeline.h"
+#include "workflow/task.h"
 
 namespace msaflow::orchestrator {
 
-inline constexpr char kTaskFormat[] = "msaflow.task/1";  // docs/formats.md
+// The orchestrator plans with the workflow's types.
+using workflow::BackboneSpec;
+using workflow::Candidate;
+using workflow::Pipeline;
+using workflow::Ranked;
+using workflow::StepNames;
+using workflow::StepSpec;
+using workflow::KeptModel;
+using workflow::TrainLayout;
+using workflow::kTaskFormat;
+using workflow::BestObject;
+using workflow::ModelObject;
+using workflow::PreparedObject;
+using workflow::ResultObject;
+using workflow::CandidateFromJson;
+using workflow::FirstRound;
+using workflow::HeadLabel;
+using workflow::NextRound;
+using workflow::ToJson;
 
 struct Task {
   std::string id;      // "r<round>-<step>"
   std::string step;
   std::string module;  // cm | esb | dam
-  int64_t ranks = 1;
+  int64_t ranks = 1;  // processes started (for train: gradient ranks + parameter servers)
   std::vector<std::string> after;  // task ids that must finish first
   nlohmann::json body;             // the task file given to `msaflow module <step> --task`
 };
@@ -35,13 +55,13 @@ struct KeptCandidate {
   std::string result;  // NAM result object
 };
 
+// The train step's layout for `candidates` candidates on machine module `mod`: mode auto
+// resolved (independent when candidates >= ranks, else sync), ranks capped by the module's
+// max_ranks (servers included). Throws kInvalidInput when the capped ranks break the mode.
+TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, const ModuleSpec& mod,
+                               size_t candidates);
+
 RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_id, const std::string& nam_uri,
                     int round, const std::vector<Candidate>& fresh, const std::vector<KeptCandidate>& kept);
-
-// NAM object names (docs/nam.md).
-std::string ModelObject(const std::string& run, int round, const std::string& cand);
-std::string ResultObject(const std::string& run, int round, const std::string& cand);
-std::string BestObject(const std::string& run, int round);
-std::string PreparedObject(const std::string& run, int round);
 
 }  // namespace msaflow::orchestrator

@@ -9,7 +9,7 @@
 #include "orchestrator/launcher.h"
 #include "orchestrator/machine.h"
 #include "orchestrator/nam_process.h"
-#include "orchestrator/pipeline.h"
+#include "workflow/pipeline.h"
 
 namespace msaflow::orchestrator {
 

@@ -135,8 +135,9 @@ std::string StepLine(const Task& t, const std::string& placement, const std::map
                      const SlurmScriptParams& p) {
   std::string srun = "srun";
   if (!placement.empty()) srun += " " + placement;
-  // No MPI in the steps yet: --mpi=none (never a PMIx step spanning components).
-  srun += " --ntasks=" + std::to_string(t.ranks) + " --mpi=none --kill-on-bad-exit=1";
+  // Every step is an MPI program: PMIx, one component per step (a PMIx step spanning hetjob
+  // components can hang at exit in Slurm 22.05, ../shared/INFRA.md).
+  srun += " --ntasks=" + std::to_string(t.ranks) + " --mpi=pmix --kill-on-bad-exit=1";
   return "step " + t.id + " " + ShellQuote(p.log_dir + "/" + t.id + ".log") + " " + srun + " " + ShellQuote(p.exe) +
          " module " + t.step + " --task " + ShellQuote(task_files.at(t.id)) + " || exit 1\n";
 }

@@ -11,6 +11,7 @@
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
 #include "kernels/head.h"
+#include "parallel/train.h"
 #include "kernels/metrics.h"
 #include "kernels/onnx_graph.h"
 #include "kernels/prepare.h"
@@ -278,6 +279,24 @@ void Blobs(int64_t n, int64_t dim, int64_t classes, uint64_t seed, std::vector<f
   }
 }
 
+// One rank of sync training: plain minibatch training.
+Head Train(const HeadConfig& cfg, const std::vector<float>& x, const std::vector<uint8_t>& y) {
+  const int64_t n = static_cast<int64_t>(y.size()), dim = static_cast<int64_t>(x.size()) / n;
+  Head h = InitHead(cfg, x.data(), y.data(), n, dim, 3);
+  std::vector<float> xs(x.size());
+  h.Standardize(x.data(), n, xs.data());
+  parallel::SelfComm self;
+  parallel::TrainSync(self, {xs.data(), y.data(), n}, &h);
+  return h;
+}
+
+TEST(Head, RefusesLabelsOutOfRange) {
+  std::vector<float> x(4 * 3, 1.f);
+  std::vector<uint8_t> y = {0, 1, 2, 7};
+  EXPECT_EQ(ErrorOf([&] { InitHead(HeadConfig{}, x.data(), y.data(), 4, 3, 3); }),
+            "train: row 3 has label 7, expected 0..2");
+}
+
 TEST(Head, LearnsAndIsDeterministic) {
   std::vector<float> x, xt;
   std::vector<uint8_t> y, yt;
@@ -290,15 +309,17 @@ TEST(Head, LearnsAndIsDeterministic) {
     cfg.epochs = 8;
     cfg.lr = 0.01;
     cfg.seed = 42;
-    Head a = TrainHead(cfg, x.data(), y.data(), 600, 12, 3);
-    Head b = TrainHead(cfg, x.data(), y.data(), 600, 12, 3);
+    Head a = Train(cfg, x, y);
+    Head b = Train(cfg, x, y);
     EXPECT_EQ(a.Serialize(), b.Serialize()) << type;
-    EXPECT_LT(a.curve_loss.back(), a.curve_loss.front()) << type;
+    ASSERT_EQ(a.curve.size(), 8u);
+    EXPECT_LT(a.curve.back().loss, a.curve.front().loss) << type;
+    EXPECT_EQ(a.curve.back().step, 8 * ((600 + 63) / 64));
     auto logits = a.Logits(xt.data(), 300);
     Metrics m = Evaluate(logits.data(), yt.data(), 300, 3);
     EXPECT_GT(m.accuracy(), 0.9) << type;
     cfg.seed = 43;
-    EXPECT_NE(TrainHead(cfg, x.data(), y.data(), 600, 12, 3).Serialize(), a.Serialize());
+    EXPECT_NE(Train(cfg, x, y).Serialize(), a.Serialize());
     Head back = Head::Deserialize(a.config, 12, 3, a.Serialize());
     EXPECT_EQ(back.Logits(xt.data(), 5), a.Logits(xt.data(), 5));
     EXPECT_EQ(ErrorOf([&] { Head::Deserialize(a.config, 12, 3, a.Serialize().substr(4)); }).rfind("head weights: ", 0), 0u);

@@ -11,10 +11,11 @@
 #include "common/error.h"
 #include "kernels/dataset.h"
 #include "modules/steps.h"
+#include "parallel/comm.h"
 #include "nam/store.h"
-#include "orchestrator/candidates.h"
+#include "workflow/candidates.h"
 #include "orchestrator/machine.h"
-#include "orchestrator/pipeline.h"
+#include "workflow/pipeline.h"
 #include "orchestrator/planner.h"
 
 namespace msaflow {
@@ -50,9 +51,9 @@ class TinyRound : public ::testing::Test {
                 {"rounds", {{"max", 1}, {"candidates", 2}, {"seed", 1}}}};
     static int n = 0;
     nam_ = "mem://modules-test-" + std::to_string(n++);
-    pipeline_ = orchestrator::ParsePipeline(doc.dump(), "tiny.json", dir_);
+    pipeline_ = workflow::ParsePipeline(doc.dump(), "tiny.json", dir_);
     machine_ = orchestrator::LoadMachine("local");
-    plan_ = orchestrator::PlanRound(pipeline_, machine_, "run1", nam_, 1, orchestrator::FirstRound(pipeline_), {});
+    plan_ = orchestrator::PlanRound(pipeline_, machine_, "run1", nam_, 1, workflow::FirstRound(pipeline_), {});
     store_ = nam::OpenStore(nam_);
   }
   void TearDown() override {
@@ -64,7 +65,8 @@ class TinyRound : public ::testing::Test {
       if (t.step == step) {
         std::FILE* sink = std::fopen("/dev/null", "w");
         try {
-          modules::RunStep(step, t.body, 0, 1, sink);
+          parallel::SelfComm self;
+          modules::RunStep(step, t.body, self, sink);
         } catch (...) {
           std::fclose(sink);
           throw;
@@ -86,7 +88,7 @@ class TinyRound : public ::testing::Test {
   }
 
   std::string dir_, nam_;
-  orchestrator::Pipeline pipeline_;
+  workflow::Pipeline pipeline_;
   orchestrator::Machine machine_;
   orchestrator::RoundPlan plan_;
   std::unique_ptr<nam::Store> store_;
@@ -94,7 +96,7 @@ class TinyRound : public ::testing::Test {
 
 TEST_F(TinyRound, RunsAllSteps) {
   for (const char* s : {"load", "prepare", "train", "store", "evaluate", "select"}) Step(s);
-  json best = json::parse(store_->Get(orchestrator::BestObject("run1", 1)).bytes);
+  json best = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
   EXPECT_GT(best["champion"]["accuracy"].get<double>(), 0.9);  // an easy problem
 }
 
@@ -132,10 +134,10 @@ TEST_F(TinyRound, AnUnreachableNamFailsTheStepWithItsName) {
 
 TEST_F(TinyRound, ASlowNamChangesNothingButTime) {
   for (const char* s : {"load", "prepare", "train", "store", "evaluate", "select"}) Step(s);
-  json fast = json::parse(store_->Get(orchestrator::BestObject("run1", 1)).bytes);
+  json fast = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
   Faults(R"([{"op": "any", "action": "delay", "delay_ms": 3, "count": 0}])");
   for (const char* s : {"train", "store", "evaluate", "select"}) Step(s);
-  json slow = json::parse(store_->Get(orchestrator::BestObject("run1", 1)).bytes);
+  json slow = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
   EXPECT_EQ(slow["champion"], fast["champion"]);
 }
 

@@ -1,10 +1,10 @@
-#include "orchestrator/pipeline.h"
+#include "workflow/pipeline.h"
 
 #include <gtest/gtest.h>
 
 #include "common/error.h"
 
-namespace msaflow::orchestrator {
+namespace msaflow::workflow {
 namespace {
 
 const char* kGood = R"({
@@ -43,7 +43,8 @@ TEST(Pipeline, ParsesAndResolvesPaths) {
   ASSERT_EQ(p.backbones.size(), 2u);
   EXPECT_EQ(p.backbones[0].onnx, "/base/m.onnx");
   EXPECT_EQ(p.backbones[1].kind, "pixels");
-  EXPECT_EQ(p.steps.at("train").mode, "async");
+  EXPECT_EQ(p.steps.at("train").parallel.mode, "async");
+  EXPECT_EQ(p.steps.at("train").parallel.servers, 1);
   EXPECT_EQ(p.steps.at("evaluate").module, "esb");
   EXPECT_EQ(p.rounds.max, 3);
   // The source round-trips with absolute paths.
@@ -54,7 +55,8 @@ TEST(Pipeline, ParsesAndResolvesPaths) {
 
 TEST(Pipeline, ExactErrors) {
   EXPECT_EQ(ErrorOf(With("\"async\"", "\"asnyc\"")),
-            "p.json: /steps/train/mode: \"asnyc\" is not one of sync, async, hybrid — did you mean \"async\"?");
+            "p.json: /steps/train/mode: \"asnyc\" is not one of auto, independent, sync, async, hybrid — did you mean "
+            "\"async\"?");
   EXPECT_EQ(ErrorOf(With("\"max\": 3", "\"max\": 0")), "p.json: /rounds/max: 0 is out of range; expected 1..1000");
   EXPECT_EQ(ErrorOf(With("\"max\": 3", "\"maxx\": 3")),
             "p.json: /rounds/maxx: unknown key — did you mean \"max\"?");
@@ -77,5 +79,30 @@ TEST(Pipeline, ExactErrors) {
   EXPECT_EQ(ErrorOf("[]"), "p.json: /: expected an object, got an array");
 }
 
+// A mode the train step cannot use is refused with the pointer and what would work.
+TEST(Pipeline, TrainModesThatCannotRunAreRefused) {
+  EXPECT_EQ(ErrorOf(With("\"ranks\": 2", "\"ranks\": 1")),
+            "p.json: /steps/train/mode: async needs at least 2 ranks (workers that update the parameter server "
+            "without waiting for each other); with 1 rank use \"sync\", or set \"ranks\": 2 or more");
+  EXPECT_EQ(ErrorOf(With("\"mode\": \"async\", \"ranks\": 2", "\"mode\": \"hybrid\", \"ranks\": 6, \"groups\": 4")),
+            "p.json: /steps/train/groups: 4 groups do not divide 6 ranks into groups of at least 2; groups that would "
+            "work with 6 ranks: 2, 3");
+  EXPECT_EQ(ErrorOf(With("\"mode\": \"async\", \"ranks\": 2", "\"mode\": \"hybrid\", \"ranks\": 3")),
+            "p.json: /steps/train/groups: 2 groups do not divide 3 ranks into groups of at least 2; hybrid needs at "
+            "least 4 ranks (2 groups of 2)");
+  EXPECT_EQ(ErrorOf(With("\"mode\": \"async\"", "\"mode\": \"sync\", \"groups\": 2")),
+            "p.json: /steps/train/groups: only for mode hybrid; mode is \"sync\"");
+  EXPECT_EQ(ErrorOf(With("\"mode\": \"async\"", "\"mode\": \"sync\", \"servers\": 2")),
+            "p.json: /steps/train/servers: only for mode async or hybrid (a parameter server); mode is \"sync\"");
+  EXPECT_EQ(ErrorOf(With("\"ranks\": 2", "\"ranks\": 2, \"straggler\": {\"rank\": 2, \"factor\": 4}")),
+            "p.json: /steps/train/straggler/rank: 2 is out of range; expected 0..1");
+  Pipeline p = ParsePipeline(With("\"mode\": \"async\", \"ranks\": 2",
+                                   "\"mode\": \"hybrid\", \"ranks\": 4, \"max_staleness\": 3, \"servers\": 2"),
+                             "p.json", "/base");
+  EXPECT_EQ(p.steps.at("train").parallel.groups, 2);
+  EXPECT_EQ(p.steps.at("train").parallel.servers, 2);
+  EXPECT_EQ(p.steps.at("train").parallel.max_staleness, 3);
+}
+
 }  // namespace
-}  // namespace msaflow::orchestrator
+}  // namespace msaflow::workflow

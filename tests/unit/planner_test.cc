@@ -2,12 +2,14 @@
 
 #include "common/error.h"
 #include "common/files.h"
-#include "orchestrator/candidates.h"
+#include "workflow/candidates.h"
 #include "orchestrator/machine.h"
 #include "orchestrator/planner.h"
 
 namespace msaflow::orchestrator {
 namespace {
+
+using workflow::ParsePipeline;
 
 Pipeline TwoBackbones() {
   return ParsePipeline(R"({"name": "t",
@@ -35,6 +37,55 @@ TEST(Planner, RoundBindsStepsToModules) {
   EXPECT_EQ(ev.body["shards"], 2 * ev.ranks);
   EXPECT_EQ(ev.body["candidates"].size(), 5u);
   EXPECT_EQ(plan.tasks[0].body["format"], kTaskFormat);
+}
+
+Pipeline WithTrain(const std::string& train, int64_t candidates) {
+  return ParsePipeline(R"({"name": "t",
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"}},
+    "backbones": [{"name": "pixels", "kind": "pixels"}],
+    "steps": {"train": )" + train + R"(}, "rounds": {"candidates": )" + std::to_string(candidates) + "}}",
+                       "p.json", "/b");
+}
+
+ModuleSpec Dam(int64_t max_ranks) {
+  ModuleSpec m;
+  m.name = "dam";
+  m.max_ranks = max_ranks;
+  return m;
+}
+
+std::string LayoutError(const Pipeline& p, int64_t max_ranks) {
+  try {
+    ResolveTrainLayout(p, p.steps.at("train"), Dam(max_ranks), 4);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Planner, TrainLayoutResolvesAutoAndCountsServers) {
+  // auto: candidates dealt out while there are enough of them, else data-parallel sync.
+  Pipeline p = WithTrain(R"({"ranks": 4})", 4);
+  EXPECT_EQ(ResolveTrainLayout(p, p.steps.at("train"), Dam(8), 4).mode, "independent");
+  EXPECT_EQ(ResolveTrainLayout(p, p.steps.at("train"), Dam(8), 3).mode, "sync");
+  // async and hybrid start their servers beside the gradient ranks.
+  p = WithTrain(R"({"ranks": 4, "mode": "hybrid", "servers": 2, "max_staleness": 5})", 4);
+  TrainLayout t = ResolveTrainLayout(p, p.steps.at("train"), Dam(8), 4);
+  EXPECT_EQ(t.mode, "hybrid");
+  EXPECT_EQ(t.processes(), 6);
+  EXPECT_EQ(t.groups, 2);
+  EXPECT_EQ(t.max_staleness, 5);
+  RoundPlan plan = PlanRound(p, LoadMachine("local"), "run1", "mem://x", 1, FirstRound(p), {});
+  // The task carries the layout the module reads back.
+  EXPECT_EQ(workflow::TrainLayoutFromJson(plan.tasks[2].body["train"], "t").ToJson(), t.ToJson());
+  // A machine with fewer processes: sync and async shrink, hybrid's groups cannot.
+  p = WithTrain(R"({"ranks": 4, "mode": "async"})", 4);
+  EXPECT_EQ(ResolveTrainLayout(p, p.steps.at("train"), Dam(3), 4).ranks, 2);
+  EXPECT_EQ(LayoutError(p, 2), "t: /steps/train/ranks: 4 ranks + 1 server(s) need 5 processes, but module dam allows 2 "
+                               "(max_ranks in the machine file); async needs 2 workers besides its servers");
+  p = WithTrain(R"({"ranks": 4, "mode": "hybrid"})", 4);
+  EXPECT_EQ(LayoutError(p, 4), "t: /steps/train/ranks: 4 ranks + 1 server(s) need 5 processes, but module dam allows 4 "
+                               "(max_ranks in the machine file); hybrid groups need exactly the ranks asked for");
 }
 
 TEST(Candidates, FirstRoundCoversBackbonesDeterministically) {

@@ -67,12 +67,12 @@ step() {
   echo "end $id $rc $(date +%s.%N)" >> "$PROGRESS"
   return "$rc"
 }
-step r1-load /r/logs/r1-load.log srun --het-group=0 --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module load --task /r/tasks/r1-load.json || exit 1
-step r1-prepare /r/logs/r1-prepare.log srun --het-group=1 --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module prepare --task /r/tasks/r1-prepare.json || exit 1
-step r1-train /r/logs/r1-train.log srun --het-group=1 --ntasks=2 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module train --task /r/tasks/r1-train.json || exit 1
-step r1-store /r/logs/r1-store.log srun --het-group=1 --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module store --task /r/tasks/r1-store.json || exit 1
-step r1-evaluate /r/logs/r1-evaluate.log srun --het-group=2 --ntasks=4 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module evaluate --task /r/tasks/r1-evaluate.json || exit 1
-step r1-select /r/logs/r1-select.log srun --het-group=1 --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module select --task /r/tasks/r1-select.json || exit 1
+step r1-load /r/logs/r1-load.log srun --het-group=0 --ntasks=1 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module load --task /r/tasks/r1-load.json || exit 1
+step r1-prepare /r/logs/r1-prepare.log srun --het-group=1 --ntasks=1 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module prepare --task /r/tasks/r1-prepare.json || exit 1
+step r1-train /r/logs/r1-train.log srun --het-group=1 --ntasks=2 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module train --task /r/tasks/r1-train.json || exit 1
+step r1-store /r/logs/r1-store.log srun --het-group=1 --ntasks=1 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module store --task /r/tasks/r1-store.json || exit 1
+step r1-evaluate /r/logs/r1-evaluate.log srun --het-group=2 --ntasks=4 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module evaluate --task /r/tasks/r1-evaluate.json || exit 1
+step r1-select /r/logs/r1-select.log srun --het-group=1 --ntasks=1 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module select --task /r/tasks/r1-select.json || exit 1
 )SH";
   EXPECT_EQ(s, expected);
 }
@@ -86,7 +86,7 @@ TEST(Slurm, ChainedScriptIsExactAndQuotesPaths) {
   EXPECT_NE(s.find("#SBATCH --job-name=msaflow-run1-r2-train\n"), std::string::npos) << s;
   EXPECT_NE(s.find("#SBATCH --partition=dam --nodes=1 --ntasks=2 --time=20 --gres=fpga:1\n"), std::string::npos);
   EXPECT_NE(s.find("PROGRESS='/r/my progress'\n"), std::string::npos);
-  EXPECT_NE(s.find("step r1-train /r/logs/r1-train.log srun --ntasks=2 --mpi=none --kill-on-bad-exit=1 "
+  EXPECT_NE(s.find("step r1-train /r/logs/r1-train.log srun --ntasks=2 --mpi=pmix --kill-on-bad-exit=1 "
                    "'/opt/ms aflow' module train --task '/r/tasks/it'\\''s.json' || exit 1\n"),
             std::string::npos)
       << s;
@@ -157,12 +157,12 @@ take_nodes dam dam 1
 NODES_dam=$TAKEN
 take_nodes esb esb 2
 NODES_esb=$TAKEN
-step r1-load /r/logs/r1-load.log srun --nodes=1 --nodelist=$NODES_cm --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module load --task /r/tasks/r1-load.json || exit 1
-step r1-prepare /r/logs/r1-prepare.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module prepare --task /r/tasks/r1-prepare.json || exit 1
-step r1-train /r/logs/r1-train.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=2 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module train --task /r/tasks/r1-train.json || exit 1
-step r1-store /r/logs/r1-store.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module store --task /r/tasks/r1-store.json || exit 1
-step r1-evaluate /r/logs/r1-evaluate.log srun --nodes=1 --nodelist=$(echo "$NODES_esb" | cut -d, -f1-1) --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module evaluate --task /r/tasks/r1-evaluate.json || exit 1
-step r1-select /r/logs/r1-select.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=1 --mpi=none --kill-on-bad-exit=1 /bin/msaflow module select --task /r/tasks/r1-select.json || exit 1
+step r1-load /r/logs/r1-load.log srun --nodes=1 --nodelist=$NODES_cm --ntasks=1 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module load --task /r/tasks/r1-load.json || exit 1
+step r1-prepare /r/logs/r1-prepare.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=1 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module prepare --task /r/tasks/r1-prepare.json || exit 1
+step r1-train /r/logs/r1-train.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=2 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module train --task /r/tasks/r1-train.json || exit 1
+step r1-store /r/logs/r1-store.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=1 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module store --task /r/tasks/r1-store.json || exit 1
+step r1-evaluate /r/logs/r1-evaluate.log srun --nodes=1 --nodelist=$(echo "$NODES_esb" | cut -d, -f1-1) --ntasks=1 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module evaluate --task /r/tasks/r1-evaluate.json || exit 1
+step r1-select /r/logs/r1-select.log srun --nodes=1 --nodelist=$NODES_dam --ntasks=1 --mpi=pmix --kill-on-bad-exit=1 /bin/msaflow module select --task /r/tasks/r1-select.json || exit 1
 )SH";
   EXPECT_EQ(s, expected);
   // Without node features the modules take the allocation's nodes in order; with 4 esb ranks

@@ -1,10 +1,10 @@
-#include "orchestrator/candidates.h"
+#include "workflow/candidates.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <random>
 
-namespace msaflow::orchestrator {
+namespace msaflow::workflow {
 namespace {
 
 std::string Id(int round, size_t i) {
@@ -133,4 +133,4 @@ std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector
   return out;
 }
 
-}  // namespace msaflow::orchestrator
+}  // namespace msaflow::workflow

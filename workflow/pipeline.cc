@@ -1,4 +1,4 @@
-#include "orchestrator/pipeline.h"
+#include "workflow/pipeline.h"
 
 #include <filesystem>
 #include <set>
@@ -7,7 +7,7 @@
 #include "common/files.h"
 #include "common/strings.h"
 
-namespace msaflow::orchestrator {
+namespace msaflow::workflow {
 namespace {
 
 using nlohmann::json;
@@ -153,6 +153,46 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
   return b;
 }
 
+// The train step's parallel options, checked against its ranks so that `validate` refuses a
+// mode the step cannot run and says what would work.
+void ReadTrainParallel(const Reader& r, const json& v, const std::string& ptr, StepSpec* s) {
+  TrainParallelSpec& t = s->parallel;
+  if (v.contains("mode")) t.mode = r.Enum(v["mode"], ptr + "/mode", {"auto", "independent", "sync", "async", "hybrid"});
+  bool ps = t.mode == "async" || t.mode == "hybrid";
+  for (const char* k : {"servers", "max_staleness"})
+    if (v.contains(k) && !ps)
+      r.Fail(ptr + "/" + k, std::string("only for mode async or hybrid (a parameter server); mode is \"") + t.mode + "\"");
+  if (v.contains("groups") && t.mode != "hybrid")
+    r.Fail(ptr + "/groups", "only for mode hybrid; mode is \"" + t.mode + "\"");
+  if (v.contains("servers")) t.servers = r.Int(v["servers"], ptr + "/servers", 1, 64);
+  if (v.contains("max_staleness")) t.max_staleness = r.Int(v["max_staleness"], ptr + "/max_staleness", 0, 1000000);
+  if (v.contains("groups")) t.groups = r.Int(v["groups"], ptr + "/groups", 2, 4096);
+  if (v.contains("straggler")) {
+    const json& st = v["straggler"];
+    r.Object(st, ptr + "/straggler", {"rank", "factor"}, {"rank", "factor"});
+    t.straggler_rank = r.Int(st["rank"], ptr + "/straggler/rank", 0, s->ranks - 1);
+    t.straggler_factor = r.Number(st["factor"], ptr + "/straggler/factor", 1, 1000);
+  }
+  const int64_t n = s->ranks;
+  if (t.mode == "async" && n < 2)
+    r.Fail(ptr + "/mode", "async needs at least 2 ranks (workers that update the parameter server without waiting "
+                          "for each other); with 1 rank use \"sync\", or set \"ranks\": 2 or more");
+  if (t.mode == "hybrid") {
+    if (n < 2 * t.groups || n % t.groups != 0) {
+      std::string fits;
+      for (int64_t g = 2; g <= n / 2; ++g)
+        if (n % g == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(g);
+      r.Fail(ptr + "/groups", std::to_string(t.groups) + " groups do not divide " + std::to_string(n) +
+                                  " ranks into groups of at least 2; " +
+                                  (fits.empty() ? "hybrid needs at least 4 ranks (2 groups of 2)"
+                                                : "groups that would work with " + std::to_string(n) + " ranks: " + fits));
+    }
+  }
+  if (ps && t.servers > 1 && t.mode == "async" && t.servers > n)
+    r.Fail(ptr + "/servers", std::to_string(t.servers) + " servers for " + std::to_string(n) +
+                                 " workers; use at most as many servers as ranks");
+}
+
 }  // namespace
 
 const BackboneSpec& Pipeline::Backbone(const std::string& n) const {
@@ -223,7 +263,7 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
 
   std::map<std::string, std::string> default_module = {{"load", "cm"},  {"prepare", "dam"},  {"train", "dam"},
                                                        {"store", "dam"}, {"evaluate", "esb"}, {"select", "dam"}};
-  for (const auto& s : StepNames()) p.steps[s] = StepSpec{default_module[s], 1, "sync", 0};
+  for (const auto& s : StepNames()) p.steps[s] = StepSpec{default_module[s], 1, {}, 0};
   p.steps["evaluate"].ranks = 2;
   if (doc.contains("steps")) {
     const json& st = doc["steps"];
@@ -231,14 +271,14 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
     for (const auto& [k, v] : st.items()) {
       std::string ptr = "/steps/" + k;
       std::vector<std::string> keys = {"module", "ranks"};
-      if (k == "train") keys.push_back("mode");
+      if (k == "train") keys.insert(keys.end(), {"mode", "servers", "groups", "max_staleness", "straggler"});
       if (k == "evaluate") keys.push_back("shards");
       r.Object(v, ptr, keys, {});
       StepSpec& s = p.steps[k];
       if (v.contains("module")) s.module = r.Enum(v["module"], ptr + "/module", {"cm", "esb", "dam"});
       if (v.contains("ranks")) s.ranks = r.Int(v["ranks"], ptr + "/ranks", 1, 4096);
-      if (v.contains("mode")) s.mode = r.Enum(v["mode"], ptr + "/mode", {"sync", "async", "hybrid"});
       if (v.contains("shards")) s.shards = r.Int(v["shards"], ptr + "/shards", 1, 65536);
+      if (k == "train") ReadTrainParallel(r, v, ptr, &s);
     }
   }
 
@@ -291,4 +331,4 @@ Pipeline PipelineFromSource(const nlohmann::json& source) {
   return ParsePipeline(source.dump(), "<task pipeline>", "/");
 }
 
-}  // namespace msaflow::orchestrator
+}  // namespace msaflow::workflow

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "kernels/head.h"
-#include "orchestrator/pipeline.h"
+#include "workflow/pipeline.h"
 
-namespace msaflow::orchestrator {
+namespace msaflow::workflow {
 
 struct Candidate {
   std::string id;        // "r<round>-c<index>", unique within a run
@@ -39,4 +39,4 @@ struct Ranked {
 // fresh samples. Deterministic for rounds.seed and the ranking.
 std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking);
 
-}  // namespace msaflow::orchestrator
+}  // namespace msaflow::workflow

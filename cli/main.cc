@@ -18,13 +18,13 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "modules/steps.h"
+#include "parallel/mpi_comm.h"
 #include "nam/fabric_store.h"
 #include "nam/pool.h"
 #include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/launcher.h"
 #include "orchestrator/machine.h"
-#include "orchestrator/pipeline.h"
 #include "orchestrator/planner.h"
 #include "orchestrator/run.h"
 #include "orchestrator/slurm.h"
@@ -55,11 +55,6 @@ std::string SelfExe() {
   return p.string();
 }
 
-int EnvInt(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : dflt;
-}
-
 std::atomic<bool> g_stop{false};
 void OnStopSignal(int) { g_stop.store(true); }
 
@@ -72,6 +67,41 @@ std::string NamUri(const std::string& flag) {
 void PrintInfo(const nam::ObjectInfo& i) {
   nlohmann::json j = {{"name", i.name}, {"size", i.size}, {"checksum", i.checksum}, {"version", i.version}, {"meta", i.meta}};
   std::printf("%s\n", j.dump(2).c_str());
+}
+
+// `msaflow module STEP --task FILE`: one rank of a step. MPI is initialised here (a process
+// started without mpirun or srun is rank 0 of 1); an error on any rank ends every rank, so none
+// is left waiting in a collective.
+int RunModule(const std::string& step, const std::string& task_file, int* argc, char*** argv) {
+  parallel::MpiSession mpi(argc, argv);
+  parallel::Comm& world = mpi.world();
+  try {
+    std::string text = ReadFile(task_file);
+    nlohmann::json task = nlohmann::json::parse(text, nullptr, false);
+    if (task.is_discarded()) Throw(ErrorKind::kInvalidInput, task_file + ": not valid JSON");
+    // Under Slurm, say where this rank runs: the launch modes are checked by it, and users
+    // read it when a node misbehaves.
+    if (const char* node = std::getenv("SLURMD_NODENAME")) {
+      const char* job = std::getenv("SLURM_JOB_ID");
+      const char* st = std::getenv("SLURM_STEP_ID");
+      std::printf("rank %d/%d on node %s (Slurm job %s, step %s), %d thread%s\n", world.rank(), world.size(), node,
+                  job ? job : "?", st ? st : "?", mpi.threads(), mpi.threads() > 1 ? "s" : "");
+      std::fflush(stdout);
+    }
+    modules::RunStep(step, task, world, stdout);
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "msaflow: error: %s%s\n", world.size() > 1 ? fmt::format("[rank {}] ", world.rank()).c_str() : "",
+                 e.what());
+    std::fflush(stderr);
+    mpi.AbortIfParallel(ExitCode(e.kind()));
+    return ExitCode(e.kind());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "msaflow: internal error: %s\n", e.what());
+    std::fflush(stderr);
+    mpi.AbortIfParallel(70);
+    return 70;
+  }
 }
 
 }  // namespace
@@ -169,19 +199,26 @@ int main(int argc, char** argv) {
 
   try {
     if (*validate) {
-      orchestrator::Pipeline p = orchestrator::LoadPipeline(pipeline_path);
+      workflow::Pipeline p = workflow::LoadPipeline(pipeline_path);
       orchestrator::Machine m = orchestrator::LoadMachine(p.machine);
-      for (const auto& s : orchestrator::StepNames()) m.Module(p.steps.at(s).module, pipeline_path + ": /steps/" + s + "/module");
+      for (const auto& s : workflow::StepNames()) m.Module(p.steps.at(s).module, pipeline_path + ": /steps/" + s + "/module");
       for (const auto& b : p.backbones)
         if (b.kind == "onnx" && !PathExists(b.onnx))
           Throw(ErrorKind::kNotFound, pipeline_path + ": /backbones: " + b.onnx + ": no such file");
+      // The train layout against the machine (ranks + servers within the module's max_ranks).
+      const auto& train = p.steps.at("train");
+      auto layout = orchestrator::ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
+                                                     static_cast<size_t>(p.rounds.candidates));
       std::printf("%s: valid (%zu backbones, up to %lld rounds of %lld candidates, machine %s)\n", pipeline_path.c_str(),
                   p.backbones.size(), static_cast<long long>(p.rounds.max), static_cast<long long>(p.rounds.candidates),
                   m.name.c_str());
+      std::printf("  train: mode %s on %lld rank%s%s\n", layout.mode.c_str(), static_cast<long long>(layout.ranks),
+                  layout.ranks > 1 ? "s" : "",
+                  layout.servers ? fmt::format(" + {} parameter server(s)", layout.servers).c_str() : "");
       return 0;
     }
     if (*plan || *run) {
-      orchestrator::Pipeline p = orchestrator::LoadPipeline(pipeline_path);
+      workflow::Pipeline p = workflow::LoadPipeline(pipeline_path);
       orchestrator::Machine m = orchestrator::LoadMachine(machine_override.empty() ? p.machine : machine_override);
       orchestrator::LocalLauncher launcher(SelfExe());
       if (!launcher_override.empty()) m.launcher = launcher_override;
@@ -198,7 +235,7 @@ int main(int argc, char** argv) {
         }
         std::string runs_abs = std::filesystem::absolute(runs_dir).lexically_normal().string();
         std::string rd = runs_abs + "/<run-id>";
-        auto rp = orchestrator::PlanRound(p, m, "<run-id>", nam, 1, orchestrator::FirstRound(p), {});
+        auto rp = orchestrator::PlanRound(p, m, "<run-id>", nam, 1, workflow::FirstRound(p), {});
         std::map<std::string, std::string> files;
         for (const auto& t : rp.tasks) files[t.id] = rd + "/tasks/" + t.id + ".json";
         orchestrator::SlurmScriptParams sp{"<run-id>", rd, rd + "/logs", rd + "/slurm/round-1.0.progress", SelfExe(), 1};
@@ -220,7 +257,7 @@ int main(int argc, char** argv) {
         if (nam == "serve")
           nam = "fabric://<started for the run: " + m.nam.provider + " on " + m.nam.listen + ", " + m.nam.capacity +
                 ", persisting to " + std::filesystem::absolute(runs_dir + "/nam").lexically_normal().string() + ">";
-        auto rp = orchestrator::PlanRound(p, m, "<run-id>", nam, 1, orchestrator::FirstRound(p), {});
+        auto rp = orchestrator::PlanRound(p, m, "<run-id>", nam, 1, workflow::FirstRound(p), {});
         std::printf("plan for %s on machine %s (launcher %s), NAM %s\n", p.name.c_str(), m.name.c_str(),
                     m.launcher.c_str(), nam.c_str());
         std::printf("round 1 of up to %lld; later rounds: %lld candidates by strategy '%s', top %lld kept\n",
@@ -235,9 +272,9 @@ int main(int argc, char** argv) {
           std::printf("      %s%s\n", t.ranks > 1 ? fmt::format("{} x ", t.ranks).c_str() : "", line.c_str());
         }
         std::printf("candidates of round 1:\n");
-        for (const auto& c : orchestrator::FirstRound(p))
+        for (const auto& c : workflow::FirstRound(p))
           std::printf("  %-8s %-12s %s seed %llu\n", c.id.c_str(), c.backbone.c_str(),
-                      orchestrator::HeadLabel(c.head).c_str(), static_cast<unsigned long long>(c.head.seed));
+                      workflow::HeadLabel(c.head).c_str(), static_cast<unsigned long long>(c.head.seed));
         return 0;
       }
       orchestrator::RunOptions opt;
@@ -325,7 +362,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*submit) {
-      orchestrator::Pipeline p = orchestrator::LoadPipeline(pipeline_path);
+      workflow::Pipeline p = workflow::LoadPipeline(pipeline_path);
       std::string machine_arg = machine_override.empty() ? p.machine : machine_override;
       orchestrator::Machine m = orchestrator::LoadMachine(machine_arg);
       if (m.launcher != "slurm")
@@ -406,25 +443,7 @@ int main(int argc, char** argv) {
       orchestrator::PrintStatus(run_dir, stdout);
       return 0;
     }
-    if (*module) {
-      std::string text = ReadFile(task_file);
-      nlohmann::json task = nlohmann::json::parse(text, nullptr, false);
-      if (task.is_discarded()) Throw(ErrorKind::kInvalidInput, task_file + ": not valid JSON");
-      // Rank and size: the local launcher's variables, else Slurm's (srun), else one process.
-      int rank = EnvInt("MSAFLOW_RANK", EnvInt("SLURM_PROCID", 0));
-      int size = EnvInt("MSAFLOW_SIZE", EnvInt("SLURM_STEP_NUM_TASKS", EnvInt("SLURM_NTASKS", 1)));
-      // Under Slurm, say where this rank runs: the launch modes are checked by it, and users
-      // read it when a node misbehaves.
-      if (const char* node = std::getenv("SLURMD_NODENAME")) {
-        const char* job = std::getenv("SLURM_JOB_ID");
-        const char* st = std::getenv("SLURM_STEP_ID");
-        std::printf("rank %d/%d on node %s (Slurm job %s, step %s)\n", rank, size, node, job ? job : "?",
-                    st ? st : "?");
-        std::fflush(stdout);
-      }
-      modules::RunStep(step, task, rank, size, stdout);
-      return 0;
-    }
+    if (*module) return RunModule(step, task_file, &argc, &argv);
   } catch (const Error& e) {
     std::fprintf(stderr, "msaflow: error: %s\n", e.what());
     return ExitCode(e.kind());

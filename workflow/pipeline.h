@@ -11,7 +11,7 @@
 
 #include "kernels/prepare.h"
 
-namespace msaflow::orchestrator {
+namespace msaflow::workflow {
 
 inline constexpr char kPipelineFormat[] = "msaflow.pipeline/1";
 
@@ -39,11 +39,24 @@ struct HeadSpace {
   int64_t batch = 64;
 };
 
+// How the train step uses its ranks (docs/parallel.md).
+struct TrainParallelSpec {
+  // auto | independent | sync | async | hybrid. auto: independent when the round has at least
+  // as many candidates as ranks, else sync.
+  std::string mode = "auto";
+  int64_t servers = 1;         // async, hybrid: parameter-server processes started beside `ranks`
+  int64_t groups = 2;          // hybrid: synchronous groups of ranks/groups ranks each
+  int64_t max_staleness = 16;  // async, hybrid: updates a gradient may lag before it is refused
+  // Experiment knob: slow gradient rank `straggler_rank` by `straggler_factor` (1 = off).
+  int64_t straggler_rank = -1;
+  double straggler_factor = 1;
+};
+
 struct StepSpec {
   std::string module;
-  int64_t ranks = 1;
-  std::string mode = "sync";  // train only
-  int64_t shards = 0;         // evaluate only; 0 = 2 per rank
+  int64_t ranks = 1;           // train: the ranks that compute gradients
+  TrainParallelSpec parallel;  // train only
+  int64_t shards = 0;          // evaluate only; 0 = 2 per rank
 };
 
 struct RoundsSpec {
@@ -90,4 +103,4 @@ Pipeline LoadPipeline(const std::string& path);
 // Rebuilds a pipeline from its `source` JSON (paths already absolute), as tasks carry it.
 Pipeline PipelineFromSource(const nlohmann::json& source);
 
-}  // namespace msaflow::orchestrator
+}  // namespace msaflow::workflow

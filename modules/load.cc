@@ -1,0 +1,56 @@
+// Step 1 (CM): each backbone imported, checked, cut at its feature layer and put in the NAM.
+#include <fmt/core.h>
+
+#include "common/checksum.h"
+#include "common/files.h"
+#include "kernels/executor.h"
+#include "kernels/onnx_graph.h"
+#include "modules/step_context.h"
+#include "workflow/objects.h"
+
+namespace msaflow::modules {
+
+void Load(StepContext& c) {
+  if (!c.root()) return;  // one writer; the other ranks (if any were started) have nothing to do
+  for (const auto& bb : c.pipeline().backbones) {
+    std::string obj = workflow::BackboneObject(bb.name);
+    nlohmann::json meta = {{"kind", bb.kind}, {"name", bb.name}};
+    std::string bytes;
+    if (bb.kind == "pixels") {
+      meta["digest"] = ChecksumHex("pixels/v1");
+      auto have = c.store->Stat(obj);
+      if (have && have->meta.value("digest", "") == meta["digest"]) {
+        c.Say(fmt::format("backbone {}: already in NAM ({})", bb.name, obj));
+        continue;
+      }
+    } else {
+      std::string model = ReadFile(bb.onnx);
+      const auto& in = bb.input;
+      std::string digest = ChecksumHex(model + "\n" + bb.feature_layer + "\n" +
+                                       fmt::format("{}x{}x{} {} {} {} {} {} {}", in.channels, in.height, in.width,
+                                                   in.mean[0], in.mean[1], in.mean[2], in.std[0], in.std[1], in.std[2]));
+      auto have = c.store->Stat(obj);
+      if (have && have->meta.value("digest", "") == digest) {
+        c.Say(fmt::format("backbone {}: already in NAM ({}, digest {})", bb.name, obj, digest));
+        continue;
+      }
+      // Import, check every operator, cut at the feature layer, and dry-run one image.
+      kernels::Graph g = kernels::ImportOnnx(model, bb.onnx, bb.feature_layer);
+      kernels::Executor ex(g);
+      int64_t dim = ex.FeatureDim(in.channels, in.height, in.width);
+      bytes = kernels::CutOnnx(model, bb.onnx, bb.feature_layer);
+      meta["digest"] = digest;
+      meta["source"] = bb.onnx;
+      meta["feature_layer"] = bb.feature_layer;
+      meta["feature_dim"] = dim;
+      meta["input"] = {{"channels", in.channels}, {"height", in.height}, {"width", in.width},
+                       {"mean", in.mean},         {"std", in.std}};
+      c.Say(fmt::format("backbone {}: imported {} ({} nodes up to '{}', {} fused ops), {} features", bb.name, bb.onnx,
+                        g.nodes.size(), bb.feature_layer, ex.FusedOpCount(), dim));
+    }
+    auto info = c.store->Put(obj, bytes, meta);
+    c.Say(fmt::format("backbone {}: stored as {} (version {})", bb.name, obj, info.version));
+  }
+}
+
+}  // namespace msaflow::modules

@@ -1,0 +1,126 @@
+// Step 2b (DAM): every candidate head trained on its backbone's features, staged in the NAM
+// for the store step. How the ranks share the work is the task's train layout
+// (docs/parallel.md): independent ranks deal the candidates out and train alone; sync, async
+// and hybrid train each candidate in turn with all ranks, and rank 0 stages it.
+#include <fmt/core.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "common/error.h"
+#include "modules/features.h"
+#include "parallel/train.h"
+#include "workflow/objects.h"
+
+namespace msaflow::modules {
+namespace {
+
+// MSAFLOW_STRAGGLER=RANK:FACTOR (experiments) overrides the pipeline's straggler.
+parallel::Straggler StragglerFor(const workflow::TrainLayout& t) {
+  parallel::Straggler s{t.straggler_rank, t.straggler_factor};
+  if (const char* e = std::getenv("MSAFLOW_STRAGGLER"); e && *e) {
+    int rank = -1;
+    double factor = 0;
+    if (std::sscanf(e, "%d:%lf", &rank, &factor) != 2 || rank < 0 || !(factor >= 1))
+      Throw(ErrorKind::kInvalidInput, std::string("MSAFLOW_STRAGGLER='") + e + "': expected RANK:FACTOR, e.g. 1:4");
+    s = {rank, factor};
+  }
+  return s;
+}
+
+nlohmann::json CurveJson(const kernels::Head& h) {
+  nlohmann::json c = {{"step", nlohmann::json::array()},
+                      {"seconds", nlohmann::json::array()},
+                      {"loss", nlohmann::json::array()},
+                      {"train_accuracy", nlohmann::json::array()}};
+  for (const auto& p : h.curve) {
+    c["step"].push_back(p.step);
+    c["seconds"].push_back(p.seconds);
+    c["loss"].push_back(p.loss);
+    c["train_accuracy"].push_back(p.accuracy);
+  }
+  return c;
+}
+
+kernels::Head StartingHead(StepContext& c, const workflow::Candidate& cand, const Features& f) {
+  std::unique_ptr<kernels::Head> init;
+  if (!cand.warm_start.empty()) {
+    nam::Object m = c.store->Get(cand.warm_start);
+    try {
+      init = std::make_unique<kernels::Head>(kernels::Head::Deserialize(
+          workflow::CandidateFromJson(m.info.meta.at("candidate")).head, m.info.meta.at("in_dim"),
+          m.info.meta.at("classes"), m.bytes));
+    } catch (const nlohmann::json::exception& e) {
+      Throw(ErrorKind::kCorrupt, "NAM object '" + m.info.name + "': model metadata: " + e.what());
+    }
+  }
+  return kernels::InitHead(cand.head, f.x.data(), f.labels.data(), f.n, f.dim, f.classes, init.get());
+}
+
+void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, const kernels::Head& h,
+           const parallel::TrainStats& st) {
+  const auto& bb = c.pipeline().Backbone(cand.backbone);
+  nlohmann::json meta = {{"candidate", workflow::ToJson(cand)}, {"in_dim", f.dim},
+                         {"classes", f.classes},                {"backbone", cand.backbone},
+                         {"backbone_digest", BackboneDigest(*c.store, bb)},
+                         {"curve", CurveJson(h)},               {"seconds", st.seconds},
+                         {"train_rows", f.n},                   {"training", st.ToJson()}};
+  c.store->Put(workflow::StagingObject(c.task.run, c.task.round, cand.id), h.Serialize(), meta);
+  std::string how = st.mode == "sync" && st.ranks == 1 ? "" : fmt::format(" [{} on {} ranks", st.mode, st.ranks);
+  if (!how.empty() && st.servers) how += fmt::format(" + {} server(s)", st.servers);
+  if (st.mode == "hybrid") how += fmt::format(", {} groups", st.groups);
+  if (st.mode == "async" || st.mode == "hybrid")
+    how += fmt::format(", staleness mean {:.2f} max {}, {} refused", st.staleness_mean, st.staleness_max, st.refused);
+  if (!how.empty()) how += "]";
+  c.Say(fmt::format("trained {} ({} on {}): final train loss {:.4f}, train acc {:.4f} in {:.1f} s{}{}", cand.id,
+                    workflow::HeadLabel(cand.head), cand.backbone, h.curve.back().loss, h.curve.back().accuracy,
+                    st.seconds, how, cand.warm_start.empty() ? "" : " (warm start from " + cand.warm_start + ")"));
+}
+
+}  // namespace
+
+void Train(StepContext& c) {
+  const workflow::TrainLayout& layout = c.task.train;
+  parallel::Comm& world = *c.comm;
+  const parallel::Straggler straggler = StragglerFor(layout);
+  std::string mode = layout.mode;
+  if ((mode == "async" || mode == "hybrid") && world.size() != layout.processes())
+    Throw(ErrorKind::kInvalidInput,
+          fmt::format("train: mode {} needs {} processes ({} ranks + {} server(s)), this step has {}; start it with "
+                      "mpirun -n {} (or srun --ntasks={} --mpi=pmix)",
+                      mode, layout.processes(), layout.ranks, layout.servers, world.size(), layout.processes(),
+                      layout.processes()));
+  if (mode == "sync" && world.size() != layout.ranks && c.root())
+    c.Say(fmt::format("note: the task asks for {} sync ranks, this step has {}", layout.ranks, world.size()));
+  std::map<std::string, Features> cache;
+  const auto& cands = c.task.candidates;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const workflow::Candidate& cand = cands[i];
+    if (mode == "independent" && static_cast<int>(i % static_cast<size_t>(world.size())) != world.rank()) continue;
+    if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
+    const Features& f = cache[cand.backbone];
+    kernels::Head h = StartingHead(c, cand, f);
+    std::vector<float> xs(f.x.size());
+    h.Standardize(f.x.data(), f.n, xs.data());
+    parallel::TrainData data{xs.data(), f.labels.data(), f.n};
+    parallel::TrainStats st;
+    bool holder = true;  // this rank holds the trained weights
+    if (mode == "independent") {
+      parallel::SelfComm self;
+      st = parallel::TrainSync(self, data, &h, world.rank() == straggler.rank ? parallel::Straggler{0, straggler.factor}
+                                                                              : parallel::Straggler{});
+      st.mode = "independent";
+    } else if (mode == "sync") {
+      st = parallel::TrainSync(world, data, &h, straggler);
+      holder = world.rank() == 0;
+    } else {
+      parallel::PsOptions opt{layout.servers, mode == "hybrid" ? layout.groups : 0, layout.max_staleness, straggler};
+      st = parallel::TrainParameterServer(world, data, &h, opt);
+      holder = world.rank() == 0;
+    }
+    if (holder) Stage(c, cand, f, h, st);
+  }
+  world.Barrier();  // every model staged before any rank reports success
+}
+
+}  // namespace msaflow::modules

@@ -1,0 +1,209 @@
+#include "parallel/mpi_comm.h"
+
+#include <omp.h>
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace msaflow::parallel {
+namespace {
+
+// Messages larger than this travel as several MPI messages (MPI counts are ints).
+constexpr size_t kChunk = size_t{256} << 20;
+
+void Check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  Throw(ErrorKind::kUnavailable, std::string("MPI ") + what + ": " + std::string(msg, static_cast<size_t>(len)));
+}
+
+// The i-th poll of a wait: yield first, then sleep a little longer each time (up to 200 us).
+void Backoff(int i) {
+  if (i < 50) {
+    sched_yield();
+    return;
+  }
+  long us = std::min(200L, 5L * (i - 49));
+  timespec ts{0, us * 1000};
+  nanosleep(&ts, nullptr);
+}
+
+void PoliteWait(MPI_Request* req, const char* what) {
+  for (int i = 0;; ++i) {
+    int done = 0;
+    Check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
+    if (done) return;
+    Backoff(i);
+  }
+}
+
+}  // namespace
+
+MpiComm::MpiComm(MPI_Comm comm) : comm_(comm) {
+  Check(MPI_Comm_rank(comm_, &rank_), "Comm_rank");
+  Check(MPI_Comm_size(comm_, &size_), "Comm_size");
+}
+
+MpiComm::~MpiComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::AllreduceSum(float* data, size_t n) {
+  for (size_t off = 0; off < n; off += kChunk / sizeof(float)) {
+    int count = static_cast<int>(std::min(n - off, kChunk / sizeof(float)));
+    MPI_Request req;
+    Check(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, comm_, &req), "Iallreduce");
+    PoliteWait(&req, "Iallreduce");
+  }
+}
+
+void MpiComm::AllreduceSum(double* data, size_t n) {
+  for (size_t off = 0; off < n; off += kChunk / sizeof(double)) {
+    int count = static_cast<int>(std::min(n - off, kChunk / sizeof(double)));
+    MPI_Request req;
+    Check(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_DOUBLE, MPI_SUM, comm_, &req), "Iallreduce");
+    PoliteWait(&req, "Iallreduce");
+  }
+}
+
+ArgMax MpiComm::AllreduceArgMax(ArgMax mine) {
+  struct {
+    double metric;
+    int index;
+  } in{mine.metric != mine.metric ? -HUGE_VAL : mine.metric, mine.index}, out{};
+  if (mine.index < 0) in.metric = -HUGE_VAL, in.index = INT32_MAX;  // this rank has no candidate
+  MPI_Request req;
+  Check(MPI_Iallreduce(&in, &out, 1, MPI_DOUBLE_INT, MPI_MAXLOC, comm_, &req), "Iallreduce(MAXLOC)");
+  PoliteWait(&req, "Iallreduce(MAXLOC)");
+  return {out.metric, out.index == INT32_MAX ? -1 : out.index};
+}
+
+void MpiComm::Bcast(void* data, size_t bytes, int root) {
+  for (size_t off = 0; off < bytes; off += kChunk) {
+    MPI_Request req;
+    Check(MPI_Ibcast(static_cast<char*>(data) + off, static_cast<int>(std::min(bytes - off, kChunk)), MPI_BYTE, root,
+                     comm_, &req),
+          "Ibcast");
+    PoliteWait(&req, "Ibcast");
+  }
+}
+
+std::vector<std::string> MpiComm::Gather(const std::string& mine, int root) {
+  constexpr int kGatherTag = 32000;
+  std::vector<std::string> out;
+  if (rank_ != root) {
+    Send(root, kGatherTag, mine);
+    return out;
+  }
+  out.resize(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    if (r == root) {
+      out[static_cast<size_t>(r)] = mine;
+    } else {
+      Recv(r, kGatherTag, &out[static_cast<size_t>(r)], nullptr);
+    }
+  }
+  return out;
+}
+
+void MpiComm::Barrier() {
+  MPI_Request req;
+  Check(MPI_Ibarrier(comm_, &req), "Ibarrier");
+  PoliteWait(&req, "Ibarrier");
+}
+
+std::unique_ptr<Comm> MpiComm::Split(int color, int key) {
+  MPI_Comm sub;
+  Check(MPI_Comm_split(comm_, color, key, &sub), "Comm_split");
+  return std::make_unique<MpiComm>(sub);
+}
+
+// A message: an 8-byte total length and the first chunk, then the rest in chunks (same tag;
+// MPI keeps the order of messages between two ranks).
+void MpiComm::Send(int dest, int tag, const std::string& bytes) {
+  uint64_t total = bytes.size();
+  size_t first = std::min(bytes.size(), kChunk);
+  std::string head(sizeof total + first, '\0');
+  std::memcpy(head.data(), &total, sizeof total);
+  std::memcpy(head.data() + sizeof total, bytes.data(), first);
+  MPI_Request req;
+  Check(MPI_Isend(head.data(), static_cast<int>(head.size()), MPI_BYTE, dest, tag, comm_, &req), "Isend");
+  PoliteWait(&req, "Isend");
+  for (size_t off = first; off < bytes.size(); off += kChunk) {
+    Check(MPI_Isend(bytes.data() + off, static_cast<int>(std::min(bytes.size() - off, kChunk)), MPI_BYTE, dest, tag,
+                    comm_, &req),
+          "Isend");
+    PoliteWait(&req, "Isend");
+  }
+}
+
+int MpiComm::Recv(int source, int tag, std::string* bytes, int* tag_out) {
+  MPI_Status st;
+  int src = source == kAnySource ? MPI_ANY_SOURCE : source, tg = tag == kAnyTag ? MPI_ANY_TAG : tag;
+  for (int i = 0;; ++i) {
+    int flag = 0;
+    Check(MPI_Iprobe(src, tg, comm_, &flag, &st), "Iprobe");
+    if (flag) break;
+    Backoff(i);
+  }
+  int count = 0;
+  MPI_Get_count(&st, MPI_BYTE, &count);
+  std::string head(static_cast<size_t>(count), '\0');
+  Check(MPI_Recv(head.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, comm_, MPI_STATUS_IGNORE), "Recv");
+  uint64_t total = 0;
+  if (head.size() < sizeof total) Throw(ErrorKind::kCorrupt, "MPI message from rank " + std::to_string(st.MPI_SOURCE) + " has no header");
+  std::memcpy(&total, head.data(), sizeof total);
+  bytes->assign(head, sizeof total);
+  while (bytes->size() < total) {
+    size_t off = bytes->size();
+    bytes->resize(std::min<uint64_t>(total, off + kChunk));
+    MPI_Request req;
+    Check(MPI_Irecv(bytes->data() + off, static_cast<int>(bytes->size() - off), MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG,
+                    comm_, &req),
+          "Irecv");
+    PoliteWait(&req, "Irecv");
+  }
+  if (tag_out) *tag_out = st.MPI_TAG;
+  return st.MPI_SOURCE;
+}
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int provided = 0;
+  Check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "Init_thread");
+  world_ = std::make_unique<MpiComm>(MPI_COMM_WORLD);
+  MPI_Comm node;
+  Check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "Comm_split_type");
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env && *env) {
+    threads_ = omp_get_max_threads();
+  } else {
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    threads_ = std::max(1, cores / local);
+    omp_set_num_threads(threads_);
+  }
+}
+
+MpiSession::~MpiSession() {
+  world_.reset();
+  MPI_Finalize();
+}
+
+void MpiSession::AbortIfParallel(int code) {
+  if (world_->size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+}  // namespace msaflow::parallel

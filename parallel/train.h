@@ -1,0 +1,68 @@
+// Data-parallel training of one head over the ranks of a communicator (docs/parallel.md):
+//   sync   every rank computes the gradient of its part of each global batch; the gradients
+//          are summed with an allreduce and every rank applies the same update. With the same
+//          seed and batch the result equals one rank's up to floating-point summation order.
+//   async  parameter-server ranks own slices of the parameters and apply each worker's gradient
+//          in arrival order, answering with fresh weights; workers never wait for each other. A
+//          gradient more than max_staleness updates old is refused, and its worker carries on
+//          from the fresh weights it is sent.
+//   hybrid the workers form groups that are synchronous inside (allreduce on the group's
+//          communicator) and asynchronous across: each group's leader talks to the servers.
+// Every rank holds the whole (standardised) training set; a worker or group draws its batches
+// from its own contiguous shard of it.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "kernels/head.h"
+#include "parallel/comm.h"
+
+namespace msaflow::parallel {
+
+// Experiment knob: gradient rank `rank` (0-based among the gradient ranks) takes `factor` times
+// as long per step as it would (it sleeps factor - 1 times each step's duration).
+struct Straggler {
+  int64_t rank = -1;
+  double factor = 1;
+};
+
+struct PsOptions {
+  int64_t servers = 1;
+  int64_t groups = 0;  // 0: async (every worker on its own); G: hybrid, G synchronous groups
+  int64_t max_staleness = 16;
+  Straggler straggler;
+};
+
+// What a training run did, for the model's metadata.
+struct TrainStats {
+  std::string mode;
+  int64_t ranks = 1, servers = 0, groups = 1;
+  int64_t updates = 0;   // optimiser updates applied
+  int64_t refused = 0;   // async/hybrid: gradients refused as too stale
+  double staleness_mean = 0;
+  int64_t staleness_max = 0;
+  std::vector<int64_t> updates_per_worker;  // async: per worker; hybrid: per group
+  std::vector<int64_t> refused_per_worker;
+  double seconds = 0;
+  nlohmann::json ToJson() const;
+};
+
+// The rows a training run sees: standardised features (n x dim, dim = head's in_dim) and labels.
+struct TrainData {
+  const float* x = nullptr;
+  const uint8_t* y = nullptr;
+  int64_t n = 0;
+};
+
+// Sync mode over every rank of `comm` (one rank: plain minibatch training). `h` comes from
+// kernels::InitHead, identical on every rank; on return every rank holds the trained head.
+TrainStats TrainSync(Comm& comm, const TrainData& data, kernels::Head* h, const Straggler& straggler = {});
+
+// Async or hybrid over `world`: ranks 0..servers-1 are the parameter servers, the rest workers.
+// On return rank 0 holds the trained head (with the curve); the other ranks' copies are stale.
+// Throws kInvalidInput when the ranks do not fit the options.
+TrainStats TrainParameterServer(Comm& world, const TrainData& data, kernels::Head* h, const PsOptions& opt);
+
+}  // namespace msaflow::parallel

@@ -1,0 +1,243 @@
+// Async and hybrid training with parameter servers (parallel/train.h; message pattern in
+// docs/parallel.md).
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "common/error.h"
+#include "parallel/train.h"
+#include "parallel/train_util.h"
+
+namespace msaflow::parallel {
+namespace {
+
+constexpr int kTagGrad = 101, kTagReply = 102, kTagDone = 103, kTagFinal = 104;
+
+struct GradHeader {
+  int64_t version;  // the server slice's version the gradient was computed from
+  int64_t rows;
+  double loss;      // summed over the rows
+  int64_t correct;
+};
+struct ReplyHeader {
+  int64_t version;
+  int32_t accepted;
+  int32_t stop;
+};
+struct FinalHeader {
+  double staleness_sum;
+  int64_t accepted, staleness_max, refused;
+};
+
+template <typename H>
+std::string Pack(const H& h, const float* data, size_t n) {
+  std::string b(sizeof h + n * sizeof(float), '\0');
+  std::memcpy(b.data(), &h, sizeof h);
+  if (n) std::memcpy(b.data() + sizeof h, data, n * sizeof(float));
+  return b;
+}
+
+template <typename H>
+H Unpack(const std::string& b, float* data, size_t n, int from) {
+  if (b.size() != sizeof(H) + n * sizeof(float))
+    Throw(ErrorKind::kCorrupt, "parameter server: message of " + std::to_string(b.size()) + " bytes from rank " +
+                                   std::to_string(from) + ", expected " + std::to_string(sizeof(H) + n * sizeof(float)));
+  H h;
+  std::memcpy(&h, b.data(), sizeof h);
+  if (n) std::memcpy(data, b.data() + sizeof h, n * sizeof(float));
+  return h;
+}
+
+struct Layout {
+  int S = 1, W = 1, U = 1, team = 1;  // servers, workers, units (workers or groups), workers per unit
+  size_t P = 0;
+  size_t Lo(int s) const { return P * static_cast<size_t>(s) / static_cast<size_t>(S); }
+  size_t Hi(int s) const { return Lo(s + 1); }
+  int UnitOf(int world_rank) const { return (world_rank - S) / team; }
+  int Leader(int unit) const { return S + unit * team; }
+};
+
+TrainStats Serve(Comm& world, const Layout& L, const TrainData& data, kernels::Head* h, const PsOptions& opt,
+                 const char* mode) {
+  const int s = world.rank();
+  const size_t lo = L.Lo(s), hi = L.Hi(s), len = hi - lo;
+  const kernels::HeadConfig& cfg = h->config;
+  const int64_t steps_per_epoch = (data.n + cfg.batch - 1) / cfg.batch;
+  const int64_t budget = cfg.epochs * steps_per_epoch;
+  // Asynchrony acts as momentum of about 1 - 1/units (Mitliagkas et al., "Asynchrony begets
+  // momentum", 2016): the optimiser's own momentum is lowered by as much, so the total stays
+  // what one worker would have.
+  const float implicit = 1.f - 1.f / static_cast<float>(L.U);
+  kernels::Optimizer optim(cfg, kernels::ParamLayout(cfg, h->in_dim, h->classes), lo, hi,
+                           std::max(0.f, kernels::kMomentum - implicit));
+  std::vector<float> grad(len);
+  float* params = h->params.data() + lo;
+  Clock clock;
+  TrainStats st;
+  st.mode = mode;
+  st.updates_per_worker.assign(static_cast<size_t>(L.U), 0);
+  st.refused_per_worker.assign(static_cast<size_t>(L.U), 0);
+  int64_t version = 0, accepted = 0, stale_max = 0;
+  double stale_sum = 0, win_loss = 0, win_correct = 0, win_rows = 0;
+  int active = L.U;
+  std::string msg;
+  while (active > 0) {
+    int tag = 0;
+    // Server 0 decides when training ends and never sees DONE; the others serve until every
+    // unit has said it is done.
+    int from = world.Recv(kAnySource, s == 0 ? kTagGrad : kAnyTag, &msg, &tag);
+    int u = L.UnitOf(from);
+    if (tag == kTagDone) {
+      --active;
+      continue;
+    }
+    GradHeader g = Unpack<GradHeader>(msg, grad.data(), len, from);
+    ReplyHeader rep{version, 0, 0};
+    int64_t stale = version - g.version;
+    if (s == 0 && accepted >= budget) {
+      rep.stop = 1;
+    } else if (stale > opt.max_staleness) {
+      ++st.refused_per_worker[static_cast<size_t>(u)];
+    } else {
+      optim.Step(params, grad.data());
+      rep.version = ++version;
+      rep.accepted = 1;
+      ++accepted;
+      ++st.updates_per_worker[static_cast<size_t>(u)];
+      stale_sum += static_cast<double>(stale);
+      stale_max = std::max(stale_max, stale);
+      win_loss += g.loss;
+      win_correct += static_cast<double>(g.correct);
+      win_rows += static_cast<double>(g.rows);
+      if (s == 0 && accepted % steps_per_epoch == 0) {
+        h->curve.push_back({accepted, clock.Seconds(), win_loss / win_rows, win_correct / win_rows});
+        win_loss = win_correct = win_rows = 0;
+      }
+      if (s == 0 && accepted >= budget) rep.stop = 1;
+    }
+    world.Send(from, kTagReply, Pack(rep, params, len));
+    if (rep.stop) --active;
+  }
+  st.updates = accepted;
+  st.staleness_max = stale_max;
+  int64_t refused = std::accumulate(st.refused_per_worker.begin(), st.refused_per_worker.end(), int64_t{0});
+  FinalHeader mine{stale_sum, accepted, stale_max, refused};
+  if (s != 0) {
+    world.Send(0, kTagFinal, Pack(mine, params, len));
+    return st;
+  }
+  // Server 0 assembles the parameters and the staleness seen by every server.
+  double sum = stale_sum;
+  int64_t count = accepted;
+  st.refused = refused;
+  for (int k = 1; k < L.S; ++k) {
+    world.Recv(k, kTagFinal, &msg, nullptr);
+    FinalHeader f = Unpack<FinalHeader>(msg, h->params.data() + L.Lo(k), L.Hi(k) - L.Lo(k), k);
+    sum += f.staleness_sum;
+    count += f.accepted;
+    st.staleness_max = std::max(st.staleness_max, f.staleness_max);
+    st.refused += f.refused;
+  }
+  st.staleness_mean = count ? sum / static_cast<double>(count) : 0;
+  st.seconds = clock.Seconds();
+  return st;
+}
+
+// A worker: computes its part of its unit's batch; the unit's leader exchanges the unit's
+// gradient with every server and hands the fresh weights to its unit.
+void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kernels::Head* h, const PsOptions& opt) {
+  const int me = world.rank(), unit = L.UnitOf(me), member = team.rank();
+  const bool leader = member == 0;
+  const kernels::HeadConfig& cfg = h->config;
+  const int64_t dim = h->in_dim;
+  const int64_t first = data.n * unit / L.U, shard = data.n * (unit + 1) / L.U - first;
+  if (shard < 1)
+    Throw(ErrorKind::kInvalidInput, "train: " + std::to_string(data.n) + " rows cannot be shared by " +
+                                        std::to_string(L.U) + " workers or groups");
+  const int64_t b = std::min(cfg.batch, shard);
+  std::vector<int64_t> rows(static_cast<size_t>(shard)), batch_rows(static_cast<size_t>(b));
+  std::iota(rows.begin(), rows.end(), first);
+  std::mt19937_64 rng(ShuffleSeed(cfg.seed, static_cast<uint64_t>(unit) + 1));
+  std::shuffle(rows.begin(), rows.end(), rng);
+  size_t pos = 0;
+  const int64_t part_lo = b * member / team.size(), part_hi = b * (member + 1) / team.size();
+  kernels::GradientKernel kernel(*h, part_hi - part_lo);
+  BatchBuffer batch(part_hi - part_lo, dim);
+  std::vector<float> grad(L.P);
+  std::vector<int64_t> versions(static_cast<size_t>(L.S), 0);
+  const bool slow = opt.straggler.rank == me - L.S && opt.straggler.factor > 1;
+  std::string msg;
+  for (;;) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < b; ++i) {  // the unit's next batch from its shard, reshuffled at each pass
+      if (pos == rows.size()) {
+        std::shuffle(rows.begin(), rows.end(), rng);
+        pos = 0;
+      }
+      batch_rows[static_cast<size_t>(i)] = rows[pos++];
+    }
+    batch.Gather(data, batch_rows.data() + part_lo, part_hi - part_lo, dim);
+    std::fill(grad.begin(), grad.end(), 0.f);
+    int64_t correct = 0;
+    double sums[2] = {kernel.Accumulate(*h, batch.x.data(), batch.y.data(), part_hi - part_lo,
+                                        1.f / static_cast<float>(b), grad.data(), &correct),
+                      static_cast<double>(correct)};
+    if (team.size() > 1) {
+      team.AllreduceSum(grad.data(), grad.size());
+      team.AllreduceSum(sums, 2);
+    }
+    int32_t stop = 0;
+    if (leader) {
+      for (int s = 0; s < L.S; ++s) {
+        GradHeader g{versions[static_cast<size_t>(s)], b, sums[0], static_cast<int64_t>(sums[1])};
+        world.Send(s, kTagGrad, Pack(g, grad.data() + L.Lo(s), L.Hi(s) - L.Lo(s)));
+      }
+      for (int s = 0; s < L.S; ++s) {
+        world.Recv(s, kTagReply, &msg, nullptr);
+        ReplyHeader r = Unpack<ReplyHeader>(msg, h->params.data() + L.Lo(s), L.Hi(s) - L.Lo(s), s);
+        versions[static_cast<size_t>(s)] = r.version;
+        if (s == 0) stop = r.stop;
+      }
+      if (stop)
+        for (int s = 1; s < L.S; ++s) world.Send(s, kTagDone, "");
+    }
+    if (team.size() > 1) {
+      team.Bcast(&stop, sizeof stop, 0);
+      if (!stop) team.Bcast(h->params.data(), h->params.size() * sizeof(float), 0);
+    }
+    if (stop) return;
+    if (slow) Straggle(t0, opt.straggler.factor);
+  }
+}
+
+}  // namespace
+
+TrainStats TrainParameterServer(Comm& world, const TrainData& data, kernels::Head* h, const PsOptions& opt) {
+  Layout L;
+  L.S = static_cast<int>(opt.servers);
+  L.W = world.size() - L.S;
+  L.P = h->params.size();
+  const char* mode = opt.groups > 0 ? "hybrid" : "async";
+  if (L.S < 1 || L.W < 1 || (opt.groups > 0 && L.W % opt.groups != 0) || static_cast<size_t>(L.S) > L.P)
+    Throw(ErrorKind::kInvalidInput, std::string("train: mode ") + mode + " with " + std::to_string(opt.servers) +
+                                        " server(s) and " + std::to_string(opt.groups) + " group(s) cannot run on " +
+                                        std::to_string(world.size()) + " ranks");
+  L.U = opt.groups > 0 ? static_cast<int>(opt.groups) : L.W;
+  L.team = L.W / L.U;
+  const bool server = world.rank() < L.S;
+  auto team = world.Split(server ? 0 : 1 + L.UnitOf(world.rank()), world.rank());
+  TrainStats st;
+  if (server) {
+    st = Serve(world, L, data, h, opt, mode);
+  } else {
+    Work(world, *team, L, data, h, opt);
+    st.mode = mode;
+  }
+  st.ranks = L.W;
+  st.servers = L.S;
+  st.groups = L.U;
+  return st;
+}
+
+}  // namespace msaflow::parallel

@@ -1,0 +1,41 @@
+// Small pieces the training modes share (internal to parallel/).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "parallel/train.h"
+
+namespace msaflow::parallel {
+
+struct Clock {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double Seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
+// The seed of a batch stream: stream 0 is sync's (the whole set), 1 + k a worker's or group's.
+inline uint64_t ShuffleSeed(uint64_t seed, uint64_t stream) { return seed * 0x9E3779B97F4A7C15ULL + stream + 1; }
+
+// Rows gathered into one contiguous batch, reused for every step.
+struct BatchBuffer {
+  std::vector<float> x;
+  std::vector<uint8_t> y;
+  BatchBuffer(int64_t rows, int64_t dim) : x(static_cast<size_t>(rows * dim)), y(static_cast<size_t>(rows)) {}
+  void Gather(const TrainData& d, const int64_t* rows, int64_t count, int64_t dim) {
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(&x[static_cast<size_t>(i * dim)], d.x + rows[i] * dim, static_cast<size_t>(dim) * sizeof(float));
+      y[static_cast<size_t>(i)] = d.y[rows[i]];
+    }
+  }
+};
+
+// The straggler's sleep: factor - 1 times the time since `since`.
+inline void Straggle(std::chrono::steady_clock::time_point since, double factor) {
+  auto took = std::chrono::steady_clock::now() - since;
+  std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(took * (factor - 1)));
+}
+
+}  // namespace msaflow::parallel

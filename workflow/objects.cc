@@ -1,0 +1,35 @@
+#include "workflow/objects.h"
+
+namespace msaflow::workflow {
+namespace {
+
+std::string RunRound(const char* kind, const std::string& run, int round) {
+  return std::string(kind) + "/" + run + "/" + std::to_string(round);
+}
+
+}  // namespace
+
+std::string BackboneObject(const std::string& backbone) { return "backbone/" + backbone; }
+std::string FeaturesObject(const std::string& bb_digest, const std::string& ds_digest) {
+  return "features/" + bb_digest + "-" + ds_digest;
+}
+std::string PreparedObject(const std::string& run, int round) { return RunRound("prepared", run, round); }
+std::string StagingPrefix(const std::string& run, int round) { return RunRound("staging", run, round) + "/"; }
+std::string StagingObject(const std::string& run, int round, const std::string& cand) {
+  return StagingPrefix(run, round) + cand;
+}
+std::string ModelObject(const std::string& run, int round, const std::string& cand) {
+  return RunRound("model", run, round) + "/" + cand;
+}
+std::string EvalPrefix(const std::string& run, int round, const std::string& cand) {
+  return RunRound("eval", run, round) + "/" + cand + "/";
+}
+std::string EvalObject(const std::string& run, int round, const std::string& cand, int64_t shard) {
+  return EvalPrefix(run, round, cand) + std::to_string(shard);
+}
+std::string ResultObject(const std::string& run, int round, const std::string& cand) {
+  return RunRound("result", run, round) + "/" + cand;
+}
+std::string BestObject(const std::string& run, int round) { return RunRound("best", run, round); }
+
+}  // namespace msaflow::workflow

@@ -1,0 +1,24 @@
+// Every NAM object name msaflow uses, in one place (docs/nam.md lists them). Names are
+// `[a-z0-9._-]` segments joined by `/`; run ids and candidate ids are made to fit.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace msaflow::workflow {
+
+// Round 1..: the objects a round's steps write.
+std::string BackboneObject(const std::string& backbone);  // backbone/<name>: the cut ONNX model
+// features/<backbone digest>-<dataset digest>: a backbone's features on a dataset split,
+// reused by every later round, candidate and run that asks for the same content.
+std::string FeaturesObject(const std::string& backbone_digest, const std::string& dataset_digest);
+std::string PreparedObject(const std::string& run, int round);  // prepared/<run>/<round>: what prepare did
+std::string StagingObject(const std::string& run, int round, const std::string& cand);  // a trained head, unpublished
+std::string StagingPrefix(const std::string& run, int round);
+std::string ModelObject(const std::string& run, int round, const std::string& cand);
+std::string EvalObject(const std::string& run, int round, const std::string& cand, int64_t shard);
+std::string EvalPrefix(const std::string& run, int round, const std::string& cand);  // every shard of a candidate
+std::string ResultObject(const std::string& run, int round, const std::string& cand);
+std::string BestObject(const std::string& run, int round);
+
+}  // namespace msaflow::workflow

@@ -1,0 +1,105 @@
+#include "workflow/task.h"
+
+#include "common/error.h"
+
+namespace msaflow::workflow {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void Bad(const std::string& origin, const std::string& field, const std::string& what) {
+  Throw(ErrorKind::kInvalidInput, origin + ": " + field + ": " + what);
+}
+
+const json& Field(const json& j, const std::string& key, const std::string& origin, json::value_t type) {
+  if (!j.contains(key)) Bad(origin, key, "missing");
+  const json& v = j[key];
+  bool ok = type == json::value_t::number_integer ? v.is_number_integer()
+            : type == json::value_t::number_float ? v.is_number()
+                                                   : v.type() == type;
+  if (!ok) Bad(origin, key, "expected " + std::string(json(type).type_name()) + ", got " + v.type_name());
+  return v;
+}
+
+}  // namespace
+
+json TrainLayout::ToJson() const {
+  return {{"mode", mode},
+          {"ranks", ranks},
+          {"servers", servers},
+          {"groups", groups},
+          {"max_staleness", max_staleness},
+          {"straggler", {{"rank", straggler_rank}, {"factor", straggler_factor}}}};
+}
+
+TrainLayout TrainLayoutFromJson(const json& j, const std::string& where) {
+  if (!j.is_object()) Bad(where, "train", "expected an object");
+  TrainLayout t;
+  t.mode = Field(j, "mode", where + ": train", json::value_t::string).get<std::string>();
+  if (t.mode != "independent" && t.mode != "sync" && t.mode != "async" && t.mode != "hybrid")
+    Bad(where, "train/mode", "\"" + t.mode + "\" is not one of independent, sync, async, hybrid");
+  t.ranks = Field(j, "ranks", where + ": train", json::value_t::number_integer).get<int64_t>();
+  t.servers = Field(j, "servers", where + ": train", json::value_t::number_integer).get<int64_t>();
+  t.groups = Field(j, "groups", where + ": train", json::value_t::number_integer).get<int64_t>();
+  t.max_staleness = Field(j, "max_staleness", where + ": train", json::value_t::number_integer).get<int64_t>();
+  const json& st = Field(j, "straggler", where + ": train", json::value_t::object);
+  t.straggler_rank = Field(st, "rank", where + ": train/straggler", json::value_t::number_integer).get<int64_t>();
+  t.straggler_factor = Field(st, "factor", where + ": train/straggler", json::value_t::number_float).get<double>();
+  if (t.ranks < 1 || t.servers < 0 || t.groups < 1 || t.max_staleness < 0 || t.ranks % t.groups != 0 ||
+      !(t.straggler_factor >= 1))
+    Bad(where, "train", "inconsistent layout " + t.ToJson().dump());
+  return t;
+}
+
+TaskSpec ParseTask(const json& body, const std::string& origin) {
+  if (!body.is_object()) Bad(origin, "/", "expected a JSON object (a task file)");
+  TaskSpec t;
+  if (body.value("format", json()) != kTaskFormat)
+    Bad(origin, "format", std::string("expected \"") + kTaskFormat + "\"");
+  t.step = Field(body, "step", origin, json::value_t::string).get<std::string>();
+  t.run = Field(body, "run", origin, json::value_t::string).get<std::string>();
+  t.module = body.value("module", "");
+  t.nam = Field(body, "nam", origin, json::value_t::string).get<std::string>();
+  int64_t round = Field(body, "round", origin, json::value_t::number_integer).get<int64_t>();
+  if (round < 1 || round > 1000000) Bad(origin, "round", std::to_string(round) + " is out of range");
+  t.round = static_cast<int>(round);
+  try {
+    t.pipeline = PipelineFromSource(Field(body, "pipeline", origin, json::value_t::object));
+  } catch (const Error& e) {
+    Bad(origin, "pipeline", e.what());
+  }
+  if (body.contains("candidates")) {
+    const json& cs = Field(body, "candidates", origin, json::value_t::array);
+    for (size_t i = 0; i < cs.size(); ++i) {
+      try {
+        t.candidates.push_back(CandidateFromJson(cs[i]));
+      } catch (const json::exception& e) {
+        Bad(origin, "candidates/" + std::to_string(i), e.what());
+      }
+    }
+  }
+  if (body.contains("kept")) {
+    const json& ks = Field(body, "kept", origin, json::value_t::array);
+    for (size_t i = 0; i < ks.size(); ++i) {
+      std::string where = origin + ": kept/" + std::to_string(i);
+      KeptModel k;
+      k.candidate = Field(ks[i], "candidate", where, json::value_t::object);
+      k.model = Field(ks[i], "model", where, json::value_t::string).get<std::string>();
+      k.result = Field(ks[i], "result", where, json::value_t::string).get<std::string>();
+      t.kept.push_back(std::move(k));
+    }
+  }
+  if (body.contains("shards")) {
+    t.shards = Field(body, "shards", origin, json::value_t::number_integer).get<int64_t>();
+    if (t.shards < 1) Bad(origin, "shards", "expected at least 1");
+  }
+  if (body.contains("top_k")) {
+    t.top_k = Field(body, "top_k", origin, json::value_t::number_integer).get<int64_t>();
+    if (t.top_k < 1) Bad(origin, "top_k", "expected at least 1");
+  }
+  if (body.contains("metric")) t.metric = Field(body, "metric", origin, json::value_t::string).get<std::string>();
+  if (body.contains("train")) t.train = TrainLayoutFromJson(body["train"], origin);
+  return t;
+}
+
+}  // namespace msaflow::workflow

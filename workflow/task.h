@@ -1,0 +1,52 @@
+// A task file (`msaflow module <step> --task FILE`, format msaflow.task/1, docs/formats.md):
+// what one step of one round does. The planner writes it; the module reads it with
+// ParseTask, which checks every field so a bad file is one clear error, never a crash.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "workflow/candidates.h"
+#include "workflow/pipeline.h"
+
+namespace msaflow::workflow {
+
+inline constexpr char kTaskFormat[] = "msaflow.task/1";
+
+// The train step's parallel layout as the planner resolved it (mode "auto" is never left).
+struct TrainLayout {
+  std::string mode = "independent";  // independent | sync | async | hybrid
+  int64_t ranks = 1;                 // ranks computing gradients
+  int64_t servers = 0;               // parameter-server ranks (async, hybrid), started beside them
+  int64_t groups = 1;                // hybrid: synchronous groups
+  int64_t max_staleness = 0;
+  int64_t straggler_rank = -1;       // experiment knob (docs/parallel.md)
+  double straggler_factor = 1;
+  int64_t processes() const { return ranks + servers; }
+  nlohmann::json ToJson() const;
+};
+
+struct KeptModel {
+  nlohmann::json candidate;  // as candidates are written
+  std::string model, result;
+};
+
+struct TaskSpec {
+  std::string step, run, module, nam;
+  int round = 0;
+  Pipeline pipeline;
+  std::vector<Candidate> candidates;  // train, store, evaluate, select
+  std::vector<KeptModel> kept;        // select
+  int64_t shards = 1;                 // evaluate
+  int64_t top_k = 1;                  // select
+  std::string metric = "accuracy";    // select
+  TrainLayout train;                  // train
+};
+
+// Throws Error(kInvalidInput) "<origin>: <field>: <problem>" for anything missing or mistyped.
+TaskSpec ParseTask(const nlohmann::json& body, const std::string& origin);
+TrainLayout TrainLayoutFromJson(const nlohmann::json& j, const std::string& where);
+
+}  // namespace msaflow::workflow
