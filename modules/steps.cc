@@ -15,10 +15,10 @@ void StepContext::Say(const std::string& line) const {
 }
 
 void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {
+  if (task.is_object() && task.contains("step") && task["step"].is_string() && task["step"] != step)
+    Throw(ErrorKind::kInvalidInput, "task is for step '" + task["step"].get<std::string>() + "', not '" + step + "'");
   StepContext c;
   c.task = workflow::ParseTask(task, "task");
-  if (c.task.step != step)
-    Throw(ErrorKind::kInvalidInput, "task is for step '" + c.task.step + "', not '" + step + "'");
   c.store = nam::OpenStore(c.task.nam);
   c.comm = &comm;
   c.out = out;

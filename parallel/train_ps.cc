@@ -236,7 +236,7 @@ TrainStats TrainParameterServer(Comm& world, const TrainData& data, kernels::Hea
   }
   st.ranks = L.W;
   st.servers = L.S;
-  st.groups = L.U;
+  st.groups = opt.groups > 0 ? L.U : 1;
   return st;
 }
 

@@ -135,7 +135,18 @@ class Slurm(unittest.TestCase):
             script = f.read()
         self.assertIn("#SBATCH hetjob", script)
         self.assertIn("--gres=fpga:1", script)
-        self.assertIn("srun --het-group=2 --ntasks=2", script)  # evaluate on esb, 2 ranks
+        # Every step is an MPI program launched with PMIx inside one component: train as 2 sync
+        # ranks on the dam, evaluate as 2 ranks on the esb; no step spans components.
+        self.assertIn("srun --het-group=1 --ntasks=2 --mpi=pmix", script)  # train on dam, 2 ranks
+        self.assertIn("srun --het-group=2 --ntasks=2 --mpi=pmix", script)  # evaluate on esb, 2 ranks
+        steps = [line for line in script.splitlines() if line.startswith("step ")]
+        self.assertEqual(len(steps), 6)
+        for line in steps:
+            self.assertRegex(line, r" srun --het-group=\d --ntasks=\d+ --mpi=pmix ")
+        with open(os.path.join(runs, "het", "logs", "r1-train.log")) as f:
+            train_log = f.read()
+        self.assertIn("[sync on 2 ranks]", train_log)
+        self.assertEqual(set(re.findall(r"^rank (\d)/2 on node dam01 ", train_log, re.M)), {"0", "1"})
         st = self.run_msaflow("status", os.path.join(runs, "het"))
         self.assertIn("COMPLETED", st.stdout)
         self.assertIn("state: finished", st.stdout)

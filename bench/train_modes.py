@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""Training modes and prepare scaling, through the real path (msaflow run, real mpirun ranks).
+
+  /usr/bin/python3 bench/train_modes.py --msaflow build/msaflow [--reps 3] [--rows 8000]
+
+1. Time to a target training loss for sync, async and hybrid (2 groups of 2) at 4 gradient
+   ranks, without and with a 2x straggler, as ratios against sync without a straggler measured
+   in the same run (> 1: faster than sync). The target is the loss sync reaches after a third
+   of its epochs; times are the training's own wall clock (from each model's curve), so process
+   start-up is left out. The published figure to beat: hybrid 1.66x the best sync run.
+2. Strong scaling of prepare (MobileNetV2, one thread per rank) from 1 to 2 ranks; goal >= 1.8x.
+Each figure is the median of --reps interleaved repetitions."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION = os.path.join(ROOT, "data", "fashion-mnist")
+
+
+def pipeline(name, nam, rows, train, backbone=None, epochs=30, prepare_ranks=1, test_rows=500):
+    return {
+        "name": name, "nam": "file://" + nam,
+        "datasets": {
+            "train": {"images": os.path.join(FASHION, "train-images-idx3-ubyte.gz"),
+                      "labels": os.path.join(FASHION, "train-labels-idx1-ubyte.gz"), "limit": rows},
+            "test": {"images": os.path.join(FASHION, "t10k-images-idx3-ubyte.gz"),
+                     "labels": os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz"), "limit": test_rows}},
+        "backbones": [backbone or {"name": "pixels", "kind": "pixels"}],
+        "head": {"type": ["mlp"], "hidden": [64], "lr": [0.001], "epochs": [epochs], "batch": 64},
+        "steps": {"train": train, "prepare": {"ranks": prepare_ranks}},
+        "rounds": {"max": 1, "candidates": 1, "top_k": 1, "seed": 11},
+    }
+
+
+def run(exe, workdir, run_id, doc, env=None):
+    path = os.path.join(workdir, run_id + ".json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    r = subprocess.run([exe, "run", path, "--runs", os.path.join(workdir, "runs"), "--run-id", run_id],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit("msaflow run %s failed:\n%s%s" % (run_id, r.stdout[-2000:], r.stderr))
+    with open(os.path.join(workdir, "runs", run_id, "results.json")) as f:
+        return json.load(f)
+
+
+def model_meta(exe, nam, res):
+    out = subprocess.run([exe, "nam", "stat", res["champion"]["model"], "--nam", "file://" + nam],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["meta"]
+
+
+def time_to(curve, target):
+    for loss, secs in zip(curve["loss"], curve["seconds"]):
+        if loss <= target:
+            return secs
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--msaflow", required=True)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=8000)
+    a = ap.parse_args()
+    exe = os.path.abspath(a.msaflow)
+    work = tempfile.mkdtemp(prefix="msaflow-bench-train-")
+    nam = os.path.join(work, "nam")
+    modes = [("sync", {"mode": "sync", "ranks": 4}), ("async", {"mode": "async", "ranks": 4}),
+             ("hybrid", {"mode": "hybrid", "ranks": 4, "groups": 2})]
+    configs = [(m, f, dict(t, **({"straggler": {"rank": 3, "factor": f}} if f > 1 else {})))
+               for f in (1, 2) for m, t in modes]
+    curves = {(m, f): [] for m, f, _ in configs}
+    for rep in range(a.reps):  # interleaved, so drifts of the machine hit every mode alike
+        for m, f, train in configs:
+            res = run(exe, work, "%s-x%d-%d" % (m, f, rep), pipeline("bench", nam, a.rows, train))
+            meta = model_meta(exe, nam, res)
+            curves[(m, f)].append((meta["curve"], meta["training"], res["champion"]["accuracy"]))
+    # The target: the loss sync (no straggler) reaches after a third of its epochs, at its median.
+    sync_curves = [c for c, _, _ in curves[("sync", 1)]]
+    target = statistics.median(c["loss"][len(c["loss"]) // 3 - 1] for c in sync_curves)
+    print("machine: %d cores; %d training rows, MLP-64 head, batch 64; target training loss %.4f"
+          % (os.cpu_count(), a.rows, target))
+    print("\n%-8s %-10s %10s %12s %10s %9s" % ("mode", "straggler", "s to loss", "vs sync x1", "test acc",
+                                               "stale max"))
+    base = statistics.median(time_to(c, target) for c in sync_curves)
+    best_sync = {f: None for f in (1, 2)}
+    for m, f, _ in configs:
+        times = [time_to(c, target) for c, _, _ in curves[(m, f)]]
+        reached = [t for t in times if t is not None]
+        med = statistics.median(reached) if len(reached) == len(times) else None
+        if m == "sync":
+            best_sync[f] = med
+        acc = statistics.median(x for _, _, x in curves[(m, f)])
+        stale = max(t.get("staleness", {}).get("max", 0) for _, t, _ in curves[(m, f)])
+        print("%-8s %-10s %10s %12s %10.4f %9d" % (m, "none" if f == 1 else "%gx" % f,
+                                                   "%.3f" % med if med else "not reached",
+                                                   "%.2fx" % (base / med) if med else "-", acc, stale))
+    for f in (1, 2):
+        h = [time_to(c, target) for c, _, _ in curves[("hybrid", f)]]
+        if best_sync[f] and all(h):
+            print("hybrid vs sync, straggler %s: %.2fx (published: 1.66x)"
+                  % ("none" if f == 1 else "%dx" % f, best_sync[f] / statistics.median(h)))
+
+    # Prepare: 1 -> 2 ranks, one thread per rank, fresh NAM each time so the backbone runs.
+    mobilenet = {"name": "mobilenetv2", "onnx": os.path.join(ROOT, "models", "mobilenet_v2.onnx"),
+                 "feature_layer": "block_13_expand_relu",
+                 "input": {"height": 64, "width": 64, "channels": 3, "mean": [0, 0, 0], "std": [1, 1, 1]}}
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    secs = {1: [], 2: []}
+    for rep in range(a.reps):
+        for ranks in (1, 2):
+            fresh = os.path.join(work, "nam-prepare-%d-%d" % (ranks, rep))
+            doc = pipeline("prep", fresh, 2048, {"ranks": 1}, backbone=mobilenet, epochs=1, prepare_ranks=ranks,
+                           test_rows=64)
+            res = run(exe, work, "prep-%d-%d" % (ranks, rep), doc, env)
+            secs[ranks].append(sum(f["seconds"] for f in res["rounds"][0]["features"]["computed"]))
+    one, two = statistics.median(secs[1]), statistics.median(secs[2])
+    print("\nprepare, MobileNetV2 @64x64 on 2,112 images, 1 thread per rank: 1 rank %.2f s, 2 ranks %.2f s: "
+          "%.2fx (goal >= 1.8x)" % (one, two, one / two))
+
+
+if __name__ == "__main__":
+    main()

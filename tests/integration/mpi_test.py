@@ -1,0 +1,224 @@
+#!/usr/bin/python3
+"""Open MPI inside the modules, through the real path: `msaflow run` starts each step under a
+real mpirun (oversubscribed on this machine's cores), on real Fashion-MNIST images.
+- train at 1, 2 and 4 ranks in sync, async and hybrid (2 groups of 2) reaches the 1-rank
+  champion accuracy within 1 point; sync at 2 ranks gives 1 rank's weights to 1e-4;
+- prepare at 1, 2 and 3 ranks commits byte-identical features objects;
+- with a 4x straggler, async and hybrid keep the fast ranks going (counted in updates, not
+  timed), and the staleness bound holds;
+- modes the step cannot run are refused by validate; plan --launcher slurm uses PMIx per
+  component."""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+EXE, ROOT = sys.argv[1], sys.argv[2]
+FASHION = os.path.join(ROOT, "data", "fashion-mnist")
+
+
+def pipeline(name, nam, train, epochs=20, lrs=(0.001, 0.003), train_rows=2000, test_rows=1000, backbone=None,
+             prepare_ranks=1):
+    return {
+        "format": "msaflow.pipeline/1",
+        "name": name,
+        "nam": "file://" + nam,
+        "datasets": {
+            "train": {"images": os.path.join(FASHION, "train-images-idx3-ubyte.gz"),
+                      "labels": os.path.join(FASHION, "train-labels-idx1-ubyte.gz"), "limit": train_rows},
+            "test": {"images": os.path.join(FASHION, "t10k-images-idx3-ubyte.gz"),
+                     "labels": os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz"), "limit": test_rows},
+        },
+        "backbones": [backbone or {"name": "pixels", "kind": "pixels"}],
+        "head": {"type": ["softmax"], "lr": list(lrs), "epochs": [epochs], "batch": 64},
+        "steps": {"train": train, "prepare": {"ranks": prepare_ranks}, "evaluate": {"ranks": 2}},
+        "rounds": {"max": 1, "candidates": len(lrs), "top_k": 1, "seed": 5},
+    }
+
+
+def floats(raw):
+    return struct.unpack("<%df" % (len(raw) // 4), raw)
+
+
+class Mpi(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name
+        cls.nam = os.path.join(cls.dir, "nam")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def msaflow(self, *args, ok=True, timeout=600):
+        r = subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
+        if ok:
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        return r
+
+    def run_pipeline(self, run_id, doc, nam=None):
+        path = os.path.join(self.dir, run_id + ".json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        out = self.msaflow("run", path, "--runs", os.path.join(self.dir, "runs"), "--run-id", run_id).stdout
+        with open(os.path.join(self.dir, "runs", run_id, "results.json")) as f:
+            return json.load(f), out
+
+    def model(self, results, nam=None):
+        """The champion model's metadata and weights, read back through the NAM CLI."""
+        uri = "file://" + (nam or self.nam)
+        name = results["champion"]["model"]
+        meta = json.loads(self.msaflow("nam", "stat", name, "--nam", uri).stdout)["meta"]
+        out = os.path.join(self.dir, "weights.bin")
+        self.msaflow("nam", "get", name, "--nam", uri, "-o", out)
+        with open(out, "rb") as f:
+            return meta, floats(f.read())
+
+    def test_train_modes_reach_the_one_rank_champion(self):
+        base, _ = self.run_pipeline("sync-1", pipeline("m", self.nam, {"mode": "sync", "ranks": 1}))
+        acc = base["champion"]["accuracy"]
+        self.assertGreater(acc, 0.75)  # real learning on 10 classes
+        meta1, w1 = self.model(base)
+        self.assertEqual(meta1["training"]["mode"], "sync")
+        self.assertEqual(meta1["training"]["ranks"], 1)
+        curve = meta1["curve"]
+        self.assertEqual(len(curve["step"]), 20)  # one point per epoch, by step and by wall clock
+        self.assertEqual(curve["step"][-1], 20 * 32)
+        self.assertEqual(len(curve["seconds"]), 20)
+        self.assertEqual(curve["seconds"], sorted(curve["seconds"]))
+        for run_id, train in [("sync-2", {"mode": "sync", "ranks": 2}), ("sync-4", {"mode": "sync", "ranks": 4}),
+                              ("async-2", {"mode": "async", "ranks": 2}), ("async-4", {"mode": "async", "ranks": 4}),
+                              ("hybrid-4", {"mode": "hybrid", "ranks": 4, "groups": 2})]:
+            with self.subTest(run_id):
+                res, out = self.run_pipeline(run_id, pipeline("m", self.nam, train))
+                self.assertLessEqual(abs(res["champion"]["accuracy"] - acc), 0.01, (run_id, res["champion"], acc))
+                meta, w = self.model(res)
+                t = meta["training"]
+                self.assertEqual((t["mode"], t["ranks"]), (train["mode"], train["ranks"]))
+                self.assertEqual(t["updates"], 20 * 32)  # the same number of updates as one rank
+                # The step ran as MPI ranks under mpirun: every rank's lines, and its tag.
+                with open(os.path.join(self.dir, "runs", run_id, "logs", "r1-train.log")) as f:
+                    log = f.read()
+                n = train["ranks"] + (1 if train["mode"] != "sync" else 0)
+                self.assertIn("train    on dam (%d ranks)" % n, out)
+                self.assertIn("[%s on %d ranks" % (train["mode"], train["ranks"]), log)
+                if train["mode"] == "hybrid":
+                    self.assertEqual(t["groups"], 2)
+                    self.assertEqual(len(t["updates_per_group"]), 2)
+                if train["mode"] == "async":
+                    self.assertEqual(len(t["updates_per_worker"]), train["ranks"])
+                    self.assertEqual(sum(t["updates_per_worker"]), 20 * 32)
+                if run_id == "sync-2" and res["champion"]["candidate"]["id"] == base["champion"]["candidate"]["id"]:
+                    # Same global batch and seed: 1 rank's weights up to summation order.
+                    self.assertEqual(len(w), len(w1))
+                    worst = max(abs(a - b) / max(abs(b), 1e-3) for a, b in zip(w, w1))
+                    self.assertLess(worst, 1e-4)
+                    self.sync2_checked = True
+        self.assertTrue(getattr(self, "sync2_checked", False), "sync-2 chose another champion than sync-1")
+
+    def test_prepare_is_byte_identical_for_any_rank_count(self):
+        mobilenet = {"name": "mobilenetv2", "onnx": os.path.join(ROOT, "models", "mobilenet_v2.onnx"),
+                     "feature_layer": "block_13_expand_relu",
+                     "input": {"height": 32, "width": 32, "channels": 3, "mean": [0, 0, 0], "std": [1, 1, 1]}}
+        objects = {}
+        for ranks in (1, 2, 3):
+            nam = os.path.join(self.dir, "nam-prepare-%d" % ranks)  # a fresh NAM: the features are computed
+            doc = pipeline("p", nam, {"ranks": 1}, epochs=1, lrs=(0.01,), train_rows=300, test_rows=130,
+                           backbone=mobilenet, prepare_ranks=ranks)
+            res, out = self.run_pipeline("prepare-%d" % ranks, doc)
+            self.assertEqual(res["rounds"][0]["features_computed"], 2, out)
+            self.assertIn("prepare  on dam (%d rank" % ranks, out)
+            got = {}
+            for f in res["rounds"][0]["features"]["computed"]:
+                self.assertEqual(f["ranks"], ranks)
+                dest = os.path.join(self.dir, "f.bin")
+                self.msaflow("nam", "get", f["object"], "--nam", "file://" + nam, "-o", dest)
+                with open(dest, "rb") as fh:
+                    got[f["object"]] = fh.read()
+            objects[ranks] = got
+            if ranks == 3:  # 5 batches of 64 over 3 ranks: 1, 2 and 2 batches
+                with open(os.path.join(self.dir, "runs", "prepare-3", "logs", "r1-prepare.log")) as f:
+                    log = f.read()
+                self.assertIn("[0] features mobilenetv2/train: images [0, 64)", log)
+                self.assertIn("[2] features mobilenetv2/train: images [192, 300)", log)
+        self.assertEqual(len(objects[1]), 2)
+        self.assertEqual(objects[1], objects[2])
+        self.assertEqual(objects[1], objects[3])
+
+    def training_of(self, run_id, train, epochs=20):
+        res, _ = self.run_pipeline(run_id, pipeline("s", self.nam, train, epochs=epochs, lrs=(0.001,)))
+        meta, _ = self.model(res)
+        return meta["training"]
+
+    def test_a_straggler_slows_only_itself_in_async_and_hybrid(self):
+        # Async, 4 workers, worker 1 four times slower: the others do not wait for it.
+        t = self.training_of("straggler-async", {"mode": "async", "ranks": 4, "max_staleness": 64,
+                                                 "straggler": {"rank": 1, "factor": 4}})
+        per = t["updates_per_worker"]
+        self.assertEqual(sum(per), 20 * 32)
+        fast = [u for i, u in enumerate(per) if i != 1]
+        self.assertGreaterEqual(min(fast), 2 * per[1], per)
+        self.assertLessEqual(t["staleness"]["max"], 64)
+        # Hybrid, 2 groups of 2, rank 3 (group 1) four times slower: group 0 runs ahead.
+        t = self.training_of("straggler-hybrid", {"mode": "hybrid", "ranks": 4, "groups": 2,
+                                                  "straggler": {"rank": 3, "factor": 4}})
+        g = t["updates_per_group"]
+        self.assertEqual(sum(g), 20 * 32)
+        self.assertGreaterEqual(g[0], 2 * g[1], g)
+        # Sync for contrast: every update waits for the straggler, so it is never skipped.
+        t = self.training_of("straggler-sync", {"mode": "sync", "ranks": 2, "straggler": {"rank": 1, "factor": 4}},
+                             epochs=2)
+        self.assertEqual(t["updates"], 2 * 32)
+
+    def test_the_staleness_bound_holds(self):
+        # A bound below the straggler's natural staleness: its stale gradients are refused (it
+        # carries on from the fresh weights it is sent) and no applied update is staler.
+        t = self.training_of("bound", {"mode": "async", "ranks": 4, "max_staleness": 2,
+                                       "straggler": {"rank": 0, "factor": 4}})
+        self.assertLessEqual(t["staleness"]["max"], 2)
+        self.assertGreater(t["refused_per_worker"][0], 0)
+        self.assertEqual(t["refused"], sum(t["refused_per_worker"]))
+        self.assertEqual(t["updates"], 20 * 32)
+
+    def test_validate_refuses_modes_the_step_cannot_run(self):
+        for train, pointer, hint in [
+                ({"mode": "async", "ranks": 1}, "/steps/train/mode", 'with 1 rank use "sync"'),
+                ({"mode": "hybrid", "ranks": 6, "groups": 4}, "/steps/train/groups",
+                 "groups that would work with 6 ranks: 2, 3")]:
+            path = os.path.join(self.dir, "bad.json")
+            with open(path, "w") as f:
+                json.dump(pipeline("bad", self.nam, train), f)
+            r = self.msaflow("validate", path, ok=False)
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertIn(path + ": " + pointer + ": ", r.stderr)
+            self.assertIn(hint, r.stderr)
+        path = os.path.join(self.dir, "good.json")
+        with open(path, "w") as f:
+            json.dump(pipeline("good", self.nam, {"mode": "hybrid", "ranks": 4}), f)
+        r = self.msaflow("validate", path)
+        self.assertIn("train: mode hybrid on 4 ranks + 1 parameter server(s)", r.stdout)
+
+    def test_plan_for_slurm_uses_pmix_per_component(self):
+        path = os.path.join(self.dir, "plan.json")
+        with open(path, "w") as f:
+            json.dump(pipeline("plan", self.nam, {"mode": "async", "ranks": 1 + 1}), f)
+        machine = os.path.join(ROOT, "configs", "machines", "slurm-local.json")
+        script = self.msaflow("plan", path, "--machine", machine).stdout
+        steps = [line for line in script.splitlines() if line.startswith("step ")]
+        self.assertEqual(len(steps), 6, script)
+        for line in steps:
+            self.assertRegex(line, r" srun --het-group=\d --ntasks=\d+ --mpi=pmix ")
+        # async on 2 ranks + its server: 3 processes in the dam component.
+        self.assertIn("srun --het-group=1 --ntasks=3 --mpi=pmix", script)
+        self.assertNotRegex(script, r"--het-group=\d,")
+        local = self.msaflow("plan", path).stdout
+        self.assertRegex(local, r"mpirun -n 3 --bind-to none \S+ module train --task")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
