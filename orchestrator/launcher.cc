@@ -24,6 +24,7 @@ struct Child {
   std::string partial;
   std::FILE* log = nullptr;
   std::deque<std::string> tail;  // the last lines, for the failure message
+  std::string error;             // the first error line a rank printed
   int status = 0;
   bool exited = false;
 };
@@ -161,6 +162,9 @@ void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
         std::fflush(k.log);
         k.tail.push_back(line);
         if (k.tail.size() > 5) k.tail.pop_front();
+        if (k.error.empty() && (line.find("msaflow: error: ") != std::string::npos ||
+                                line.find("msaflow: internal error: ") != std::string::npos))
+          k.error = line;
         if (obs.on_line) obs.on_line(t, line);
       }
     }
@@ -173,9 +177,7 @@ void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
       std::string failure = "task " + t.id + (t.ranks > 1 ? " (" + std::to_string(t.ranks) + " ranks)" : "") +
                             " failed with " + how + "; log " + log_path;
       // The error line a rank printed says more than mpirun's closing words.
-      std::string said;
-      for (const auto& l : k.tail)
-        if (l.find("msaflow: ") != std::string::npos && said.empty()) said = l;
+      std::string said = k.error;
       if (said.empty() && !k.tail.empty()) said = k.tail.back();
       if (!said.empty()) failure += "\n  last output: " + said;
       Throw(ErrorKind::kTaskFailed, failure);

@@ -38,6 +38,10 @@ class Comm {
   // Ranks passing the same color form a communicator, ordered by key.
   virtual std::unique_ptr<Comm> Split(int color, int key) = 0;
   virtual void Send(int dest, int tag, const std::string& bytes) = 0;
+  // Sends without waiting for the receiver: the message is on its way when Post returns, and
+  // completes while this rank goes on (every Recv moves it along). Flush waits for all of them.
+  virtual void Post(int dest, int tag, std::string bytes) = 0;
+  virtual void Flush() = 0;
   // Blocks until a message matching source/tag (kAnySource, kAnyTag) arrives; returns its
   // source and stores its tag in *tag_out when given.
   virtual int Recv(int source, int tag, std::string* bytes, int* tag_out = nullptr) = 0;
@@ -56,6 +60,8 @@ class SelfComm : public Comm {
   void Barrier() override {}
   std::unique_ptr<Comm> Split(int, int) override { return std::make_unique<SelfComm>(); }
   void Send(int dest, int tag, const std::string& bytes) override;
+  void Post(int dest, int tag, std::string bytes) override { Send(dest, tag, bytes); }
+  void Flush() override {}
   int Recv(int source, int tag, std::string* bytes, int* tag_out) override;
 };
 

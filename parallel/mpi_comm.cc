@@ -31,7 +31,7 @@ void Backoff(int i) {
     sched_yield();
     return;
   }
-  long us = std::min(200L, 5L * (i - 49));
+  long us = std::min(50L, 2L * (i - 49));
   timespec ts{0, us * 1000};
   nanosleep(&ts, nullptr);
 }
@@ -45,6 +45,17 @@ void PoliteWait(MPI_Request* req, const char* what) {
   }
 }
 
+// An allreduce (sum) in place, in pieces of at most kChunk bytes.
+template <typename T>
+void SumInPlace(MPI_Comm comm, T* data, size_t n, MPI_Datatype type) {
+  for (size_t off = 0; off < n; off += kChunk / sizeof(T)) {
+    int count = static_cast<int>(std::min(n - off, kChunk / sizeof(T)));
+    MPI_Request req;
+    Check(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, type, MPI_SUM, comm, &req), "Iallreduce");
+    PoliteWait(&req, "Iallreduce");
+  }
+}
+
 }  // namespace
 
 MpiComm::MpiComm(MPI_Comm comm) : comm_(comm) {
@@ -55,26 +66,17 @@ MpiComm::MpiComm(MPI_Comm comm) : comm_(comm) {
 MpiComm::~MpiComm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
+  if (!finalized && !posted_.empty()) {
+    try {
+      Flush();
+    } catch (const Error&) {  // a destructor reports nothing; the step has failed already
+    }
+  }
   if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-void MpiComm::AllreduceSum(float* data, size_t n) {
-  for (size_t off = 0; off < n; off += kChunk / sizeof(float)) {
-    int count = static_cast<int>(std::min(n - off, kChunk / sizeof(float)));
-    MPI_Request req;
-    Check(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, comm_, &req), "Iallreduce");
-    PoliteWait(&req, "Iallreduce");
-  }
-}
-
-void MpiComm::AllreduceSum(double* data, size_t n) {
-  for (size_t off = 0; off < n; off += kChunk / sizeof(double)) {
-    int count = static_cast<int>(std::min(n - off, kChunk / sizeof(double)));
-    MPI_Request req;
-    Check(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_DOUBLE, MPI_SUM, comm_, &req), "Iallreduce");
-    PoliteWait(&req, "Iallreduce");
-  }
-}
+void MpiComm::AllreduceSum(float* data, size_t n) { SumInPlace(comm_, data, n, MPI_FLOAT); }
+void MpiComm::AllreduceSum(double* data, size_t n) { SumInPlace(comm_, data, n, MPI_DOUBLE); }
 
 ArgMax MpiComm::AllreduceArgMax(ArgMax mine) {
   struct {
@@ -130,21 +132,43 @@ std::unique_ptr<Comm> MpiComm::Split(int color, int key) {
 
 // A message: an 8-byte total length and the first chunk, then the rest in chunks (same tag;
 // MPI keeps the order of messages between two ranks).
-void MpiComm::Send(int dest, int tag, const std::string& bytes) {
+void MpiComm::Post(int dest, int tag, std::string bytes) {
+  auto p = std::make_unique<Posted>();
   uint64_t total = bytes.size();
-  size_t first = std::min(bytes.size(), kChunk);
-  std::string head(sizeof total + first, '\0');
-  std::memcpy(head.data(), &total, sizeof total);
-  std::memcpy(head.data() + sizeof total, bytes.data(), first);
-  MPI_Request req;
-  Check(MPI_Isend(head.data(), static_cast<int>(head.size()), MPI_BYTE, dest, tag, comm_, &req), "Isend");
-  PoliteWait(&req, "Isend");
-  for (size_t off = first; off < bytes.size(); off += kChunk) {
-    Check(MPI_Isend(bytes.data() + off, static_cast<int>(std::min(bytes.size() - off, kChunk)), MPI_BYTE, dest, tag,
-                    comm_, &req),
-          "Isend");
-    PoliteWait(&req, "Isend");
+  p->bytes.resize(sizeof total);
+  std::memcpy(p->bytes.data(), &total, sizeof total);
+  p->bytes += bytes;
+  const size_t first = sizeof total + std::min(bytes.size(), kChunk);
+  for (size_t off = 0; off < p->bytes.size(); off = off == 0 ? first : off + kChunk) {
+    size_t len = off == 0 ? first : std::min(p->bytes.size() - off, kChunk);
+    MPI_Request req;
+    Check(MPI_Isend(p->bytes.data() + off, static_cast<int>(len), MPI_BYTE, dest, tag, comm_, &req), "Isend");
+    p->requests.push_back(req);
+    if (p->bytes.size() == first) break;
   }
+  posted_.push_back(std::move(p));
+  TestPosted();
+}
+
+void MpiComm::TestPosted() {
+  std::erase_if(posted_, [](std::unique_ptr<Posted>& p) {
+    int done = 0;
+    Check(MPI_Testall(static_cast<int>(p->requests.size()), p->requests.data(), &done, MPI_STATUSES_IGNORE),
+          "Testall");
+    return done != 0;
+  });
+}
+
+void MpiComm::Flush() {
+  for (int i = 0; !posted_.empty(); ++i) {
+    TestPosted();
+    if (!posted_.empty()) Backoff(i);
+  }
+}
+
+void MpiComm::Send(int dest, int tag, const std::string& bytes) {
+  Post(dest, tag, bytes);
+  Flush();
 }
 
 int MpiComm::Recv(int source, int tag, std::string* bytes, int* tag_out) {
@@ -154,6 +178,7 @@ int MpiComm::Recv(int source, int tag, std::string* bytes, int* tag_out) {
     int flag = 0;
     Check(MPI_Iprobe(src, tg, comm_, &flag, &st), "Iprobe");
     if (flag) break;
+    if (!posted_.empty()) TestPosted();
     Backoff(i);
   }
   int count = 0;

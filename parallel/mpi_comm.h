@@ -5,6 +5,9 @@
 
 #include <mpi.h>
 
+#include <memory>
+#include <vector>
+
 #include "parallel/comm.h"
 
 namespace msaflow::parallel {
@@ -27,11 +30,20 @@ class MpiComm : public Comm {
   void Barrier() override;
   std::unique_ptr<Comm> Split(int color, int key) override;
   void Send(int dest, int tag, const std::string& bytes) override;
+  void Post(int dest, int tag, std::string bytes) override;
+  void Flush() override;
   int Recv(int source, int tag, std::string* bytes, int* tag_out) override;
 
  private:
+  struct Posted {
+    std::string bytes;  // header + payload, alive until the send completes
+    std::vector<MPI_Request> requests;
+  };
+  void TestPosted();  // frees the posted sends that completed
+
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::vector<std::unique_ptr<Posted>> posted_;
 };
 
 class MpiSession {

@@ -22,7 +22,7 @@ FASHION = os.path.join(ROOT, "data", "fashion-mnist")
 
 
 def pipeline(name, nam, train, epochs=20, lrs=(0.001, 0.003), train_rows=2000, test_rows=1000, backbone=None,
-             prepare_ranks=1):
+             prepare_ranks=1, select_ranks=1):
     return {
         "format": "msaflow.pipeline/1",
         "name": name,
@@ -35,7 +35,8 @@ def pipeline(name, nam, train, epochs=20, lrs=(0.001, 0.003), train_rows=2000, t
         },
         "backbones": [backbone or {"name": "pixels", "kind": "pixels"}],
         "head": {"type": ["softmax"], "lr": list(lrs), "epochs": [epochs], "batch": 64},
-        "steps": {"train": train, "prepare": {"ranks": prepare_ranks}, "evaluate": {"ranks": 2}},
+        "steps": {"train": train, "prepare": {"ranks": prepare_ranks}, "evaluate": {"ranks": 2},
+                  "select": {"ranks": select_ranks}},
         "rounds": {"max": 1, "candidates": len(lrs), "top_k": 1, "seed": 5},
     }
 
@@ -95,7 +96,9 @@ class Mpi(unittest.TestCase):
                               ("async-2", {"mode": "async", "ranks": 2}), ("async-4", {"mode": "async", "ranks": 4}),
                               ("hybrid-4", {"mode": "hybrid", "ranks": 4, "groups": 2})]:
             with self.subTest(run_id):
-                res, out = self.run_pipeline(run_id, pipeline("m", self.nam, train))
+                # sync-2 also selects over 3 ranks: one of them has no candidate of the two.
+                res, out = self.run_pipeline(run_id, pipeline("m", self.nam, train,
+                                                              select_ranks=3 if run_id == "sync-2" else 1))
                 self.assertLessEqual(abs(res["champion"]["accuracy"] - acc), 0.01, (run_id, res["champion"], acc))
                 meta, w = self.model(res)
                 t = meta["training"]
@@ -113,6 +116,13 @@ class Mpi(unittest.TestCase):
                 if train["mode"] == "async":
                     self.assertEqual(len(t["updates_per_worker"]), train["ranks"])
                     self.assertEqual(sum(t["updates_per_worker"]), 20 * 32)
+                if run_id == "sync-2":
+                    best = json.loads(self.msaflow("nam", "get", "best/sync-2/1", "--nam", "file://" + self.nam).stdout)
+                    self.assertEqual(best["reduction"], "MPI_MAXLOC over 3 ranks")
+                    self.assertEqual(best["champion"]["candidate"]["id"], res["champion"]["candidate"]["id"])
+                    self.assertEqual(sorted(c["candidate"]["id"] for c in best["all"]), ["r1-c00", "r1-c01"])
+                    accs = [c["accuracy"] for c in best["all"]]
+                    self.assertEqual(accs, sorted(accs, reverse=True))
                 if run_id == "sync-2" and res["champion"]["candidate"]["id"] == base["champion"]["candidate"]["id"]:
                     # Same global batch and seed: 1 rank's weights up to summation order.
                     self.assertEqual(len(w), len(w1))
@@ -184,6 +194,22 @@ class Mpi(unittest.TestCase):
         self.assertGreater(t["refused_per_worker"][0], 0)
         self.assertEqual(t["refused"], sum(t["refused_per_worker"]))
         self.assertEqual(t["updates"], 20 * 32)
+
+    def test_a_failing_rank_ends_the_step_with_its_message(self):
+        # Every rank refuses a malformed knob; mpirun ends the step and the run names the rank's error.
+        path = os.path.join(self.dir, "fail.json")
+        nam = os.path.join(self.dir, "nam-fail")
+        with open(path, "w") as f:
+            json.dump(pipeline("fail", nam, {"mode": "async", "ranks": 2}, epochs=1), f)
+        env = dict(os.environ, MSAFLOW_STRAGGLER="1x4")
+        r = subprocess.run([EXE, "run", path, "--runs", os.path.join(self.dir, "runs"), "--run-id", "fail"],
+                           capture_output=True, text=True, timeout=300, env=env)
+        self.assertEqual(r.returncode, 1, r.stdout[-2000:] + r.stderr)
+        self.assertRegex(r.stderr, r"task r1-train \(3 ranks\) failed with exit status \d+; log ")
+        self.assertIn("last output: msaflow: error: [rank ", r.stderr)
+        self.assertIn("MSAFLOW_STRAGGLER='1x4': expected RANK:FACTOR, e.g. 1:4", r.stderr)
+        staged = self.msaflow("nam", "ls", "staging/", "--nam", "file://" + nam).stdout
+        self.assertEqual(staged, "")  # nothing half-trained was staged
 
     def test_validate_refuses_modes_the_step_cannot_run(self):
         for train, pointer, hint in [
