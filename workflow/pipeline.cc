@@ -12,7 +12,58 @@ namespace {
 
 using nlohmann::json;
 
-std::string Quote(const json& v) { return v.dump(); }
+// A value as it stands in the file, cut short so that no error line grows with the input.
+std::string Quote(const json& v) {
+  std::string d = v.dump();
+  constexpr size_t kMax = 60;
+  return d.size() <= kMax ? d : d.substr(0, kMax) + "… (" + std::to_string(d.size()) + " characters)";
+}
+
+// Tracks where the parser is, as a JSON pointer, to refuse a key that appears twice in one
+// object (nlohmann::json would keep the last silently).
+class DuplicateKeys {
+ public:
+  bool operator()(int, json::parse_event_t ev, json& parsed) {
+    switch (ev) {
+      case json::parse_event_t::object_start: frames_.push_back({true, {}, "", 0}); break;
+      case json::parse_event_t::array_start: frames_.push_back({false, {}, "", 0}); break;
+      case json::parse_event_t::key: {
+        Frame& f = frames_.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second) {
+          duplicate_ = Pointer();
+          return false;
+        }
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        frames_.pop_back();
+        if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+        break;
+      case json::parse_event_t::value:
+        if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+        break;
+    }
+    return true;
+  }
+  const std::string& duplicate() const { return duplicate_; }
+
+ private:
+  struct Frame {
+    bool object;
+    std::set<std::string> keys;
+    std::string key;
+    size_t index;
+  };
+  std::string Pointer() const {
+    std::string p;
+    for (const auto& f : frames_) p += "/" + (f.object ? f.key : std::to_string(f.index));
+    return p;
+  }
+  std::vector<Frame> frames_;
+  std::string duplicate_;
+};
 
 std::string TypeName(const json& v) {
   if (v.is_string()) return "string " + Quote(v);
@@ -60,6 +111,8 @@ class Reader {
   int64_t Int(const json& v, const std::string& ptr, int64_t lo, int64_t hi) const {
     if (!v.is_number_integer())
       Fail(ptr, "expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " + TypeName(v));
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      Fail(ptr, Quote(v) + " is out of range; expected " + std::to_string(lo) + ".." + std::to_string(hi));
     int64_t x = v.get<int64_t>();
     if (x < lo || x > hi)
       Fail(ptr, std::to_string(x) + " is out of range; expected " + std::to_string(lo) + ".." + std::to_string(hi));
@@ -69,7 +122,7 @@ class Reader {
   double Number(const json& v, const std::string& ptr, double lo, double hi) const {
     if (!v.is_number()) Fail(ptr, "expected a number, got " + TypeName(v));
     double x = v.get<double>();
-    if (!(x >= lo && x <= hi)) Fail(ptr, v.dump() + " is out of range; expected " + Num(lo) + ".." + Num(hi));
+    if (!(x >= lo && x <= hi)) Fail(ptr, Quote(v) + " is out of range; expected " + Num(lo) + ".." + Num(hi));
     return x;
   }
 
@@ -203,13 +256,18 @@ const BackboneSpec& Pipeline::Backbone(const std::string& n) const {
 
 Pipeline ParsePipeline(const std::string& text, const std::string& origin, const std::string& base_dir) {
   json doc;
+  DuplicateKeys dups;
   try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+    doc = json::parse(text, std::ref(dups));
+  } catch (const json::exception& e) {  // a syntax error, or a number too large for a double
     std::string msg = e.what();
-    auto pos = msg.find("parse error");
-    Throw(ErrorKind::kInvalidInput, origin + ": not valid JSON (" + (pos == std::string::npos ? msg : msg.substr(pos)) + ")");
+    auto pos = msg.find("] ");
+    msg = pos == std::string::npos ? msg : msg.substr(pos + 2);
+    if (msg.size() > 200) msg = msg.substr(0, 200) + "…";
+    Throw(ErrorKind::kInvalidInput, origin + ": not valid JSON (" + msg + ")");
   }
+  if (!dups.duplicate().empty())
+    Throw(ErrorKind::kInvalidInput, origin + ": " + dups.duplicate() + ": duplicate key (each key may appear once)");
   Reader r(origin, base_dir);
   r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric", "retries"},
            {"name", "datasets", "backbones"});
@@ -217,6 +275,9 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
   if (doc.contains("format") && r.String(doc["format"], "/format") != kPipelineFormat)
     r.Fail("/format", Quote(doc["format"]) + " is not a supported format; expected \"" + kPipelineFormat + "\"");
   p.name = r.String(doc["name"], "/name");
+  // Run ids start with the name and name NAM objects (at most 255 bytes with what follows).
+  if (p.name.size() > 64)
+    r.Fail("/name", Quote(doc["name"]) + " is " + std::to_string(p.name.size()) + " characters long; at most 64");
   if (doc.contains("machine")) p.machine = r.String(doc["machine"], "/machine");
   if (doc.contains("nam")) {
     p.nam = r.String(doc["nam"], "/nam");
@@ -292,6 +353,11 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
     if (ro.contains("min_delta")) p.rounds.min_delta = r.Number(ro["min_delta"], "/rounds/min_delta", 0, 1);
     if (ro.contains("patience")) p.rounds.patience = r.Int(ro["patience"], "/rounds/patience", 1, 1000);
     if (ro.contains("seed")) p.rounds.seed = static_cast<uint64_t>(r.Int(ro["seed"], "/rounds/seed", 0, INT64_MAX));
+    if (!ro.contains("top_k")) p.rounds.top_k = std::min(p.rounds.top_k, p.rounds.candidates);
+    if (p.rounds.top_k > p.rounds.candidates)
+      r.Fail("/rounds/top_k", std::to_string(p.rounds.top_k) + " is more than the " +
+                                  std::to_string(p.rounds.candidates) +
+                                  " candidates of a round; at most that many models can be kept");
   }
   if (doc.contains("metric")) p.metric = r.Enum(doc["metric"], "/metric", {"accuracy"});
   if (doc.contains("retries")) {

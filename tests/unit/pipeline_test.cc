@@ -79,6 +79,43 @@ TEST(Pipeline, ExactErrors) {
   EXPECT_EQ(ErrorOf("[]"), "p.json: /: expected an object, got an array");
 }
 
+// Regression tests for inputs that crashed or misled (issue 14), named after what they found.
+TEST(Pipeline, NumberOverflowIsInvalidJsonNotAnInternalError) {
+  EXPECT_EQ(ErrorOf(With("\"max\": 3", "\"max\": 1e999")),
+            "p.json: not valid JSON (number overflow parsing '1e999')");
+  std::string digits(100000, '7');
+  std::string e = ErrorOf(With("\"max\": 3", "\"max\": " + digits));
+  EXPECT_EQ(e.rfind("p.json: not valid JSON (number overflow parsing '777", 0), 0u) << e.substr(0, 100);
+  EXPECT_LT(e.size(), 300u);
+}
+
+TEST(Pipeline, DuplicateKeysAreRefusedWithTheirPointer) {
+  EXPECT_EQ(ErrorOf(With("\"max\": 3", "\"max\": 3, \"max\": 4")), "p.json: /rounds/max: duplicate key (each key may appear once)");
+  EXPECT_EQ(ErrorOf(With("{\"name\": \"pixels\", \"kind\": \"pixels\"}",
+                         "{\"name\": \"pixels\", \"kind\": \"pixels\", \"name\": \"q\"}")),
+            "p.json: /backbones/1/name: duplicate key (each key may appear once)");
+}
+
+TEST(Pipeline, HugeIntegersAreOutOfRangeNotNegative) {
+  EXPECT_EQ(ErrorOf(With("\"ranks\": 2", "\"ranks\": 9223372036854775808")),
+            "p.json: /steps/train/ranks: 9223372036854775808 is out of range; expected 1..4096");
+}
+
+TEST(Pipeline, LongValuesAreCutShortInErrors) {
+  std::string name(300, 'x');
+  std::string e = ErrorOf(With("\"name\": \"t\"", "\"name\": \"" + name + "\""));
+  EXPECT_EQ(e, "p.json: /name: \"" + std::string(59, 'x') + "… (302 characters) is 300 characters long; at most 64");
+  e = ErrorOf(With("\"max\": 3", "\"max\": \"" + std::string(100000, 'y') + "\""));
+  EXPECT_LT(e.size(), 200u);
+}
+
+TEST(Pipeline, TopKBeyondTheCandidatesIsRefused) {
+  EXPECT_EQ(ErrorOf(With("\"candidates\": 4", "\"candidates\": 4, \"top_k\": 5")),
+            "p.json: /rounds/top_k: 5 is more than the 4 candidates of a round; at most that many models can be kept");
+  // Left out, top_k (2) follows a smaller number of candidates.
+  EXPECT_EQ(ParsePipeline(With("\"candidates\": 4", "\"candidates\": 1"), "p.json", "/base").rounds.top_k, 1);
+}
+
 // A mode the train step cannot use is refused with the pointer and what would work.
 TEST(Pipeline, TrainModesThatCannotRunAreRefused) {
   EXPECT_EQ(ErrorOf(With("\"ranks\": 2", "\"ranks\": 1")),
