@@ -1,7 +1,11 @@
-// Step 4 (ESB): every (model x test shard) evaluated; the tasks are dealt over the ranks and
-// each result goes to the NAM. The metrics' JSON form is shared with select.
+// Step 4 (ESB): every (model x test shard) evaluated by a dynamic task farm over the ranks
+// (parallel/task_farm.h): each rank pulls the next task when it finishes one, keeps the models
+// and features it has read, and commits each result to the NAM; the farm's figures (tasks and
+// busy time per rank, utilisation, overhead per task) go to evaluated/<run>/<round>. The
+// metrics' JSON form is shared with select.
 #include <fmt/core.h>
 
+#include <chrono>
 #include <map>
 
 #include "common/error.h"
@@ -9,6 +13,9 @@
 #include "kernels/metrics.h"
 #include "modules/evaluate.h"
 #include "modules/features.h"
+#include "modules/straggler.h"
+#include "parallel/task_farm.h"
+#include "parallel/train_util.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
@@ -34,32 +41,84 @@ kernels::Metrics MetricsFromJson(const nlohmann::json& j, const std::string& whe
 
 void Evaluate(StepContext& c) {
   const auto& t = c.task;
+  parallel::Comm& comm = *c.comm;
   const int64_t shards = t.shards;
-  std::map<std::string, Features> cache;
   const int64_t n_tasks = static_cast<int64_t>(t.candidates.size()) * shards;
-  int done = 0;
-  for (int64_t k = c.comm->rank(); k < n_tasks; k += c.comm->size()) {
+  const parallel::Straggler slow = StragglerFor("evaluate", {});
+  // Task k is shard k % shards of candidate k / shards: a rank drawing neighbouring tasks
+  // finds the model in its cache.
+  std::map<std::string, Features> features;
+  std::map<std::string, kernels::Head> models;
+  std::vector<int64_t> done;
+  double busy = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto farm = parallel::MakeTaskFarm(comm, n_tasks, t.farm);
+  for (int64_t k; (k = farm->Next()) >= 0;) {
+    const auto t0 = std::chrono::steady_clock::now();
     const workflow::Candidate& cand = t.candidates[static_cast<size_t>(k / shards)];
-    int64_t shard = k % shards;
-    if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "test");
-    const Features& f = cache[cand.backbone];
-    nam::Object m = c.store->Get(workflow::ModelObject(t.run, t.round, cand.id));
-    if (!m.info.meta.contains("in_dim") || !m.info.meta.contains("classes"))
-      Throw(ErrorKind::kCorrupt, "NAM object '" + m.info.name + "': model metadata lacks in_dim/classes");
-    kernels::Head h = kernels::Head::Deserialize(cand.head, m.info.meta["in_dim"], m.info.meta["classes"], m.bytes);
-    if (h.in_dim != f.dim)
-      Throw(ErrorKind::kInvalidInput, "model " + m.info.name + " expects " + std::to_string(h.in_dim) +
-                                          " features, test features have " + std::to_string(f.dim));
+    const int64_t shard = k % shards;
+    if (!features.count(cand.backbone)) features[cand.backbone] = LoadFeatures(c, cand.backbone, "test");
+    const Features& f = features[cand.backbone];
+    if (!models.count(cand.id)) {
+      nam::Object m = c.store->Get(workflow::ModelObject(t.run, t.round, cand.id));
+      if (!m.info.meta.contains("in_dim") || !m.info.meta.contains("classes"))
+        Throw(ErrorKind::kCorrupt, "NAM object '" + m.info.name + "': model metadata lacks in_dim/classes");
+      kernels::Head h = kernels::Head::Deserialize(cand.head, m.info.meta["in_dim"], m.info.meta["classes"], m.bytes);
+      if (h.in_dim != f.dim)
+        Throw(ErrorKind::kInvalidInput, "model " + m.info.name + " expects " + std::to_string(h.in_dim) +
+                                            " features, test features have " + std::to_string(f.dim));
+      models.emplace(cand.id, std::move(h));
+    }
+    const kernels::Head& h = models.at(cand.id);
     int64_t lo = f.n * shard / shards, hi = f.n * (shard + 1) / shards;
     auto logits = h.Logits(f.x.data() + lo * f.dim, hi - lo);
     kernels::Metrics met =
         kernels::Evaluate(logits.data(), f.labels.data() + lo, hi - lo, std::max(h.classes, f.classes));
     c.store->Put(workflow::EvalObject(t.run, t.round, cand.id, shard), MetricsJson(met).dump(), {{"kind", "eval-shard"}});
-    ++done;
+    if (slow.rank == comm.rank()) parallel::Straggle(t0, slow.factor);
+    busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    done.push_back(k);
   }
-  c.Say(fmt::format("rank {}/{}: evaluated {} (model x shard) tasks of {}", c.comm->rank(), c.comm->size(), done,
-                    n_tasks));
-  c.comm->Barrier();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const bool works = farm->works();
+  farm.reset();  // collective
+  if (works)
+    c.Say(fmt::format("rank {}/{}: evaluated {} (model x shard) tasks of {}, {} model(s) read, busy {:.3f} of {:.3f} s",
+                      comm.rank(), comm.size(), done.size(), n_tasks, models.size(), busy, wall));
+  // The farm's figures, for the round's results: who did what, and how busy the ranks were.
+  nlohmann::json mine = {{"rank", comm.rank()}, {"tasks", done.size()}, {"task_ids", done},
+                         {"models_read", models.size()}, {"busy_s", busy}, {"wall_s", wall},
+                         {"works", works}};
+  auto parts = comm.Gather(mine.dump(), 0);
+  if (c.root()) {
+    nlohmann::json per_rank = nlohmann::json::array();
+    double busy_sum = 0, wall_max = 0;
+    int workers = 0;
+    for (const auto& p : parts) {
+      nlohmann::json r = nlohmann::json::parse(p);
+      wall_max = std::max(wall_max, r["wall_s"].get<double>());
+      if (r["works"].get<bool>()) {
+        busy_sum += r["busy_s"].get<double>();
+        ++workers;
+      }
+      per_rank.push_back(std::move(r));
+    }
+    const double held = wall_max * workers;
+    nlohmann::json summary = {{"farm", t.farm},
+                              {"ranks", comm.size()},
+                              {"workers", workers},
+                              {"tasks", n_tasks},
+                              {"wall_s", wall_max},
+                              {"utilisation", held > 0 ? busy_sum / held : 0.0},
+                              {"overhead_per_task_ms", n_tasks ? 1e3 * (held - busy_sum) / static_cast<double>(n_tasks) : 0.0},
+                              {"per_rank", per_rank}};
+    c.store->Put(workflow::EvaluatedObject(t.run, t.round), summary.dump(), {{"kind", "evaluate-summary"}});
+    c.Say(fmt::format("task farm ({}): {} tasks on {} working rank{} in {:.3f} s, utilisation {:.0f} %, overhead "
+                      "{:.3f} ms per task",
+                      t.farm, n_tasks, workers, workers > 1 ? "s" : "", wall_max, 100 * summary["utilisation"].get<double>(),
+                      summary["overhead_per_task_ms"].get<double>()));
+  }
+  comm.Barrier();
 }
 
 }  // namespace msaflow::modules

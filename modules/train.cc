@@ -4,29 +4,16 @@
 // and hybrid train each candidate in turn with all ranks, and rank 0 stages it.
 #include <fmt/core.h>
 
-#include <cstdlib>
 #include <map>
 
 #include "common/error.h"
 #include "modules/features.h"
+#include "modules/straggler.h"
 #include "parallel/train.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
 namespace {
-
-// MSAFLOW_STRAGGLER=RANK:FACTOR (experiments) overrides the pipeline's straggler.
-parallel::Straggler StragglerFor(const workflow::TrainLayout& t) {
-  parallel::Straggler s{t.straggler_rank, t.straggler_factor};
-  if (const char* e = std::getenv("MSAFLOW_STRAGGLER"); e && *e) {
-    int rank = -1;
-    double factor = 0;
-    if (std::sscanf(e, "%d:%lf", &rank, &factor) != 2 || rank < 0 || !(factor >= 1))
-      Throw(ErrorKind::kInvalidInput, std::string("MSAFLOW_STRAGGLER='") + e + "': expected RANK:FACTOR, e.g. 1:4");
-    s = {rank, factor};
-  }
-  return s;
-}
 
 nlohmann::json CurveJson(const kernels::Head& h) {
   nlohmann::json c = {{"step", nlohmann::json::array()},
@@ -82,7 +69,8 @@ void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, c
 void Train(StepContext& c) {
   const workflow::TrainLayout& layout = c.task.train;
   parallel::Comm& world = *c.comm;
-  const parallel::Straggler straggler = StragglerFor(layout);
+  const parallel::Straggler straggler =
+      StragglerFor("train", parallel::Straggler{layout.straggler_rank, layout.straggler_factor});
   std::string mode = layout.mode;
   if ((mode == "async" || mode == "hybrid") && world.size() != layout.processes())
     Throw(ErrorKind::kInvalidInput,

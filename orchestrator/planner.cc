@@ -65,7 +65,10 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
       t.ranks = layout.processes();
       t.body["train"] = layout.ToJson();
     }
-    if (step == "evaluate") t.body["shards"] = s.shards > 0 ? s.shards : 2 * t.ranks;
+    if (step == "evaluate") {
+      t.body["shards"] = s.shards > 0 ? s.shards : 2 * t.ranks;
+      t.body["farm"] = s.farm;
+    }
     if (step == "select") {
       t.body["kept"] = kept_json;
       t.body["top_k"] = p.rounds.top_k;

@@ -169,6 +169,9 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     }
     json best = json::parse(store->Get(BestObject(id, round)).bytes);
     json prepared = json::parse(store->Get(PreparedObject(id, round)).bytes);
+    // The evaluate farm's figures, without the task lists (they stay in the NAM object).
+    json evaluation = json::parse(store->Get(workflow::EvaluatedObject(id, round)).bytes);
+    for (auto& r : evaluation["per_rank"]) r.erase("task_ids");
     // The round table.
     std::fprintf(out, "\n  %-8s %-12s %-42s %8s %8s\n", "cand", "backbone", "head", "acc", "loss");
     for (const auto& e : best.at("all")) {
@@ -198,7 +201,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     results["rounds"].push_back({{"round", round}, {"champion", champ}, {"top_k", best.at("top_k")},
                                  {"candidates", best.at("all")}, {"features", prepared},
                                  {"features_computed", prepared.at("computed").size()},
-                                 {"features_reused", prepared.at("reused").size()}});
+                                 {"features_reused", prepared.at("reused").size()}, {"evaluation", evaluation}});
     journal.Event("round-end", {{"round", round}, {"champion", champ.at("candidate").at("id")}, {"accuracy", acc}});
     if (best_so_far >= 0 && gain < p.rounds.min_delta) {
       ++stale;

@@ -23,6 +23,14 @@ struct ArgMax {
   int index = -1;
 };
 
+// A counter every rank of a communicator draws from: Next() returns 0, 1, 2, ... across all
+// ranks together, each value exactly once.
+class SharedCounter {
+ public:
+  virtual ~SharedCounter() = default;
+  virtual int64_t Next() = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -35,6 +43,8 @@ class Comm {
   // `root` receives every rank's bytes in rank order; the others receive an empty vector.
   virtual std::vector<std::string> Gather(const std::string& mine, int root) = 0;
   virtual void Barrier() = 0;
+  // Collective: a counter held by rank 0, drawn from with one-sided atomics (MPI_Fetch_and_op).
+  virtual std::unique_ptr<SharedCounter> MakeCounter() = 0;
   // Ranks passing the same color form a communicator, ordered by key.
   virtual std::unique_ptr<Comm> Split(int color, int key) = 0;
   virtual void Send(int dest, int tag, const std::string& bytes) = 0;
@@ -59,6 +69,7 @@ class SelfComm : public Comm {
   std::vector<std::string> Gather(const std::string& mine, int) override { return {mine}; }
   void Barrier() override {}
   std::unique_ptr<Comm> Split(int, int) override { return std::make_unique<SelfComm>(); }
+  std::unique_ptr<SharedCounter> MakeCounter() override;
   void Send(int dest, int tag, const std::string& bytes) override;
   void Post(int dest, int tag, std::string bytes) override { Send(dest, tag, bytes); }
   void Flush() override {}

@@ -124,6 +124,47 @@ void MpiComm::Barrier() {
   PoliteWait(&req, "Ibarrier");
 }
 
+namespace {
+
+// The counter lives in a one-int64 window on rank 0; every rank holds a passive-target lock on
+// it for the counter's life and draws with an atomic fetch-and-add.
+class MpiCounter : public SharedCounter {
+ public:
+  explicit MpiCounter(MPI_Comm comm) : comm_(comm) {
+    int rank = 0;
+    MPI_Comm_rank(comm_, &rank);
+    MPI_Aint bytes = rank == 0 ? static_cast<MPI_Aint>(sizeof(int64_t)) : 0;
+    Check(MPI_Win_allocate(bytes, sizeof(int64_t), MPI_INFO_NULL, comm_, &base_, &win_), "Win_allocate");
+    if (rank == 0) *base_ = 0;
+    Check(MPI_Win_lock_all(0, win_), "Win_lock_all");
+    MPI_Win_sync(win_);
+    MPI_Barrier(comm_);  // rank 0's zero is visible before anyone draws
+  }
+  ~MpiCounter() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    MPI_Win_unlock_all(win_);
+    MPI_Win_free(&win_);  // collective: every rank's counter ends together
+  }
+  int64_t Next() override {
+    const int64_t one = 1;
+    int64_t got = 0;
+    Check(MPI_Fetch_and_op(&one, &got, MPI_INT64_T, 0, 0, MPI_SUM, win_), "Fetch_and_op");
+    Check(MPI_Win_flush(0, win_), "Win_flush");
+    return got;
+  }
+
+ private:
+  MPI_Comm comm_;
+  MPI_Win win_ = MPI_WIN_NULL;
+  int64_t* base_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<SharedCounter> MpiComm::MakeCounter() { return std::make_unique<MpiCounter>(comm_); }
+
 std::unique_ptr<Comm> MpiComm::Split(int color, int key) {
   MPI_Comm sub;
   Check(MPI_Comm_split(comm_, color, key, &sub), "Comm_split");

@@ -29,6 +29,7 @@ class MpiComm : public Comm {
   std::vector<std::string> Gather(const std::string& mine, int root) override;
   void Barrier() override;
   std::unique_ptr<Comm> Split(int color, int key) override;
+  std::unique_ptr<SharedCounter> MakeCounter() override;
   void Send(int dest, int tag, const std::string& bytes) override;
   void Post(int dest, int tag, std::string bytes) override;
   void Flush() override;

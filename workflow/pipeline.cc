@@ -324,7 +324,7 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
 
   std::map<std::string, std::string> default_module = {{"load", "cm"},  {"prepare", "dam"},  {"train", "dam"},
                                                        {"store", "dam"}, {"evaluate", "esb"}, {"select", "dam"}};
-  for (const auto& s : StepNames()) p.steps[s] = StepSpec{default_module[s], 1, {}, 0};
+  for (const auto& s : StepNames()) p.steps[s].module = default_module[s];
   p.steps["evaluate"].ranks = 2;
   if (doc.contains("steps")) {
     const json& st = doc["steps"];
@@ -333,12 +333,13 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
       std::string ptr = "/steps/" + k;
       std::vector<std::string> keys = {"module", "ranks"};
       if (k == "train") keys.insert(keys.end(), {"mode", "servers", "groups", "max_staleness", "straggler"});
-      if (k == "evaluate") keys.push_back("shards");
+      if (k == "evaluate") keys.insert(keys.end(), {"shards", "farm"});
       r.Object(v, ptr, keys, {});
       StepSpec& s = p.steps[k];
       if (v.contains("module")) s.module = r.Enum(v["module"], ptr + "/module", {"cm", "esb", "dam"});
       if (v.contains("ranks")) s.ranks = r.Int(v["ranks"], ptr + "/ranks", 1, 4096);
       if (v.contains("shards")) s.shards = r.Int(v["shards"], ptr + "/shards", 1, 65536);
+      if (v.contains("farm")) s.farm = r.Enum(v["farm"], ptr + "/farm", {"counter", "dispatcher"});
       if (k == "train") ReadTrainParallel(r, v, ptr, &s);
     }
   }

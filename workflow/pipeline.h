@@ -57,6 +57,7 @@ struct StepSpec {
   int64_t ranks = 1;           // train: the ranks that compute gradients
   TrainParallelSpec parallel;  // train only
   int64_t shards = 0;          // evaluate only; 0 = 2 per rank
+  std::string farm = "counter";  // evaluate only: counter | dispatcher (parallel/task_farm.h)
 };
 
 struct RoundsSpec {

@@ -93,6 +93,10 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
     t.shards = Field(body, "shards", origin, json::value_t::number_integer).get<int64_t>();
     if (t.shards < 1) Bad(origin, "shards", "expected at least 1");
   }
+  if (body.contains("farm")) {
+    t.farm = Field(body, "farm", origin, json::value_t::string).get<std::string>();
+    if (t.farm != "counter" && t.farm != "dispatcher") Bad(origin, "farm", "expected \"counter\" or \"dispatcher\"");
+  }
   if (body.contains("top_k")) {
     t.top_k = Field(body, "top_k", origin, json::value_t::number_integer).get<int64_t>();
     if (t.top_k < 1) Bad(origin, "top_k", "expected at least 1");

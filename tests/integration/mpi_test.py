@@ -195,6 +195,46 @@ class Mpi(unittest.TestCase):
         self.assertEqual(t["refused"], sum(t["refused_per_worker"]))
         self.assertEqual(t["updates"], 20 * 32)
 
+    def test_the_evaluate_farm_runs_every_task_once(self):
+        # 2 candidates x 10 shards = 20 (model x shard) tasks pulled by 1, 2 and 4 ranks, by the
+        # one-sided counter and by a dispatcher rank, and with one rank 10x slower.
+        def run(run_id, evaluate, env=None):
+            doc = pipeline("farm", self.nam, {"mode": "sync", "ranks": 1}, epochs=3)
+            doc["steps"]["evaluate"] = dict(evaluate, shards=10)
+            path = os.path.join(self.dir, run_id + ".json")
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            r = subprocess.run([EXE, "run", path, "--runs", os.path.join(self.dir, "runs"), "--run-id", run_id],
+                               capture_output=True, text=True, timeout=300, env=dict(os.environ, **(env or {})))
+            self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr)
+            with open(os.path.join(self.dir, "runs", run_id, "results.json")) as f:
+                res = json.load(f)
+            farm = json.loads(self.msaflow("nam", "get", "evaluated/%s/1" % run_id, "--nam", "file://" + self.nam).stdout)
+            ids = [k for r in farm["per_rank"] for k in r["task_ids"]]
+            self.assertEqual(sorted(ids), list(range(20)), run_id)  # every task, exactly once
+            self.assertEqual(res["rounds"][0]["evaluation"]["tasks"], 20)
+            metrics = {c["candidate"]["id"]: (c["accuracy"], c["loss"]) for c in res["rounds"][0]["candidates"]}
+            return metrics, farm
+
+        one, farm = run("farm-1", {"ranks": 1})
+        self.assertEqual(farm["per_rank"][0]["models_read"], 2)
+        for run_id, evaluate, env in [("farm-2", {"ranks": 2}, None), ("farm-4", {"ranks": 4}, None),
+                                      ("farm-4d", {"ranks": 4, "farm": "dispatcher"}, None),
+                                      ("farm-4slow", {"ranks": 4}, {"MSAFLOW_STRAGGLER": "1:10:evaluate"})]:
+            with self.subTest(run_id):
+                metrics, farm = run(run_id, evaluate, env)
+                self.assertEqual(metrics, one)  # the same results as one rank, exactly
+                tasks = [r["tasks"] for r in farm["per_rank"]]
+                if evaluate.get("farm") == "dispatcher":
+                    self.assertEqual(tasks[0], 0)  # rank 0 dispatches
+                    self.assertEqual(farm["workers"], 3)
+                if env:
+                    self.assertLess(tasks[1], min(t for i, t in enumerate(tasks) if i != 1), tasks)
+                for r in farm["per_rank"]:  # a model is read once per rank, not once per shard
+                    self.assertLessEqual(r["models_read"], 2)
+                self.assertGreater(farm["utilisation"], 0)
+                self.assertLessEqual(farm["utilisation"], 1)
+
     def test_a_failing_rank_ends_the_step_with_its_message(self):
         # Every rank refuses a malformed knob; mpirun ends the step and the run names the rank's error.
         path = os.path.join(self.dir, "fail.json")
@@ -207,7 +247,7 @@ class Mpi(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout[-2000:] + r.stderr)
         self.assertRegex(r.stderr, r"task r1-train \(3 ranks\) failed with exit status \d+; log ")
         self.assertIn("last output: msaflow: error: [rank ", r.stderr)
-        self.assertIn("MSAFLOW_STRAGGLER='1x4': expected RANK:FACTOR, e.g. 1:4", r.stderr)
+        self.assertIn("MSAFLOW_STRAGGLER='1x4': expected RANK:FACTOR[:STEP], e.g. 1:4 or 0:10:evaluate", r.stderr)
         staged = self.msaflow("nam", "ls", "staging/", "--nam", "file://" + nam).stdout
         self.assertEqual(staged, "")  # nothing half-trained was staged
 

@@ -1,0 +1,15 @@
+// The straggler experiment knob (docs/parallel.md): the pipeline's steps.train.straggler, or
+// MSAFLOW_STRAGGLER=RANK:FACTOR[:STEP] (STEP train by default), which wins. Internal to modules/.
+#pragma once
+
+#include <string>
+
+#include "parallel/train.h"
+
+namespace msaflow::modules {
+
+// The straggler for `step`, given the pipeline's (rank -1: none). Throws kInvalidInput for a
+// malformed MSAFLOW_STRAGGLER.
+parallel::Straggler StragglerFor(const std::string& step, const parallel::Straggler& from_pipeline);
+
+}  // namespace msaflow::modules
