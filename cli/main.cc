@@ -27,6 +27,7 @@
 #include "orchestrator/machine.h"
 #include "orchestrator/planner.h"
 #include "orchestrator/run.h"
+#include "orchestrator/scaling.h"
 #include "orchestrator/slurm.h"
 
 namespace {
@@ -53,6 +54,21 @@ std::string SelfExe() {
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) Throw(ErrorKind::kIo, "cannot resolve /proc/self/exe: " + ec.message());
   return p.string();
+}
+
+// "a,b,c" -> {"a", "b", "c"}; an empty item is a usage error naming the option.
+std::vector<std::string> SplitList(const std::string& s, const std::string& option) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(start, end - start);
+    if (item.empty()) Throw(ErrorKind::kInvalidInput, option + ": \"" + s + "\" has an empty item");
+    out.push_back(item);
+    start = end + 1;
+  }
+  return out;
 }
 
 std::atomic<bool> g_stop{false};
@@ -136,6 +152,18 @@ int main(int argc, char** argv) {
   run->add_option("--runs", runs_dir, "directory holding run directories and the default NAM")->capture_default_str();
   run->add_option("--run-id", run_id, "run id (default: <name>-<time>-<random>)");
   run->add_option("--machine", machine_override, "machine name or file (overrides the pipeline's)");
+
+  orchestrator::ScalingOptions scaling_opt;
+  std::string scaling_ranks = "1,2", scaling_steps = "prepare,train,evaluate", scaling_modes;
+  auto* scaling = app.add_subcommand("scaling", "Strong or weak scaling of a pipeline's steps: a table of time, "
+                                                "speed-up and efficiency per step and training mode");
+  scaling->add_option("pipeline", pipeline_path, "pipeline JSON file")->required();
+  scaling->add_option("--ranks", scaling_ranks, "rank counts, e.g. 1,2,4")->capture_default_str();
+  scaling->add_flag("--weak", scaling_opt.weak, "grow the datasets' limits with the ranks (default: strong scaling)");
+  scaling->add_option("--steps", scaling_steps, "steps to scale: prepare,train,evaluate")->capture_default_str();
+  scaling->add_option("--modes", scaling_modes, "training modes to compare, e.g. sync,async,hybrid (default: the pipeline's)");
+  scaling->add_option("--runs", runs_dir, "directory for the study")->capture_default_str();
+  scaling->add_option("--machine", machine_override, "machine name or file (overrides the pipeline's)");
 
   auto* status = app.add_subcommand("status", "Show the state of a run directory");
   status->add_option("run_dir", run_dir, "runs/<id>")->required();
@@ -359,6 +387,28 @@ int main(int argc, char** argv) {
       if (uri.rfind("fabric://", 0) != 0) Throw(ErrorKind::kUnsupported, "nam df: '" + uri + "' is not a NAM server (fabric://)");
       nam::FabricStore store(uri);
       std::printf("%s\n", store.Capacity().dump(2).c_str());
+      return 0;
+    }
+    if (*scaling) {
+      workflow::Pipeline p = workflow::LoadPipeline(pipeline_path);
+      orchestrator::Machine m = orchestrator::LoadMachine(machine_override.empty() ? p.machine : machine_override);
+      if (m.launcher != "local")
+        Throw(ErrorKind::kUnsupported, "scaling: machine '" + m.name + "' has launcher '" + m.launcher +
+                                           "'; scaling studies run on the local launcher");
+      scaling_opt.ranks.clear();
+      for (const auto& r : SplitList(scaling_ranks, "--ranks")) {
+        char* end = nullptr;
+        long long v = std::strtoll(r.c_str(), &end, 10);
+        if (!end || *end || v < 1 || v > 4096)
+          Throw(ErrorKind::kInvalidInput, "scaling: --ranks: \"" + r + "\" is not a rank count in 1..4096");
+        scaling_opt.ranks.push_back(v);
+      }
+      scaling_opt.steps = SplitList(scaling_steps, "--steps");
+      if (!scaling_modes.empty()) scaling_opt.modes = SplitList(scaling_modes, "--modes");
+      scaling_opt.runs_dir = runs_dir;
+      scaling_opt.msaflow_exe = SelfExe();
+      orchestrator::InstallInterruptHandlers();
+      orchestrator::RunScaling(p, m, scaling_opt, stdout);
       return 0;
     }
     if (*submit) {

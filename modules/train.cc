@@ -4,6 +4,7 @@
 // and hybrid train each candidate in turn with all ranks, and rank 0 stages it.
 #include <fmt/core.h>
 
+#include <chrono>
 #include <map>
 
 #include "common/error.h"
@@ -82,6 +83,8 @@ void Train(StepContext& c) {
     c.Say(fmt::format("note: the task asks for {} sync ranks, this step has {}", layout.ranks, world.size()));
   std::map<std::string, Features> cache;
   const auto& cands = c.task.candidates;
+  const auto start = std::chrono::steady_clock::now();
+  nlohmann::json trained = nlohmann::json::array();  // what this rank staged, for the step's summary
   for (size_t i = 0; i < cands.size(); ++i) {
     const workflow::Candidate& cand = cands[i];
     if (mode == "independent" && static_cast<int>(i % static_cast<size_t>(world.size())) != world.rank()) continue;
@@ -106,7 +109,21 @@ void Train(StepContext& c) {
       st = parallel::TrainParameterServer(world, data, &h, opt);
       holder = world.rank() == 0;
     }
-    if (holder) Stage(c, cand, f, h, st);
+    if (!holder) continue;
+    Stage(c, cand, f, h, st);
+    trained.push_back({{"candidate", cand.id}, {"backbone", cand.backbone}, {"rows", f.n}, {"updates", st.updates},
+                       {"seconds", st.seconds}, {"rank", world.rank()}});
+  }
+  // The step's figures (docs/formats.md): what each candidate cost, for results and planning.
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto parts = world.Gather(trained.dump(), 0);
+  if (c.root()) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto& p : parts)
+      for (auto& e : nlohmann::json::parse(p)) all.push_back(std::move(e));
+    nlohmann::json summary = {{"mode", mode},    {"ranks", layout.ranks}, {"processes", world.size()},
+                              {"wall_s", wall}, {"candidates", all}};
+    c.store->Put(workflow::TrainedObject(c.task.run, c.task.round), summary.dump(), {{"kind", "train-summary"}});
   }
   world.Barrier();  // every model staged before any rank reports success
 }

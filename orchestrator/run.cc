@@ -130,6 +130,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     std::fprintf(out, "\n== round %d/%lld: %zu new candidates, %zu kept ==\n", round,
                  static_cast<long long>(p.rounds.max), fresh.size(), kept.size());
     journal.Event("round-start", {{"round", round}, {"candidates", fresh.size()}});
+    json step_seconds = json::object();  // each step's wall time, launch included
     LaunchObserver obs;
     obs.on_start = [&](const Task& t) {
       std::fprintf(out, "  %-8s on %-3s (%lld rank%s) ...\n", t.step.c_str(), t.module.c_str(),
@@ -160,6 +161,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     obs.on_end = [&](const Task& t, double secs) {
       std::fprintf(out, "  %-8s done in %.1f s\n", t.step.c_str(), secs);
       journal.Event("task-end", {{"task", t.id}, {"seconds", secs}, {"status", "ok"}});
+      step_seconds[t.step] = secs;
     };
     try {
       launcher.RunRound(plan, files, dir + "/logs", obs);
@@ -172,6 +174,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     // The evaluate farm's figures, without the task lists (they stay in the NAM object).
     json evaluation = json::parse(store->Get(workflow::EvaluatedObject(id, round)).bytes);
     for (auto& r : evaluation["per_rank"]) r.erase("task_ids");
+    json training = json::parse(store->Get(workflow::TrainedObject(id, round)).bytes);
     // The round table.
     std::fprintf(out, "\n  %-8s %-12s %-42s %8s %8s\n", "cand", "backbone", "head", "acc", "loss");
     for (const auto& e : best.at("all")) {
@@ -201,7 +204,8 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     results["rounds"].push_back({{"round", round}, {"champion", champ}, {"top_k", best.at("top_k")},
                                  {"candidates", best.at("all")}, {"features", prepared},
                                  {"features_computed", prepared.at("computed").size()},
-                                 {"features_reused", prepared.at("reused").size()}, {"evaluation", evaluation}});
+                                 {"features_reused", prepared.at("reused").size()}, {"training", training}, {"evaluation", evaluation},
+                                 {"step_seconds", step_seconds}});
     journal.Event("round-end", {{"round", round}, {"champion", champ.at("candidate").at("id")}, {"accuracy", acc}});
     if (best_so_far >= 0 && gain < p.rounds.min_delta) {
       ++stale;

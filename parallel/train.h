@@ -9,7 +9,8 @@
 //   hybrid the workers form groups that are synchronous inside (allreduce on the group's
 //          communicator) and asynchronous across: each group's leader talks to the servers.
 // Every rank holds the whole (standardised) training set; a worker or group draws its batches
-// from its own contiguous shard of it.
+// from its own contiguous shard of it. In every mode the trained weights are the average of
+// the last epoch's iterates (with 2 epochs or more).
 #pragma once
 
 #include <cstdint>

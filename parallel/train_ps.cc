@@ -73,6 +73,7 @@ TrainStats Serve(Comm& world, const Layout& L, const TrainData& data, kernels::H
                            std::max(0.f, kernels::kMomentum - implicit));
   std::vector<float> grad(len);
   float* params = h->params.data() + lo;
+  TailAverage tail(budget, steps_per_epoch, cfg.epochs);
   Clock clock;
   TrainStats st;
   st.mode = mode;
@@ -100,7 +101,15 @@ TrainStats Serve(Comm& world, const Layout& L, const TrainData& data, kernels::H
     } else if (stale > opt.max_staleness) {
       ++st.refused_per_worker[static_cast<size_t>(u)];
     } else {
+      // A gradient staler than the units' round trip (units - 1 updates) is damped in proportion
+      // (staleness-aware steps, Zhang et al., IJCAI 2016), so a late straggler cannot undo
+      // the others' progress; the usual staleness is applied at full weight.
+      if (stale >= L.U) {
+        const float damp = static_cast<float>(L.U) / static_cast<float>(stale + 1);
+        for (auto& g : grad) g *= damp;
+      }
       optim.Step(params, grad.data());
+      tail.Add(version + 1, params, len);
       rep.version = ++version;
       rep.accepted = 1;
       ++accepted;
@@ -120,6 +129,7 @@ TrainStats Serve(Comm& world, const Layout& L, const TrainData& data, kernels::H
     if (rep.stop) --active;
   }
   world.Flush();
+  tail.Finish(params, len);
   st.updates = accepted;
   st.staleness_max = stale_max;
   int64_t refused = std::accumulate(st.refused_per_worker.begin(), st.refused_per_worker.end(), int64_t{0});

@@ -35,6 +35,8 @@ TrainStats TrainSync(Comm& comm, const TrainData& data, kernels::Head* h, const 
   auto layout = kernels::ParamLayout(cfg, dim, h->classes);
   std::vector<float> grad(h->params.size());
   kernels::Optimizer opt(cfg, layout, 0, h->params.size());
+  const int64_t per_epoch = (n + B - 1) / B;
+  TailAverage tail(per_epoch * cfg.epochs, per_epoch, cfg.epochs);
   const bool slow = straggler.rank == r && straggler.factor > 1;
   TrainStats st;
   st.mode = "sync";
@@ -55,10 +57,12 @@ TrainStats TrainSync(Comm& comm, const TrainData& data, kernels::Head* h, const 
       if (slow) Straggle(t0, straggler.factor);
       comm.AllreduceSum(grad.data(), grad.size());
       opt.Step(h->params.data(), grad.data());
+      tail.Add(opt.steps(), h->params.data(), h->params.size());
     }
     comm.AllreduceSum(sums, 2);
     h->curve.push_back({opt.steps(), clock.Seconds(), sums[0] / static_cast<double>(n), sums[1] / static_cast<double>(n)});
   }
+  tail.Finish(h->params.data(), h->params.size());
   st.updates = opt.steps();
   st.seconds = clock.Seconds();
   return st;

@@ -32,6 +32,31 @@ struct BatchBuffer {
   }
 };
 
+// Tail averaging: the trained weights are the mean of the iterates of the last epoch's updates
+// (when there are 2 epochs or more), which takes most of the step-to-step noise out of the
+// final model — and, under async, most of the run-to-run noise of arrival order.
+class TailAverage {
+ public:
+  TailAverage(int64_t total_updates, int64_t per_epoch, int64_t epochs)
+      : from_(epochs >= 2 ? total_updates - per_epoch : total_updates) {}
+  // Called after update number `update` (1-based) with the weights it produced.
+  void Add(int64_t update, const float* w, size_t n) {
+    if (update <= from_) return;
+    if (sum_.empty()) sum_.assign(n, 0.0);
+    for (size_t i = 0; i < n; ++i) sum_[i] += w[i];
+    ++count_;
+  }
+  // Replaces w with the average, if any update was averaged.
+  void Finish(float* w, size_t n) const {
+    if (!count_) return;
+    for (size_t i = 0; i < n; ++i) w[i] = static_cast<float>(sum_[i] / static_cast<double>(count_));
+  }
+
+ private:
+  int64_t from_, count_ = 0;
+  std::vector<double> sum_;
+};
+
 // The straggler's sleep: factor - 1 times the time since `since`.
 inline void Straggle(std::chrono::steady_clock::time_point since, double factor) {
   auto took = std::chrono::steady_clock::now() - since;

@@ -27,6 +27,7 @@ std::string EvalPrefix(const std::string& run, int round, const std::string& can
 std::string EvalObject(const std::string& run, int round, const std::string& cand, int64_t shard) {
   return EvalPrefix(run, round, cand) + std::to_string(shard);
 }
+std::string TrainedObject(const std::string& run, int round) { return RunRound("trained", run, round); }
 std::string EvaluatedObject(const std::string& run, int round) { return RunRound("evaluated", run, round); }
 std::string ResultObject(const std::string& run, int round, const std::string& cand) {
   return RunRound("result", run, round) + "/" + cand;

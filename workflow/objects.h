@@ -18,6 +18,7 @@ std::string StagingPrefix(const std::string& run, int round);
 std::string ModelObject(const std::string& run, int round, const std::string& cand);
 std::string EvalObject(const std::string& run, int round, const std::string& cand, int64_t shard);
 std::string EvalPrefix(const std::string& run, int round, const std::string& cand);  // every shard of a candidate
+std::string TrainedObject(const std::string& run, int round);    // trained/<run>/<round>: the train step's figures
 std::string EvaluatedObject(const std::string& run, int round);  // evaluated/<run>/<round>: the farm's figures
 std::string ResultObject(const std::string& run, int round, const std::string& cand);
 std::string BestObject(const std::string& run, int round);

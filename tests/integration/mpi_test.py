@@ -235,6 +235,38 @@ class Mpi(unittest.TestCase):
                 self.assertGreater(farm["utilisation"], 0)
                 self.assertLessEqual(farm["utilisation"], 1)
 
+    def test_scaling_writes_a_table_per_step_and_mode(self):
+        path = os.path.join(self.dir, "scale.json")
+        with open(path, "w") as f:
+            json.dump(pipeline("scale", self.nam, {"mode": "sync"}, epochs=2, lrs=(0.001,), train_rows=1000,
+                               test_rows=200), f)
+        runs = os.path.join(self.dir, "scaling")
+        r = self.msaflow("scaling", path, "--ranks", "1,2", "--modes", "sync,async", "--runs", runs)
+        self.assertIn("async       skipped: async needs 2 ranks or more", r.stdout)
+        (study,) = os.listdir(runs)
+        with open(os.path.join(runs, study, "scaling.json")) as f:
+            doc = json.load(f)
+        self.assertEqual(doc["format"], "msaflow.scaling/1")
+        self.assertEqual(doc["kind"], "strong")
+        self.assertEqual(doc["machine"]["cores"], os.cpu_count())
+        self.assertEqual([(e["asked_mode"], e["ranks"]) for e in doc["runs"]], [("sync", 1), ("sync", 2), ("async", 2)])
+        for e in doc["runs"]:
+            for step in ("prepare", "train", "evaluate"):
+                self.assertGreater(e["steps"][step]["seconds"], 0)
+        rows = [(t["step"], t["mode"], t["ranks"]) for t in doc["table"]]
+        self.assertEqual(rows, [("prepare", "-", 1), ("prepare", "-", 2), ("train", "sync", 1), ("train", "sync", 2),
+                                ("train", "async", 2), ("evaluate", "-", 1), ("evaluate", "-", 2)])
+        first = doc["table"][0]
+        self.assertEqual((first["speedup"], first["efficiency"]), (1.0, 1.0))
+        with open(os.path.join(runs, study, "scaling.md")) as f:
+            md = f.read()
+        self.assertIn("one thread per rank", md)
+        self.assertIn("| train | sync | 2 | 1000/200 |", md)
+        # Weak scaling needs limits to grow; a bad rank list is refused.
+        r = self.msaflow("scaling", path, "--ranks", "1,x", "--runs", runs, ok=False)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn('--ranks: "x" is not a rank count', r.stderr)
+
     def test_a_failing_rank_ends_the_step_with_its_message(self):
         # Every rank refuses a malformed knob; mpirun ends the step and the run names the rank's error.
         path = os.path.join(self.dir, "fail.json")

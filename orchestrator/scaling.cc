@@ -1,0 +1,184 @@
+#include "orchestrator/scaling.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fmt/format.h>
+#include <map>
+#include <thread>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "orchestrator/run.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+using nlohmann::json;
+
+// What the step itself measured (launch left out): prepare's features, train's candidates,
+// evaluate's farm.
+double StepSeconds(const json& round, const std::string& step) {
+  if (step == "prepare") {
+    double s = 0;
+    for (const auto& f : round.at("features").at("computed")) s += f.value("seconds", 0.0);
+    return s;
+  }
+  if (step == "train") return round.at("training").at("wall_s");
+  return round.at("evaluation").at("wall_s");
+}
+
+std::string CpuModel() {
+  std::string text;
+  try {
+    text = ReadFile("/proc/cpuinfo");
+  } catch (const Error&) {
+    return "unknown CPU";
+  }
+  auto pos = text.find("model name");
+  if (pos == std::string::npos) return "unknown CPU";
+  auto colon = text.find(':', pos), nl = text.find('\n', pos);
+  return text.substr(colon + 2, nl - colon - 2);
+}
+
+json MachineJson() {
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+  std::time_t t = std::time(nullptr);
+  char ts[32];
+  std::strftime(ts, sizeof ts, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  return {{"host", host}, {"cores", std::thread::hardware_concurrency()}, {"cpu", CpuModel()}, {"date", ts}};
+}
+
+// Why a (mode, ranks) pair cannot run, or "".
+std::string Unfit(const std::string& mode, int64_t ranks) {
+  if (mode == "async" && ranks < 2) return "async needs 2 ranks or more";
+  if (mode == "hybrid" && (ranks < 4 || ranks % 2 != 0)) return "hybrid needs 2 groups of 2 ranks or more";
+  return "";
+}
+
+}  // namespace
+
+std::string RunScaling(const workflow::Pipeline& p, const Machine& m, const ScalingOptions& opt, std::FILE* out) {
+  if (opt.ranks.empty()) Throw(ErrorKind::kInvalidInput, "scaling: --ranks: give at least one rank count");
+  for (const auto& s : opt.steps)
+    if (s != "prepare" && s != "train" && s != "evaluate")
+      Throw(ErrorKind::kInvalidInput, "scaling: --steps: \"" + s + "\" is not one of prepare, train, evaluate");
+  if (opt.weak && (p.train.limit == 0 || p.test.limit == 0))
+    Throw(ErrorKind::kInvalidInput, "scaling: --weak grows the datasets' limits with the ranks; give "
+                                    "datasets.train.limit and datasets.test.limit in " + p.name);
+  const bool trains = std::find(opt.steps.begin(), opt.steps.end(), "train") != opt.steps.end();
+  std::vector<std::string> modes = opt.modes;
+  if (modes.empty()) modes = {p.steps.at("train").parallel.mode};
+  if (!trains) modes = {"-"};
+  for (const auto& mode : modes)
+    if (mode != "-" && mode != "auto" && mode != "independent" && mode != "sync" && mode != "async" && mode != "hybrid")
+      Throw(ErrorKind::kInvalidInput, "scaling: --modes: \"" + mode + "\" is not one of auto, independent, sync, async, hybrid");
+  std::vector<int64_t> ranks = opt.ranks;
+  std::sort(ranks.begin(), ranks.end());
+
+  std::string id = opt.id.empty() ? "scaling-" + NewRunId(p.name) : opt.id;
+  std::string dir = std::filesystem::absolute(opt.runs_dir + "/" + id).lexically_normal().string();
+  if (PathExists(dir + "/scaling.json")) Throw(ErrorKind::kInvalidInput, dir + " already holds a scaling study");
+  MakeDirs(dir);
+  // One thread per rank, so that a rank is a core on any machine.
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  json runs = json::array();
+  std::fprintf(out, "scaling study %s: %s scaling of %s at %s ranks, one thread per rank\n", id.c_str(),
+               opt.weak ? "weak" : "strong", fmt::format("{}", fmt::join(opt.steps, ", ")).c_str(),
+               fmt::format("{}", fmt::join(ranks, ", ")).c_str());
+  for (const auto& mode : modes) {
+    for (int64_t r : ranks) {
+      std::string why = mode == "-" ? "" : Unfit(mode, r);
+      if (!why.empty()) {
+        std::fprintf(out, "  %-6s mode %-11s skipped: %s\n", fmt::format("{}", r).c_str(), mode.c_str(), why.c_str());
+        continue;
+      }
+      json doc = p.source;
+      doc["rounds"]["max"] = 1;
+      for (const auto& s : opt.steps) doc["steps"][s]["ranks"] = r;
+      if (mode != "-") doc["steps"]["train"]["mode"] = mode;
+      if (mode != "async" && mode != "hybrid" && doc["steps"].contains("train"))
+        for (const char* k : {"servers", "groups", "max_staleness"}) doc["steps"]["train"].erase(k);
+      if (opt.weak) {
+        doc["datasets"]["train"]["limit"] = p.train.limit * r;
+        doc["datasets"]["test"]["limit"] = p.test.limit * r;
+      }
+      std::string run_id = fmt::format("{}-r{}", mode == "-" ? "steps" : mode, r);
+      doc["nam"] = "file://" + dir + "/nam-" + run_id;  // fresh: every backbone runs again
+      workflow::Pipeline q = workflow::ParsePipeline(doc.dump(), "scaling " + run_id, "/");
+      RunOptions ro;
+      ro.runs_dir = dir + "/runs";
+      ro.run_id = run_id;
+      ro.msaflow_exe = opt.msaflow_exe;
+      std::string log_path = dir + "/" + run_id + ".log";
+      std::FILE* log = std::fopen(log_path.c_str(), "w");
+      if (!log) ThrowErrno("open " + log_path);
+      try {
+        RunPipeline(q, m, ro, log);
+      } catch (...) {
+        std::fclose(log);
+        throw;
+      }
+      std::fclose(log);
+      json res = json::parse(ReadFile(dir + "/runs/" + run_id + "/results.json"));
+      const json& round = res.at("rounds").at(0);
+      json entry = {{"mode", mode == "-" ? "" : round.at("training").value("mode", mode)},
+                    {"asked_mode", mode}, {"ranks", r}, {"steps", json::object()},
+                    {"train_rows", q.train.limit}, {"test_rows", q.test.limit},
+                    {"champion_accuracy", res.at("champion").at("accuracy")}};
+      std::string line;
+      for (const auto& s : opt.steps) {
+        double secs = StepSeconds(round, s);
+        entry["steps"][s] = {{"seconds", secs}, {"with_launch_s", round.at("step_seconds").value(s, 0.0)}};
+        line += fmt::format(" {} {:.2f} s;", s, secs);
+      }
+      std::fprintf(out, "  %-6s mode %-11s%s\n", fmt::format("{}", r).c_str(),
+                   entry["mode"].get<std::string>().c_str(), line.c_str());
+      std::fflush(out);
+      runs.push_back(entry);
+    }
+  }
+  // The table: per step and mode, each rank count against the smallest.
+  json machine = MachineJson();
+  std::string md = fmt::format("# {} scaling of {}\n\nMachine: {} ({} cores, {}), {}; one thread per rank; "
+                               "msaflow {}.\n\n",
+                               opt.weak ? "Weak" : "Strong", p.name, machine["host"].get<std::string>(),
+                               machine["cores"].get<unsigned>(), machine["cpu"].get<std::string>(),
+                               machine["date"].get<std::string>(), "0.1.0");
+  md += opt.weak ? "Weak scaling: the data grows with the ranks; efficiency = T(first) / T(ranks).\n\n"
+                 : "Strong scaling: the same data at every rank count; speed-up = T(first) / T(ranks), "
+                   "efficiency = speed-up x first / ranks.\n\n";
+  md += "| step | mode | ranks | rows (train/test) | time s | speed-up | efficiency |\n|---|---|---|---|---|---|---|\n";
+  json table = json::array();
+  for (const auto& s : opt.steps) {
+    for (const auto& mode : modes) {
+      const json* first = nullptr;
+      for (const auto& e : runs) {
+        if (e["asked_mode"] != mode) continue;
+        if (!first) first = &e;
+        double t0 = (*first)["steps"][s]["seconds"], t = e["steps"][s]["seconds"];
+        int64_t r0 = (*first)["ranks"], r = e["ranks"];
+        double speedup = t > 0 ? t0 / t : 0;
+        double eff = opt.weak ? speedup : speedup * static_cast<double>(r0) / static_cast<double>(r);
+        std::string mode_label = s == "train" ? e["mode"].get<std::string>() : "-";
+        md += fmt::format("| {} | {} | {} | {}/{} | {:.3f} | {:.2f}x | {:.0f} % |\n", s, mode_label, r,
+                          e["train_rows"].get<int64_t>(), e["test_rows"].get<int64_t>(), t, speedup, 100 * eff);
+        table.push_back({{"step", s}, {"mode", mode_label}, {"ranks", r}, {"seconds", t}, {"speedup", speedup},
+                         {"efficiency", eff}});
+      }
+      if (s != "train") break;  // other steps do not depend on the training mode
+    }
+  }
+  json doc = {{"format", "msaflow.scaling/1"}, {"pipeline", p.name},  {"kind", opt.weak ? "weak" : "strong"},
+              {"machine", machine},             {"threads_per_rank", 1}, {"runs", runs}, {"table", table}};
+  WriteFileAtomic(dir + "/scaling.json", doc.dump(2) + "\n");
+  WriteFileAtomic(dir + "/scaling.md", md);
+  std::fprintf(out, "\n%s\nwritten: %s/scaling.json, %s/scaling.md\n", md.c_str(), dir.c_str(), dir.c_str());
+  return dir;
+}
+
+}  // namespace msaflow::orchestrator
