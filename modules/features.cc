@@ -47,10 +47,8 @@ const workflow::SplitSpec& Split(const workflow::Pipeline& p, const std::string&
 
 Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split) {
   const auto& bb = c.pipeline().Backbone(backbone);
-  const auto& s = Split(c.pipeline(), split);
-  // The digest of the data subset is needed for the key; reading the IDX is cheap.
-  kernels::ImageSet ds = kernels::ReadIdx(s.images, s.labels, s.limit);
-  return DecodeFeatures(c.store->Get(workflow::FeaturesObject(BackboneDigest(*c.store, bb), ds.Digest())));
+  return DecodeFeatures(
+      c.store->Get(workflow::FeaturesObject(BackboneDigest(*c.store, bb), c.DatasetDigest(split))));
 }
 
 }  // namespace msaflow::modules

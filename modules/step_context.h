@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,12 @@ struct StepContext {
   bool root() const { return comm->rank() == 0; }
   // One line of progress, "[rank] " first when the step has several ranks.
   void Say(const std::string& line) const;
+  // The digest of a dataset split (train | test) as the features keys use it; the images are
+  // read once per step, not once per backbone.
+  const std::string& DatasetDigest(const std::string& split);
+
+ private:
+  std::map<std::string, std::string> digests_;
 };
 
 void Load(StepContext& c);

@@ -1,6 +1,8 @@
 #include "modules/steps.h"
 
 #include "common/error.h"
+#include "kernels/dataset.h"
+#include "modules/features.h"
 #include "modules/step_context.h"
 
 namespace msaflow::modules {
@@ -12,6 +14,13 @@ void StepContext::Say(const std::string& line) const {
     std::fprintf(out, "%s\n", line.c_str());
   }
   std::fflush(out);
+}
+
+const std::string& StepContext::DatasetDigest(const std::string& split) {
+  auto it = digests_.find(split);
+  if (it != digests_.end()) return it->second;
+  const auto& s = Split(pipeline(), split);
+  return digests_[split] = kernels::ReadIdx(s.images, s.labels, s.limit).Digest();
 }
 
 void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {

@@ -4,6 +4,7 @@
 // and hybrid train each candidate in turn with all ranks, and rank 0 stages it.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -54,7 +55,9 @@ void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, c
                          {"curve", CurveJson(h)},               {"seconds", st.seconds},
                          {"train_rows", f.n},                   {"training", st.ToJson()}};
   c.store->Put(workflow::StagingObject(c.task.run, c.task.round, cand.id), h.Serialize(), meta);
-  std::string how = st.mode == "sync" && st.ranks == 1 ? "" : fmt::format(" [{} on {} ranks", st.mode, st.ranks);
+  std::string how = (st.mode == "sync" && st.ranks == 1) || st.mode == "independent"
+                        ? ""
+                        : fmt::format(" [{} on {} ranks", st.mode, st.ranks);
   if (!how.empty() && st.servers) how += fmt::format(" + {} server(s)", st.servers);
   if (st.mode == "hybrid") how += fmt::format(", {} groups", st.groups);
   if (st.mode == "async" || st.mode == "hybrid")
@@ -63,6 +66,33 @@ void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, c
   c.Say(fmt::format("trained {} ({} on {}): final train loss {:.4f}, train acc {:.4f} in {:.1f} s{}{}", cand.id,
                     workflow::HeadLabel(cand.head), cand.backbone, h.curve.back().loss, h.curve.back().accuracy,
                     st.seconds, how, cand.warm_start.empty() ? "" : " (warm start from " + cand.warm_start + ")"));
+}
+
+// Mode independent: which rank trains each candidate. Longest first onto the least loaded rank
+// (ties: smaller candidate index, lower rank), by the estimated cost epochs x rows x weights —
+// candidates differ several-fold (an MLP on 784 pixels against a softmax on 480 features), so
+// dealing them round-robin would leave ranks idle. Every rank computes the same answer.
+std::vector<int> DealByCost(const std::vector<workflow::Candidate>& cands, const std::map<std::string, Features>& feats,
+                            int ranks) {
+  std::vector<double> cost(cands.size());
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const Features& f = feats.at(cands[i].backbone);
+    const auto& h = cands[i].head;
+    double weights = h.type == "mlp" ? static_cast<double>(f.dim * h.hidden + h.hidden * f.classes)
+                                     : static_cast<double>(f.dim * f.classes);
+    cost[i] = static_cast<double>(h.epochs) * static_cast<double>(f.n) * weights;
+  }
+  std::vector<size_t> order(cands.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  std::vector<double> load(static_cast<size_t>(ranks), 0);
+  std::vector<int> owner(cands.size(), 0);
+  for (size_t i : order) {
+    int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = r;
+    load[static_cast<size_t>(r)] += cost[i];
+  }
+  return owner;
 }
 
 }  // namespace
@@ -85,9 +115,19 @@ void Train(StepContext& c) {
   const auto& cands = c.task.candidates;
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json trained = nlohmann::json::array();  // what this rank staged, for the step's summary
+  std::vector<int> owner(cands.size(), world.rank());
+  if (mode == "independent" && world.size() > 1) {
+    for (const auto& cand : cands)
+      if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
+    owner = DealByCost(cands, cache, world.size());
+    std::string mine;
+    for (size_t i = 0; i < cands.size(); ++i)
+      if (owner[i] == world.rank()) mine += (mine.empty() ? "" : ", ") + cands[i].id;
+    c.Say("candidates dealt by estimated cost: " + (mine.empty() ? std::string("none") : mine));
+  }
   for (size_t i = 0; i < cands.size(); ++i) {
     const workflow::Candidate& cand = cands[i];
-    if (mode == "independent" && static_cast<int>(i % static_cast<size_t>(world.size())) != world.rank()) continue;
+    if (owner[i] != world.rank()) continue;
     if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
     const Features& f = cache[cand.backbone];
     kernels::Head h = StartingHead(c, cand, f);

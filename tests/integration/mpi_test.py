@@ -99,7 +99,9 @@ class Mpi(unittest.TestCase):
                 # sync-2 also selects over 3 ranks: one of them has no candidate of the two.
                 res, out = self.run_pipeline(run_id, pipeline("m", self.nam, train,
                                                               select_ranks=3 if run_id == "sync-2" else 1))
-                self.assertLessEqual(abs(res["champion"]["accuracy"] - acc), 0.01, (run_id, res["champion"], acc))
+                # No worse than one point below one rank (async and hybrid depend on arrival order,
+                # and a run of theirs may also land above it: that is no failure).
+                self.assertGreaterEqual(res["champion"]["accuracy"], acc - 0.01, (run_id, res["champion"], acc))
                 meta, w = self.model(res)
                 t = meta["training"]
                 self.assertEqual((t["mode"], t["ranks"]), (train["mode"], train["ranks"]))
@@ -228,8 +230,9 @@ class Mpi(unittest.TestCase):
                 if evaluate.get("farm") == "dispatcher":
                     self.assertEqual(tasks[0], 0)  # rank 0 dispatches
                     self.assertEqual(farm["workers"], 3)
-                if env:
-                    self.assertLess(tasks[1], min(t for i, t in enumerate(tasks) if i != 1), tasks)
+                if env:  # the slow rank does fewer tasks than the others do on average
+                    others = [t for i, t in enumerate(tasks) if i != 1]
+                    self.assertLess(tasks[1], sum(others) / len(others), tasks)
                 for r in farm["per_rank"]:  # a model is read once per rank, not once per shard
                     self.assertLessEqual(r["models_read"], 2)
                 self.assertGreater(farm["utilisation"], 0)
