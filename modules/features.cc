@@ -45,6 +45,22 @@ const workflow::SplitSpec& Split(const workflow::Pipeline& p, const std::string&
   return s == "train" ? p.train : p.test;
 }
 
+Features FeaturesShape(StepContext& c, const std::string& backbone, const std::string& split) {
+  std::string key = workflow::FeaturesObject(BackboneDigest(*c.store, c.pipeline().Backbone(backbone)),
+                                             c.DatasetDigest(split));
+  auto info = c.store->Stat(key);
+  if (!info) Throw(ErrorKind::kNotFound, "NAM: no object '" + key + "' (run the prepare step first)");
+  Features f;
+  const auto& m = info->meta;
+  for (const char* k : {"rows", "dim", "classes"})
+    if (!m.contains(k) || !m[k].is_number_integer() || m[k].get<int64_t>() < 0)
+      Throw(ErrorKind::kCorrupt, "NAM object '" + key + "': features metadata lacks rows/dim/classes");
+  f.n = m["rows"];
+  f.dim = m["dim"];
+  f.classes = m["classes"];
+  return f;
+}
+
 Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split) {
   const auto& bb = c.pipeline().Backbone(backbone);
   return DecodeFeatures(

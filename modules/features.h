@@ -27,5 +27,7 @@ std::string BackboneDigest(nam::Store& store, const workflow::BackboneSpec& bb);
 const workflow::SplitSpec& Split(const workflow::Pipeline& p, const std::string& split);
 // The features of `backbone` on `split` (train | test), as prepare stored them.
 Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split);
+// Their shape alone (n, dim, classes; no rows or labels), from the object's metadata.
+Features FeaturesShape(StepContext& c, const std::string& backbone, const std::string& split);
 
 }  // namespace msaflow::modules

@@ -117,9 +117,10 @@ void Train(StepContext& c) {
   nlohmann::json trained = nlohmann::json::array();  // what this rank staged, for the step's summary
   std::vector<int> owner(cands.size(), world.rank());
   if (mode == "independent" && world.size() > 1) {
+    std::map<std::string, Features> shapes;  // metadata only: a rank reads only its own candidates' features
     for (const auto& cand : cands)
-      if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
-    owner = DealByCost(cands, cache, world.size());
+      if (!shapes.count(cand.backbone)) shapes[cand.backbone] = FeaturesShape(c, cand.backbone, "train");
+    owner = DealByCost(cands, shapes, world.size());
     std::string mine;
     for (size_t i = 0; i < cands.size(); ++i)
       if (owner[i] == world.rank()) mine += (mine.empty() ? "" : ", ") + cands[i].id;

@@ -1,4 +1,4 @@
-// Small pieces the training modes share (internal to parallel/).
+// Small pieces the training modes share; the straggler's sleep also serves the evaluate step.
 #pragma once
 
 #include <chrono>

@@ -307,7 +307,7 @@ class Mpi(unittest.TestCase):
     def test_plan_for_slurm_uses_pmix_per_component(self):
         path = os.path.join(self.dir, "plan.json")
         with open(path, "w") as f:
-            json.dump(pipeline("plan", self.nam, {"mode": "async", "ranks": 1 + 1}), f)
+            json.dump(pipeline("plan", self.nam, {"mode": "async", "ranks": 2}), f)
         machine = os.path.join(ROOT, "configs", "machines", "slurm-local.json")
         script = self.msaflow("plan", path, "--machine", machine).stdout
         steps = [line for line in script.splitlines() if line.startswith("step ")]
