@@ -46,19 +46,30 @@ void Evaluate(StepContext& c) {
   const int64_t n_tasks = static_cast<int64_t>(t.candidates.size()) * shards;
   const parallel::Straggler slow = StragglerFor("evaluate", {});
   // Task k is shard k % shards of candidate k / shards: a rank drawing neighbouring tasks
-  // finds the model in its cache.
-  std::map<std::string, Features> features;
+  // finds the model in its cache. A rank reads only the features parts its shards need, once.
+  struct Cached {
+    FeaturesIndex index;
+    std::vector<std::string> parts;  // empty string: not read yet
+  };
+  std::map<std::string, Cached> features;
   std::map<std::string, kernels::Head> models;
   std::vector<int64_t> done;
   double busy = 0;
+  OverlapStats io;
+  int64_t parts_read = 0;
   const auto start = std::chrono::steady_clock::now();
   auto farm = parallel::MakeTaskFarm(comm, n_tasks, t.farm);
   for (int64_t k; (k = farm->Next()) >= 0;) {
     const auto t0 = std::chrono::steady_clock::now();
     const workflow::Candidate& cand = t.candidates[static_cast<size_t>(k / shards)];
     const int64_t shard = k % shards;
-    if (!features.count(cand.backbone)) features[cand.backbone] = LoadFeatures(c, cand.backbone, "test");
-    const Features& f = features[cand.backbone];
+    if (!features.count(cand.backbone)) {
+      Cached fresh{OpenFeatures(c, cand.backbone, "test"), {}};
+      fresh.parts.resize(static_cast<size_t>(fresh.index.parts));
+      features.emplace(cand.backbone, std::move(fresh));
+    }
+    Cached& fc = features.at(cand.backbone);
+    const FeaturesIndex& f = fc.index;
     if (!models.count(cand.id)) {
       nam::Object m = c.store->Get(workflow::ModelObject(t.run, t.round, cand.id));
       if (!m.info.meta.contains("in_dim") || !m.info.meta.contains("classes"))
@@ -70,10 +81,28 @@ void Evaluate(StepContext& c) {
       models.emplace(cand.id, std::move(h));
     }
     const kernels::Head& h = models.at(cand.id);
-    int64_t lo = f.n * shard / shards, hi = f.n * (shard + 1) / shards;
-    auto logits = h.Logits(f.x.data() + lo * f.dim, hi - lo);
-    kernels::Metrics met =
-        kernels::Evaluate(logits.data(), f.labels.data() + lo, hi - lo, std::max(h.classes, f.classes));
+    const int64_t lo = f.n * shard / shards, hi = f.n * (shard + 1) / shards;
+    const int64_t pa = hi > lo ? lo / f.part_rows : 0, pb = hi > lo ? (hi - 1) / f.part_rows + 1 : 0;
+    const int64_t classes = std::max(h.classes, f.classes);
+    kernels::Metrics met;
+    met.classes = classes;
+    met.confusion.assign(static_cast<size_t>(classes * classes), 0);
+    // The shard's parts in order, part j + 1 read while the model runs on part j.
+    io.Add(Overlap(
+        pb - pa,
+        [&](int64_t j) {
+          std::string& bytes = fc.parts[static_cast<size_t>(pa + j)];
+          if (!bytes.empty()) return;
+          ReadFeaturesPart(*c.store, f, pa + j, bytes);
+          ++parts_read;
+        },
+        [&](int64_t j) {
+          const int64_t p = pa + j, a = std::max(lo, f.PartLo(p)), b = std::min(hi, f.PartHi(p));
+          const auto* x = reinterpret_cast<const float*>(fc.parts[static_cast<size_t>(p)].data());
+          auto logits = h.Logits(x + (a - f.PartLo(p)) * f.dim, b - a);
+          met.Merge(kernels::Evaluate(logits.data(), f.labels.data() + a, b - a, classes));
+        },
+        c.overlap));
     c.store->Put(workflow::EvalObject(t.run, t.round, cand.id, shard), MetricsJson(met).dump(), {{"kind", "eval-shard"}});
     if (slow.rank == comm.rank()) parallel::Straggle(t0, slow.factor);
     busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -88,7 +117,8 @@ void Evaluate(StepContext& c) {
   // The farm's figures, for the round's results: who did what, and how busy the ranks were.
   nlohmann::json mine = {{"rank", comm.rank()}, {"tasks", done.size()}, {"task_ids", done},
                          {"models_read", models.size()}, {"busy_s", busy}, {"wall_s", wall},
-                         {"works", works}};
+                         {"works", works}, {"parts_read", parts_read}, {"read_s", io.fetch_s},
+                         {"read_wait_s", io.wait_s}};
   auto parts = comm.Gather(mine.dump(), 0);
   if (c.root()) {
     nlohmann::json per_rank = nlohmann::json::array();
@@ -105,6 +135,7 @@ void Evaluate(StepContext& c) {
     }
     const double held = wall_max * workers;
     nlohmann::json summary = {{"farm", t.farm},
+                              {"overlap", c.overlap},
                               {"ranks", comm.size()},
                               {"workers", workers},
                               {"tasks", n_tasks},

@@ -1,5 +1,7 @@
 #include "modules/features.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
@@ -7,30 +9,52 @@
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
+namespace {
 
-std::string EncodeFeatures(const std::vector<uint8_t>& labels, const std::vector<float>& x) {
-  std::string b(reinterpret_cast<const char*>(labels.data()), labels.size());
-  b.resize((b.size() + 3) / 4 * 4, '\0');
-  b.append(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
-  return b;
+constexpr int64_t kPartBytes = 1 << 20;
+
+[[noreturn]] void Malformed(const std::string& object, const std::string& what) {
+  Throw(ErrorKind::kCorrupt, "NAM object '" + object + "': " + what);
 }
 
-Features DecodeFeatures(const nam::Object& o) {
-  Features f;
-  const auto& m = o.info.meta;
-  for (const char* k : {"rows", "dim", "classes"})
+FeaturesIndex IndexFromMeta(const std::string& object, const nlohmann::json& m) {
+  for (const char* k : {"rows", "dim", "classes", "part_rows", "parts"})
     if (!m.contains(k) || !m[k].is_number_integer() || m[k].get<int64_t>() < 0)
-      Throw(ErrorKind::kCorrupt, "NAM object '" + o.info.name + "': features metadata lacks rows/dim/classes");
+      Malformed(object, std::string("features metadata lacks a non-negative integer '") + k + "'");
+  FeaturesIndex f;
+  f.object = object;
   f.n = m["rows"];
   f.dim = m["dim"];
   f.classes = m["classes"];
-  size_t lab = static_cast<size_t>((f.n + 3) / 4 * 4);
-  if (o.bytes.size() != lab + static_cast<size_t>(f.n * f.dim) * sizeof(float))
-    Throw(ErrorKind::kCorrupt, "NAM object '" + o.info.name + "': size does not match rows x dim");
-  f.labels.assign(o.bytes.begin(), o.bytes.begin() + f.n);
-  f.x.resize(static_cast<size_t>(f.n * f.dim));
-  std::memcpy(f.x.data(), o.bytes.data() + lab, f.x.size() * sizeof(float));
+  f.part_rows = m["part_rows"];
+  f.parts = m["parts"];
+  if (f.part_rows < 1 || f.parts != (f.n + f.part_rows - 1) / f.part_rows)
+    Malformed(object, "features metadata: " + std::to_string(f.parts) + " parts of " + std::to_string(f.part_rows) +
+                          " rows do not hold " + std::to_string(f.n) + " rows");
   return f;
+}
+
+}  // namespace
+
+int64_t FeaturesPartRows(int64_t dim, int64_t batch, int64_t part_bytes) {
+  const int64_t rows = part_bytes / std::max<int64_t>(1, dim * static_cast<int64_t>(sizeof(float)));
+  return std::max<int64_t>(1, rows / batch) * batch;
+}
+
+int64_t FeaturesPartBytes() {
+  const char* v = std::getenv("MSAFLOW_PART_BYTES");
+  if (!v || !*v) return kPartBytes;
+  char* end = nullptr;
+  errno = 0;
+  const long long bytes = std::strtoll(v, &end, 10);
+  if (errno || end == v || *end || bytes < 1)
+    Throw(ErrorKind::kInvalidInput, std::string("MSAFLOW_PART_BYTES='") + v + "': expected a positive number of bytes");
+  return bytes;
+}
+
+nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t part_rows) {
+  return {{"rows", n}, {"dim", dim}, {"classes", classes}, {"part_rows", part_rows},
+          {"parts", (n + part_rows - 1) / part_rows}};
 }
 
 std::string BackboneDigest(nam::Store& store, const workflow::BackboneSpec& bb) {
@@ -45,26 +69,55 @@ const workflow::SplitSpec& Split(const workflow::Pipeline& p, const std::string&
   return s == "train" ? p.train : p.test;
 }
 
-Features FeaturesShape(StepContext& c, const std::string& backbone, const std::string& split) {
-  std::string key = workflow::FeaturesObject(BackboneDigest(*c.store, c.pipeline().Backbone(backbone)),
-                                             c.DatasetDigest(split));
+std::string FeaturesKey(StepContext& c, const std::string& backbone, const std::string& split) {
+  return workflow::FeaturesObject(BackboneDigest(*c.store, c.pipeline().Backbone(backbone)), c.DatasetDigest(split));
+}
+
+FeaturesIndex FeaturesShape(StepContext& c, const std::string& backbone, const std::string& split) {
+  std::string key = FeaturesKey(c, backbone, split);
   auto info = c.store->Stat(key);
   if (!info) Throw(ErrorKind::kNotFound, "NAM: no object '" + key + "' (run the prepare step first)");
-  Features f;
-  const auto& m = info->meta;
-  for (const char* k : {"rows", "dim", "classes"})
-    if (!m.contains(k) || !m[k].is_number_integer() || m[k].get<int64_t>() < 0)
-      Throw(ErrorKind::kCorrupt, "NAM object '" + key + "': features metadata lacks rows/dim/classes");
-  f.n = m["rows"];
-  f.dim = m["dim"];
-  f.classes = m["classes"];
+  return IndexFromMeta(key, info->meta);
+}
+
+FeaturesIndex OpenFeatures(StepContext& c, const std::string& backbone, const std::string& split) {
+  std::string key = FeaturesKey(c, backbone, split);
+  nam::Object o = c.store->Get(key);
+  FeaturesIndex f = IndexFromMeta(key, o.info.meta);
+  if (static_cast<int64_t>(o.bytes.size()) != f.n)
+    Malformed(key, std::to_string(o.bytes.size()) + " label bytes for " + std::to_string(f.n) + " rows");
+  f.labels.assign(o.bytes.begin(), o.bytes.end());
+  for (uint8_t l : f.labels)
+    if (l >= f.classes) Malformed(key, "label " + std::to_string(l) + " outside the " + std::to_string(f.classes) + " classes");
   return f;
 }
 
-Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split) {
-  const auto& bb = c.pipeline().Backbone(backbone);
-  return DecodeFeatures(
-      c.store->Get(workflow::FeaturesObject(BackboneDigest(*c.store, bb), c.DatasetDigest(split))));
+void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std::string& bytes) {
+  const std::string name = workflow::FeaturesPartObject(f.object, p);
+  store.GetInto(name, bytes);
+  const auto want = static_cast<size_t>((f.PartHi(p) - f.PartLo(p)) * f.dim) * sizeof(float);
+  if (bytes.size() != want)
+    Malformed(name, std::to_string(bytes.size()) + " bytes, expected " + std::to_string(want) + " (" +
+                        std::to_string(f.PartHi(p) - f.PartLo(p)) + " rows x " + std::to_string(f.dim) + " float32)");
+}
+
+Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split, OverlapStats* io) {
+  FeaturesIndex idx = OpenFeatures(c, backbone, split);
+  Features f;
+  f.n = idx.n;
+  f.dim = idx.dim;
+  f.classes = idx.classes;
+  f.labels = std::move(idx.labels);
+  f.x.resize(static_cast<size_t>(f.n * f.dim));
+  std::string buf[2];
+  OverlapStats s = Overlap(
+      idx.parts, [&](int64_t p) { ReadFeaturesPart(*c.store, idx, p, buf[p % 2]); },
+      [&](int64_t p) {
+        std::memcpy(f.x.data() + idx.PartLo(p) * f.dim, buf[p % 2].data(), buf[p % 2].size());
+      },
+      c.overlap);
+  if (io) io->Add(s);
+  return f;
 }
 
 }  // namespace msaflow::modules

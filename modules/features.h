@@ -1,33 +1,64 @@
-// Features objects in the NAM (docs/nam.md): labels (n bytes, padded to 4) then n x dim
-// float32, with rows/dim/classes in the metadata; and how a step finds the one it needs
-// (internal to modules/).
+// Features in the NAM (docs/nam.md) and how a step finds and reads the ones it needs (internal
+// to modules/).
+//
+// A features object `features/<backbone digest>-<dataset digest>` holds the labels (n bytes);
+// its metadata gives rows, dim, classes, part_rows and parts. The rows are in `parts` part
+// objects (workflow::FeaturesPartObject) of part_rows x dim float32 each (the last one
+// shorter), written before the features object itself, so once it is there every part is.
+// A step reads only the parts that hold its rows, fetching the next one while it computes on
+// the current (common/overlap.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/overlap.h"
 #include "modules/step_context.h"
 #include "nam/store.h"
 #include "workflow/pipeline.h"
 
 namespace msaflow::modules {
 
+// A features object's shape and labels.
+struct FeaturesIndex {
+  std::string object;
+  int64_t n = 0, dim = 0, classes = 0, part_rows = 0, parts = 0;
+  std::vector<uint8_t> labels;  // empty when only the shape was asked for
+  int64_t PartLo(int64_t p) const { return p * part_rows; }
+  int64_t PartHi(int64_t p) const { return std::min(n, (p + 1) * part_rows); }
+};
+
+// A whole split's features in memory.
 struct Features {
   int64_t n = 0, dim = 0, classes = 0;
   std::vector<uint8_t> labels;
   std::vector<float> x;
 };
 
-std::string EncodeFeatures(const std::vector<uint8_t>& labels, const std::vector<float>& x);
-Features DecodeFeatures(const nam::Object& o);  // throws kCorrupt naming the object
+// Rows per part for features of `dim`: whole batches of `batch` rows, about `part_bytes` a
+// part (at least one batch).
+int64_t FeaturesPartRows(int64_t dim, int64_t batch, int64_t part_bytes);
+// The part size prepare aims at: MSAFLOW_PART_BYTES, default 1 MiB; kInvalidInput if malformed.
+int64_t FeaturesPartBytes();
+// The metadata of a features object (checked by OpenFeatures).
+nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t part_rows);
 
 // The digest of a loaded backbone (its NAM object's metadata); kNotFound before the load step.
 std::string BackboneDigest(nam::Store& store, const workflow::BackboneSpec& bb);
 const workflow::SplitSpec& Split(const workflow::Pipeline& p, const std::string& split);
-// The features of `backbone` on `split` (train | test), as prepare stored them.
-Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split);
-// Their shape alone (n, dim, classes; no rows or labels), from the object's metadata.
-Features FeaturesShape(StepContext& c, const std::string& backbone, const std::string& split);
+std::string FeaturesKey(StepContext& c, const std::string& backbone, const std::string& split);
+
+// The shape of `backbone`'s features on `split` (train | test) from the object's metadata
+// (no labels read); kNotFound before the prepare step, kCorrupt for a malformed object.
+FeaturesIndex FeaturesShape(StepContext& c, const std::string& backbone, const std::string& split);
+// The shape and the labels.
+FeaturesIndex OpenFeatures(StepContext& c, const std::string& backbone, const std::string& split);
+// Reads part `p` into `bytes` (reusing its memory) and checks its size against the index;
+// the rows are then at bytes.data() as float32.
+void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std::string& bytes);
+// A split's whole features, reading part i + 1 while part i is copied; `io` adds the figures.
+Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split,
+                      OverlapStats* io = nullptr);
 
 }  // namespace msaflow::modules

@@ -1,10 +1,15 @@
 // Step 2a (DAM): images prepared for each backbone and run through it once per dataset split;
-// the features go to the NAM under a content key. Sharded: the images are cut into batches of
-// kBatch, each rank computes a contiguous run of whole batches, and rank 0 gathers and commits
-// the object once, so it is byte-identical for any number of ranks.
+// the features go to the NAM under a content key (modules/features.h). Sharded by parts: the
+// rows are cut into parts of whole 64-image batches, each rank computes a contiguous run of
+// parts and writes them itself, and rank 0 writes the features object last, once every part
+// is in; the objects are byte-identical for any number of ranks. The data manager overlaps
+// the work: batch i + 1 is prepared (the FPGA's job on the DAM) while the backbone runs on
+// batch i, and a finished part is written to the NAM while the next one is computed.
 #include <fmt/core.h>
 
 #include <chrono>
+#include <cstring>
+#include <future>
 #include <map>
 
 #include "kernels/dataset.h"
@@ -18,38 +23,105 @@ namespace msaflow::modules {
 namespace {
 
 constexpr int64_t kBatch = 64;
+using Clock = std::chrono::steady_clock;
 
-// Features of images [lo, hi) of `ds` (n x dim floats).
-std::vector<float> ComputeRows(StepContext& c, const workflow::BackboneSpec& bb, kernels::Executor* ex,
-                               const kernels::ImageSet& ds, int64_t lo, int64_t hi, int64_t dim,
-                               const std::string& label) {
-  std::vector<float> feats(static_cast<size_t>((hi - lo) * dim));
-  const int64_t px = ds.rows * ds.cols;
-  if (bb.kind == "pixels") {
-    for (size_t i = 0; i < feats.size(); ++i) feats[i] = ds.pixels[static_cast<size_t>(lo * px) + i] / 255.f;
-    return feats;
-  }
-  const auto& in = bb.input;
-  std::vector<float> batch(static_cast<size_t>(kBatch * in.channels * in.height * in.width));
-  int64_t next_report = lo + (hi - lo) / 4;
-  for (int64_t s = lo; s < hi; s += kBatch) {
-    int64_t b = std::min(kBatch, hi - s);
-    kernels::PrepareBatch(ds.pixels.data() + s * px, b, ds.rows, ds.cols, in, batch.data());
-    auto f = ex->Features(batch.data(), b, in.channels, in.height, in.width);
-    std::copy(f.begin(), f.end(), feats.begin() + (s - lo) * dim);
-    if (s + b >= next_report && s + b < hi) {
-      c.Say(fmt::format("progress: features {} {}/{} images", label, s + b - lo, hi - lo));
-      next_report += (hi - lo) / 4;
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// What one rank did for one (backbone, split).
+struct PartWork {
+  int64_t rows = 0, parts = 0;
+  OverlapStats batches;  // fetch: preparing a batch; consume: the backbone on it
+  double put_s = 0;      // writing parts to the NAM
+  double put_wait_s = 0; // ... the part of it the computation waited for
+};
+
+// Computes parts [p0, p1) of `idx` and writes each to the NAM as it is finished.
+PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels::Executor* ex,
+                      const kernels::ImageSet& ds, const FeaturesIndex& idx, int64_t p0, int64_t p1,
+                      const std::string& label) {
+  PartWork w;
+  if (p0 >= p1) return w;
+  const int64_t lo = idx.PartLo(p0), hi = idx.PartHi(p1 - 1), px = ds.rows * ds.cols, dim = idx.dim;
+  w.rows = hi - lo;
+  w.parts = p1 - p0;
+  std::vector<float> out[2];  // part p is built in out[p % 2] while out[(p - 1) % 2] is written
+  for (auto& o : out) o.resize(static_cast<size_t>(idx.part_rows * dim));
+  std::future<void> writing;
+  auto finish_write = [&] {
+    if (!writing.valid()) return;
+    auto t0 = Clock::now();
+    writing.get();
+    w.put_wait_s += Since(t0);
+  };
+  auto write_part = [&](int64_t p) {
+    finish_write();
+    const std::vector<float>& o = out[p % 2];
+    const size_t bytes = static_cast<size_t>((idx.PartHi(p) - idx.PartLo(p)) * dim) * sizeof(float);
+    auto put = [&c, &idx, &o, &w, p, bytes] {
+      auto t0 = Clock::now();
+      c.store->Put(workflow::FeaturesPartObject(idx.object, p), std::string_view(reinterpret_cast<const char*>(o.data()), bytes),
+                   {{"kind", "features-part"}, {"part", p}, {"rows", idx.PartHi(p) - idx.PartLo(p)}, {"dim", idx.dim}});
+      w.put_s += Since(t0);
+    };
+    if (c.overlap) {
+      writing = std::async(std::launch::async, put);
+    } else {
+      auto t0 = Clock::now();
+      put();
+      w.put_wait_s += Since(t0);
     }
+  };
+  try {
+    if (bb.kind == "pixels") {
+      for (int64_t p = p0; p < p1; ++p) {
+        auto t0 = Clock::now();
+        float* o = out[p % 2].data();
+        const uint8_t* src = ds.pixels.data() + idx.PartLo(p) * px;
+        for (int64_t i = 0, m = (idx.PartHi(p) - idx.PartLo(p)) * dim; i < m; ++i) o[i] = src[i] / 255.f;
+        w.batches.consume_s += Since(t0);
+        write_part(p);
+      }
+    } else {
+      const auto& in = bb.input;
+      const int64_t batches = (hi - lo + kBatch - 1) / kBatch;
+      std::vector<float> batch[2];
+      for (auto& b : batch) b.resize(static_cast<size_t>(kBatch * in.channels * in.height * in.width));
+      int64_t next_report = batches / 4;
+      w.batches = Overlap(
+          batches,
+          [&](int64_t i) {
+            const int64_t s = lo + i * kBatch;
+            kernels::PrepareBatch(ds.pixels.data() + s * px, std::min(kBatch, hi - s), ds.rows, ds.cols, in,
+                                  batch[i % 2].data());
+          },
+          [&](int64_t i) {
+            const int64_t s = lo + i * kBatch, b = std::min(kBatch, hi - s);
+            const int64_t p = s / idx.part_rows;
+            auto f = ex->Features(batch[i % 2].data(), b, in.channels, in.height, in.width);
+            std::copy(f.begin(), f.end(), out[p % 2].begin() + (s - idx.PartLo(p)) * dim);
+            if (s + b == idx.PartHi(p)) write_part(p);
+            if (i + 1 == next_report && i + 1 < batches) {
+              c.Say(fmt::format("progress: features {} {}/{} images", label, s + b - lo, hi - lo));
+              next_report += batches / 4;
+            }
+          },
+          c.overlap);
+    }
+    finish_write();
+  } catch (...) {
+    if (writing.valid()) writing.wait();  // the write reads this frame's buffers
+    throw;
   }
-  return feats;
+  return w;
 }
 
 }  // namespace
 
 void Prepare(StepContext& c) {
   const int rank = c.comm->rank(), size = c.comm->size();
-  nlohmann::json summary = {{"computed", nlohmann::json::array()}, {"reused", nlohmann::json::array()}};
+  nlohmann::json summary = {{"computed", nlohmann::json::array()}, {"reused", nlohmann::json::array()},
+                            {"overlap", c.overlap}};
+  const int64_t part_bytes = FeaturesPartBytes();
   std::map<std::string, kernels::ImageSet> data;
   for (const std::string split : {"train", "test"}) {
     const auto& s = Split(c.pipeline(), split);
@@ -69,7 +141,7 @@ void Prepare(StepContext& c) {
         summary["reused"].push_back(entry);
         continue;
       }
-      auto t0 = std::chrono::steady_clock::now();
+      auto t0 = Clock::now();
       int64_t dim = ds.rows * ds.cols;
       if (bb.kind != "pixels") {
         if (!ex) {
@@ -78,34 +150,44 @@ void Prepare(StepContext& c) {
         }
         dim = ex->FeatureDim(bb.input.channels, bb.input.height, bb.input.width);
       }
-      // This rank's contiguous run of whole batches.
-      const int64_t batches = (ds.count + kBatch - 1) / kBatch;
-      const int64_t lo = std::min(ds.count, batches * rank / size * kBatch);
-      const int64_t hi = std::min(ds.count, batches * (rank + 1) / size * kBatch);
-      std::vector<float> mine = ComputeRows(c, bb, ex.get(), ds, lo, hi, dim, bb.name + "/" + split);
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      FeaturesIndex idx;
+      idx.object = key;
+      idx.n = ds.count;
+      idx.dim = dim;
+      idx.part_rows = FeaturesPartRows(dim, kBatch, part_bytes);
+      idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
+      // This rank's contiguous run of parts.
+      const int64_t p0 = idx.parts * rank / size, p1 = idx.parts * (rank + 1) / size;
+      PartWork w = ComputeParts(c, bb, ex.get(), ds, idx, p0, p1, bb.name + "/" + split);
+      double secs = Since(t0);
       if (size > 1)
-        c.Say(fmt::format("features {}/{}: images [{}, {}) in {:.2f} s", bb.name, split, lo, hi, secs));
-      auto parts = c.comm->Gather(
-          std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(float)), 0);
+        c.Say(fmt::format("features {}/{}: images [{}, {}) in {:.2f} s", bb.name, split, idx.PartLo(p0),
+                          idx.PartLo(p0) + w.rows, secs));
+      nlohmann::json mine = {{"rank", rank},
+                             {"rows", w.rows},
+                             {"parts", w.parts},
+                             {"seconds", secs},
+                             {"prepare_s", w.batches.fetch_s},
+                             {"backbone_s", w.batches.consume_s},
+                             {"prepare_wait_s", w.batches.wait_s},
+                             {"put_s", w.put_s},
+                             {"put_wait_s", w.put_wait_s}};
+      auto stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
       if (c.root()) {
-        std::vector<float> feats(static_cast<size_t>(ds.count * dim));
-        size_t off = 0;
-        for (const auto& p : parts) {
-          std::memcpy(reinterpret_cast<char*>(feats.data()) + off, p.data(), p.size());
-          off += p.size();
-        }
-        secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        nlohmann::json meta = {{"rows", ds.count},         {"dim", dim},     {"classes", ds.classes()},
-                               {"backbone", bb.name},      {"backbone_digest", bb_digest},
-                               {"dataset_digest", ds.Digest()}, {"split", split}};
-        c.store->Put(key, EncodeFeatures(ds.labels, feats), meta);
-        c.Say(fmt::format("features {}/{}: computed {} x {} on {} rank{} in {:.1f} s ({:.2f} ms/image) -> {}", bb.name,
-                          split, ds.count, dim, size, size > 1 ? "s" : "", secs,
-                          1e3 * secs / static_cast<double>(ds.count), key));
+        nlohmann::json meta = FeaturesMeta(ds.count, dim, ds.classes(), idx.part_rows);
+        meta.update({{"backbone", bb.name}, {"backbone_digest", bb_digest}, {"dataset_digest", ds.Digest()},
+                     {"split", split}});
+        c.store->Put(key, std::string_view(reinterpret_cast<const char*>(ds.labels.data()), ds.labels.size()), meta);
+        secs = Since(t0);
+        c.Say(fmt::format("features {}/{}: computed {} x {} in {} part{} on {} rank{} in {:.1f} s ({:.2f} ms/image) -> {}",
+                          bb.name, split, ds.count, dim, idx.parts, idx.parts > 1 ? "s" : "", size, size > 1 ? "s" : "",
+                          secs, 1e3 * secs / static_cast<double>(std::max<int64_t>(1, ds.count)), key));
+        entry["per_rank"] = nlohmann::json::array();
+        for (const auto& s : stats) entry["per_rank"].push_back(nlohmann::json::parse(s));
       }
       entry["seconds"] = secs;
       entry["ranks"] = size;
+      entry["parts"] = idx.parts;
       summary["computed"].push_back(entry);
     }
   }

@@ -18,6 +18,7 @@ struct StepContext {
   std::unique_ptr<nam::Store> store;
   parallel::Comm* comm = nullptr;
   std::FILE* out = nullptr;
+  bool overlap = true;  // fetch the next chunk while computing on this one (MSAFLOW_OVERLAP)
 
   const workflow::Pipeline& pipeline() const { return task.pipeline; }
   bool root() const { return comm->rank() == 0; }

@@ -31,6 +31,7 @@ void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm
   c.store = nam::OpenStore(c.task.nam);
   c.comm = &comm;
   c.out = out;
+  c.overlap = OverlapEnabled();
   if (step == "load") return Load(c);
   if (step == "prepare") return Prepare(c);
   if (step == "train") return Train(c);

@@ -72,11 +72,11 @@ void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, c
 // (ties: smaller candidate index, lower rank), by the estimated cost epochs x rows x weights —
 // candidates differ several-fold (an MLP on 784 pixels against a softmax on 480 features), so
 // dealing them round-robin would leave ranks idle. Every rank computes the same answer.
-std::vector<int> DealByCost(const std::vector<workflow::Candidate>& cands, const std::map<std::string, Features>& feats,
+std::vector<int> DealByCost(const std::vector<workflow::Candidate>& cands, const std::map<std::string, FeaturesIndex>& feats,
                             int ranks) {
   std::vector<double> cost(cands.size());
   for (size_t i = 0; i < cands.size(); ++i) {
-    const Features& f = feats.at(cands[i].backbone);
+    const FeaturesIndex& f = feats.at(cands[i].backbone);
     const auto& h = cands[i].head;
     double weights = h.type == "mlp" ? static_cast<double>(f.dim * h.hidden + h.hidden * f.classes)
                                      : static_cast<double>(f.dim * f.classes);
@@ -117,7 +117,7 @@ void Train(StepContext& c) {
   nlohmann::json trained = nlohmann::json::array();  // what this rank staged, for the step's summary
   std::vector<int> owner(cands.size(), world.rank());
   if (mode == "independent" && world.size() > 1) {
-    std::map<std::string, Features> shapes;  // metadata only: a rank reads only its own candidates' features
+    std::map<std::string, FeaturesIndex> shapes;  // metadata only: a rank reads only its own candidates' features
     for (const auto& cand : cands)
       if (!shapes.count(cand.backbone)) shapes[cand.backbone] = FeaturesShape(c, cand.backbone, "train");
     owner = DealByCost(cands, shapes, world.size());

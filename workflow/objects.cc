@@ -13,6 +13,11 @@ std::string BackboneObject(const std::string& backbone) { return "backbone/" + b
 std::string FeaturesObject(const std::string& bb_digest, const std::string& ds_digest) {
   return "features/" + bb_digest + "-" + ds_digest;
 }
+std::string FeaturesPartObject(const std::string& features_object, int64_t part) {
+  std::string digits = std::to_string(part);
+  if (digits.size() < 5) digits.insert(0, 5 - digits.size(), '0');
+  return features_object + ".p" + digits;
+}
 std::string PreparedObject(const std::string& run, int round) { return RunRound("prepared", run, round); }
 std::string StagingPrefix(const std::string& run, int round) { return RunRound("staging", run, round) + "/"; }
 std::string StagingObject(const std::string& run, int round, const std::string& cand) {

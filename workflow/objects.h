@@ -12,6 +12,8 @@ std::string BackboneObject(const std::string& backbone);  // backbone/<name>: th
 // features/<backbone digest>-<dataset digest>: a backbone's features on a dataset split,
 // reused by every later round, candidate and run that asks for the same content.
 std::string FeaturesObject(const std::string& backbone_digest, const std::string& dataset_digest);
+// <features object>.p<part, 5+ digits>: rows [part x part_rows, ...) of it, written before it.
+std::string FeaturesPartObject(const std::string& features_object, int64_t part);
 std::string PreparedObject(const std::string& run, int round);  // prepared/<run>/<round>: what prepare did
 std::string StagingObject(const std::string& run, int round, const std::string& cand);  // a trained head, unpublished
 std::string StagingPrefix(const std::string& run, int round);

@@ -56,17 +56,18 @@ class Mpi(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def msaflow(self, *args, ok=True, timeout=600):
-        r = subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
+    def msaflow(self, *args, ok=True, timeout=600, env=None):
+        r = subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout,
+                           env=None if env is None else {**os.environ, **env})
         if ok:
             self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
         return r
 
-    def run_pipeline(self, run_id, doc, nam=None):
+    def run_pipeline(self, run_id, doc, nam=None, env=None):
         path = os.path.join(self.dir, run_id + ".json")
         with open(path, "w") as f:
             json.dump(doc, f)
-        out = self.msaflow("run", path, "--runs", os.path.join(self.dir, "runs"), "--run-id", run_id).stdout
+        out = self.msaflow("run", path, "--runs", os.path.join(self.dir, "runs"), "--run-id", run_id, env=env).stdout
         with open(os.path.join(self.dir, "runs", run_id, "results.json")) as f:
             return json.load(f), out
 
@@ -142,23 +143,35 @@ class Mpi(unittest.TestCase):
             nam = os.path.join(self.dir, "nam-prepare-%d" % ranks)  # a fresh NAM: the features are computed
             doc = pipeline("p", nam, {"ranks": 1}, epochs=1, lrs=(0.01,), train_rows=300, test_rows=130,
                            backbone=mobilenet, prepare_ranks=ranks)
-            res, out = self.run_pipeline("prepare-%d" % ranks, doc)
+            # Parts of one 64-image batch: 300 rows are 5 parts, 130 rows 3.
+            res, out = self.run_pipeline("prepare-%d" % ranks, doc, env={"MSAFLOW_PART_BYTES": "1"})
             self.assertEqual(res["rounds"][0]["features_computed"], 2, out)
             self.assertIn("prepare  on dam (%d rank" % ranks, out)
             got = {}
             for f in res["rounds"][0]["features"]["computed"]:
                 self.assertEqual(f["ranks"], ranks)
-                dest = os.path.join(self.dir, "f.bin")
-                self.msaflow("nam", "get", f["object"], "--nam", "file://" + nam, "-o", dest)
-                with open(dest, "rb") as fh:
-                    got[f["object"]] = fh.read()
+                listed = [json.loads(line) for line in
+                          self.msaflow("nam", "ls", f["object"], "--nam", "file://" + nam, "--json").stdout.splitlines()]
+                names = sorted(o["name"] for o in listed)
+                parts = 5 if f["split"] == "train" else 3
+                self.assertEqual(names, [f["object"]] + ["%s.p%05d" % (f["object"], p) for p in range(parts)])
+                for name in names:  # byte for byte, not only the checksums
+                    dest = os.path.join(self.dir, "f.bin")
+                    self.msaflow("nam", "get", name, "--nam", "file://" + nam, "-o", dest)
+                    with open(dest, "rb") as fh:
+                        got[name] = fh.read()
+                index = next(o for o in listed if o["name"] == f["object"])
+                self.assertEqual(index["meta"]["parts"], parts)
+                self.assertEqual(index["meta"]["part_rows"], 64)
             objects[ranks] = got
-            if ranks == 3:  # 5 batches of 64 over 3 ranks: 1, 2 and 2 batches
+            if ranks == 3:  # 5 parts over 3 ranks: 1, 2 and 2 parts, each rank writing its own
                 with open(os.path.join(self.dir, "runs", "prepare-3", "logs", "r1-prepare.log")) as f:
                     log = f.read()
                 self.assertIn("[0] features mobilenetv2/train: images [0, 64)", log)
                 self.assertIn("[2] features mobilenetv2/train: images [192, 300)", log)
-        self.assertEqual(len(objects[1]), 2)
+                per_rank = res["rounds"][0]["features"]["computed"][0]["per_rank"]
+                self.assertEqual([r["parts"] for r in per_rank], [1, 2, 2])
+        self.assertEqual(len(objects[1]), 2 + 5 + 3)
         self.assertEqual(objects[1], objects[2])
         self.assertEqual(objects[1], objects[3])
 
@@ -322,4 +335,4 @@ class Mpi(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=sys.argv[:1], verbosity=2)
+    unittest.main(argv=sys.argv[:1] + sys.argv[3:], verbosity=2)
