@@ -30,16 +30,15 @@
 #include "common/strings.h"
 #include "nam/fabric_store.h"
 #include "nam/pool.h"
+#include "bench/bench_util.h"
 
 namespace {
 
 using namespace msaflow;
 using Clock = std::chrono::steady_clock;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Child;
+using bench::Median;
+using bench::WaitReady;
 
 // GiB/s of `op` moving `bytes`, median of `reps` after a warm-up.
 double Measure(size_t bytes, int reps, const std::function<void()>& op) {
@@ -52,50 +51,6 @@ double Measure(size_t bytes, int reps, const std::function<void()>& op) {
     rates.push_back(static_cast<double>(bytes) / s / (1024.0 * 1024 * 1024));
   }
   return Median(rates);
-}
-
-// A child process we started and stop by PID.
-struct Child {
-  pid_t pid = -1;
-  ~Child() { Stop(); }
-  void Start(const std::vector<std::string>& argv, const std::string& log) {
-    pid = fork();
-    if (pid < 0) ThrowErrno("fork");
-    if (pid == 0) {
-      FILE* f = std::fopen(log.c_str(), "w");
-      if (f) {
-        dup2(fileno(f), 1);
-        dup2(fileno(f), 2);
-      }
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      _exit(127);
-    }
-  }
-  void Stop() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      int st;
-      waitpid(pid, &st, 0);
-      pid = -1;
-    }
-  }
-};
-
-std::string WaitReady(const std::string& ready, const Child& c, const std::string& log) {
-  for (int i = 0; i < 200; ++i) {
-    if (PathExists(ready)) {
-      auto j = nlohmann::json::parse(ReadFile(ready), nullptr, false);
-      if (!j.is_discarded()) return j.at("uri");
-    }
-    int st;
-    if (waitpid(c.pid, &st, WNOHANG) == c.pid)
-      Throw(ErrorKind::kUnavailable, "the NAM server exited at start; its log: " + ReadFile(log));
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  Throw(ErrorKind::kUnavailable, "the NAM server did not become ready; its log: " + ReadFile(log));
 }
 
 struct Row {

@@ -25,6 +25,7 @@
 #include "nam/store.h"
 #include "orchestrator/launcher.h"
 #include "orchestrator/machine.h"
+#include "orchestrator/placement.h"
 #include "orchestrator/planner.h"
 #include "orchestrator/run.h"
 #include "orchestrator/scaling.h"
@@ -138,6 +139,12 @@ int main(int argc, char** argv) {
   plan->add_option("--launcher", launcher_override, "local: commands per rank; slurm: the exact batch script of round 1")
       ->check(CLI::IsMember({"local", "slurm"}));
   plan->add_option("--runs", runs_dir, "directory holding run directories")->capture_default_str();
+  std::string ranks_choice = "pipeline";
+  plan->add_option("--ranks", ranks_choice,
+                   "pipeline: the ranks the pipeline names; auto: ranks per step from the last run's measured costs "
+                   "and the machine's limits, with the reason for each")
+      ->check(CLI::IsMember({"pipeline", "auto"}))
+      ->capture_default_str();
 
   bool wait = false;
   auto* submit = app.add_subcommand("submit", "Submit a run to Slurm: its coordinator becomes a job on the cm module");
@@ -152,6 +159,9 @@ int main(int argc, char** argv) {
   run->add_option("--runs", runs_dir, "directory holding run directories and the default NAM")->capture_default_str();
   run->add_option("--run-id", run_id, "run id (default: <name>-<time>-<random>)");
   run->add_option("--machine", machine_override, "machine name or file (overrides the pipeline's)");
+  run->add_option("--ranks", ranks_choice, "pipeline | auto (as for plan)")
+      ->check(CLI::IsMember({"pipeline", "auto"}))
+      ->capture_default_str();
 
   orchestrator::ScalingOptions scaling_opt;
   std::string scaling_ranks = "1,2", scaling_steps = "prepare,train,evaluate", scaling_modes;
@@ -250,6 +260,22 @@ int main(int argc, char** argv) {
       orchestrator::Machine m = orchestrator::LoadMachine(machine_override.empty() ? p.machine : machine_override);
       orchestrator::LocalLauncher launcher(SelfExe());
       if (!launcher_override.empty()) m.launcher = launcher_override;
+      if (ranks_choice == "auto") {
+        // A user who knows nothing of parallel computing: ranks from what the last run measured.
+        const unsigned cores = std::thread::hardware_concurrency();
+        const std::string last = orchestrator::LastResults(runs_dir, p.name);
+        orchestrator::Placement pl;
+        if (last.empty()) {
+          pl = orchestrator::PlaceWithoutCosts(p, m, cores);
+        } else {
+          nlohmann::json results = nlohmann::json::parse(ReadFile(last), nullptr, false);
+          if (results.is_discarded()) Throw(ErrorKind::kCorrupt, last + ": not JSON");
+          pl = orchestrator::PlaceFromCosts(p, m, results, last, cores);
+        }
+        std::printf("%sranks from measured costs: %s\n", m.launcher == "slurm" && *plan ? "# " : "", pl.source.c_str());
+        for (const auto& line : pl.why) std::printf("%s  %s\n", m.launcher == "slurm" && *plan ? "# " : "", line.c_str());
+        p = orchestrator::ApplyPlacement(std::move(p), pl);
+      }
       if (*plan && m.launcher == "slurm") {
         std::string nam = orchestrator::NamFor(p, m, runs_dir);
         if (nam == "serve") {

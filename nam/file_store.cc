@@ -122,11 +122,15 @@ ObjectInfo FileStore::ReadObject(const std::string& name, std::string* bytes) {
 }
 
 Object FileStore::Get(const std::string& name) {
+  Object o;
+  o.info = GetInto(name, o.bytes);
+  return o;
+}
+
+ObjectInfo FileStore::GetInto(const std::string& name, std::string& bytes) {
   ValidateObjectName(name);
   if (!PathExists(PathOf(name))) Throw(ErrorKind::kNotFound, "NAM " + Uri() + ": no object '" + name + "'");
-  Object o;
-  o.info = ReadObject(name, &o.bytes);
-  return o;
+  return ReadObject(name, &bytes);
 }
 
 std::optional<ObjectInfo> FileStore::Stat(const std::string& name) {

@@ -15,6 +15,7 @@ class FileStore : public Store {
   explicit FileStore(std::string dir);
   ObjectInfo Put(const std::string& name, std::string_view bytes, const nlohmann::json& meta) override;
   Object Get(const std::string& name) override;
+  ObjectInfo GetInto(const std::string& name, std::string& bytes) override;
   std::optional<ObjectInfo> Stat(const std::string& name) override;
   std::vector<ObjectInfo> List(const std::string& prefix) override;
   bool Remove(const std::string& name) override;

@@ -31,6 +31,12 @@ ObjectInfo MemStore::Put(const std::string& name, std::string_view bytes, const 
 }
 
 Object MemStore::Get(const std::string& name) {
+  Object o;
+  o.info = GetInto(name, o.bytes);
+  return o;
+}
+
+ObjectInfo MemStore::GetInto(const std::string& name, std::string& bytes) {
   ValidateObjectName(name);
   std::shared_ptr<const Object> obj;
   {
@@ -42,7 +48,8 @@ Object MemStore::Get(const std::string& name) {
   if (ChecksumHex(obj->bytes) != obj->info.checksum)
     Throw(ErrorKind::kCorrupt, "NAM " + Uri() + ": object '" + name + "' fails its checksum (stored " +
                                    obj->info.checksum + ", bytes hash to " + ChecksumHex(obj->bytes) + ")");
-  return *obj;
+  bytes.assign(obj->bytes);  // reuses the caller's memory when it is large enough
+  return obj->info;
 }
 
 std::optional<ObjectInfo> MemStore::Stat(const std::string& name) {

@@ -14,6 +14,7 @@ class MemStore : public Store {
   explicit MemStore(const std::string& name);
   ObjectInfo Put(const std::string& name, std::string_view bytes, const nlohmann::json& meta) override;
   Object Get(const std::string& name) override;
+  ObjectInfo GetInto(const std::string& name, std::string& bytes) override;
   std::optional<ObjectInfo> Stat(const std::string& name) override;
   std::vector<ObjectInfo> List(const std::string& prefix) override;
   bool Remove(const std::string& name) override;

@@ -3,10 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/core.h>
+
 #include <chrono>
 #include <ctime>
 #include <filesystem>
-#include <fmt/core.h>
+#include <optional>
 #include <random>
 
 #include "common/error.h"
@@ -14,6 +16,7 @@
 #include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/nam_process.h"
+#include "orchestrator/placement.h"
 #include "orchestrator/slurm.h"
 
 namespace msaflow::orchestrator {
@@ -131,8 +134,14 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
                  static_cast<long long>(p.rounds.max), fresh.size(), kept.size());
     journal.Event("round-start", {{"round", round}, {"candidates", fresh.size()}});
     json step_seconds = json::object();  // each step's wall time, launch included
+    // For node-seconds under Slurm: the mode the round's job(s) ran in, when they were
+    // submitted, and the first step's start and the last step's end.
+    std::string slurm_mode;
+    std::optional<std::chrono::steady_clock::time_point> submitted, first_start;
+    std::chrono::steady_clock::time_point last_end{};
     LaunchObserver obs;
     obs.on_start = [&](const Task& t) {
+      if (!first_start) first_start = std::chrono::steady_clock::now();
       std::fprintf(out, "  %-8s on %-3s (%lld rank%s) ...\n", t.step.c_str(), t.module.c_str(),
                    static_cast<long long>(t.ranks), t.ranks > 1 ? "s" : "");
       std::fflush(out);
@@ -144,6 +153,10 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     };
     obs.on_event = [&](const std::string& ev, json fields) {
       if (ev == "slurm-job") {
+        if (slurm_mode.empty()) {
+          slurm_mode = fields.value("mode", "");
+          submitted = std::chrono::steady_clock::now();
+        }
         std::string comps;
         for (const auto& c : fields.at("components"))
           comps += (comps.empty() ? "" : ", ") + c.at("id").get<std::string>() + " " + c.at("module").get<std::string>() +
@@ -162,6 +175,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
       std::fprintf(out, "  %-8s done in %.1f s\n", t.step.c_str(), secs);
       journal.Event("task-end", {{"task", t.id}, {"seconds", secs}, {"status", "ok"}});
       step_seconds[t.step] = secs;
+      last_end = std::chrono::steady_clock::now();
     };
     try {
       launcher.RunRound(plan, files, dir + "/logs", obs);
@@ -201,11 +215,29 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     for (const auto& e : best.at("top_k"))
       kept.push_back({CandidateFromJson(e.at("candidate")), e.at("model"), e.at("result")});
     double gain = acc - best_so_far;
-    results["rounds"].push_back({{"round", round}, {"champion", champ}, {"top_k", best.at("top_k")},
-                                 {"candidates", best.at("all")}, {"features", prepared},
-                                 {"features_computed", prepared.at("computed").size()},
-                                 {"features_reused", prepared.at("reused").size()}, {"training", training}, {"evaluation", evaluation},
-                                 {"step_seconds", step_seconds}});
+    json round_json = {{"round", round}, {"champion", champ}, {"top_k", best.at("top_k")},
+                       {"candidates", best.at("all")}, {"features", prepared},
+                       {"features_computed", prepared.at("computed").size()},
+                       {"features_reused", prepared.at("reused").size()}, {"training", training}, {"evaluation", evaluation},
+                       {"step_seconds", step_seconds}};
+    // What each step cost per item, for `msaflow plan --ranks auto` (orchestrator/placement.h).
+    json costs = json::object();
+    for (const auto& [step, c] : MeasureRound(round_json, p)) costs[step] = ToJson(c);
+    round_json["costs"] = costs;
+    if (m.launcher == "slurm" && first_start) {
+      const double round_s = std::chrono::duration<double>(last_end - *first_start).count();
+      const double queue_s = submitted ? std::chrono::duration<double>(*first_start - *submitted).count() : 0;
+      std::map<std::string, double> secs;
+      for (const auto& [k, v] : step_seconds.items()) secs[k] = v.get<double>();
+      const std::string mode = slurm_mode.empty() ? m.slurm.mode : slurm_mode;
+      json ns = json::array();
+      auto measured = MeasureNodeSeconds(secs, p, m, mode, round_s);
+      for (const auto& n : measured)
+        ns.push_back({{"module", n.module}, {"nodes", n.nodes}, {"held_s", n.held_s}, {"used_s", n.used_s}});
+      round_json["node_seconds"] = {{"mode", mode}, {"round_s", round_s}, {"queue_s", queue_s}, {"modules", ns}};
+      std::fprintf(out, "  %s\n", NodeSecondsSummary(measured, mode, plan.tasks.size(), std::max(queue_s, 0.5)).c_str());
+    }
+    results["rounds"].push_back(std::move(round_json));
     journal.Event("round-end", {{"round", round}, {"champion", champ.at("candidate").at("id")}, {"accuracy", acc}});
     if (best_so_far >= 0 && gain < p.rounds.min_delta) {
       ++stale;
@@ -233,6 +265,24 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   for (const auto& [k, v] : per_bb.items()) std::fprintf(out, " %s %.4f;", k.c_str(), v.get<double>());
   std::fprintf(out, "\nstopped: %s; %.1f s; results in %s/results.json\n", stop_reason.c_str(), secs, dir.c_str());
   return dir;
+}
+
+std::string LastResults(const std::string& runs_dir, const std::string& name) {
+  std::string best;
+  std::filesystem::file_time_type best_time{};
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(runs_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::filesystem::path f = it->path() / "results.json";
+    std::error_code fe;
+    const auto t = std::filesystem::last_write_time(f, fe);
+    if (fe || (!best.empty() && t <= best_time)) continue;
+    json r = json::parse(ReadFile(f.string()), nullptr, false);
+    if (r.is_discarded() || !r.is_object() || r.value("format", "") != kResultsFormat || r.value("pipeline", "") != name)
+      continue;
+    best = f.string();
+    best_time = t;
+  }
+  return best;
 }
 
 NamLaunch NamLaunchFor(const Machine& m, const std::string& run_id, const std::string& run_dir) {

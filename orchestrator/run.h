@@ -41,6 +41,10 @@ NamLaunch NamLaunchFor(const Machine& m, const std::string& run_id, const std::s
 // "<name>-<UTC time>-<4 hex digits>".
 std::string NewRunId(const std::string& name);
 
+// The results.json of the latest finished run of pipeline `name` under `runs_dir` (by the
+// file's modification time), or "" when there is none. Unreadable results files are skipped.
+std::string LastResults(const std::string& runs_dir, const std::string& name);
+
 // Prints the state of a run directory (journal + results). Throws kNotFound / kCorrupt.
 void PrintStatus(const std::string& run_dir, std::FILE* out);
 

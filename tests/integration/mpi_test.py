@@ -317,6 +317,40 @@ class Mpi(unittest.TestCase):
         r = self.msaflow("validate", path)
         self.assertIn("train: mode hybrid on 4 ranks + 1 parameter server(s)", r.stdout)
 
+    def test_plan_ranks_auto_uses_the_last_runs_measured_costs(self):
+        runs = os.path.join(self.dir, "runs-auto")
+        doc = pipeline("auto", os.path.join(self.dir, "nam-auto"), {"ranks": 1}, epochs=2, train_rows=1000,
+                       test_rows=500, lrs=(0.001, 0.003, 0.01))
+        path = os.path.join(self.dir, "auto.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        first = self.msaflow("plan", path, "--runs", runs, "--ranks", "auto").stdout
+        self.assertIn("ranks from measured costs: no earlier run", first)
+        self.msaflow("run", path, "--runs", runs, "--run-id", "auto-1")
+        with open(os.path.join(runs, "auto-1", "results.json")) as f:
+            costs = json.load(f)["rounds"][0]["costs"]
+        for step, unit in (("prepare", "image pass"), ("train", "training step"), ("evaluate", "(model x shard) task")):
+            self.assertEqual(costs[step]["unit"], unit)
+            self.assertGreater(costs[step]["items"], 0, step)
+            self.assertGreater(costs[step]["per_item_s"], 0, step)
+        self.assertEqual(costs["prepare"]["items"], 1500)  # one image pass per row, train and test
+        self.assertEqual(costs["evaluate"]["items"], 3 * 4)  # 3 models x (2 shards per rank x 2 ranks)
+        out = self.msaflow("plan", path, "--runs", runs, "--ranks", "auto").stdout
+        self.assertIn("ranks from measured costs: run auto-1 (%s)" % os.path.join(runs, "auto-1", "results.json"), out)
+        chosen = {}
+        for step in ("prepare", "train", "evaluate"):
+            m = re.search(r"^  %s\s+(\d+) ranks?: [\d.]+ rank-s of work in round 1 .* predicted [\d.]+ s; (.+)$" % step,
+                          out, re.M)
+            self.assertIsNotNone(m, out)
+            chosen[step] = int(m.group(1))
+            self.assertTrue(1 <= chosen[step] <= os.cpu_count(), out)  # the local launcher keeps to the cores
+            # The plan below uses the ranks the lines above chose.
+            self.assertRegex(out, r"r1-%s\s+module \w+\s+ranks %d\b" % (step, chosen[step]))
+        # Pixels on 1,500 rows is less work than starting a process: evaluate stays on one rank.
+        self.assertEqual(chosen["evaluate"], 1, out)
+        run = self.msaflow("run", path, "--runs", runs, "--run-id", "auto-2", "--ranks", "auto").stdout
+        self.assertIn("evaluate on esb (1 rank)", run)
+
     def test_plan_for_slurm_uses_pmix_per_component(self):
         path = os.path.join(self.dir, "plan.json")
         with open(path, "w") as f:

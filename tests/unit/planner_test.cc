@@ -4,6 +4,7 @@
 #include "common/files.h"
 #include "workflow/candidates.h"
 #include "orchestrator/machine.h"
+#include "orchestrator/placement.h"
 #include "orchestrator/planner.h"
 
 namespace msaflow::orchestrator {
@@ -86,6 +87,96 @@ TEST(Planner, TrainLayoutResolvesAutoAndCountsServers) {
   p = WithTrain(R"({"ranks": 4, "mode": "hybrid"})", 4);
   EXPECT_EQ(LayoutError(p, 4), "t: /steps/train/ranks: 4 ranks + 1 server(s) need 5 processes, but module dam allows 4 "
                                "(max_ranks in the machine file); hybrid groups need exactly the ranks asked for");
+}
+
+// A round as results.json records it: prepare computed 6,000 image passes over 2 ranks
+// (8 rank-s), train 4 independent candidates (12 rank-s), evaluate 20 tasks (0.3 rank-s);
+// load, store and select took 0.5 s or more.
+nlohmann::json MeasuredRound() {
+  return nlohmann::json::parse(R"({
+    "round": 1,
+    "step_seconds": {"load": 0.6, "prepare": 6.0, "train": 7.0, "store": 0.5, "evaluate": 1.0, "select": 0.7},
+    "features": {"computed": [
+      {"rows": 4000, "ranks": 2, "per_rank": [{"seconds": 2.5}, {"seconds": 2.5}]},
+      {"rows": 2000, "ranks": 2, "per_rank": [{"seconds": 1.5}, {"seconds": 1.5}]}], "reused": []},
+    "training": {"mode": "independent", "processes": 2, "candidates": [
+      {"seconds": 3, "updates": 600}, {"seconds": 3, "updates": 600}, {"seconds": 3, "updates": 600},
+      {"seconds": 3, "updates": 600}]},
+    "evaluation": {"ranks": 2, "tasks": 20, "per_rank": [{"busy_s": 0.2, "works": true}, {"busy_s": 0.1, "works": true}]}
+  })");
+}
+
+TEST(Placement, MeasuresSharedWorkPerItemAndWhatDoesNotDivide) {
+  auto costs = MeasureRound(MeasuredRound(), TwoBackbones());
+  const StepCost& prep = costs.at("prepare");
+  EXPECT_DOUBLE_EQ(prep.work_s, 8.0);
+  EXPECT_EQ(prep.items, 6000);
+  EXPECT_EQ(prep.ranks, 2);
+  EXPECT_NEAR(prep.PerItem(), 8.0 / 6000, 1e-12);
+  EXPECT_DOUBLE_EQ(prep.serial_s, 6.0 - 8.0 / 2);
+  EXPECT_DOUBLE_EQ(costs.at("train").work_s, 12.0);  // independent: one rank per candidate
+  EXPECT_EQ(costs.at("train").items, 2400);
+  EXPECT_DOUBLE_EQ(costs.at("evaluate").work_s, 0.3);
+  EXPECT_DOUBLE_EQ(costs.at("load").work_s, 0.0);
+  // Round-trips through results.json.
+  StepCost back = StepCostFromJson(ToJson(prep), "costs/prepare");
+  EXPECT_DOUBLE_EQ(back.work_s, prep.work_s);
+  EXPECT_EQ(back.unit, "image pass");
+}
+
+TEST(Placement, RanksGetAtLeastOneProcessStartOfWorkWithinTheLimits) {
+  Pipeline p = TwoBackbones();
+  Machine m = LoadMachine("local");
+  nlohmann::json results = {{"run", "r"}, {"rounds", nlohmann::json::array({MeasuredRound()})}};
+  // 16 cores: prepare 8 rank-s / 0.5 s launch = 16 ranks; train capped by its 5
+  // independent candidates; evaluate's 0.3 rank-s is less than one start.
+  Placement pl = PlaceFromCosts(p, m, results, "runs/r/results.json", 16);
+  EXPECT_EQ(pl.ranks.at("prepare"), 16);
+  EXPECT_EQ(pl.ranks.at("train"), 5);
+  EXPECT_EQ(pl.ranks.at("evaluate"), 1);
+  ASSERT_EQ(pl.why.size(), 3u);
+  EXPECT_NE(pl.why[0].find("each rank gets >= 0.50 s of work"), std::string::npos) << pl.why[0];
+  EXPECT_NE(pl.why[1].find("5 candidates per round"), std::string::npos) << pl.why[1];
+  EXPECT_NE(pl.why[2].find("less than one process start"), std::string::npos) << pl.why[2];
+  // 2 cores: the local launcher does not oversubscribe them.
+  pl = PlaceFromCosts(p, m, results, "runs/r/results.json", 2);
+  EXPECT_EQ(pl.ranks.at("prepare"), 2);
+  EXPECT_NE(pl.why[0].find("the 2 cores of this machine"), std::string::npos) << pl.why[0];
+  // The placement reaches the plan.
+  RoundPlan plan = PlanRound(ApplyPlacement(p, pl), m, "run1", "mem://x", 1, FirstRound(p), {});
+  EXPECT_EQ(plan.tasks[1].ranks, 2);
+  EXPECT_EQ(plan.tasks[4].ranks, 1);
+}
+
+TEST(Placement, WithoutAnEarlierRunTheModuleLimitIsUsed) {
+  Placement pl = PlaceWithoutCosts(TwoBackbones(), LoadMachine("local"), 4);
+  EXPECT_EQ(pl.ranks.at("prepare"), 4);
+  EXPECT_EQ(pl.ranks.at("evaluate"), 4);
+  EXPECT_EQ(pl.ranks.at("train"), 4);
+  EXPECT_EQ(pl.source, "no earlier run");
+}
+
+TEST(Placement, HetjobHoldsEveryModuleForTheRoundChainedOnlyPerStep) {
+  Pipeline p = TwoBackbones();
+  Machine m = LoadMachine("local");
+  m.modules.at("esb").nodes = 2;
+  std::map<std::string, double> secs = {{"load", 1}, {"prepare", 4}, {"train", 3},
+                                        {"store", 1}, {"evaluate", 2}, {"select", 1}};
+  auto ns = MeasureNodeSeconds(secs, p, m, "hetjob", 20);
+  ASSERT_EQ(ns.size(), 3u);  // cm, dam, esb
+  EXPECT_EQ(ns[0].module, "cm");
+  EXPECT_DOUBLE_EQ(ns[0].held_s, 20);
+  EXPECT_DOUBLE_EQ(ns[0].used_s, 1);
+  EXPECT_EQ(ns[1].module, "dam");
+  EXPECT_DOUBLE_EQ(ns[1].used_s, 4 + 3 + 1 + 1);
+  EXPECT_EQ(ns[2].module, "esb");
+  EXPECT_DOUBLE_EQ(ns[2].held_s, 40);  // 2 nodes
+  EXPECT_DOUBLE_EQ(ns[2].used_s, 4);
+  std::string line = NodeSecondsSummary(ns, "hetjob", 6, 1.5);
+  EXPECT_NE(line.find("chained jobs would hold 14.0 node-s instead of 80.0 (cheaper"), std::string::npos) << line;
+  auto chained = MeasureNodeSeconds(secs, p, m, "chained", 20);
+  EXPECT_DOUBLE_EQ(chained[2].held_s, chained[2].used_s);
+  EXPECT_EQ(NodeSecondsSummary(chained, "chained", 6, 1.5).find("would hold"), std::string::npos);
 }
 
 TEST(Candidates, FirstRoundCoversBackbonesDeterministically) {

@@ -1,0 +1,265 @@
+#include "orchestrator/placement.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+using nlohmann::json;
+
+std::string Plural(const std::string& unit, int64_t n) {
+  if (n == 1) return unit;
+  return unit + (unit.back() == 's' ? "es" : "s");
+}
+
+double Num(const json& j, const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0; }
+
+// The steps whose work divides among ranks, and the unit of that work.
+const std::vector<std::pair<std::string, std::string>>& Divisible() {
+  static const std::vector<std::pair<std::string, std::string>> steps = {
+      {"prepare", "image pass"}, {"train", "training step"}, {"evaluate", "(model x shard) task"}};
+  return steps;
+}
+
+// What starting one module process costs: the shortest one-rank step of the round (load,
+// store, select do little besides starting, reading the task and reaching the NAM).
+double LaunchCost(const std::map<std::string, StepCost>& costs) {
+  double best = 0;
+  for (const char* s : {"load", "store", "select"}) {
+    auto it = costs.find(s);
+    if (it != costs.end() && it->second.wall_s > 0 && (best == 0 || it->second.wall_s < best)) best = it->second.wall_s;
+  }
+  return best > 0 ? best : 0.5;
+}
+
+int64_t Limit(const Machine& m, const workflow::StepSpec& s, unsigned cores, std::string* why) {
+  const ModuleSpec& mod = m.Module(s.module, "steps");
+  int64_t limit = mod.max_ranks;
+  *why = fmt::format("max_ranks {} of module {}", mod.max_ranks, s.module);
+  if (m.launcher == "local" && cores > 0 && static_cast<int64_t>(cores) < limit) {
+    limit = cores;
+    *why = fmt::format("the {} cores of this machine (module {} allows {})", cores, s.module, mod.max_ranks);
+  }
+  return std::max<int64_t>(1, limit);
+}
+
+// Train's ranks are the placement's only where the mode leaves them free.
+bool TrainRanksFree(const workflow::StepSpec& s) {
+  const std::string& mode = s.parallel.mode;
+  return mode == "auto" || mode == "independent" || mode == "sync";
+}
+
+}  // namespace
+
+json ToJson(const StepCost& c) {
+  return {{"ranks", c.ranks}, {"wall_s", c.wall_s}, {"work_s", c.work_s}, {"items", c.items},
+          {"unit", c.unit},   {"per_item_s", c.PerItem()}, {"serial_s", c.serial_s}};
+}
+
+StepCost StepCostFromJson(const json& j, const std::string& where) {
+  StepCost c;
+  try {
+    c.ranks = j.at("ranks");
+    c.wall_s = j.at("wall_s");
+    c.work_s = j.at("work_s");
+    c.items = j.at("items");
+    c.unit = j.at("unit");
+    c.serial_s = j.at("serial_s");
+  } catch (const json::exception& e) {
+    Throw(ErrorKind::kInvalidInput, where + ": not a step cost (" + e.what() + ")");
+  }
+  return c;
+}
+
+std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::Pipeline& p) {
+  std::map<std::string, StepCost> out;
+  const json steps = round.value("step_seconds", json::object());
+  for (const auto& [step, secs] : steps.items()) {
+    StepCost c;
+    c.step = step;
+    c.wall_s = secs.is_number() ? secs.get<double>() : 0;
+    auto it = p.steps.find(step);
+    c.ranks = it != p.steps.end() ? it->second.ranks : 1;
+    out[step] = c;
+  }
+  if (out.count("prepare") && round.contains("features")) {
+    StepCost& c = out["prepare"];
+    c.unit = "image pass";
+    for (const auto& e : round["features"].value("computed", json::array())) {
+      c.ranks = e.value("ranks", c.ranks);
+      c.items += e.value("rows", int64_t{0});
+      for (const auto& r : e.value("per_rank", json::array())) c.work_s += Num(r, "seconds");
+    }
+  }
+  if (out.count("train") && round.contains("training")) {
+    StepCost& c = out["train"];
+    const json& t = round["training"];
+    c.unit = "training step";
+    const std::string mode = t.value("mode", "");
+    c.ranks = t.value("processes", c.ranks);
+    // Independent candidates run on one rank each; the other modes keep every process busy.
+    const double per = mode == "independent" ? 1.0 : static_cast<double>(c.ranks);
+    for (const auto& e : t.value("candidates", json::array())) {
+      c.work_s += Num(e, "seconds") * per;
+      c.items += e.value("updates", int64_t{0});
+    }
+  }
+  if (out.count("evaluate") && round.contains("evaluation")) {
+    StepCost& c = out["evaluate"];
+    const json& e = round["evaluation"];
+    c.unit = "(model x shard) task";
+    c.ranks = e.value("ranks", c.ranks);
+    c.items = e.value("tasks", int64_t{0});
+    for (const auto& r : e.value("per_rank", json::array()))
+      if (r.value("works", true)) c.work_s += Num(r, "busy_s");
+  }
+  for (auto& [step, c] : out) c.serial_s = std::max(0.0, c.wall_s - c.work_s / static_cast<double>(std::max<int64_t>(1, c.ranks)));
+  return out;
+}
+
+Placement PlaceFromCosts(const workflow::Pipeline& p, const Machine& m, const json& results,
+                         const std::string& results_path, unsigned cores) {
+  Placement pl;
+  pl.source = fmt::format("run {} ({})", results.value("run", "?"), results_path);
+  // Per step, the round in which it worked most (round 1 computes the features; later
+  // rounds reuse them), and the launch cost measured in that round.
+  std::map<std::string, StepCost> most;
+  std::map<std::string, double> launch;
+  std::map<std::string, int> at_round;
+  for (const auto& r : results.value("rounds", json::array())) {
+    auto costs = MeasureRound(r, p);
+    for (const auto& [step, unit] : Divisible()) {
+      auto it = costs.find(step);
+      if (it == costs.end()) continue;
+      if (!most.count(step) || it->second.work_s > most[step].work_s) {
+        most[step] = it->second;
+        launch[step] = LaunchCost(costs);
+        at_round[step] = r.value("round", 0);
+      }
+    }
+  }
+  for (const auto& [step, unit] : Divisible()) {
+    auto sit = p.steps.find(step);
+    if (sit == p.steps.end()) continue;
+    const workflow::StepSpec& s = sit->second;
+    std::string limit_why;
+    int64_t limit = Limit(m, s, cores, &limit_why);
+    if (step == "train" && !TrainRanksFree(s)) {
+      pl.ranks[step] = s.ranks;
+      pl.why.push_back(fmt::format("{:<9} {} rank(s) as the pipeline says: mode {} fixes its layout", step, s.ranks,
+                                   s.parallel.mode));
+      continue;
+    }
+    if (step == "train" && s.parallel.mode != "sync" && p.rounds.candidates < limit) {
+      limit = std::max<int64_t>(1, p.rounds.candidates);
+      limit_why = fmt::format("{} candidates per round, trained independently", p.rounds.candidates);
+    }
+    if (!most.count(step) || most[step].work_s <= 0) {
+      pl.ranks[step] = 1;
+      pl.why.push_back(fmt::format("{:<9} 1 rank: {} measured no work to share (features reused?)", step,
+                                   pl.source));
+      continue;
+    }
+    const StepCost& c = most[step];
+    const double l = launch[step];
+    const auto by_work = static_cast<int64_t>(std::floor(c.work_s / l));
+    const int64_t r = std::clamp<int64_t>(by_work, 1, limit);
+    pl.ranks[step] = r;
+    const double predicted = c.serial_s + c.work_s / static_cast<double>(r);
+    std::string reason =
+        by_work < 1 ? fmt::format("its work is less than one process start ({:.2f} s)", l)
+        : by_work <= limit ? fmt::format("each rank gets >= {:.2f} s of work, the cost of starting a process", l)
+                           : "capped by " + limit_why;
+    pl.why.push_back(fmt::format(
+        "{:<9} {} rank{}: {:.2f} rank-s of work in round {} ({} {} at {:.3g} ms), {:.2f} s that does not divide; "
+        "predicted {:.1f} s; {}",
+        step, r, r > 1 ? "s" : "", c.work_s, at_round[step], c.items, Plural(c.unit, c.items), 1e3 * c.PerItem(),
+        c.serial_s, predicted, reason));
+  }
+  return pl;
+}
+
+Placement PlaceWithoutCosts(const workflow::Pipeline& p, const Machine& m, unsigned cores) {
+  Placement pl;
+  pl.source = "no earlier run";
+  for (const auto& [step, unit] : Divisible()) {
+    auto sit = p.steps.find(step);
+    if (sit == p.steps.end()) continue;
+    const workflow::StepSpec& s = sit->second;
+    std::string why;
+    int64_t r = Limit(m, s, cores, &why);
+    if (step == "train" && !TrainRanksFree(s)) {
+      pl.ranks[step] = s.ranks;
+      pl.why.push_back(fmt::format("{:<9} {} rank(s) as the pipeline says: mode {} fixes its layout", step, s.ranks,
+                                   s.parallel.mode));
+      continue;
+    }
+    if (step == "train" && s.parallel.mode != "sync" && p.rounds.candidates < r) {
+      r = std::max<int64_t>(1, p.rounds.candidates);
+      why = fmt::format("{} candidates per round, trained independently", p.rounds.candidates);
+    }
+    pl.ranks[step] = r;
+    pl.why.push_back(fmt::format("{:<9} {} rank{}: no measured costs yet, so {}", step, r, r > 1 ? "s" : "", why));
+  }
+  return pl;
+}
+
+workflow::Pipeline ApplyPlacement(workflow::Pipeline p, const Placement& pl) {
+  for (const auto& [step, r] : pl.ranks) {
+    auto it = p.steps.find(step);
+    if (it != p.steps.end()) it->second.ranks = r;
+  }
+  return p;
+}
+
+std::vector<NodeSeconds> MeasureNodeSeconds(const std::map<std::string, double>& step_seconds,
+                                            const workflow::Pipeline& p, const Machine& m, const std::string& mode,
+                                            double round_s) {
+  std::map<std::string, NodeSeconds> by_module;
+  for (const auto& [step, secs] : step_seconds) {
+    auto it = p.steps.find(step);
+    if (it == p.steps.end()) continue;
+    const ModuleSpec& mod = m.Module(it->second.module, "steps/" + step);
+    NodeSeconds& ns = by_module[mod.name];
+    ns.module = mod.name;
+    ns.nodes = mod.nodes;
+    ns.used_s += secs * static_cast<double>(mod.nodes);
+  }
+  std::vector<NodeSeconds> out;
+  for (auto& [name, ns] : by_module) {
+    ns.held_s = mode == "chained" ? ns.used_s : round_s * static_cast<double>(ns.nodes);
+    out.push_back(ns);
+  }
+  return out;
+}
+
+std::string NodeSecondsSummary(const std::vector<NodeSeconds>& ns, const std::string& mode, size_t steps,
+                               double job_start_s) {
+  double held = 0, used = 0;
+  std::string parts;
+  for (const auto& n : ns) {
+    held += n.held_s;
+    used += n.used_s;
+    parts += fmt::format("{}{} held {:.1f} used {:.1f}", parts.empty() ? "" : ", ", n.module, n.held_s, n.used_s);
+  }
+  std::string s = fmt::format("node-seconds ({}): {}; {:.0f} % of what was held was used", mode, parts,
+                              held > 0 ? 100 * used / held : 0.0);
+  if (mode != "chained") {
+    // Chained jobs hold each module for its step only, and wait in the queue once per step.
+    const double chained = used;
+    const double waits = job_start_s * static_cast<double>(steps);
+    s += chained < held
+             ? fmt::format("; chained jobs would hold {:.1f} node-s instead of {:.1f} (cheaper, for ~{:.0f} s more "
+                           "of queue waits: {} jobs at ~{:.1f} s each)",
+                           chained, held, waits, steps, job_start_s)
+             : fmt::format("; chained jobs would hold as much ({:.1f} node-s) and add {} queue waits", chained, steps);
+  }
+  return s;
+}
+
+}  // namespace msaflow::orchestrator

@@ -1,0 +1,71 @@
+// Placement from measured costs: what each step cost in a run (work that ranks share, work
+// they do not, the cost of starting a process), ranks per step chosen from those figures and
+// the machine's limits with the reason for each, and node-seconds held and used under Slurm.
+// Pure: results JSON in, figures and decisions out (the CLI reads and prints them).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "orchestrator/machine.h"
+#include "workflow/pipeline.h"
+
+namespace msaflow::orchestrator {
+
+// One step's measured cost in one round.
+struct StepCost {
+  std::string step;
+  int64_t ranks = 1;      // the ranks it ran with
+  double wall_s = 0;      // the step's wall time (launch to exit)
+  double work_s = 0;      // rank-seconds of work the ranks shared (divides by the ranks)
+  int64_t items = 0;      // ... over this many items
+  std::string unit;       // "image pass", "training step", "(model x shard) task"
+  double serial_s = 0;    // the rest: start-up, reading datasets, committing (does not divide)
+  double PerItem() const { return items ? work_s / static_cast<double>(items) : 0; }
+};
+
+// The costs of a round as `msaflow run` records them in results.json ("costs"): from the
+// step summaries (features, training, evaluation) and step_seconds of that round.
+// Steps without shared work (load, store, select; prepare when every feature was reused)
+// have work_s 0.
+std::map<std::string, StepCost> MeasureRound(const nlohmann::json& round, const workflow::Pipeline& p);
+nlohmann::json ToJson(const StepCost& c);
+StepCost StepCostFromJson(const nlohmann::json& j, const std::string& where);
+
+// Ranks for prepare, train and evaluate from the costs measured in a run (the round that
+// did the most work of each step), within each module's max_ranks and, for the local
+// launcher, this machine's cores. Rule: as many ranks as have each at least `launch_s` of
+// work (the measured cost of starting a module process), so launching never costs more than
+// it saves. `why` has one line per step.
+struct Placement {
+  std::map<std::string, int64_t> ranks;
+  std::vector<std::string> why;
+  std::string source;  // "run <id> (<results file>)" or "no earlier run"
+};
+Placement PlaceFromCosts(const workflow::Pipeline& p, const Machine& m, const nlohmann::json& results,
+                         const std::string& results_path, unsigned cores);
+// With no earlier run: every divisible step on the module's limit.
+Placement PlaceWithoutCosts(const workflow::Pipeline& p, const Machine& m, unsigned cores);
+// The pipeline with the placement's ranks (train's mode auto re-resolved by the planner).
+workflow::Pipeline ApplyPlacement(workflow::Pipeline p, const Placement& pl);
+
+// Node-seconds held and used per module in a round under Slurm. hetjob/single hold every
+// module of the round for the whole round; chained jobs hold a module only while its step
+// runs. `chained_s` is what chained jobs would have held (the steps' own node-seconds).
+struct NodeSeconds {
+  std::string module;
+  int64_t nodes = 1;
+  double held_s = 0, used_s = 0;
+};
+std::vector<NodeSeconds> MeasureNodeSeconds(const std::map<std::string, double>& step_seconds,
+                                            const workflow::Pipeline& p, const Machine& m, const std::string& mode,
+                                            double round_s);
+// One line: held vs used, and whether chained jobs would hold fewer node-seconds (they pay a
+// queue wait per step instead, `job_start_s` each, measured or assumed).
+std::string NodeSecondsSummary(const std::vector<NodeSeconds>& ns, const std::string& mode, size_t steps,
+                               double job_start_s);
+
+}  // namespace msaflow::orchestrator
