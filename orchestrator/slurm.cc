@@ -540,7 +540,15 @@ void SlurmLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
       if (int sig = InterruptSignal()) {
         // The coordinator is asked to stop: its jobs go with it.
         for (const auto& j : jobs) runner_->Cancel(j);
-        std::this_thread::sleep_for(std::chrono::seconds(1));  // let Slurm end the steps first
+        // Let Slurm end the steps and clean up (COMPLETING) before the coordinator goes, so
+        // nothing of the run is left in the queue: at most 30 s, then the leftovers below.
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        for (bool gone = false; !gone && std::chrono::steady_clock::now() < give_up;) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          gone = true;
+          for (const auto& j : jobs)
+            for (const auto& c : ParseShowJob(runner_->Show(j))) gone = gone && IsTerminal(c.state);
+        }
         int leftovers = EndLeftoverSruns(ReadProgress(sp.progress));
         std::string list;
         for (const auto& j : jobs) list += (list.empty() ? "" : ", ") + j;

@@ -147,6 +147,20 @@ class Slurm(unittest.TestCase):
             train_log = f.read()
         self.assertIn("[sync on 2 ranks]", train_log)
         self.assertEqual(set(re.findall(r"^rank (\d)/2 on node dam01 ", train_log, re.M)), {"0", "1"})
+        # Held vs used: the hetjob holds cm, dam and esb for the whole round and uses each for
+        # its steps only; chained jobs would hold only the steps' node-seconds.
+        for rnd in het["rounds"]:
+            ns = rnd["node_seconds"]
+            self.assertEqual(ns["mode"], "hetjob")
+            mods = {m["module"]: m for m in ns["modules"]}
+            self.assertEqual(set(mods), {"cm", "dam", "esb"})
+            for m in mods.values():
+                self.assertGreater(m["used_s"], 0)
+                self.assertLessEqual(m["used_s"], m["held_s"] + 0.5)
+                self.assertAlmostEqual(m["held_s"], ns["round_s"] * m["nodes"], places=6)
+            self.assertLess(mods["cm"]["used_s"], mods["cm"]["held_s"])  # cm runs load only
+        self.assertRegex(r.stdout, r"node-seconds \(hetjob\): cm held [\d.]+ used [\d.]+, dam held")
+        self.assertIn("chained jobs would hold", r.stdout)
         st = self.run_msaflow("status", os.path.join(runs, "het"))
         self.assertIn("COMPLETED", st.stdout)
         self.assertIn("state: finished", st.stdout)
@@ -157,6 +171,10 @@ class Slurm(unittest.TestCase):
         r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "nohet-chain", "--machine", MACHINE)
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
         ch = self.results("nohet-chain")
+        for rnd in ch["rounds"]:  # chained jobs hold a module only while its step runs
+            self.assertEqual(rnd["node_seconds"]["mode"], "chained")
+            for m in rnd["node_seconds"]["modules"]:
+                self.assertEqual(m["held_s"], m["used_s"])
         self.assertEqual(ch["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
         self.assertAlmostEqual(ch["champion"]["accuracy"], local["champion"]["accuracy"])
         ev = events(os.path.join(runs, "nohet-chain"))
