@@ -17,12 +17,14 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "modules/steps.h"
 #include "parallel/mpi_comm.h"
 #include "nam/fabric_store.h"
 #include "nam/pool.h"
 #include "nam/server.h"
 #include "nam/store.h"
+#include "nam/verify.h"
 #include "orchestrator/launcher.h"
 #include "orchestrator/machine.h"
 #include "orchestrator/placement.h"
@@ -227,6 +229,10 @@ int main(int argc, char** argv) {
   add_nam(nrm);
   auto* ndf = nam_cmd->add_subcommand("df", "Show a NAM server's capacity and use");
   add_nam(ndf);
+  bool repair = false;
+  auto* nverify = nam_cmd->add_subcommand("verify", "Read every object, check every checksum, list the damaged ones");
+  nverify->add_flag("--repair", repair, "move the damaged objects aside (DIR/DAMAGED/), so reads say 'no object'");
+  add_nam(nverify);
 
   try {
     app.parse(argc, argv);
@@ -243,6 +249,7 @@ int main(int argc, char** argv) {
       for (const auto& b : p.backbones)
         if (b.kind == "onnx" && !PathExists(b.onnx))
           Throw(ErrorKind::kNotFound, pipeline_path + ": /backbones: " + b.onnx + ": no such file");
+      orchestrator::NamFor(p, m, runs_dir);  // the NAM URI as a run would use it
       // The train layout against the machine (ranks + servers within the module's max_ranks).
       const auto& train = p.steps.at("train");
       auto layout = orchestrator::ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
@@ -395,6 +402,9 @@ int main(int argc, char** argv) {
         if (as_json) {
           std::printf("%s\n", nlohmann::json({{"name", i.name}, {"size", i.size}, {"checksum", i.checksum},
                                                {"version", i.version}, {"meta", i.meta}}).dump().c_str());
+        } else if (i.meta.contains("damaged")) {
+          std::printf("%12s  %-5s %-16s  %s  (%s)\n", "-", "-", "DAMAGED", i.name.c_str(),
+                      i.meta["damaged"].get<std::string>().c_str());
         } else {
           std::printf("%12llu  v%-4llu %s  %s\n", static_cast<unsigned long long>(i.size),
                       static_cast<unsigned long long>(i.version), i.checksum.c_str(), i.name.c_str());
@@ -407,6 +417,17 @@ int main(int argc, char** argv) {
       if (!store->Remove(obj_name)) Throw(ErrorKind::kNotFound, "NAM " + store->Uri() + ": no object '" + obj_name + "'");
       std::printf("removed %s\n", obj_name.c_str());
       return 0;
+    }
+    if (*nverify) {
+      auto store = nam::OpenStore(NamUri(nam_uri));
+      nam::VerifyReport r = nam::Verify(*store, repair);
+      for (const auto& d : r.damaged)
+        std::printf("DAMAGED %s: %s%s\n", Printable(d.name, 300).c_str(), d.why.c_str(),
+                    d.moved_to.empty() ? "" : ("\n  -> " + d.moved_to).c_str());
+      std::printf("%s: %lld objects checked, %s of good data, %zu damaged%s\n", store->Uri().c_str(),
+                  static_cast<long long>(r.objects), HumanBytes(static_cast<double>(r.bytes)).c_str(), r.damaged.size(),
+                  r.damaged.empty() ? "" : repair ? " (moved aside)" : " (run with --repair to move them aside)");
+      return r.damaged.empty() || repair ? 0 : ExitCode(ErrorKind::kCorrupt);
     }
     if (*ndf) {
       std::string uri = NamUri(nam_uri);

@@ -62,6 +62,7 @@ std::string ReadFile(const std::string& path) {
 void WriteFileAtomic(const std::string& path, std::string_view data) { WriteFileAtomic(path, {data}); }
 
 bool IsAtomicWriteLeftover(const std::string& file_name) {
+  // ".tmp.<pid>.<random>" (and "<name>.tmp.<pid>.<random>" from earlier versions).
   size_t t = file_name.rfind(".tmp.");
   if (t == std::string::npos) return false;
   std::string rest = file_name.substr(t + 5);
@@ -76,10 +77,17 @@ void WriteFileAtomic(const std::string& path, std::initializer_list<std::string_
   std::filesystem::path p(path);
   std::string dir = p.parent_path().string();
   if (!dir.empty()) MakeDirs(dir);
+  // A short temporary name beside the target (rename is atomic within a directory), whatever
+  // the length of the target's own name.
   thread_local std::mt19937_64 rng{std::random_device{}()};
-  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rng() % 1000000);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) ThrowErrno("create " + tmp);
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    tmp = (dir.empty() ? std::string() : dir + "/") + ".tmp." + std::to_string(::getpid()) + "." +
+          std::to_string(rng() % 1000000000);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && (errno != EEXIST || attempt >= 8)) ThrowErrno("create " + tmp + " (to write " + path + ")");
+  }
   try {
     for (std::string_view data : parts) WriteAll(fd, data, tmp);
     if (::fsync(fd) != 0) ThrowErrno("fsync " + tmp);

@@ -55,4 +55,28 @@ std::string HumanBytes(double bytes) {
   return buf;
 }
 
+std::string Printable(std::string_view s, size_t max) {
+  std::string out;
+  const size_t n = std::min(s.size(), max);
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else if (c < 0x20 || c >= 0x7f) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > max) out += "… (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
 }  // namespace msaflow

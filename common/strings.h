@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace msaflow {
@@ -10,6 +11,9 @@ std::string Join(const std::vector<std::string>& parts, const std::string& sep);
 size_t EditDistance(const std::string& a, const std::string& b);
 // " — did you mean \"x\"?" for the closest candidate within a small edit distance, else "".
 std::string DidYouMean(const std::string& got, const std::vector<std::string>& candidates);
+// `s` fit for one line of an error message: control bytes, NUL and bytes >= 0x7f as \n, \t,
+// \xHH; cut after `max` bytes with "… (N bytes)".
+std::string Printable(std::string_view s, size_t max = 80);
 // "1.5 KiB", "3.2 MiB".
 std::string HumanBytes(double bytes);
 

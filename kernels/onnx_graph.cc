@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <set>
 
 #include "common/error.h"
@@ -104,6 +106,37 @@ std::vector<int> NeededNodes(const onnx::GraphProto& g, const std::string& origi
   return out;
 }
 
+// Among the needed nodes, a chain of tensors that leads from `start`'s output back to it
+// ("a -> b -> a"), or "" when there is no cycle through it.
+std::string CycleThrough(const onnx::GraphProto& g, const std::vector<int>& need, int start) {
+  std::map<std::string, int> producer;
+  for (int i : need)
+    for (const auto& o : g.node(i).output()) producer[o] = i;
+  // Depth-first from start's inputs, remembering the path of node indices.
+  std::vector<int> path{start};
+  std::set<int> seen;
+  std::function<bool(int)> reaches = [&](int node) -> bool {
+    for (const auto& in : g.node(node).input()) {
+      auto it = producer.find(in);
+      if (it == producer.end()) continue;
+      if (it->second == start) return true;
+      if (!seen.insert(it->second).second) continue;
+      path.push_back(it->second);
+      if (reaches(it->second)) return true;
+      path.pop_back();
+    }
+    return false;
+  };
+  if (!reaches(start)) return "";
+  std::string chain;
+  for (auto it = path.rbegin(); it != path.rend(); ++it) {
+    const auto& n = g.node(*it);
+    chain += (chain.empty() ? "" : " -> ") + (n.output_size() ? n.output(0) : "#" + std::to_string(*it));
+  }
+  const auto& last = g.node(path.back());
+  return chain + " -> " + (last.output_size() ? last.output(0) : "#" + std::to_string(path.back()));
+}
+
 }  // namespace
 
 int64_t Node::Int(const std::string& a, int64_t dflt) const {
@@ -134,6 +167,9 @@ Graph ImportOnnx(const std::string& bytes, const std::string& origin, const std:
   for (const auto& init : g.initializer()) out.consts[init.name()] = ToConst(init, origin);
 
   std::vector<int> need = NeededNodes(g, origin, cut);
+  std::map<std::string, int> producer_of;  // among the needed nodes
+  for (int idx : need)
+    for (const auto& o : g.node(idx).output()) producer_of[o] = idx;
   std::set<std::string> produced;
   for (int idx : need) {
     const auto& np = g.node(idx);
@@ -170,6 +206,14 @@ Graph ImportOnnx(const std::string& bytes, const std::string& origin, const std:
     }
     for (const auto& in : n.inputs) {
       if (in.empty() || out.consts.count(in) || produced.count(in)) continue;
+      if (producer_of.count(in)) {
+        // Produced, but by a node further on: a cycle, or nodes out of order.
+        std::string cycle = CycleThrough(g, need, idx);
+        if (!cycle.empty())
+          Throw(ErrorKind::kInvalidInput, where + ": the graph has a cycle (" + cycle + "); an ONNX graph must be acyclic");
+        Throw(ErrorKind::kInvalidInput, where + ": reads '" + in + "' before the node producing it; ONNX requires the "
+                                                "nodes in topological order");
+      }
       if (out.input.empty()) {
         out.input = in;
       } else if (out.input != in) {

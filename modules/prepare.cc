@@ -134,7 +134,13 @@ void Prepare(StepContext& c) {
       const kernels::ImageSet& ds = data[split];
       std::string key = workflow::FeaturesObject(bb_digest, ds.Digest());
       nlohmann::json entry = {{"backbone", bb.name}, {"split", split}, {"object", key}, {"rows", ds.count}};
-      int reuse = c.root() && c.store->Stat(key) ? 1 : 0;  // rank 0 decides for all
+      int reuse = 0;  // rank 0 decides for all
+      if (c.root()) {
+        auto info = c.store->Stat(key);
+        // Features written before they came in parts have no part_rows: computed again.
+        reuse = info && info->meta.contains("part_rows") ? 1 : 0;
+        if (info && !reuse) c.Say(fmt::format("features {}/{}: {} is in an older layout; computing it again", bb.name, split, key));
+      }
       c.comm->Bcast(&reuse, sizeof reuse, 0);
       if (reuse) {
         if (c.root()) c.Say(fmt::format("features {}/{}: reused {} (backbone not run)", bb.name, split, key));

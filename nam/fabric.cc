@@ -42,8 +42,12 @@ std::unique_ptr<Endpoint> Endpoint::Open(const std::string& provider, const std:
                                          const std::string& service, bool server) {
   std::unique_ptr<Endpoint> e(new Endpoint());
   e->provider_ = ProviderName(provider);
+  // A server's errors name the address it was to listen on ("Address already in use" of
+  // which port?); a client's name the server it was to reach.
+  const std::string where = (server ? "listening on " : "reaching ") + node + ":" + service;
   auto fail = [&](const std::string& what, ssize_t rc) {
-    Throw(ErrorKind::kUnavailable, "libfabric provider '" + e->provider_ + "': " + what + ": " + FabricError(rc));
+    Throw(ErrorKind::kUnavailable,
+          "libfabric provider '" + e->provider_ + "', " + where + ": " + what + ": " + FabricError(rc));
   };
   fi_info* hints = fi_allocinfo();
   if (!hints) Throw(ErrorKind::kInternal, "fi_allocinfo failed");
@@ -108,7 +112,7 @@ std::unique_ptr<Endpoint> Endpoint::Open(const std::string& provider, const std:
     std::string name = ShmName(service);
     if ((rc = fi_setname(&e->ep_->fid, name.data(), name.size() + 1))) fail("fi_setname " + name, rc);
   }
-  if ((rc = fi_enable(e->ep_))) fail(server ? "listen on " + node + ":" + service : "fi_enable", rc);
+  if ((rc = fi_enable(e->ep_))) fail("fi_enable", rc);
   return e;
 }
 

@@ -149,16 +149,34 @@ std::vector<ObjectInfo> FileStore::List(const std::string& prefix) {
     if (rel.size() < 4 || rel.compare(rel.size() - 4, 4, ".nam") != 0) continue;
     std::string name = rel.substr(0, rel.size() - 4);
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    if (!IsObjectName(name)) continue;  // not an object file (DAMAGED/, a foreign file)
     try {
-      ValidateObjectName(name);
       out.push_back(ReadObject(name, nullptr));
     } catch (const Error& e) {
       if (e.kind() == ErrorKind::kNotFound) continue;  // removed while listing
-      throw;
+      if (e.kind() != ErrorKind::kCorrupt) throw;
+      ObjectInfo damaged;
+      damaged.name = name;
+      damaged.meta = {{"damaged", e.what()}};
+      out.push_back(std::move(damaged));
     }
   }
   std::sort(out.begin(), out.end(), [](const ObjectInfo& a, const ObjectInfo& b) { return a.name < b.name; });
   return out;
+}
+
+std::string FileStore::MoveAside(const std::string& name) {
+  ValidateObjectName(name);
+  DirLock lock(dir_);
+  const std::string from = PathOf(name);
+  std::string to = dir_ + "/DAMAGED/" + name + ".nam";
+  MakeDirs(std::filesystem::path(to).parent_path().string());
+  for (int i = 1; PathExists(to); ++i) to = dir_ + "/DAMAGED/" + name + ".nam." + std::to_string(i);
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    if (errno == ENOENT) Throw(ErrorKind::kNotFound, "NAM " + Uri() + ": no object '" + name + "'");
+    ThrowErrno("rename " + from + " -> " + to);
+  }
+  return to;
 }
 
 bool FileStore::Remove(const std::string& name) {

@@ -2,6 +2,8 @@
 //   "MSANAM01" | u32 LE header length | header JSON | object bytes
 // Puts write a temporary file, fsync it and rename it into place (atomic publish); a lock
 // file (flock) orders concurrent puts of several processes so versions increase.
+// List shows an object file that cannot be read (bad magic, header, size) with size 0, no
+// checksum and meta {"damaged": why}, rather than failing the listing; Get of it is kCorrupt.
 #pragma once
 
 #include "nam/store.h"
@@ -22,6 +24,9 @@ class FileStore : public Store {
   std::string Uri() const override { return "file://" + dir_; }
 
   std::string PathOf(const std::string& name) const { return dir_ + "/" + name + ".nam"; }
+  // Moves an object's file into DIR/DAMAGED/ (not an object name, so no longer listed or
+  // read), keeping its path; returns where it went. kNotFound if there is no such file.
+  std::string MoveAside(const std::string& name);
   const std::string& dir() const { return dir_; }
 
   // For the NAM server's persistence: writes an object file with the info the server chose

@@ -127,6 +127,9 @@ struct Server::Impl {
   int persist_lock_fd = -1;
   std::map<std::string, Stored> index;
   std::map<std::string, uint64_t> versions;  // highest version handed out per name
+  // Persisted objects that could not be read at start: name -> why. Reads of them are
+  // kCorrupt (not "no object"); a put replaces them; removing one moves its file aside.
+  std::map<std::string, std::string> damaged;
   std::map<uint64_t, Session> sessions;
   std::map<uint64_t, PendingPut> puts;
   std::map<std::string, fi_addr_t> av;       // raw address -> AV entry
@@ -231,8 +234,8 @@ struct Server::Impl {
       std::string rel = std::filesystem::relative(it->path(), dir).string();
       if (rel.size() < 5 || rel.compare(rel.size() - 4, 4, ".nam") != 0) continue;
       std::string name = rel.substr(0, rel.size() - 4);
+      if (!IsObjectName(name)) continue;  // not an object file (DAMAGED/, a foreign file)
       try {
-        ValidateObjectName(name);
         Stored s;
         s.info = persist->ReadObject(name, nullptr);
         s.persisted = true;
@@ -241,12 +244,15 @@ struct Server::Impl {
         ++loaded;
       } catch (const Error& e) {
         ++bad;
-        Log("skipping persisted object " + rel + ": " + e.what());
+        damaged[name] = e.what();
+        Log("DAMAGED persisted object '" + name + "': " + e.what());
       }
     }
     Log("persist " + dir + ": " + std::to_string(loaded) + " objects indexed (loaded on first use)" +
         (leftovers ? ", " + std::to_string(leftovers) + " uncommitted leftovers removed" : "") +
-        (bad ? ", " + std::to_string(bad) + " unreadable skipped" : ""));
+        (bad ? ", " + std::to_string(bad) + " DAMAGED (reads of them fail as corrupt; `msaflow nam verify --repair` "
+                                            "moves them aside)"
+             : ""));
   }
 
   std::string Uri() const {
@@ -370,9 +376,27 @@ struct Server::Impl {
   }
 
   // Makes an object resident (reloading it from the persist directory) and returns it.
+  // The first damaged objects' names, as many as a reply holds with room to spare.
+  json DamagedNames() const {
+    json names = json::array();
+    for (const auto& [name, why] : damaged) {
+      if (names.size() >= 64) break;
+      names.push_back(name);
+    }
+    return names;
+  }
+
+  [[noreturn]] void Missing(const std::string& name) {
+    auto d = damaged.find(name);
+    if (d != damaged.end())
+      Fail(Status::kCorrupt, "object '" + name + "' is damaged in the persist directory: " + d->second +
+                                 " (`msaflow nam verify --repair` moves it aside)");
+    Fail(Status::kNotFound, "no object '" + name + "'");
+  }
+
   Stored& Resident(const std::string& name) {
     auto it = index.find(name);
-    if (it == index.end()) Fail(Status::kNotFound, "no object '" + name + "'");
+    if (it == index.end()) Missing(name);
     Stored& s = it->second;
     s.last_use = ++tick;
     if (s.region) return s;
@@ -417,6 +441,7 @@ struct Server::Impl {
       }
     }
     versions[name] = info.version;
+    damaged.erase(name);  // the damaged file was just replaced
     Stored& s = index[name];
     s.info = info;
     s.persisted = persisted;
@@ -557,7 +582,7 @@ struct Server::Impl {
       case Op::kStat: {
         std::string name = Name(b);
         auto it = index.find(name);
-        if (it == index.end()) Fail(Status::kNotFound, "no object '" + name + "'");
+        if (it == index.end()) Missing(name);
         return {{"info", InfoJson(it->second.info)}};
       }
       case Op::kList: {
@@ -583,7 +608,19 @@ struct Server::Impl {
       case Op::kRemove: {
         std::string name = Name(b);
         auto it = index.find(name);
-        if (it == index.end()) return {{"removed", false}};
+        if (it == index.end()) {
+          auto d = damaged.find(name);
+          if (d == damaged.end()) return {{"removed", false}};
+          std::string to;
+          try {
+            to = persist->MoveAside(name);
+          } catch (const Error& e) {
+            Fail(Status::kInternal, std::string("moving damaged object aside: ") + e.what());
+          }
+          damaged.erase(d);
+          Log("damaged object '" + name + "' moved aside to " + to);
+          return {{"removed", true}, {"moved_to", to}};
+        }
         if (it->second.persisted) {
           std::string path = persist->PathOf(name);
           if (::unlink(path.c_str()) != 0 && errno != ENOENT)
@@ -600,7 +637,8 @@ struct Server::Impl {
         return {{"capacity", pool->capacity()}, {"used", pool->used()}, {"largest_free", pool->largest_free()},
                 {"objects", index.size()}, {"resident", resident}, {"pinned", pinned},
                 {"uncommitted", puts.size()}, {"sessions", sessions.size()},
-                {"persist", persist ? persist->dir() : ""}, {"requests", requests}, {"rejected", rejected}};
+                {"persist", persist ? persist->dir() : ""}, {"requests", requests}, {"rejected", rejected},
+                {"damaged", damaged.size()}, {"damaged_names", DamagedNames()}};
       }
       case Op::kBye:
         return json::object();

@@ -1,6 +1,7 @@
 #include "nam/store.h"
 
 #include "common/error.h"
+#include "common/strings.h"
 #include "nam/fabric_store.h"
 #include "nam/fault_store.h"
 #include "nam/file_store.h"
@@ -10,10 +11,10 @@ namespace msaflow::nam {
 
 void ValidateObjectName(const std::string& name) {
   auto bad = [&](const std::string& why) {
-    Throw(ErrorKind::kInvalidInput, "NAM object name '" + name + "': " + why);
+    Throw(ErrorKind::kInvalidInput, "NAM object name '" + Printable(name) + "': " + why);
   };
   if (name.empty()) bad("empty");
-  if (name.size() > 255) bad("longer than 255 bytes");
+  if (name.size() > kMaxName) bad(std::to_string(name.size()) + " bytes, longer than " + std::to_string(kMaxName));
   size_t start = 0;
   while (start <= name.size()) {
     size_t end = name.find('/', start);
@@ -21,11 +22,23 @@ void ValidateObjectName(const std::string& name) {
     std::string seg = name.substr(start, end - start);
     if (seg.empty()) bad("empty segment (expected segments of [a-z0-9._-] joined by '/')");
     if (seg == "." || seg == "..") bad("segment '" + seg + "' is not allowed");
+    if (seg.size() > kMaxSegment)
+      bad("a segment of " + std::to_string(seg.size()) + " bytes, longer than " + std::to_string(kMaxSegment) +
+          " (a segment is a file name, with \".nam\", in file:// stores and persist directories)");
     for (char c : seg) {
       bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-      if (!ok) bad(std::string("character '") + c + "' not allowed (expected [a-z0-9._-])");
+      if (!ok) bad("character '" + Printable(std::string(1, c)) + "' not allowed (expected [a-z0-9._-])");
     }
     start = end + 1;
+  }
+}
+
+bool IsObjectName(const std::string& name) {
+  try {
+    ValidateObjectName(name);
+    return true;
+  } catch (const Error&) {
+    return false;
   }
 }
 

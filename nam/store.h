@@ -1,10 +1,10 @@
 // The NAM store: named objects every step reads and writes. docs/nam.md is the contract.
 //
 // Names are `/`-joined segments of [a-z0-9._-] (no empty segment, no "." or ".."), at most
-// 255 bytes. An object is bytes + small JSON metadata + an XXH3-64 checksum of the bytes + a
-// version that increases on every put of the same name. A put publishes atomically: readers
-// see the whole old object or the whole new one. Every Get verifies the checksum and throws
-// kCorrupt on mismatch.
+// 255 bytes, a segment at most 251. An object is bytes + small JSON metadata + an XXH3-64
+// checksum of the bytes + a version that increases on every put of the same name. A put
+// publishes atomically: readers see the whole old object or the whole new one. Every Get
+// verifies the checksum and throws kCorrupt on mismatch.
 //
 // Backends: mem://NAME (process-local, for tests), file://DIR (a shared filesystem),
 // fabric://HOST:PORT (the NAM server, `msaflow nam serve`; docs/nam-protocol.md).
@@ -52,8 +52,13 @@ class Store {
   virtual std::string Uri() const = 0;
 };
 
+// Names are at most kMaxName bytes, each segment at most kMaxSegment (segment + ".nam" is a
+// file name on file:// stores, and file names end at 255 bytes).
+inline constexpr size_t kMaxName = 255;
+inline constexpr size_t kMaxSegment = 251;
 // Throws kInvalidInput naming the problem ("NAM object name 'a//b': empty segment").
 void ValidateObjectName(const std::string& name);
+bool IsObjectName(const std::string& name);
 
 // Opens a store by URI. Throws kInvalidInput for an unknown scheme (with the known ones).
 std::unique_ptr<Store> OpenStore(const std::string& uri);

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "nam/fabric_store.h"
 #include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/nam_process.h"
@@ -69,15 +70,19 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   std::string dir = std::filesystem::absolute(opt.runs_dir + "/" + id).lexically_normal().string();
   if (PathExists(dir + "/journal.jsonl"))
     Throw(ErrorKind::kInvalidInput, "run directory " + dir + " already holds a run; choose another --run-id");
+  std::string nam_uri = NamFor(p, m, opt.runs_dir);  // refuses a malformed NAM URI before anything is written
   MakeDirs(dir + "/tasks");
   MakeDirs(dir + "/logs");
   WriteFileAtomic(dir + "/pipeline.json", p.source.dump(2) + "\n");
-  std::string nam_uri = NamFor(p, m, opt.runs_dir);
+  // The journal from the first moment: a run that fails to start says why in it.
+  Journal journal(dir + "/journal.jsonl");
+  journal.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"launcher", m.launcher},
+                             {"nam", nam_uri == "serve" ? std::string("a NAM server started for the run") : nam_uri}});
   if (m.launcher == "slurm" && !m.slurm.conf.empty())
     ::setenv("SLURM_CONF", m.slurm.conf.c_str(), 1);  // for the jobs' own srun, and the NAM's
   std::unique_ptr<NamServerProcess> nam_server;
   nlohmann::json nam_event;
-  if (nam_uri == "serve") {
+  if (nam_uri == "serve") try {
     if (opt.msaflow_exe.empty()) Throw(ErrorKind::kInternal, "RunPipeline: no msaflow binary to start the NAM server");
     std::string persist = std::filesystem::absolute(opt.runs_dir + "/nam").lexically_normal().string();
     NamLaunch launch = NamLaunchFor(m, id, dir);
@@ -92,6 +97,9 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
                  m.nam.capacity.c_str(), persist.c_str());
     nam_event = {{"uri", nam_uri}, {"pid", nam_server->pid()}, {"persist", persist}, {"capacity", m.nam.capacity},
                  {"module", m.nam.module}, {"slurm_job", nam_server->slurm_job()}, {"node", nam_server->node()}};
+  } catch (const Error& e) {
+    journal.Event("run-failed", {{"round", 0}, {"error", std::string("starting the NAM server: ") + e.what()}});
+    throw;
   }
   auto store = nam::OpenStore(nam_uri);
   std::unique_ptr<Launcher> own_launcher;
@@ -104,9 +112,6 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     }
   }
   Launcher& launcher = given_launcher ? *given_launcher : *own_launcher;
-  Journal journal(dir + "/journal.jsonl");
-  journal.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"launcher", m.launcher},
-                             {"nam", nam_uri}});
   if (!nam_event.is_null()) journal.Event("nam-server", nam_event);
   std::fprintf(out, "run %s: pipeline %s on machine %s, NAM %s\n  run directory %s\n", id.c_str(), p.name.c_str(),
                m.name.c_str(), nam_uri.c_str(), dir.c_str());
@@ -317,6 +322,13 @@ NamLaunch NamLaunchFor(const Machine& m, const std::string& run_id, const std::s
 }
 
 std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir) {
+  if (p.nam.rfind("fabric://", 0) == 0) {
+    try {
+      nam::ParseFabricUri(p.nam);  // host, port (1..65535), options: refused now, not at the first step
+    } catch (const Error& e) {
+      Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": /nam: " + e.what());
+    }
+  }
   if (!p.nam.empty()) return p.nam;
   if (!m.nam.uri.empty()) return m.nam.uri;
   if (m.nam.serve) return "serve";

@@ -105,6 +105,57 @@ class Cli(unittest.TestCase):
         self.assertEqual(s.returncode, 0)
         self.assertIn("state: failed: task r1-load", s.stdout)
 
+    def absolute_quickstart(self):
+        doc = self.quickstart()
+        base = os.path.join(ROOT, "pipelines")
+        for split in doc["datasets"].values():
+            for k in ("images", "labels"):
+                split[k] = os.path.normpath(os.path.join(base, split[k]))
+        for b in doc["backbones"]:
+            if "onnx" in b:
+                b["onnx"] = os.path.normpath(os.path.join(base, b["onnx"]))
+        return doc
+
+    def test_a_nam_port_out_of_range_is_refused_before_anything_is_written(self):
+        # Issue 14: validate passed it and the failed run left a run directory without a journal.
+        doc = self.absolute_quickstart()
+        doc["nam"] = "fabric://127.0.0.1:99999"
+        path = self.write("p.json", doc)
+        for cmd in ("validate", "plan", "run"):
+            r = msaflow(cmd, path, *([] if cmd == "validate" else ["--runs", os.path.join(self.dir, "runs")]))
+            self.assertEqual(r.returncode, 3, cmd + ": " + r.stderr)
+            self.assertEqual(r.stderr.strip(), "msaflow: error: pipeline quickstart: /nam: NAM URI "
+                                               "'fabric://127.0.0.1:99999': port 99999 is out of range")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["p.json"])
+
+    def test_nam_verify_lists_damaged_objects_and_repair_moves_them_aside(self):
+        nam = os.path.join(self.dir, "nam")
+        uri = "file://" + nam
+        for name, data in (("a/one", "1"), ("a/two", "22"), ("b/three", "333")):
+            src = self.write("obj", data)
+            self.assertEqual(msaflow("nam", "put", name, src, "--nam", uri).returncode, 0)
+        with open(os.path.join(nam, "a", "two.nam"), "r+b") as f:  # a flipped byte in the body
+            f.seek(-1, os.SEEK_END)
+            f.write(b"X")
+        with open(os.path.join(nam, "b", "three.nam"), "r+b") as f:  # a damaged header
+            f.write(b"JUNK")
+        r = msaflow("nam", "ls", "--nam", uri)
+        self.assertEqual(r.returncode, 0, r.stderr)  # one damaged header does not break the listing
+        self.assertRegex(r.stdout, r"DAMAGED +b/three  \(.*bad magic")
+        r = msaflow("nam", "verify", "--nam", uri)
+        self.assertEqual(r.returncode, 5, r.stdout + r.stderr)
+        self.assertIn("DAMAGED a/two: ", r.stdout)
+        self.assertIn("checksum mismatch", r.stdout)
+        self.assertIn("DAMAGED b/three: ", r.stdout)
+        self.assertIn("3 objects checked, 1 B of good data, 2 damaged (run with --repair", r.stdout)
+        r = msaflow("nam", "verify", "--repair", "--nam", uri)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("-> " + os.path.join(nam, "DAMAGED", "a", "two.nam"), r.stdout)
+        r = msaflow("nam", "verify", "--nam", uri)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("1 objects checked, 1 B of good data, 0 damaged", r.stdout)
+        self.assertEqual(msaflow("nam", "get", "a/two", "--nam", uri).returncode, 4)  # aside: no object
+
     def test_status_of_missing_run(self):
         r = msaflow("status", os.path.join(self.dir, "nope"))
         self.assertEqual(r.returncode, 4)

@@ -232,6 +232,38 @@ TEST(Onnx, UnknownOperatorNamesNodeAndOp) {
   EXPECT_NO_THROW(ImportOnnx(bytes, "m.onnx", "sum"));
 }
 
+// Issue 14: a graph with a cycle was reported as "tensor ... is neither produced, a constant
+// nor a graph input".
+TEST(Onnx, ACycleIsNamedAsOne) {
+  onnx::ModelProto m;
+  m.ParseFromString(SmallModel());
+  auto* g = m.mutable_graph();
+  // r1 = Clip(c1) becomes r1 = Clip(sum), and sum = Add(r1, c2): r1 -> sum -> r1.
+  for (auto& n : *g->mutable_node())
+    if (n.output(0) == "r1") n.set_input(0, "sum");
+  std::string bytes;
+  m.SerializeToString(&bytes);
+  try {
+    ImportOnnx(bytes, "cyclic.onnx", "out");
+    FAIL() << "a cyclic graph was imported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("the graph has a cycle (sum -> r1 -> sum)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cyclic.onnx: node 'r1_node' (Clip)"), std::string::npos) << e.what();
+  }
+  // Out of order without a cycle: said so.
+  m.ParseFromString(SmallModel());
+  g = m.mutable_graph();
+  g->mutable_node()->SwapElements(0, 1);  // Clip before the Conv producing its input
+  m.SerializeToString(&bytes);
+  try {
+    ImportOnnx(bytes, "unsorted.onnx", "out");
+    FAIL() << "an unsorted graph was imported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reads 'c1' before the node producing it"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Onnx, TruncatedFile) {
   std::string bytes = SmallModel();
   ErrorKind k;

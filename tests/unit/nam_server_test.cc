@@ -22,6 +22,7 @@
 #include "nam/pool.h"
 #include "nam/protocol.h"
 #include "nam/server.h"
+#include "nam/verify.h"
 
 namespace msaflow::nam {
 namespace {
@@ -223,30 +224,53 @@ TEST(NamServer, ListPagesThroughManyObjects) {
 TEST(NamServer, ReadersSeeWholeObjectsWhileAWriterReplacesThem) {
   TestServer srv(Opts("tcp", 512ull << 20));
   std::atomic<bool> done{false};
+  // One reader per transport, both reading while the writer replaces the object (a reader
+  // that only started after the writer finished would prove nothing).
+  struct Reader {
+    std::string transport, used;
+    int reads = 0, during_writes = 0;
+    std::string error;
+  };
+  std::vector<Reader> readers(2);
+  readers[0].transport = "rma";
+  readers[1].transport = "map";
+  std::vector<std::thread> threads;
+  for (auto& rd : readers)
+    threads.emplace_back([&srv, &done, &rd] {
+      try {
+        FabricStore r(srv.Uri("transport=" + rd.transport));
+        while (!done || rd.reads < 5) {
+          const bool writing = !done;
+          std::string b;
+          try {
+            r.GetInto("hot/x", b);
+          } catch (const Error& e) {
+            if (e.kind() != ErrorKind::kNotFound) throw;  // not found: before the first put
+            continue;
+          }
+          if (b.size() != (3u << 20) && b.size() != (5u << 20)) throw std::runtime_error("object of " + std::to_string(b.size()) + " bytes");
+          if (b.find_first_not_of(b[0]) != std::string::npos) throw std::runtime_error("a torn object");
+          ++rd.reads;
+          rd.during_writes += writing && !done ? 1 : 0;
+        }
+        rd.used = r.Transport();
+      } catch (const std::exception& e) {
+        rd.error = e.what();
+      }
+    });
   std::thread writer([&] {
     FabricStore w(srv.Uri("transport=rma"));
     for (int i = 0; i < 30; ++i) w.Put("hot/x", std::string((i % 2 ? 3 : 5) << 20, static_cast<char>('a' + i % 26)), nullptr);
     done = true;
   });
-  int reads = 0;
-  for (const std::string t : {"rma", "map"}) {
-    FabricStore r(srv.Uri("transport=" + t));
-    while (!done || reads < 5) {
-      std::string b;
-      try {
-        r.GetInto("hot/x", b);
-      } catch (const Error& e) {
-        ASSERT_EQ(e.kind(), ErrorKind::kNotFound) << e.what();  // before the first put
-        continue;
-      }
-      ASSERT_TRUE(b.size() == (3u << 20) || b.size() == (5u << 20));
-      ASSERT_EQ(b.find_first_not_of(b[0]), std::string::npos) << "a torn object";
-      ++reads;
-      if (done && reads >= 5) break;
-    }
-  }
   writer.join();
-  EXPECT_GE(reads, 5);
+  for (auto& t : threads) t.join();
+  for (const auto& rd : readers) {
+    EXPECT_EQ(rd.error, "") << rd.transport;
+    EXPECT_EQ(rd.used, rd.transport);  // the transport asked for is the one that moved the bytes
+    EXPECT_GE(rd.reads, 5) << rd.transport;
+    EXPECT_GE(rd.during_writes, 1) << rd.transport << ": no read overlapped the writes";
+  }
 }
 
 TEST(NamServer, FullPoolIsAClearErrorAndLosesNothing) {
@@ -295,6 +319,97 @@ TEST(NamServer, PersistsWritesThroughReloadsAndEvictsOnlyPersisted) {
   std::string what;
   EXPECT_EQ(KindOf([&] { Server second(o); }, &what), ErrorKind::kIo);
   EXPECT_NE(what.find("another NAM server"), std::string::npos) << what;
+}
+
+// Issue 14: names the docs allow, up to 255 bytes with segments up to 251, work on a
+// persisting server (the temporary file's suffix once made them "File name too long").
+TEST(NamServer, LongestNamesPersist) {
+  TempDir dir;
+  ServerOptions o = Opts("tcp", 64ull << 20);
+  o.persist_dir = dir.path();
+  const std::string longest = std::string(251, 'a');                       // one segment
+  const std::string deep = std::string(120, 'b') + "/" + std::string(134, 'c');  // 255 bytes
+  ASSERT_EQ(deep.size(), 255u);
+  {
+    TestServer srv(o);
+    FabricStore s(srv.Uri());
+    s.Put(longest, "one", nullptr);
+    s.Put(deep, "two", nullptr);
+    std::string what;
+    EXPECT_EQ(KindOf([&] { s.Put(std::string(252, 'a'), "x", nullptr); }, &what), ErrorKind::kInvalidInput);
+    EXPECT_NE(what.find("a segment of 252 bytes, longer than 251"), std::string::npos) << what;
+  }
+  TestServer again(o);
+  FabricStore s(again.Uri());
+  EXPECT_EQ(s.Get(longest).bytes, "one");
+  EXPECT_EQ(s.Get(deep).bytes, "two");
+}
+
+// Issue 14: a persisted object whose header was damaged is reported when the server starts
+// and read as corrupt (not "no object"); verify --repair moves it aside.
+TEST(NamServer, DamagedPersistedObjectsAreReportedNotHidden) {
+  TempDir dir;
+  {
+    auto fs = OpenStore("file://" + dir.path());
+    fs->Put("d/good", "fine", nullptr);
+    fs->Put("d/bad", "will be damaged", nullptr);
+  }
+  {
+    std::string path = dir.path() + "/d/bad.nam", bytes = ReadFile(path);
+    bytes[0] = 'X';  // the magic
+    WriteFileAtomic(path, bytes);
+  }
+  ServerOptions o = Opts("tcp", 8ull << 20);
+  o.persist_dir = dir.path();
+  char* log_text = nullptr;
+  size_t log_size = 0;
+  std::FILE* log = ::open_memstream(&log_text, &log_size);
+  o.log = log;
+  {
+    auto server = std::make_unique<Server>(o);
+    std::fflush(log);
+    std::string started(log_text, log_size);
+    EXPECT_NE(started.find("DAMAGED persisted object 'd/bad': "), std::string::npos) << started;
+    EXPECT_NE(started.find("1 DAMAGED"), std::string::npos) << started;
+    std::atomic<bool> stop{false};
+    std::thread t([&] { server->Run(stop); });
+    {
+      FabricStore s(server->Uri());
+      std::string what;
+      EXPECT_EQ(KindOf([&] { s.Get("d/bad"); }, &what), ErrorKind::kCorrupt);
+      EXPECT_NE(what.find("damaged in the persist directory"), std::string::npos) << what;
+      EXPECT_EQ(KindOf([&] { s.Stat("d/bad"); }), ErrorKind::kCorrupt);
+      EXPECT_EQ(s.Get("d/good").bytes, "fine");
+      EXPECT_EQ(s.Capacity()["damaged"], 1);
+      VerifyReport r = Verify(s, false);
+      EXPECT_EQ(r.objects, 2);
+      ASSERT_EQ(r.damaged.size(), 1u);
+      EXPECT_EQ(r.damaged[0].name, "d/bad");
+      r = Verify(s, true);
+      ASSERT_EQ(r.damaged.size(), 1u);
+      EXPECT_NE(r.damaged[0].moved_to, "");
+      EXPECT_EQ(KindOf([&] { s.Get("d/bad"); }), ErrorKind::kNotFound);  // aside now
+      EXPECT_TRUE(Verify(s, false).damaged.empty());
+    }
+    stop = true;
+    t.join();
+  }
+  std::fclose(log);
+  std::free(log_text);
+  EXPECT_TRUE(PathExists(dir.path() + "/DAMAGED/d/bad.nam"));
+}
+
+// Issue 14: "Address already in use" did not say which address.
+TEST(NamServer, APortInUseIsNamed) {
+  TestServer first(Opts());
+  const std::string uri = first.Uri();
+  const std::string port = uri.substr(uri.rfind(':') + 1);
+  ServerOptions o = Opts();
+  o.listen = "127.0.0.1:" + port;
+  std::string what;
+  EXPECT_EQ(KindOf([&] { Server second(o); }, &what), ErrorKind::kUnavailable);
+  EXPECT_NE(what.find("listening on 127.0.0.1:" + port), std::string::npos) << what;
+  EXPECT_NE(what.find("Address already in use"), std::string::npos) << what;
 }
 
 TEST(NamServer, TokenIsRequiredWhenConfiguredAndOffLoopback) {

@@ -82,6 +82,75 @@ TEST(Nam, NamesAreValidated) {
   }
 }
 
+// Issue 14: names of 251-255 bytes failed on file:// with "File name too long" (the
+// temporary file's suffix); now any name that validates can be stored, and a segment too
+// long for a file name is refused by validation on every store.
+TEST(Nam, LongestNamesWorkOnFileStores) {
+  TempDir d;
+  FileStore s(d.path());
+  for (const std::string& name : {std::string(251, 'a'), std::string(120, 'b') + "/" + std::string(134, 'c'),
+                                   std::string(127, 'd') + "/" + std::string(127, 'e')}) {
+    ASSERT_LE(name.size(), 255u);
+    s.Put(name, "x" + name, nullptr);
+    EXPECT_EQ(s.Get(name).bytes, "x" + name);
+  }
+  MemStore m("nam-test-long");
+  EXPECT_EQ(KindOf([&] { m.Put(std::string(252, 'a'), "x", nullptr); }), ErrorKind::kInvalidInput);
+  EXPECT_EQ(KindOf([&] { s.Put(std::string(252, 'a'), "x", nullptr); }), ErrorKind::kInvalidInput);
+}
+
+// Issue 14: a name with a newline split the error over two lines; one with a NUL was cut.
+TEST(Nam, BadNamesAreQuotedOnOneLine) {
+  MemStore s("nam-test-quoting");
+  for (const std::string& bad : {std::string("a\nb"), std::string("a\0b", 3), std::string(100000, 'A')}) {
+    try {
+      s.Put(bad, "x", nullptr);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      std::string what = e.what();
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+      EXPECT_EQ(what.find('\0'), std::string::npos);
+      EXPECT_LT(what.size(), 300u) << what;
+    }
+  }
+  try {
+    s.Put(std::string("a\0b", 3), "x", nullptr);
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "NAM object name 'a\\x00b': character '\\x00' not allowed (expected [a-z0-9._-])");
+  }
+  try {
+    s.Put("x\ny", "x", nullptr);
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "NAM object name 'x\\ny': character '\\n' not allowed (expected [a-z0-9._-])");
+  }
+}
+
+// Issue 14: one damaged header made `nam ls` of its whole prefix fail.
+TEST(Nam, ListingShowsADamagedObjectInsteadOfFailing) {
+  TempDir d;
+  FileStore s(d.path());
+  s.Put("p/a", "1", nullptr);
+  s.Put("p/b", "2", nullptr);
+  s.Put("p/c", "3", nullptr);
+  std::string path = s.PathOf("p/b"), bytes = ReadFile(path);
+  bytes.replace(0, 4, "JUNK");
+  WriteFileAtomic(path, bytes);
+  auto all = s.List("p/");
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].checksum.size(), 16u);
+  EXPECT_EQ(all[1].name, "p/b");
+  ASSERT_TRUE(all[1].meta.contains("damaged"));
+  EXPECT_NE(all[1].meta["damaged"].get<std::string>().find("bad magic"), std::string::npos);
+  EXPECT_EQ(all[2].name, "p/c");
+  EXPECT_EQ(KindOf([&] { s.Get("p/b"); }), ErrorKind::kCorrupt);
+  // Moved aside, it is no longer an object: listed no more, read as missing.
+  std::string to = s.MoveAside("p/b");
+  EXPECT_EQ(to, d.path() + "/DAMAGED/p/b.nam");
+  EXPECT_EQ(s.List("p/").size(), 2u);
+  EXPECT_EQ(s.List("").size(), 2u);  // DAMAGED/ holds no objects
+  EXPECT_EQ(KindOf([&] { s.Get("p/b"); }), ErrorKind::kNotFound);
+}
+
 TEST(Nam, ChangedByteOnDiskIsDetectedOnRead) {
   TempDir d;
   FileStore s(d.path());
