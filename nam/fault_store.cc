@@ -17,7 +17,9 @@ std::vector<FaultRule> ParseFaultRules(const std::string& text, const std::strin
     std::string where = origin + ": [" + std::to_string(i) + "]";
     if (!r.is_object()) Throw(ErrorKind::kInvalidInput, where + ": expected an object");
     FaultRule f;
-    for (const auto& [k, v] : r.items()) {
+    for (const auto& item : r.items()) {
+      const std::string& k = item.key();
+      const auto& v = item.value();  // named, not a structured binding: lambdas capture it
       auto bad = [&](const std::string& expected) {
         Throw(ErrorKind::kInvalidInput, where + "." + k + ": expected " + expected + ", got " + v.dump());
       };

@@ -137,9 +137,9 @@ inline size_t Build(const Header& h, std::string_view addr, std::string_view jso
   hh.json_len = static_cast<uint32_t>(json.size());
   EncodeHeader(hh, out);
   size_t off = kHeaderSize;
-  std::memcpy(out + off, addr.data(), addr.size());
+  if (!addr.empty()) std::memcpy(out + off, addr.data(), addr.size());  // an empty view's data() may be null
   off += addr.size();
-  std::memcpy(out + off, json.data(), json.size());
+  if (!json.empty()) std::memcpy(out + off, json.data(), json.size());
   off += json.size();
   if (!payload.empty()) std::memcpy(out + off, payload.data(), payload.size());
   return off + payload.size();

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "nam/fabric_store.h"
 #include "nam/server.h"
 #include "nam/store.h"
@@ -349,6 +350,7 @@ void PrintStatus(const std::string& run_dir, std::FILE* out) {
   }
   text = ReadFile(run_dir + "/journal.jsonl");
   std::vector<json> events;
+  std::vector<size_t> lines;  // each event's line in the file
   size_t start = 0, lineno = 0;
   while (start < text.size()) {
     size_t end = text.find('\n', start);
@@ -360,14 +362,18 @@ void PrintStatus(const std::string& run_dir, std::FILE* out) {
     json j = json::parse(line, nullptr, false);
     if (j.is_discarded())
       Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:" + std::to_string(lineno) + ": not a JSON line");
-    events.push_back(j);
+    if (!j.is_object())
+      Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:" + std::to_string(lineno) + ": not a JSON object");
+    events.push_back(std::move(j));
+    lines.push_back(lineno);
   }
-  if (events.empty() || events[0].value("format", "") != kJournalFormat)
+  if (events.empty() || !events[0].contains("format") || events[0]["format"] != kJournalFormat)
     Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:1: expected format " + std::string(kJournalFormat));
   std::string state = "running (or interrupted)";
   // Slurm jobs: the components each round used and their last known states.
   std::map<std::string, json> components;  // component id -> last state
-  for (const auto& e : events) {
+  for (size_t k = 0; k < events.size(); ++k) try {
+    const json& e = events[k];
     std::string ev = e.value("event", "");
     if (ev == "run-start")
       std::fprintf(out, "run %s (pipeline %s, machine %s, launcher %s, NAM %s)\n", e.value("run", "").c_str(),
@@ -421,6 +427,10 @@ void PrintStatus(const std::string& run_dir, std::FILE* out) {
     if (ev == "run-end")
       state = fmt::format("finished: champion {} accuracy {:.4f} ({})", e.value("champion", ""),
                           e.value("accuracy", 0.0), e.value("stop", ""));
+  } catch (const json::exception& x) {
+    // A field missing or of the wrong type: the journal was edited or damaged.
+    Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:" + std::to_string(lines[k]) + ": a malformed '" +
+                                   Printable(events[k].value("event", json("?")).dump(), 40) + "' event (" + x.what() + ")");
   }
   if (state.rfind("running", 0) == 0 && !components.empty()) {
     std::fprintf(out, "  Slurm components (last seen):\n");

@@ -1,0 +1,10 @@
+// The machine-file parser (orchestrator/machine.h) on arbitrary bytes.
+#include "fuzz/fuzz_util.h"
+#include "orchestrator/machine.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  msaflow::fuzz::Expect([&] {
+    msaflow::orchestrator::ParseMachine(msaflow::fuzz::Text(data, size), "fuzz-machine.json", "/nonexistent-fuzz-base");
+  });
+  return 0;
+}

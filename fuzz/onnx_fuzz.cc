@@ -1,0 +1,19 @@
+// The ONNX importer (kernels/onnx_graph.h) on arbitrary bytes: cut at the graph's first output
+// (or a fixed name when it has none), and the cut model written back and imported again.
+#include <onnx/onnx_pb.h>
+
+#include "fuzz/fuzz_util.h"
+#include "kernels/onnx_graph.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string bytes = msaflow::fuzz::Text(data, size);
+  std::string cut = "out";
+  onnx::ModelProto m;
+  if (m.ParseFromString(bytes) && m.has_graph() && m.graph().output_size() > 0) cut = m.graph().output(0).name();
+  msaflow::fuzz::Expect([&] {
+    msaflow::kernels::Graph g = msaflow::kernels::ImportOnnx(bytes, "fuzz.onnx", cut);
+    std::string again = msaflow::kernels::CutOnnx(bytes, "fuzz.onnx", cut);
+    msaflow::kernels::ImportOnnx(again, "fuzz-cut.onnx", cut);
+  });
+  return 0;
+}
