@@ -20,22 +20,10 @@ if [[ $target == all ]]; then
 fi
 [[ " ${TARGETS[*]} " == *" $target "* ]] || usage
 
-# clang's libFuzzer and sanitizer runtimes, and its OpenMP (Debian 12 packages).
-missing=()
-for p in clang libclang-rt-14-dev libomp-14-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "[fuzz] installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get -o DPkg::Lock::Timeout=600 update -q
-  apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}"
-fi
+# clang, ASan + UBSan, coverage for libFuzzer: the build scripts/sanitize.sh runs the suite in.
+source scripts/clang-build.sh
 BUILD=build-fuzz
-if [[ ! -f $BUILD/build.ninja ]]; then
-  CC=clang CXX=clang++ meson setup "$BUILD" --buildtype=debugoptimized -Dfuzz=true -Db_sanitize=address,undefined \
-    -Db_lundef=false >/dev/null
-fi
+clang_build "$BUILD" -Dfuzz=true -Db_sanitize=address,undefined
 ninja -C "$BUILD" "fuzz/fuzz_$target" >/dev/null
 
 corpus=$BUILD/corpus/$target findings=$BUILD/findings/$target

@@ -161,6 +161,23 @@ class Cli(unittest.TestCase):
         self.assertEqual(r.returncode, 4)
         self.assertIn("journal.jsonl: no such file", r.stderr)
 
+    def test_status_of_a_damaged_journal_is_a_clear_error(self):
+        # Found by fuzz/journal_fuzz.cc: a round-end event without its accuracy ended in
+        # "internal error: [json.exception.out_of_range.403] key 'accuracy' not found".
+        run = os.path.join(self.dir, "run")
+        os.makedirs(run)
+        head = '{"format":"msaflow.journal/1"}\n{"event":"run-start","run":"r"}\n'
+        for bad, line, what in (('{"event":"round-end","champion":"c"}', 3, "'\"round-end\"' event"),
+                                ('{"event":"round-start","round":"one"}', 3, "'\"round-start\"' event"),
+                                ('[1, 2]', 3, "not a JSON object")):
+            with open(os.path.join(run, "journal.jsonl"), "w") as f:
+                f.write(head + bad + "\n")
+            r = msaflow("status", run)
+            self.assertEqual(r.returncode, 5, r.stderr)
+            self.assertIn("journal.jsonl:%d: " % line, r.stderr)
+            self.assertIn(what, r.stderr)
+            self.assertNotIn("internal error", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0], "-v"])

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The test suite under sanitizers, and the fuzzers' smoke runs (clang, Debian 12 packages).
+#   scripts/sanitize.sh asan [meson test args]  every test, msaflow and the tests built with ASan + UBSan (build-fuzz/)
+#   scripts/sanitize.sh tsan                    the NAM server and client tests under TSan (build-tsan/)
+#   scripts/sanitize.sh fuzz [SECONDS]          each fuzz target for SECONDS (default 5) over its corpus
+#   scripts/sanitize.sh all                     the three, as CI runs them
+# A sanitizer report fails the test that triggered it (halt_on_error). Leak checking is off: the
+# MPI and libfabric libraries keep memory until exit by design.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/clang-build.sh
+what=${1:-all}
+shift || true
+asan() {
+  clang_build build-fuzz -Dfuzz=true -Db_sanitize=address,undefined
+  ninja -C build-fuzz >/dev/null
+  echo "[sanitize] the suite under ASan + UBSan"
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C build-fuzz --print-errorlogs --num-processes 2 "$@"
+}
+tsan() {
+  clang_build build-tsan -Db_sanitize=thread
+  ninja -C build-tsan tests/nam_test tests/nam_server_test tests/common_test >/dev/null
+  echo "[sanitize] NAM server and client tests, and the data manager, under TSan"
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+  for t in nam_test nam_server_test common_test; do
+    build-tsan/tests/$t --gtest_brief=1
+  done
+}
+fuzz() {
+  local seconds=${1:-5}
+  scripts/fuzz.sh all "$seconds"
+}
+case $what in
+  asan) asan "$@" ;;
+  tsan) tsan ;;
+  fuzz) fuzz "$@" ;;
+  all) asan && tsan && fuzz ;;
+  *) echo "usage: scripts/sanitize.sh asan|tsan|fuzz [SECONDS]|all" >&2; exit 2 ;;
+esac
