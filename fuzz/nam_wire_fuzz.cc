@@ -4,20 +4,16 @@
 // and the rest is the JSON and payload parts, so both the framing checks and every request
 // handler see arbitrary bytes. A finding is a crash, a sanitizer report, or a server that
 // stops answering: a message carrying a usable reply address must be answered within 10 s.
-#include <rdma/fi_errno.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
-#include <vector>
 
 #include "fuzz/fuzz_util.h"
-#include "nam/fabric.h"
-#include "nam/fabric_store.h"
 #include "nam/protocol.h"
+#include "nam/raw_client.h"
 #include "nam/server.h"
 
 namespace {
@@ -33,39 +29,16 @@ class Harness {
     o.log = std::fopen("/dev/null", "w");
     server_ = std::make_unique<Server>(o);
     thread_ = std::thread([this] { server_->Run(stop_); });
-    FabricUri u = ParseFabricUri(server_->Uri());
-    ep_ = fabric::Endpoint::Open(u.provider, u.host, u.port, false);
-    dest_ = ep_->Insert(ep_->ResolveServer(u.host, u.port));
-    addr_ = ep_->Name();
-    rbuf_.resize(wire::kMaxMessage);
-    sbuf_.resize(wire::kMaxMessage * 2);
-    rctx_.kind = 1;
-    sctx_.kind = 2;
-    if (ep_->PostRecv(rbuf_.data(), rbuf_.size(), nullptr, &rctx_) != 0) std::abort();
+    raw_ = std::make_unique<RawClient>(server_->Uri());
   }
   ~Harness() {
     stop_ = true;
     thread_.join();
   }
 
-  // Sends; returns the reply's status, or -1 if none came within `secs`.
-  int Send(const std::string& bytes, uint64_t request, double secs) {
-    std::memcpy(sbuf_.data(), bytes.data(), bytes.size());
-    while (ep_->PostSend(sbuf_.data(), bytes.size(), nullptr, dest_, &sctx_) == -FI_EAGAIN) Drain(1, request);
-    auto t0 = std::chrono::steady_clock::now();
-    got_ = -1;
-    while (got_ < 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < secs)
-      Drain(20, request);
-    return got_;
-  }
-
   void Hello() {
-    wire::Header h;
-    h.op = static_cast<uint16_t>(wire::Op::kHello);
-    h.request = ++request_;
-    std::string out(wire::kMaxMessage, '\0');
-    out.resize(wire::Build(h, addr_, "{}", {}, out.data()));
-    if (Send(out, h.request, 10) != 0) {
+    const uint64_t request = ++request_;
+    if (raw_->Send(raw_->Message(wire::Op::kHello, "{}", 0, request), 10, request).status != 0) {
       std::fprintf(stderr, "nam_wire_fuzz: the server did not answer HELLO\n");
       std::abort();
     }
@@ -74,16 +47,18 @@ class Harness {
   void One(const uint8_t* data, size_t size) {
     if (size < 4) return;
     const uint8_t flags = data[0];
-    if (!session_) Hello();
+    if (!raw_->session()) Hello();
     wire::Header h;
     h.op = static_cast<uint16_t>(flags & 0x80 ? data[1] | (data[2] << 8) : 1 + data[1] % 12);
-    h.session = flags & 1 ? session_ : (static_cast<uint64_t>(data[2]) << 8 | data[1]);
+    h.session = flags & 1 ? raw_->session() : (static_cast<uint64_t>(data[2]) << 8 | data[1]);
     h.request = ++request_;
     if (!(flags & 2)) h.magic = 0x4E41534Du ^ data[3];
     if (!(flags & 4)) h.version = static_cast<uint16_t>(data[3] % 3);
     h.status = static_cast<uint16_t>(flags & 8 ? data[3] : 0);
     const bool real_addr = flags & 16;
-    const std::string addr = real_addr ? addr_ : std::string(reinterpret_cast<const char*>(data + 1), std::min<size_t>(size - 1, data[3] % 130));
+    const std::string addr =
+        real_addr ? raw_->addr()
+                  : std::string(reinterpret_cast<const char*>(data + 1), std::min<size_t>(size - 1, data[3] % 130));
     const std::string_view rest(reinterpret_cast<const char*>(data + 4), size - 4);
     const size_t json_len = rest.empty() ? 0 : rest.size() * (flags & 0x60) / 0x60;
     std::string_view json = rest.substr(0, std::min(json_len, wire::kMaxJson + 16));
@@ -97,41 +72,22 @@ class Harness {
     // Only a message with the right magic can expect an answer (the server does not trust the
     // address in anything else); a well-framed one must get it.
     const bool answerable = real_addr && (flags & 0x82) == 2;
-    const int status = Send(out, h.request, answerable ? 10 : 0.002);
+    const int status = raw_->Send(out, answerable ? 10 : 0.002, h.request).status;
     if (answerable && status < 0 && (flags & 0x86) == 6) {
       std::fprintf(stderr, "nam_wire_fuzz: a well-framed request with a usable reply address got no answer\n");
       std::abort();
     }
     // The server forgets a session on a protocol error, on BYE and when it expires.
-    if (status != static_cast<int>(wire::Status::kOk) || h.op == static_cast<uint16_t>(wire::Op::kBye)) session_ = 0;
+    if (status != static_cast<int>(wire::Status::kOk) || h.op == static_cast<uint16_t>(wire::Op::kBye))
+      raw_->forget_session();
   }
 
  private:
-  void Drain(int ms, uint64_t request) {
-    fabric::Completion c[16];
-    int n = ep_->Poll(c, 16, ms);
-    for (int i = 0; i < n; ++i) {
-      if (c[i].ctx != &rctx_ || c[i].err) continue;
-      wire::Message m;
-      if (wire::Parse(rbuf_.data(), c[i].len, &m).empty() && m.header.request == request) {
-        got_ = m.header.status;
-        if (m.header.op == (static_cast<uint16_t>(wire::Op::kHello) | wire::kReplyBit) && got_ == 0)
-          session_ = m.header.session;
-      }
-      if (ep_->PostRecv(rbuf_.data(), rbuf_.size(), nullptr, &rctx_) != 0) std::abort();
-    }
-  }
-
   std::unique_ptr<Server> server_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  std::unique_ptr<fabric::Endpoint> ep_;
-  fi_addr_t dest_ = 0;
-  std::string addr_;
-  std::vector<char> rbuf_, sbuf_;
-  fabric::OpContext rctx_{}, sctx_{};
-  int got_ = -1;
-  uint64_t session_ = 0, request_ = 0;
+  std::unique_ptr<RawClient> raw_;
+  uint64_t request_ = 0;
 };
 
 }  // namespace

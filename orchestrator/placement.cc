@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "common/error.h"
 
@@ -52,6 +53,27 @@ int64_t Limit(const Machine& m, const workflow::StepSpec& s, unsigned cores, std
 bool TrainRanksFree(const workflow::StepSpec& s) {
   const std::string& mode = s.parallel.mode;
   return mode == "auto" || mode == "independent" || mode == "sync";
+}
+
+// The most ranks `step` may have, and why; nullopt when the pipeline fixes them (the step is
+// absent, or train in a mode whose layout it sets; then `pl` says so).
+std::optional<int64_t> StepLimit(const workflow::Pipeline& p, const Machine& m, const std::string& step,
+                                 unsigned cores, std::string* why, Placement* pl) {
+  auto it = p.steps.find(step);
+  if (it == p.steps.end()) return std::nullopt;
+  const workflow::StepSpec& s = it->second;
+  if (step == "train" && !TrainRanksFree(s)) {
+    pl->ranks[step] = s.ranks;
+    pl->why.push_back(fmt::format("{:<9} {} rank(s) as the pipeline says: mode {} fixes its layout", step, s.ranks,
+                                  s.parallel.mode));
+    return std::nullopt;
+  }
+  int64_t limit = Limit(m, s, cores, why);
+  if (step == "train" && s.parallel.mode != "sync" && p.rounds.candidates < limit) {
+    limit = std::max<int64_t>(1, p.rounds.candidates);
+    *why = fmt::format("{} candidates per round, trained independently", p.rounds.candidates);
+  }
+  return limit;
 }
 
 }  // namespace
@@ -144,21 +166,10 @@ Placement PlaceFromCosts(const workflow::Pipeline& p, const Machine& m, const js
     }
   }
   for (const auto& [step, unit] : Divisible()) {
-    auto sit = p.steps.find(step);
-    if (sit == p.steps.end()) continue;
-    const workflow::StepSpec& s = sit->second;
     std::string limit_why;
-    int64_t limit = Limit(m, s, cores, &limit_why);
-    if (step == "train" && !TrainRanksFree(s)) {
-      pl.ranks[step] = s.ranks;
-      pl.why.push_back(fmt::format("{:<9} {} rank(s) as the pipeline says: mode {} fixes its layout", step, s.ranks,
-                                   s.parallel.mode));
-      continue;
-    }
-    if (step == "train" && s.parallel.mode != "sync" && p.rounds.candidates < limit) {
-      limit = std::max<int64_t>(1, p.rounds.candidates);
-      limit_why = fmt::format("{} candidates per round, trained independently", p.rounds.candidates);
-    }
+    const std::optional<int64_t> cap = StepLimit(p, m, step, cores, &limit_why, &pl);
+    if (!cap) continue;
+    const int64_t limit = *cap;
     if (!most.count(step) || most[step].work_s <= 0) {
       pl.ranks[step] = 1;
       pl.why.push_back(fmt::format("{:<9} 1 rank: {} measured no work to share (features reused?)", step,
@@ -188,21 +199,10 @@ Placement PlaceWithoutCosts(const workflow::Pipeline& p, const Machine& m, unsig
   Placement pl;
   pl.source = "no earlier run";
   for (const auto& [step, unit] : Divisible()) {
-    auto sit = p.steps.find(step);
-    if (sit == p.steps.end()) continue;
-    const workflow::StepSpec& s = sit->second;
     std::string why;
-    int64_t r = Limit(m, s, cores, &why);
-    if (step == "train" && !TrainRanksFree(s)) {
-      pl.ranks[step] = s.ranks;
-      pl.why.push_back(fmt::format("{:<9} {} rank(s) as the pipeline says: mode {} fixes its layout", step, s.ranks,
-                                   s.parallel.mode));
-      continue;
-    }
-    if (step == "train" && s.parallel.mode != "sync" && p.rounds.candidates < r) {
-      r = std::max<int64_t>(1, p.rounds.candidates);
-      why = fmt::format("{} candidates per round, trained independently", p.rounds.candidates);
-    }
+    const std::optional<int64_t> cap = StepLimit(p, m, step, cores, &why, &pl);
+    if (!cap) continue;
+    const int64_t r = *cap;
     pl.ranks[step] = r;
     pl.why.push_back(fmt::format("{:<9} {} rank{}: no measured costs yet, so {}", step, r, r > 1 ? "s" : "", why));
   }

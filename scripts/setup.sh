@@ -12,20 +12,10 @@ PACKAGES=(meson ninja-build pkg-config g++ nlohmann-json3-dev libcli11-dev libfm
   libdnnl-dev libonnx-dev libprotobuf-dev zlib1g-dev libxxhash-dev libspdlog-dev libfabric-dev
   libopenmpi-dev openmpi-bin redis-server libhiredis-dev slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge procps
   python3-onnx python3-numpy python3-opencv dataset-fashion-mnist ca-certificates)
-missing=()
 # Node.js + npm fetch the npm packages; the image may ship its own, else Debian's.
 command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  say "installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get -o DPkg::Lock::Timeout=600 update -q
-  apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}"
-else
-  say "packages: all present"
-fi
+source scripts/packages.sh
+ensure_packages "${PACKAGES[@]}"
 
 # npm packages (pinned), without their JavaScript dependencies.
 NPM_DIR=$ROOT/.cache/npm

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set-up from nothing, then every test (unit, integration, end to end) with warnings as errors.
+# Set-up from nothing, then every test (unit, integration, end to end, MPI, Slurm) with warnings
+# as errors, then the sanitizer and fuzzing smoke runs (MSAFLOW_SANITIZE=0 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MSAFLOW_BUILD_DIR=build-test MSAFLOW_WERROR=1 scripts/setup.sh
@@ -16,4 +17,17 @@ for line in open(sys.argv[1]):
         failed += 1
 print(f"tests: {passed} passed, {failed} failed")
 PY
+# The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the unit, integration and
+# end-to-end suites under ASan + UBSan (`scripts/sanitize.sh asan` alone runs the MPI and Slurm
+# suites too), the NAM tests under TSan, and every fuzzer over its corpus for a few seconds.
+if [[ ${MSAFLOW_SANITIZE:-1} == 1 ]]; then
+  for part in "asan --suite unit --suite integration --suite e2e" "tsan" "fuzz 3"; do
+    if scripts/sanitize.sh $part; then
+      echo "sanitize ${part%% *}: passed"
+    else
+      echo "sanitize ${part%% *}: FAILED"
+      status=1
+    fi
+  done
+fi
 exit $status
