@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -27,41 +28,50 @@ ConstTensor ToConst(const onnx::TensorProto& t, const std::string& where) {
   int64_t n = 1;
   for (auto d : t.dims()) {
     if (d < 0) Throw(ErrorKind::kInvalidInput, where + ": negative dimension in tensor " + t.name());
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
+      Throw(ErrorKind::kInvalidInput, where + ": tensor '" + t.name() + "' has dims whose product overflows 64 bits");
     c.dims.push_back(d);
     n *= d;
   }
-  c.data.resize(static_cast<size_t>(n));
-  auto need = [&](int64_t have) {
-    if (have != n)
-      Throw(ErrorKind::kInvalidInput, where + ": tensor '" + t.name() + "' holds " + std::to_string(have) +
-                                          " values, its dims say " + std::to_string(n));
-  };
+  const bool raw = t.has_raw_data();
+  size_t width = 0;
+  int64_t have = 0;
   switch (t.data_type()) {
     case onnx::TensorProto::FLOAT:
-      if (t.has_raw_data()) {
-        need(static_cast<int64_t>(t.raw_data().size() / 4));
-        std::memcpy(c.data.data(), t.raw_data().data(), static_cast<size_t>(n) * 4);
-      } else {
-        need(t.float_data_size());
-        std::copy(t.float_data().begin(), t.float_data().end(), c.data.begin());
-      }
+      width = 4;
+      have = raw ? static_cast<int64_t>(t.raw_data().size() / 4) : t.float_data_size();
       break;
     case onnx::TensorProto::INT64:
-      if (t.has_raw_data()) {
-        need(static_cast<int64_t>(t.raw_data().size() / 8));
-        for (int64_t i = 0; i < n; ++i) {
-          int64_t v;
-          std::memcpy(&v, t.raw_data().data() + 8 * i, 8);
-          c.data[static_cast<size_t>(i)] = static_cast<float>(v);
-        }
-      } else {
-        need(t.int64_data_size());
-        for (int64_t i = 0; i < n; ++i) c.data[static_cast<size_t>(i)] = static_cast<float>(t.int64_data(static_cast<int>(i)));
-      }
+      width = 8;
+      have = raw ? static_cast<int64_t>(t.raw_data().size() / 8) : t.int64_data_size();
       break;
     default:
       Throw(ErrorKind::kUnsupported, where + ": tensor '" + t.name() + "' has data type " +
                                          std::to_string(t.data_type()) + "; expected float or int64");
+  }
+  // Checked before anything is allocated: dims cannot make a small file claim gigabytes.
+  if (raw && t.raw_data().size() % width != 0)
+    Throw(ErrorKind::kInvalidInput, where + ": tensor '" + t.name() + "' has " + std::to_string(t.raw_data().size()) +
+                                        " bytes of raw data, not a whole number of " + std::to_string(width) +
+                                        "-byte values");
+  if (have != n)
+    Throw(ErrorKind::kInvalidInput, where + ": tensor '" + t.name() + "' holds " + std::to_string(have) +
+                                        " values, its dims say " + std::to_string(n));
+  c.data.resize(static_cast<size_t>(n));
+  if (width == 4 && raw) {
+    std::memcpy(c.data.data(), t.raw_data().data(), static_cast<size_t>(n) * 4);
+  } else if (width == 4) {
+    std::copy(t.float_data().begin(), t.float_data().end(), c.data.begin());
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t v;
+      if (raw) {
+        std::memcpy(&v, t.raw_data().data() + 8 * i, 8);
+      } else {
+        v = t.int64_data(static_cast<int>(i));
+      }
+      c.data[static_cast<size_t>(i)] = static_cast<float>(v);
+    }
   }
   return c;
 }

@@ -58,7 +58,7 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
     Bad(origin, "format", std::string("expected \"") + kTaskFormat + "\"");
   t.step = Field(body, "step", origin, json::value_t::string).get<std::string>();
   t.run = Field(body, "run", origin, json::value_t::string).get<std::string>();
-  t.module = body.value("module", "");
+  if (body.contains("module")) t.module = Field(body, "module", origin, json::value_t::string).get<std::string>();
   t.nam = Field(body, "nam", origin, json::value_t::string).get<std::string>();
   int64_t round = Field(body, "round", origin, json::value_t::number_integer).get<int64_t>();
   if (round < 1 || round > 1000000) Bad(origin, "round", std::to_string(round) + " is out of range");

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -261,6 +262,35 @@ TEST(Onnx, ACycleIsNamedAsOne) {
     FAIL() << "an unsorted graph was imported";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("reads 'c1' before the node producing it"), std::string::npos) << e.what();
+  }
+}
+
+// Found by fuzz/onnx_fuzz.cc: an initializer whose dims claim 78 million values it does not
+// hold was allocated (and zero-filled) before the count was checked; dims whose product
+// overflows were undefined behaviour.
+TEST(Onnx, TensorDimsCannotClaimMoreThanTheFileHolds) {
+  for (const std::vector<int64_t>& dims :
+       {std::vector<int64_t>{112, 97, 100, 115}, std::vector<int64_t>{int64_t{1} << 40, int64_t{1} << 40}}) {
+    onnx::ModelProto m;
+    m.ParseFromString(SmallModel());
+    auto* t = m.mutable_graph()->add_initializer();
+    t->set_name("huge");
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (auto d : dims) t->add_dims(d);
+    std::string bytes;
+    m.SerializeToString(&bytes);
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    try {
+      ImportOnnx(bytes, "huge.onnx", "out");
+      FAIL() << "imported a tensor of dims it does not hold";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+      EXPECT_NE(std::string(e.what()).find("tensor 'huge'"), std::string::npos) << e.what();
+    }
+    // Refused without allocating: the 314 MB the first dims claim never became resident.
+    getrusage(RUSAGE_SELF, &after);
+    EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64 * 1024) << "KiB";
   }
 }
 

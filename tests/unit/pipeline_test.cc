@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "common/files.h"
+#include "workflow/task.h"
 
 namespace msaflow::workflow {
 namespace {
@@ -139,6 +141,32 @@ TEST(Pipeline, TrainModesThatCannotRunAreRefused) {
   EXPECT_EQ(p.steps.at("train").parallel.groups, 2);
   EXPECT_EQ(p.steps.at("train").parallel.servers, 2);
   EXPECT_EQ(p.steps.at("train").parallel.max_staleness, 3);
+}
+
+// Found by fuzz/task_fuzz.cc: a task whose "module" was not a string escaped as
+// "internal error: [json.exception.type_error.302]". Every top-level field of a real task
+// file, given a value of another type, is refused as invalid input naming the field.
+TEST(Task, EveryFieldOfTheWrongTypeIsRefusedByName) {
+  for (const char* file : {"r1-load.json", "r1-train.json", "r1-evaluate.json", "r1-select.json"}) {
+    const nlohmann::json real =
+        nlohmann::json::parse(ReadFile(std::string(MSAFLOW_SOURCE_DIR) + "/fuzz/corpus/task/" + file));
+    EXPECT_NO_THROW(ParseTask(real, file));
+    for (const auto& item : real.items()) {
+      for (const nlohmann::json& other : {nlohmann::json::object({{"x", 1}}), nlohmann::json(7.5), nlohmann::json()}) {
+        if (other.type() == item.value().type()) continue;
+        nlohmann::json bad = real;
+        bad[item.key()] = other;
+        try {
+          ParseTask(bad, file);
+          // Some fields may be absent or null (optional); none may crash the parser.
+        } catch (const Error& e) {
+          EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << file << ": field '" << item.key() << "' = " << other.dump() << " escaped as " << e.what();
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
