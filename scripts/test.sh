@@ -17,11 +17,13 @@ for line in open(sys.argv[1]):
         failed += 1
 print(f"tests: {passed} passed, {failed} failed")
 PY
-# The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the unit, integration and
-# end-to-end suites under ASan + UBSan (`scripts/sanitize.sh asan` alone runs the MPI and Slurm
-# suites too), the NAM tests under TSan, and every fuzzer over its corpus for a few seconds.
+# The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the unit tests, the CLI, the
+# NAM server processes and the end-to-end run under ASan + UBSan (`scripts/sanitize.sh asan`
+# alone runs every suite, MPI and Slurm included: CI's 30 minutes do not hold them twice), the
+# NAM tests under TSan, and every fuzzer over its corpus for a few seconds.
 if [[ ${MSAFLOW_SANITIZE:-1} == 1 ]]; then
-  for part in "asan --suite unit --suite integration --suite e2e" "tsan" "fuzz 3"; do
+  asan_tests="common pipeline nam nam_server kernels planner modules slurm cli nam_server_processes end_to_end"
+  for part in "asan $asan_tests" "tsan" "fuzz 3"; do
     if scripts/sanitize.sh $part; then
       echo "sanitize ${part%% *}: passed"
     else
