@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,22 +75,32 @@ void FileStore::WriteObject(const ObjectInfo& info, std::string_view bytes) {
 
 ObjectInfo FileStore::ReadObject(const std::string& name, std::string* bytes) {
   std::string path = PathOf(name);
-  std::string file;
-  if (bytes) {
-    file = ReadFile(path);
-  } else {
-    // Header only: read the first 64 KiB (headers are small; the length field says).
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) Throw(ErrorKind::kNotFound, "NAM " + Uri() + ": no object '" + name + "'");
-      ThrowErrno("open " + path);
-    }
-    file.resize(1 << 16);
-    ssize_t n = ::pread(fd, file.data(), file.size(), 0);
-    ::close(fd);
-    if (n < 0) ThrowErrno("read " + path);
-    file.resize(static_cast<size_t>(n));
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) Throw(ErrorKind::kNotFound, "NAM " + Uri() + ": no object '" + name + "'");
+    ThrowErrno("open " + path);
   }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  auto read_at = [&](char* out, size_t len, uint64_t off) {
+    for (size_t done = 0; done < len;) {
+      ssize_t n = ::pread(fd, out + done, len - done, static_cast<off_t>(off + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) ThrowErrno("read " + path);
+      if (n == 0) return done;
+      done += static_cast<size_t>(n);
+    }
+    return len;
+  };
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) ThrowErrno("stat " + path);
+  const uint64_t total = static_cast<uint64_t>(st.st_size);
+  // The header (headers are small; the length field says how small), then with `bytes` the
+  // body straight into the caller's buffer: no copy of the whole file, no fresh allocation.
+  std::string file(static_cast<size_t>(std::min<uint64_t>(total, 1 << 16)), '\0');
+  file.resize(read_at(file.data(), file.size(), 0));
   auto corrupt = [&](const std::string& why) {
     Throw(ErrorKind::kCorrupt, "NAM " + Uri() + ": object '" + name + "' (" + path + ") is corrupt: " + why);
   };
@@ -97,7 +108,13 @@ ObjectInfo FileStore::ReadObject(const std::string& name, std::string* bytes) {
     corrupt("bad magic (expected " + std::string(kFileMagic) + ")");
   uint32_t len = 0;
   for (int i = 0; i < 4; ++i) len |= static_cast<uint32_t>(static_cast<uint8_t>(file[kMagicLen + static_cast<size_t>(i)])) << (8 * i);
-  if (kMagicLen + 4 + len > file.size()) corrupt("header length " + std::to_string(len) + " runs past the end");
+  // The length is checked against the file before anything is allocated for it.
+  if (kMagicLen + 4 + uint64_t{len} > total) corrupt("header length " + std::to_string(len) + " runs past the end");
+  if (kMagicLen + 4 + len > file.size()) {  // a header longer than the first read: the rest of it
+    const size_t had = file.size();
+    file.resize(kMagicLen + 4 + static_cast<size_t>(len));
+    if (read_at(file.data() + had, file.size() - had, had) != file.size() - had) corrupt("the file ended while it was read");
+  }
   nlohmann::json h = nlohmann::json::parse(file.begin() + kMagicLen + 4, file.begin() + kMagicLen + 4 + len, nullptr, false);
   if (h.is_discarded() || !h.is_object() || !h.contains("checksum") || !h.contains("size")) corrupt("unreadable header");
   ObjectInfo info;
@@ -112,9 +129,11 @@ ObjectInfo FileStore::ReadObject(const std::string& name, std::string* bytes) {
   }
   if (info.name != name) corrupt("header names '" + info.name + "'");
   if (bytes) {
-    size_t body = file.size() - kMagicLen - 4 - len;
+    const uint64_t start = kMagicLen + 4 + len;
+    const uint64_t body = total >= start ? total - start : 0;
     if (body != info.size) corrupt("body has " + std::to_string(body) + " bytes, header says " + std::to_string(info.size));
-    bytes->assign(file, kMagicLen + 4 + len, body);
+    bytes->resize(static_cast<size_t>(body));
+    if (read_at(bytes->data(), bytes->size(), start) != bytes->size()) corrupt("the file ended while it was read");
     std::string got = ChecksumHex(*bytes);
     if (got != info.checksum) corrupt("checksum mismatch (stored " + info.checksum + ", bytes hash to " + got + ")");
   }

@@ -151,6 +151,26 @@ TEST(Nam, ListingShowsADamagedObjectInsteadOfFailing) {
   EXPECT_EQ(KindOf([&] { s.Get("p/b"); }), ErrorKind::kNotFound);
 }
 
+// A header longer than the first 64 KiB read (large metadata) is read whole, for Stat and
+// List too (they once reported such an object as corrupt); a header length that runs past the
+// file is corrupt before anything is allocated for it.
+TEST(Nam, FileStoreHeadersOfAnyLengthAndLyingLengths) {
+  TempDir d;
+  FileStore s(d.path());
+  nlohmann::json meta = {{"pad", std::string(100000, 'm')}};
+  s.Put("big/meta", "body", meta);
+  EXPECT_EQ(s.Stat("big/meta")->meta, meta);
+  EXPECT_EQ(s.Get("big/meta").bytes, "body");
+  ASSERT_EQ(s.List("big/").size(), 1u);
+  EXPECT_FALSE(s.List("big/")[0].meta.contains("damaged"));
+  s.Put("lie/len", "x", nullptr);
+  std::string path = s.PathOf("lie/len"), bytes = ReadFile(path);
+  bytes.replace(8, 4, std::string("\xff\xff\xff\x7f", 4));  // a header of 2 GiB
+  WriteFileAtomic(path, bytes);
+  EXPECT_EQ(KindOf([&] { s.Stat("lie/len"); }), ErrorKind::kCorrupt);
+  EXPECT_EQ(KindOf([&] { s.Get("lie/len"); }), ErrorKind::kCorrupt);
+}
+
 TEST(Nam, ChangedByteOnDiskIsDetectedOnRead) {
   TempDir d;
   FileStore s(d.path());
