@@ -1,13 +1,9 @@
 #include "common/overlap.h"
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "common/error.h"
@@ -19,72 +15,63 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// One helper thread per calling thread, started on first use and kept: starting a thread
-// costs ~2 ms on some virtual machines (more than a fetch), waking a parked one microseconds.
-class Helper {
- public:
-  Helper() : thread_([this] { Loop(); }) {}
-  ~Helper() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  void Submit(std::function<void()> job) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      job_ = std::move(job);
-      pending_ = true;
-      done_ = false;
-      error_ = nullptr;
-    }
-    wake_.notify_all();
-  }
-  // Waits for the job submitted last; rethrows its exception.
-  void Wait() {
-    std::unique_lock<std::mutex> l(mu_);
-    finished_.wait(l, [&] { return done_; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> l(mu_);
-    for (;;) {
-      wake_.wait(l, [&] { return stop_ || pending_; });
-      if (stop_) return;
-      std::function<void()> job = std::move(job_);
-      pending_ = false;
-      l.unlock();
-      std::exception_ptr error;
-      try {
-        job();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      l.lock();
-      error_ = error;
-      done_ = true;
-      finished_.notify_all();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable wake_, finished_;
-  std::function<void()> job_;
-  bool pending_ = false, done_ = true, stop_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;  // last: started once the members above exist
-};
-
-Helper& ThisThreadsHelper() {
-  thread_local std::unique_ptr<Helper> helper;
-  if (!helper) helper = std::make_unique<Helper>();
-  return *helper;
+// One worker per calling thread for Overlap, started on first use and kept.
+Worker& ThisThreadsWorker() {
+  thread_local std::unique_ptr<Worker> worker;
+  if (!worker) worker = std::make_unique<Worker>();
+  return *worker;
 }
 
 }  // namespace
+
+Worker::Worker() : thread_([this] { Loop(); }) {}
+
+Worker::~Worker() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void Worker::Submit(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    job_ = std::move(job);
+    pending_ = true;
+    done_ = false;
+    error_ = nullptr;
+  }
+  wake_.notify_all();
+}
+
+void Worker::Wait() {
+  std::unique_lock<std::mutex> l(mu_);
+  finished_.wait(l, [&] { return done_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void Worker::Loop() {
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    wake_.wait(l, [&] { return stop_ || pending_; });
+    if (stop_) return;
+    std::function<void()> job = std::move(job_);
+    pending_ = false;
+    l.unlock();
+    std::exception_ptr error;
+    try {
+      job();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    l.lock();
+    error_ = error;
+    done_ = true;
+    finished_.notify_all();
+  }
+}
 
 OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
                      const std::function<void(int64_t)>& consume, bool on) {
@@ -103,7 +90,7 @@ OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
     }
     return s;
   }
-  Helper& helper = ThisThreadsHelper();
+  Worker& helper = ThisThreadsWorker();
   double next_fetch_s = 0;  // written by the helper, read after Wait()
   {
     auto t0 = Clock::now();

@@ -101,7 +101,7 @@ void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std:
                         std::to_string(f.PartHi(p) - f.PartLo(p)) + " rows x " + std::to_string(f.dim) + " float32)");
 }
 
-Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split, OverlapStats* io) {
+Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split) {
   FeaturesIndex idx = OpenFeatures(c, backbone, split);
   Features f;
   f.n = idx.n;
@@ -110,13 +110,12 @@ Features LoadFeatures(StepContext& c, const std::string& backbone, const std::st
   f.labels = std::move(idx.labels);
   f.x.resize(static_cast<size_t>(f.n * f.dim));
   std::string buf[2];
-  OverlapStats s = Overlap(
+  Overlap(
       idx.parts, [&](int64_t p) { ReadFeaturesPart(*c.store, idx, p, buf[p % 2]); },
       [&](int64_t p) {
         std::memcpy(f.x.data() + idx.PartLo(p) * f.dim, buf[p % 2].data(), buf[p % 2].size());
       },
       c.overlap);
-  if (io) io->Add(s);
   return f;
 }
 

@@ -57,8 +57,7 @@ FeaturesIndex OpenFeatures(StepContext& c, const std::string& backbone, const st
 // Reads part `p` into `bytes` (reusing its memory) and checks its size against the index;
 // the rows are then at bytes.data() as float32.
 void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std::string& bytes);
-// A split's whole features, reading part i + 1 while part i is copied; `io` adds the figures.
-Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split,
-                      OverlapStats* io = nullptr);
+// A split's whole features, reading part i + 1 while part i is copied.
+Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split);
 
 }  // namespace msaflow::modules

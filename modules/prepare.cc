@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <future>
 #include <map>
 
 #include "kernels/dataset.h"
@@ -46,11 +45,11 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
   w.parts = p1 - p0;
   std::vector<float> out[2];  // part p is built in out[p % 2] while out[(p - 1) % 2] is written
   for (auto& o : out) o.resize(static_cast<size_t>(idx.part_rows * dim));
-  std::future<void> writing;
+  Worker writer;  // writes part p while part p + 1 is computed; declared after `out`, so it
+                  // finishes (its destructor waits) before the buffers go
   auto finish_write = [&] {
-    if (!writing.valid()) return;
     auto t0 = Clock::now();
-    writing.get();
+    writer.Wait();  // rethrows a failed write
     w.put_wait_s += Since(t0);
   };
   auto write_part = [&](int64_t p) {
@@ -64,54 +63,49 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
       w.put_s += Since(t0);
     };
     if (c.overlap) {
-      writing = std::async(std::launch::async, put);
+      writer.Submit(put);
     } else {
       auto t0 = Clock::now();
       put();
       w.put_wait_s += Since(t0);
     }
   };
-  try {
-    if (bb.kind == "pixels") {
-      for (int64_t p = p0; p < p1; ++p) {
-        auto t0 = Clock::now();
-        float* o = out[p % 2].data();
-        const uint8_t* src = ds.pixels.data() + idx.PartLo(p) * px;
-        for (int64_t i = 0, m = (idx.PartHi(p) - idx.PartLo(p)) * dim; i < m; ++i) o[i] = src[i] / 255.f;
-        w.batches.consume_s += Since(t0);
-        write_part(p);
-      }
-    } else {
-      const auto& in = bb.input;
-      const int64_t batches = (hi - lo + kBatch - 1) / kBatch;
-      std::vector<float> batch[2];
-      for (auto& b : batch) b.resize(static_cast<size_t>(kBatch * in.channels * in.height * in.width));
-      int64_t next_report = batches / 4;
-      w.batches = Overlap(
-          batches,
-          [&](int64_t i) {
-            const int64_t s = lo + i * kBatch;
-            kernels::PrepareBatch(ds.pixels.data() + s * px, std::min(kBatch, hi - s), ds.rows, ds.cols, in,
-                                  batch[i % 2].data());
-          },
-          [&](int64_t i) {
-            const int64_t s = lo + i * kBatch, b = std::min(kBatch, hi - s);
-            const int64_t p = s / idx.part_rows;
-            auto f = ex->Features(batch[i % 2].data(), b, in.channels, in.height, in.width);
-            std::copy(f.begin(), f.end(), out[p % 2].begin() + (s - idx.PartLo(p)) * dim);
-            if (s + b == idx.PartHi(p)) write_part(p);
-            if (i + 1 == next_report && i + 1 < batches) {
-              c.Say(fmt::format("progress: features {} {}/{} images", label, s + b - lo, hi - lo));
-              next_report += batches / 4;
-            }
-          },
-          c.overlap);
+  if (bb.kind == "pixels") {
+    for (int64_t p = p0; p < p1; ++p) {
+      auto t0 = Clock::now();
+      float* o = out[p % 2].data();
+      const uint8_t* src = ds.pixels.data() + idx.PartLo(p) * px;
+      for (int64_t i = 0, m = (idx.PartHi(p) - idx.PartLo(p)) * dim; i < m; ++i) o[i] = src[i] / 255.f;
+      w.batches.consume_s += Since(t0);
+      write_part(p);
     }
-    finish_write();
-  } catch (...) {
-    if (writing.valid()) writing.wait();  // the write reads this frame's buffers
-    throw;
+  } else {
+    const auto& in = bb.input;
+    const int64_t batches = (hi - lo + kBatch - 1) / kBatch;
+    std::vector<float> batch[2];
+    for (auto& b : batch) b.resize(static_cast<size_t>(kBatch * in.channels * in.height * in.width));
+    int64_t next_report = batches / 4;
+    w.batches = Overlap(
+        batches,
+        [&](int64_t i) {
+          const int64_t s = lo + i * kBatch;
+          kernels::PrepareBatch(ds.pixels.data() + s * px, std::min(kBatch, hi - s), ds.rows, ds.cols, in,
+                                batch[i % 2].data());
+        },
+        [&](int64_t i) {
+          const int64_t s = lo + i * kBatch, b = std::min(kBatch, hi - s);
+          const int64_t p = s / idx.part_rows;
+          auto f = ex->Features(batch[i % 2].data(), b, in.channels, in.height, in.width);
+          std::copy(f.begin(), f.end(), out[p % 2].begin() + (s - idx.PartLo(p)) * dim);
+          if (s + b == idx.PartHi(p)) write_part(p);
+          if (i + 1 == next_report && i + 1 < batches) {
+            c.Say(fmt::format("progress: features {} {}/{} images", label, s + b - lo, hi - lo));
+            next_report += batches / 4;
+          }
+        },
+        c.overlap);
   }
+  finish_write();
   return w;
 }
 

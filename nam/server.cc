@@ -375,7 +375,6 @@ struct Server::Impl {
     }
   }
 
-  // Makes an object resident (reloading it from the persist directory) and returns it.
   // The first damaged objects' names, as many as a reply holds with room to spare.
   json DamagedNames() const {
     json names = json::array();
@@ -394,6 +393,7 @@ struct Server::Impl {
     Fail(Status::kNotFound, "no object '" + name + "'");
   }
 
+  // Makes an object resident (reloading it from the persist directory) and returns it.
   Stored& Resident(const std::string& name) {
     auto it = index.find(name);
     if (it == index.end()) Missing(name);

@@ -76,6 +76,19 @@ std::optional<int64_t> StepLimit(const workflow::Pipeline& p, const Machine& m, 
   return limit;
 }
 
+// A round's costs as the run recorded them ("costs"), or measured from its step summaries
+// when the results predate that field.
+std::map<std::string, StepCost> RoundCosts(const json& round, const workflow::Pipeline& p, const std::string& where) {
+  if (!round.contains("costs")) return MeasureRound(round, p);
+  std::map<std::string, StepCost> out;
+  for (const auto& item : round["costs"].items()) {
+    StepCost c = StepCostFromJson(item.value(), where + ": costs/" + item.key());
+    c.step = item.key();
+    out[item.key()] = c;
+  }
+  return out;
+}
+
 }  // namespace
 
 json ToJson(const StepCost& c) {
@@ -147,23 +160,28 @@ std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::
 Placement PlaceFromCosts(const workflow::Pipeline& p, const Machine& m, const json& results,
                          const std::string& results_path, unsigned cores) {
   Placement pl;
-  pl.source = fmt::format("run {} ({})", results.value("run", "?"), results_path);
   // Per step, the round in which it worked most (round 1 computes the features; later
   // rounds reuse them), and the launch cost measured in that round.
   std::map<std::string, StepCost> most;
   std::map<std::string, double> launch;
   std::map<std::string, int> at_round;
-  for (const auto& r : results.value("rounds", json::array())) {
-    auto costs = MeasureRound(r, p);
-    for (const auto& [step, unit] : Divisible()) {
-      auto it = costs.find(step);
-      if (it == costs.end()) continue;
-      if (!most.count(step) || it->second.work_s > most[step].work_s) {
-        most[step] = it->second;
-        launch[step] = LaunchCost(costs);
-        at_round[step] = r.value("round", 0);
+  try {
+    pl.source = fmt::format("run {} ({})", results.value("run", "?"), results_path);
+    for (const auto& r : results.value("rounds", json::array())) {
+      const int round = r.value("round", 0);
+      auto costs = RoundCosts(r, p, fmt::format("{}: round {}", results_path, round));
+      for (const auto& [step, unit] : Divisible()) {
+        auto it = costs.find(step);
+        if (it == costs.end()) continue;
+        if (!most.count(step) || it->second.work_s > most[step].work_s) {
+          most[step] = it->second;
+          launch[step] = LaunchCost(costs);
+          at_round[step] = round;
+        }
       }
     }
+  } catch (const json::exception& e) {
+    Throw(ErrorKind::kCorrupt, results_path + ": not the results of a run (" + e.what() + ")");
   }
   for (const auto& [step, unit] : Divisible()) {
     std::string limit_why;

@@ -283,7 +283,8 @@ std::string LastResults(const std::string& runs_dir, const std::string& name) {
     const auto t = std::filesystem::last_write_time(f, fe);
     if (fe || (!best.empty() && t <= best_time)) continue;
     json r = json::parse(ReadFile(f.string()), nullptr, false);
-    if (r.is_discarded() || !r.is_object() || r.value("format", "") != kResultsFormat || r.value("pipeline", "") != name)
+    if (r.is_discarded() || !r.is_object() || !r.contains("format") || r["format"] != kResultsFormat ||
+        !r.contains("pipeline") || r["pipeline"] != name)
       continue;
     best = f.string();
     best_time = t;
