@@ -25,6 +25,7 @@
 #include "nam/server.h"
 #include "nam/store.h"
 #include "nam/verify.h"
+#include "orchestrator/fpga_preflight.h"
 #include "orchestrator/launcher.h"
 #include "orchestrator/machine.h"
 #include "orchestrator/placement.h"
@@ -250,6 +251,7 @@ int main(int argc, char** argv) {
         if (b.kind == "onnx" && !PathExists(b.onnx))
           Throw(ErrorKind::kNotFound, pipeline_path + ": /backbones: " + b.onnx + ": no such file");
       orchestrator::NamFor(p, m, runs_dir);  // the NAM URI as a run would use it
+      orchestrator::FpgaPreflight(p, m);     // fpga "opencl" needs an OpenCL device here (launcher local)
       // The train layout against the machine (ranks + servers within the module's max_ranks).
       const auto& train = p.steps.at("train");
       auto layout = orchestrator::ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
@@ -260,6 +262,10 @@ int main(int argc, char** argv) {
       std::printf("  train: mode %s on %lld rank%s%s\n", layout.mode.c_str(), static_cast<long long>(layout.ranks),
                   layout.ranks > 1 ? "s" : "",
                   layout.servers ? fmt::format(" + {} parameter server(s)", layout.servers).c_str() : "");
+      for (const char* step : {"prepare", "select"}) {
+        const auto& mod = m.Module(p.steps.at(step).module, "");
+        std::printf("  %s: fpga \"%s\" on module %s\n", step, orchestrator::FpgaFor(p, mod).backend.c_str(), mod.name.c_str());
+      }
       return 0;
     }
     if (*plan || *run) {

@@ -39,16 +39,4 @@ Metrics Evaluate(const float* logits, const uint8_t* labels, int64_t n, int64_t 
   return m;
 }
 
-std::vector<Scored> SelectTopK(std::vector<Scored> scores, size_t k) {
-  auto better = [](const Scored& a, const Scored& b) {
-    bool an = std::isnan(a.metric), bn = std::isnan(b.metric);
-    if (an != bn) return bn;
-    if (!an && a.metric != b.metric) return a.metric > b.metric;
-    return a.candidate < b.candidate;
-  };
-  std::sort(scores.begin(), scores.end(), better);
-  if (scores.size() > k) scores.resize(k);
-  return scores;
-}
-
 }  // namespace msaflow::kernels

@@ -1,5 +1,4 @@
-// Evaluation metrics and the selection reduction (the step-5 reduction; the OpenCL FPGA
-// backend of a later issue implements the same contract).
+// Evaluation metrics (the select step's reduction over them: kernels/fpga/select.h).
 #pragma once
 
 #include <cstdint>
@@ -21,14 +20,5 @@ struct Metrics {
 
 // Metrics of logits (n x classes) against labels.
 Metrics Evaluate(const float* logits, const uint8_t* labels, int64_t n, int64_t classes);
-
-struct Scored {
-  std::string candidate;
-  double metric = 0;
-};
-
-// The top `k` candidates by metric, highest first; equal metrics are ordered by candidate id
-// (lexicographically smallest first), so the champion is deterministic. NaN sorts last.
-std::vector<Scored> SelectTopK(std::vector<Scored> scores, size_t k);
 
 }  // namespace msaflow::kernels

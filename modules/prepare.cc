@@ -4,7 +4,9 @@
 // parts and writes them itself, and rank 0 writes the features object last, once every part
 // is in; the objects are byte-identical for any number of ranks. The data manager overlaps
 // the work: batch i + 1 is prepared (the FPGA's job on the DAM) while the backbone runs on
-// batch i, and a finished part is written to the NAM while the next one is computed.
+// batch i, and a finished part is written to the NAM while the next one is computed. Batches
+// are prepared on the task's FPGA backend (kernels/fpga/device.h); the results give the time
+// measured here and, when the machine file describes the target board, the modelled time there.
 #include <fmt/core.h>
 
 #include <chrono>
@@ -14,7 +16,6 @@
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
 #include "kernels/onnx_graph.h"
-#include "kernels/prepare.h"
 #include "modules/features.h"
 #include "workflow/objects.h"
 
@@ -81,6 +82,7 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
     }
   } else {
     const auto& in = bb.input;
+    kernels::fpga::Device* fpga = &c.Fpga();  // opened here, before the data manager's thread uses it
     const int64_t batches = (hi - lo + kBatch - 1) / kBatch;
     std::vector<float> batch[2];
     for (auto& b : batch) b.resize(static_cast<size_t>(kBatch * in.channels * in.height * in.width));
@@ -89,8 +91,8 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
         batches,
         [&](int64_t i) {
           const int64_t s = lo + i * kBatch;
-          kernels::PrepareBatch(ds.pixels.data() + s * px, std::min(kBatch, hi - s), ds.rows, ds.cols, in,
-                                batch[i % 2].data());
+          fpga->Prepare({ds.pixels.data() + s * px, std::min(kBatch, hi - s), ds.rows, ds.cols, 1}, in,
+                        batch[i % 2].data());
         },
         [&](int64_t i) {
           const int64_t s = lo + i * kBatch, b = std::min(kBatch, hi - s);
@@ -107,6 +109,24 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
   }
   finish_write();
   return w;
+}
+
+// The preparation time measured on every rank, and what the target board would take
+// (kernels/fpga/cost_model.h), for one (backbone, split).
+nlohmann::json PrepareFpgaTimes(const StepContext& c, const workflow::BackboneSpec& bb, const kernels::ImageSet& ds,
+                                const std::vector<std::string>& per_rank) {
+  double measured = 0;
+  for (const auto& s : per_rank) measured += nlohmann::json::parse(s).value("prepare_s", 0.0);
+  nlohmann::json j = {{"images", ds.count}, {"measured_s", measured},
+                      {"images_per_s", measured > 0 ? static_cast<double>(ds.count) / measured : 0.0}};
+  const auto& t = c.task.fpga.target;
+  if (t.given()) {
+    const auto& in = bb.input;
+    auto m = kernels::fpga::ModelPrepare(t, ds.count, ds.rows, ds.cols, 1, in.height, in.width, in.channels, 4);
+    j["modelled"] = {{"seconds", m.seconds()}, {"bound", m.bound()}, {"target", t.name},
+                     {"note", "modelled from the machine file's target figures, not measured"}};
+  }
+  return j;
 }
 
 }  // namespace
@@ -188,9 +208,11 @@ void Prepare(StepContext& c) {
       entry["seconds"] = secs;
       entry["ranks"] = size;
       entry["parts"] = idx.parts;
+      if (c.root() && bb.kind != "pixels") entry["fpga"] = PrepareFpgaTimes(c, bb, ds, stats);
       summary["computed"].push_back(entry);
     }
   }
+  summary["fpga"] = c.FpgaReport();
   if (c.root())
     c.store->Put(workflow::PreparedObject(c.task.run, c.task.round), summary.dump(), {{"kind", "prepare-summary"}});
   c.comm->Barrier();  // no rank reports success before the features are committed

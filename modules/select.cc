@@ -1,13 +1,17 @@
 // Step 5 (DAM): the candidates' shard results merged into one result each, then the reduction
 // over the round (argmax of the metric, ties by candidate id, top-k). The candidates are dealt
 // over the ranks; the champion comes from an MPI_MAXLOC reduction over them (ranked by id, so
-// ties go to the smallest id on any number of ranks) and rank 0 gathers the rest for top-k.
-// The FPGA backend of a later issue implements the same reduction as an OpenCL kernel.
+// ties go to the smallest id on any number of ranks) and rank 0 gathers the rest and orders
+// them on the task's FPGA backend (kernels/fpga/select.h: select.cl, or the same order in C++);
+// the two reductions must agree on the champion.
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 
 #include "common/error.h"
+#include "kernels/fpga/select.h"
 #include "kernels/metrics.h"
 #include "modules/evaluate.h"
 #include "modules/step_context.h"
@@ -71,8 +75,10 @@ void Select(StepContext& c) {
   if (c.root())
     for (const auto& k : t.kept) mine.push_back(KeptEntry(c, k));
   parallel::ArgMax best_here;
+  // A metric that is not a number (NaN is stored as null) stays NaN: the device refuses it.
+  auto metric_of = [](const json& e) { return e["accuracy"].is_number() ? e["accuracy"].get<double>() : std::nan(""); };
   for (const auto& e : mine) {
-    parallel::ArgMax a{e["accuracy"].get<double>(), index_of(e["candidate"]["id"])};
+    parallel::ArgMax a{metric_of(e), index_of(e["candidate"]["id"])};
     bool better = best_here.index < 0 || (a.metric > best_here.metric) ||
                   (a.metric == best_here.metric && a.index < best_here.index) ||
                   (best_here.metric != best_here.metric && a.metric == a.metric);
@@ -84,28 +90,42 @@ void Select(StepContext& c) {
     comm.Barrier();
     return;
   }
-  std::vector<kernels::Scored> scores;
+  std::vector<kernels::fpga::Scored> scores;
   std::map<std::string, json> info;
   for (const auto& p : parts)
     for (const auto& e : json::parse(p)) {
       std::string id = e["candidate"]["id"];
-      scores.push_back({id, e["accuracy"]});
+      scores.push_back({id, metric_of(e)});
       info[id] = e;
     }
   if (scores.empty()) Throw(ErrorKind::kNotFound, "select: no candidates to select from");
-  auto top = kernels::SelectTopK(scores, static_cast<size_t>(t.top_k));
+  kernels::fpga::Device& fpga = c.Fpga();
+  auto t0 = std::chrono::steady_clock::now();
+  auto all = kernels::fpga::SelectOrder(fpga, scores);
+  const double measured = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<kernels::fpga::Scored> top(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(
+                                                                        std::min<size_t>(all.size(), static_cast<size_t>(t.top_k))));
   if (champ.index < 0 || sorted[static_cast<size_t>(champ.index)] != top.at(0).candidate)
     Throw(ErrorKind::kInternal, "select: the MPI reduction chose " +
                                     (champ.index < 0 ? std::string("nothing") : sorted[static_cast<size_t>(champ.index)]) +
-                                    ", the top-k " + top.at(0).candidate);
+                                    ", the device (" + fpga.Name() + ") " + top.at(0).candidate);
+  json report = c.FpgaReport();
+  report["candidates"] = all.size();
+  report["measured_s"] = measured;
+  if (t.fpga.target.given()) {
+    auto m = kernels::fpga::ModelSelect(t.fpga.target, static_cast<int64_t>(all.size()));
+    report["modelled"] = {{"seconds", m.seconds()}, {"bound", m.bound()}, {"target", t.fpga.target.name},
+                          {"note", "modelled from the machine file's target figures, not measured"}};
+  }
   json best = {{"metric", t.metric},
-               {"device", "cpu (FPGA simulated)"},
+               {"device", fpga.Name()},
+               {"fpga", report},
                {"reduction", fmt::format("MPI_MAXLOC over {} rank{}", comm.size(), comm.size() > 1 ? "s" : "")},
                {"champion", info[top.at(0).candidate]},
                {"top_k", json::array()},
                {"all", json::array()}};
   for (const auto& s : top) best["top_k"].push_back(info[s.candidate]);
-  for (const auto& s : kernels::SelectTopK(scores, scores.size())) best["all"].push_back(info[s.candidate]);
+  for (const auto& s : all) best["all"].push_back(info[s.candidate]);
   c.store->Put(workflow::BestObject(t.run, t.round), best.dump(), {{"kind", "best"}});
   c.Say(fmt::format("champion of round {}: {} accuracy {:.4f} (of {} candidates)", t.round, top[0].candidate,
                     top[0].metric, scores.size()));

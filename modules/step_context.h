@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "kernels/fpga/cost_model.h"
+#include "kernels/fpga/device.h"
 #include "nam/store.h"
 #include "parallel/comm.h"
 #include "workflow/task.h"
@@ -27,9 +30,18 @@ struct StepContext {
   // The digest of a dataset split (train | test) as the features keys use it; the images are
   // read once per step, not once per backbone.
   const std::string& DatasetDigest(const std::string& split);
+  // This step's FPGA backend (task.fpga), opened on first use; rank 0 says which device it is
+  // (and, for "auto" without OpenCL, why it is the CPU).
+  kernels::fpga::Device& Fpga();
+  bool FpgaOpen() const { return fpga_ != nullptr; }
+  // What the results say about the FPGA: backend asked for, device used, the fallback notice,
+  // the Slurm job and node it ran on.
+  nlohmann::json FpgaReport() const;
 
  private:
   std::map<std::string, std::string> digests_;
+  std::unique_ptr<kernels::fpga::Device> fpga_;
+  std::string fpga_notice_;
 };
 
 void Load(StepContext& c);

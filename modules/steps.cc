@@ -23,6 +23,33 @@ const std::string& StepContext::DatasetDigest(const std::string& split) {
   return digests_[split] = kernels::ReadIdx(s.images, s.labels, s.limit).Digest();
 }
 
+kernels::fpga::Device& StepContext::Fpga() {
+  if (fpga_) return *fpga_;
+  fpga_ = kernels::fpga::Open(task.fpga, &fpga_notice_);
+  if (root()) {
+    if (!fpga_notice_.empty()) Say(fpga_notice_);
+    Say("fpga: " + fpga_->Name() + " (fpga \"" + task.fpga.backend + "\")");
+  }
+  return *fpga_;
+}
+
+nlohmann::json StepContext::FpgaReport() const {
+  nlohmann::json j = {{"requested", task.fpga.backend}};
+  if (fpga_) {
+    j["backend"] = fpga_->Backend();
+    j["device"] = fpga_->Name();
+  } else {
+    j["device"] = nullptr;  // nothing needed it (every feature reused)
+  }
+  if (!fpga_notice_.empty()) j["notice"] = fpga_notice_;
+  if (task.fpga.target.given()) j["target"] = task.fpga.target.name.empty() ? "(unnamed)" : task.fpga.target.name;
+  if (const char* job = std::getenv("SLURM_JOB_ID")) {
+    const char* node = std::getenv("SLURMD_NODENAME");
+    j["slurm"] = {{"job", job}, {"node", node ? node : ""}, {"gres", task.gres}};
+  }
+  return j;
+}
+
 void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {
   if (task.is_object() && task.contains("step") && task["step"].is_string() && task["step"] != step)
     Throw(ErrorKind::kInvalidInput, "task is for step '" + task["step"].get<std::string>() + "', not '" + step + "'");

@@ -10,6 +10,7 @@
 #include "nam/fabric_store.h"
 #include "nam/pool.h"
 #include "nam/server.h"
+#include "workflow/fpga_config.h"
 
 namespace msaflow::orchestrator {
 namespace {
@@ -21,8 +22,8 @@ constexpr char kLocalMachine[] = R"json({
   "modules": {
     "cm":  {"description": "Cluster Module: coordinator and model loading (local processes)", "max_ranks": 1},
     "esb": {"description": "Extreme Scale Booster: evaluation task farm (local MPI ranks, may outnumber the cores)", "max_ranks": 64},
-    "dam": {"description": "Data Analytics Module: preparation, training, selection (FPGA simulated on the CPU; local MPI ranks)",
-            "max_ranks": 64, "fpga": "simulated"}
+    "dam": {"description": "Data Analytics Module: preparation, training, selection (FPGA simulated: OpenCL on PoCL when installed, else C++; local MPI ranks)",
+            "max_ranks": 64, "fpga": "auto"}
   },
   "nam": {"serve": true, "listen": "127.0.0.1:0", "provider": "tcp", "capacity": "2GiB"}
 })json";
@@ -113,7 +114,7 @@ Machine ParseMachine(const std::string& text, const std::string& origin, const s
       s.max_ranks = v.value("max_ranks", 1);
       // 0 = as many as this machine has cores.
       if (s.max_ranks <= 0) s.max_ranks = std::max<int64_t>(1, std::thread::hardware_concurrency());
-      s.fpga = v.value("fpga", "");
+      if (v.contains("fpga")) s.fpga = workflow::FpgaConfigFromJson(v["fpga"], origin + ": /modules/" + k + "/fpga", base_dir);
       s.partition = v.value("partition", k);
       s.constraint = v.value("constraint", "");
       s.gres = v.value("gres", "");

@@ -7,13 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "kernels/fpga/device.h"
+
 namespace msaflow::orchestrator {
 
 struct ModuleSpec {
   std::string name;
   std::string description;
   int64_t max_ranks = 1;  // processes a step may use on this module
-  std::string fpga;       // "", "simulated", "opencl"
+  kernels::fpga::Config fpga;  // backend "cpu" unless the file says otherwise (docs/fpga.md)
   // Slurm (launcher "slurm"): where this module's hetjob component runs.
   std::string partition;   // default: the module's name
   std::string constraint;  // --constraint, if any

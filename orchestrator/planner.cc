@@ -3,6 +3,8 @@
 #include <fmt/core.h>
 
 #include "common/error.h"
+#include "orchestrator/fpga_preflight.h"
+#include "workflow/fpga_config.h"
 
 namespace msaflow::orchestrator {
 
@@ -68,6 +70,10 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
     if (step == "evaluate") {
       t.body["shards"] = s.shards > 0 ? s.shards : 2 * t.ranks;
       t.body["farm"] = s.farm;
+    }
+    if (step == "prepare" || step == "select") {  // the steps the DAM's FPGA serves
+      t.body["fpga"] = workflow::FpgaConfigToJson(FpgaFor(p, mod));
+      if (m.launcher == "slurm" && !mod.gres.empty()) t.body["gres"] = mod.gres;
     }
     if (step == "select") {
       t.body["kept"] = kept_json;

@@ -17,6 +17,7 @@
 #include "nam/fabric_store.h"
 #include "nam/server.h"
 #include "nam/store.h"
+#include "orchestrator/fpga_preflight.h"
 #include "orchestrator/nam_process.h"
 #include "orchestrator/placement.h"
 #include "orchestrator/slurm.h"
@@ -72,6 +73,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   if (PathExists(dir + "/journal.jsonl"))
     Throw(ErrorKind::kInvalidInput, "run directory " + dir + " already holds a run; choose another --run-id");
   std::string nam_uri = NamFor(p, m, opt.runs_dir);  // refuses a malformed NAM URI before anything is written
+  FpgaPreflight(p, m);                               // and fpga "opencl" with no OpenCL device here
   MakeDirs(dir + "/tasks");
   MakeDirs(dir + "/logs");
   WriteFileAtomic(dir + "/pipeline.json", p.source.dump(2) + "\n");
@@ -225,7 +227,8 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
                        {"candidates", best.at("all")}, {"features", prepared},
                        {"features_computed", prepared.at("computed").size()},
                        {"features_reused", prepared.at("reused").size()}, {"training", training}, {"evaluation", evaluation},
-                       {"step_seconds", step_seconds}};
+                       {"step_seconds", step_seconds},
+                       {"selection", {{"device", best.value("device", "")}, {"fpga", best.value("fpga", json::object())}}}};
     // What each step cost per item, for `msaflow plan --ranks auto` (orchestrator/placement.h).
     json costs = json::object();
     for (const auto& [step, c] : MeasureRound(round_json, p)) costs[step] = ToJson(c);

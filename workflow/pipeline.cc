@@ -269,7 +269,7 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
   if (!dups.duplicate().empty())
     Throw(ErrorKind::kInvalidInput, origin + ": " + dups.duplicate() + ": duplicate key (each key may appear once)");
   Reader r(origin, base_dir);
-  r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric", "retries"},
+  r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric", "retries", "fpga"},
            {"name", "datasets", "backbones"});
   Pipeline p;
   if (doc.contains("format") && r.String(doc["format"], "/format") != kPipelineFormat)
@@ -361,6 +361,7 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
                                   " candidates of a round; at most that many models can be kept");
   }
   if (doc.contains("metric")) p.metric = r.Enum(doc["metric"], "/metric", {"accuracy"});
+  if (doc.contains("fpga")) p.fpga = r.Enum(doc["fpga"], "/fpga", {"cpu", "opencl", "auto"});
   if (doc.contains("retries")) {
     const json& rt = doc["retries"];
     r.Object(rt, "/retries", {"max", "on"}, {});

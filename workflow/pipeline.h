@@ -87,6 +87,7 @@ struct Pipeline {
   std::map<std::string, StepSpec> steps;  // load, prepare, train, store, evaluate, select
   RoundsSpec rounds;
   std::string metric = "accuracy";
+  std::string fpga;  // cpu | opencl | auto: overrides the machine's FPGA backend; "" = the machine's
   nlohmann::json source;  // as submitted, with paths made absolute
 
   const BackboneSpec& Backbone(const std::string& name) const;

@@ -1,6 +1,7 @@
 #include "workflow/task.h"
 
 #include "common/error.h"
+#include "workflow/fpga_config.h"
 
 namespace msaflow::workflow {
 namespace {
@@ -103,6 +104,8 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
   }
   if (body.contains("metric")) t.metric = Field(body, "metric", origin, json::value_t::string).get<std::string>();
   if (body.contains("train")) t.train = TrainLayoutFromJson(body["train"], origin);
+  if (body.contains("gres")) t.gres = Field(body, "gres", origin, json::value_t::string).get<std::string>();
+  if (body.contains("fpga")) t.fpga = FpgaConfigFromJson(body["fpga"], origin + ": fpga", "/");
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/fpga/device.h"
 #include "workflow/candidates.h"
 #include "workflow/pipeline.h"
 
@@ -44,6 +45,8 @@ struct TaskSpec {
   int64_t top_k = 1;                  // select
   std::string metric = "accuracy";    // select
   TrainLayout train;                  // train
+  kernels::fpga::Config fpga;         // prepare, select: the FPGA backend (the module's, or the pipeline's override)
+  std::string gres;                   // under Slurm: the GRES the step's job component asked for ("fpga:1")
 };
 
 // Throws Error(kInvalidInput) "<origin>: <field>: <problem>" for anything missing or mistyped.

@@ -128,6 +128,52 @@ class Cli(unittest.TestCase):
                                                "'fabric://127.0.0.1:99999': port 99999 is out of range")
         self.assertEqual(sorted(os.listdir(self.dir)), ["p.json"])
 
+    def no_opencl(self):
+        """The environment of a machine without OpenCL: the ICD loader looks in an empty folder."""
+        empty = os.path.join(self.dir, "no-icds")
+        os.makedirs(empty, exist_ok=True)
+        return dict(os.environ, OCL_ICD_VENDORS=empty)
+
+    def test_fpga_opencl_without_a_platform_is_refused_before_anything_is_written(self):
+        doc = self.absolute_quickstart()
+        doc["fpga"] = "opencl"
+        path = self.write("p.json", doc)
+        for cmd in ("validate", "run"):
+            r = subprocess.run([EXE, cmd, path, *([] if cmd == "validate" else ["--runs", os.path.join(self.dir, "runs")])],
+                               capture_output=True, text=True, timeout=120, env=self.no_opencl())
+            self.assertEqual(r.returncode, 6, cmd + ": " + r.stderr)
+            self.assertTrue(r.stderr.startswith('msaflow: error: pipeline quickstart: step prepare on module dam asks for '
+                                                'fpga "opencl" (the pipeline\'s /fpga), but opencl: no OpenCL platform is '
+                                                'installed'), r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["no-icds", "p.json"])
+        # With OpenCL present (PoCL, which the set-up installs) the same pipeline is valid.
+        r = msaflow("validate", path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn('prepare: fpga "opencl" on module dam', r.stdout)
+
+    def test_fpga_auto_without_a_platform_falls_back_to_the_cpu_with_a_notice(self):
+        doc = self.absolute_quickstart()
+        doc["backbones"] = doc["backbones"][:1]  # MobileNetV2: prepare uses the FPGA backend
+        doc["backbones"][0]["input"]["height"] = doc["backbones"][0]["input"]["width"] = 32
+        doc["datasets"]["train"]["limit"] = 128
+        doc["datasets"]["test"]["limit"] = 64
+        doc["head"] = {"type": "softmax", "epochs": 1}
+        doc["rounds"] = {"max": 1, "candidates": 2}
+        doc["steps"] = {"train": {"mode": "independent"}, "evaluate": {"ranks": 1}}
+        r = subprocess.run([EXE, "run", self.write("p.json", doc), "--runs", self.dir, "--run-id", "auto"],
+                           capture_output=True, text=True, timeout=300, env=self.no_opencl())
+        self.assertEqual(r.returncode, 0, r.stderr + r.stdout[-2000:])
+        notices = [line for line in r.stdout.splitlines() if "fpga auto: no OpenCL device, so the CPU backend" in line]
+        self.assertEqual(len(notices), 2, r.stdout)  # one line from each of prepare and select
+        self.assertIn("no OpenCL platform is installed", notices[0])
+        with open(os.path.join(self.dir, "auto", "results.json")) as f:
+            rnd = json.load(f)["rounds"][0]
+        self.assertEqual(rnd["selection"]["device"], "cpu (C++)")
+        self.assertEqual(rnd["selection"]["fpga"]["requested"], "auto")
+        self.assertIn("no OpenCL platform", rnd["selection"]["fpga"]["notice"])
+        self.assertEqual(rnd["features"]["fpga"]["backend"], "cpu")
+
     def test_nam_verify_lists_damaged_objects_and_repair_moves_them_aside(self):
         nam = os.path.join(self.dir, "nam")
         uri = "file://" + nam

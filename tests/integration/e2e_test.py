@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """End to end: a small pipeline through the real module processes (real ONNX backbones, real
 Fashion-MNIST images, file:// NAM), two rounds. Checks the champion and that round 2 reused
-every feature object instead of running the backbones again."""
+every feature object instead of running the backbones again. The FPGA steps run on OpenCL
+(PoCL, which CI installs); a run with the C++ backend must give the same metrics, bit for bit."""
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ EXE, ROOT = sys.argv[1], sys.argv[2]
 class EndToEnd(unittest.TestCase):
     def test_two_rounds(self):
         doc = small_pipeline(ROOT, "e2e")
+        doc["fpga"] = "opencl"
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "p.json")
             with open(p, "w") as f:
@@ -48,6 +50,14 @@ class EndToEnd(unittest.TestCase):
             # Real learning happened: well above chance (10 classes) on 300 test images.
             self.assertGreater(best, 0.6)
             self.assertEqual(set(res["best_per_backbone"]), {"mobilenetv2", "ppocrv4", "pixels"})
+            # The FPGA's two steps ran on the PoCL device and say so.
+            self.assertIn("fpga: opencl: Portable Computing Language / ", r.stdout)
+            for rnd in res["rounds"]:
+                self.assertTrue(rnd["selection"]["device"].startswith("opencl: Portable Computing Language / "),
+                                rnd["selection"])
+                self.assertEqual(rnd["selection"]["fpga"]["requested"], "opencl")
+            self.assertEqual(r1["features"]["fpga"]["backend"], "opencl")
+            self.assertGreater(r1["features"]["computed"][0]["fpga"]["measured_s"], 0)
             # Round 2 kept round 1's top-2 and derived 4 new candidates from them.
             kept = [c for c in r2["candidates"] if c["round"] == 1]
             self.assertEqual(len(kept), 2)
@@ -84,8 +94,10 @@ class EndToEnd(unittest.TestCase):
             # Same pipeline, same seeds: the same champion configuration and accuracy.
             self.assertAlmostEqual(again["champion"]["accuracy"], res["champion"]["accuracy"])
             self.assertEqual(again["champion"]["candidate"]["id"], res["champion"]["candidate"]["id"])
-            # file:// stays available: the same pipeline over a plain directory, same champion.
+            # file:// stays available: the same pipeline over a plain directory, same champion; and
+            # with the FPGA steps in C++ (features computed again there), the same metrics exactly.
             doc["nam"] = "file://" + os.path.join(d, "plain-nam")
+            doc["fpga"] = "cpu"
             with open(p, "w") as f:
                 json.dump(doc, f)
             r = subprocess.run([EXE, "run", p, "--runs", d, "--run-id", "e2e-file"], capture_output=True, text=True,
@@ -95,7 +107,12 @@ class EndToEnd(unittest.TestCase):
                 plain = json.load(f)
             self.assertEqual(plain["nam"], doc["nam"])
             self.assertEqual(plain["champion"]["candidate"]["id"], res["champion"]["candidate"]["id"])
-            self.assertAlmostEqual(plain["champion"]["accuracy"], res["champion"]["accuracy"])
+            self.assertEqual(plain["champion"]["accuracy"], res["champion"]["accuracy"])
+            self.assertEqual(plain["rounds"][0]["features_computed"], 6)
+            self.assertEqual(plain["rounds"][0]["selection"]["device"], "cpu (C++)")
+            for a, b in zip(res["rounds"], plain["rounds"]):
+                metrics = [(c["candidate"]["id"], c["accuracy"], c["loss"]) for c in a["candidates"]]
+                self.assertEqual(metrics, [(c["candidate"]["id"], c["accuracy"], c["loss"]) for c in b["candidates"]])
 
 
 if __name__ == "__main__":

@@ -402,15 +402,5 @@ TEST(Metrics, CountsAndMerges) {
   EXPECT_EQ(total.confusion[2], 2);
 }
 
-TEST(Select, ArgmaxTiesByIdTopK) {
-  auto top = SelectTopK({{"r1-c02", 0.9}, {"r1-c01", 0.9}, {"r1-c00", 0.5}, {"r1-c03", std::nan("")}, {"r2-c00", 0.95}}, 3);
-  ASSERT_EQ(top.size(), 3u);
-  EXPECT_EQ(top[0].candidate, "r2-c00");
-  EXPECT_EQ(top[1].candidate, "r1-c01");
-  EXPECT_EQ(top[2].candidate, "r1-c02");
-  auto all = SelectTopK({{"b", std::nan("")}, {"a", 0.1}}, 5);
-  EXPECT_EQ(all[0].candidate, "a");
-}
-
 }  // namespace
 }  // namespace msaflow::kernels

@@ -75,7 +75,7 @@ TEST(Pipeline, ExactErrors) {
             "p.json: /backbones/0: missing required key \"feature_layer\"");
   EXPECT_EQ(ErrorOf(With("\"name\": \"t\",", "\"name\": \"t\", \"colour\": 1,")),
             "p.json: /colour: unknown key (expected one of format, name, machine, nam, datasets, backbones, head, "
-            "steps, rounds, metric, retries)");
+            "steps, rounds, metric, retries, fpga)");
   EXPECT_EQ(ErrorOf("{\"name\": "), "p.json: not valid JSON (parse error at line 1, column 10: syntax error while "
                                     "parsing value - unexpected end of input; expected '[', '{', or a literal)");
   EXPECT_EQ(ErrorOf("[]"), "p.json: /: expected an object, got an array");
