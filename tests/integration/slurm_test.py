@@ -135,6 +135,14 @@ class Slurm(unittest.TestCase):
             script = f.read()
         self.assertIn("#SBATCH hetjob", script)
         self.assertIn("--gres=fpga:1", script)
+        # The FPGA steps ran in the dam component, which holds the fpga GRES, on the simulated
+        # FPGA (the machine's dam says "auto"; PoCL is on the node), and say where.
+        for rnd in het["rounds"]:
+            for fpga in (rnd["selection"]["fpga"], rnd["features"]["fpga"]):
+                self.assertEqual(fpga["slurm"]["node"], "dam01", fpga)
+                self.assertEqual(fpga["slurm"]["gres"], "fpga:1", fpga)
+                self.assertRegex(fpga["slurm"]["job"], r"^\d+$")
+            self.assertTrue(rnd["selection"]["device"].startswith("opencl: Portable Computing Language"), rnd["selection"])
         # Every step is an MPI program launched with PMIx inside one component: train as 2 sync
         # ranks on the dam, evaluate as 2 ranks on the esb; no step spans components.
         self.assertIn("srun --het-group=1 --ntasks=2 --mpi=pmix", script)  # train on dam, 2 ranks
