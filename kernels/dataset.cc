@@ -3,7 +3,10 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <map>
+#include <random>
 
 #include "common/checksum.h"
 #include "common/error.h"
@@ -55,11 +58,58 @@ int64_t ImageSet::classes() const {
   return labels.empty() ? 0 : 1 + *std::max_element(labels.begin(), labels.end());
 }
 
+std::string ImageSet::Where(int64_t i) const {
+  if (i >= 0 && static_cast<size_t>(i) < files.size()) return files[static_cast<size_t>(i)];
+  return "image " + std::to_string(i);
+}
+
 std::string ImageSet::Digest() const {
+  // Gray images of one size keep the key they always had (features stored earlier stay valid).
   std::string buf = std::to_string(count) + "x" + std::to_string(rows) + "x" + std::to_string(cols) + ":";
+  if (channels != 1) buf += "c" + std::to_string(channels) + ":";
+  for (size_t i = 0; i < offset.size(); ++i)
+    buf += std::to_string(heights[i]) + "x" + std::to_string(widths[i]) + "x" + std::to_string(chans[i]) + ",";
   buf.append(reinterpret_cast<const char*>(pixels.data()), pixels.size());
   buf.append(reinterpret_cast<const char*>(labels.data()), labels.size());
   return ChecksumHex(buf);
+}
+
+ImageSet Subset(const ImageSet& s, const std::vector<int64_t>& rows) {
+  ImageSet o;
+  o.count = static_cast<int64_t>(rows.size());
+  o.rows = s.rows;
+  o.cols = s.cols;
+  o.channels = s.channels;
+  o.class_names = s.class_names;
+  for (int64_t r : rows) {
+    if (r < 0 || r >= s.count) Throw(ErrorKind::kInternal, "Subset: row " + std::to_string(r) + " of " + std::to_string(s.count));
+    const size_t bytes = static_cast<size_t>(s.Rows(r) * s.Cols(r) * s.Channels(r));
+    if (!s.uniform()) {
+      o.offset.push_back(static_cast<int64_t>(o.pixels.size()));
+      o.heights.push_back(s.Rows(r));
+      o.widths.push_back(s.Cols(r));
+      o.chans.push_back(s.Channels(r));
+    }
+    o.pixels.insert(o.pixels.end(), s.Image(r), s.Image(r) + bytes);
+    o.labels.push_back(s.labels[static_cast<size_t>(r)]);
+    if (!s.files.empty()) o.files.push_back(s.files[static_cast<size_t>(r)]);
+  }
+  return o;
+}
+
+std::vector<bool> StratifiedSplit(const std::vector<uint8_t>& labels, double fraction, uint64_t seed) {
+  std::vector<bool> in_val(labels.size(), false);
+  std::map<int, std::vector<size_t>> by_class;
+  for (size_t i = 0; i < labels.size(); ++i) by_class[labels[i]].push_back(i);
+  for (auto& [label, idx] : by_class) {
+    if (idx.size() < 2) continue;  // a class seen once stays in training
+    auto take = static_cast<size_t>(std::llround(fraction * static_cast<double>(idx.size())));
+    take = std::clamp<size_t>(take, 1, idx.size() - 1);
+    std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(label));
+    for (size_t i = idx.size() - 1; i > 0; --i) std::swap(idx[i], idx[rng() % (i + 1)]);  // Fisher-Yates
+    for (size_t i = 0; i < take; ++i) in_val[idx[i]] = true;
+  }
+  return in_val;
 }
 
 ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path, int64_t limit) {

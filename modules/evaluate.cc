@@ -1,8 +1,9 @@
-// Step 4 (ESB): every (model x test shard) evaluated by a dynamic task farm over the ranks
+// Step 4 (ESB): every (model x shard) evaluated by a dynamic task farm over the ranks
 // (parallel/task_farm.h): each rank pulls the next task when it finishes one, keeps the models
 // and features it has read, and commits each result to the NAM; the farm's figures (tasks and
 // busy time per rank, utilisation, overhead per task) go to evaluated/<run>/<round>. The
-// metrics' JSON form is shared with select.
+// metrics' JSON form is shared with select. A shard is evaluated on the split the pipeline
+// selects on (validation) and, kept apart for the run's reported result, on the test split.
 #include <fmt/core.h>
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include "common/error.h"
 #include "kernels/head.h"
 #include "kernels/metrics.h"
+#include "modules/datasets.h"
 #include "modules/evaluate.h"
 #include "modules/features.h"
 #include "modules/straggler.h"
@@ -45,13 +47,14 @@ void Evaluate(StepContext& c) {
   const int64_t shards = t.shards;
   const int64_t n_tasks = static_cast<int64_t>(t.candidates.size()) * shards;
   const parallel::Straggler slow = StragglerFor("evaluate", {});
+  const std::string& selection = SelectionSplit(c.pipeline());
   // Task k is shard k % shards of candidate k / shards: a rank drawing neighbouring tasks
   // finds the model in its cache. A rank reads only the features parts its shards need, once.
   struct Cached {
     FeaturesIndex index;
     std::vector<std::string> parts;  // empty string: not read yet
   };
-  std::map<std::string, Cached> features;
+  std::map<std::string, Cached> features;  // by backbone + "/" + split
   std::map<std::string, kernels::Head> models;
   std::vector<int64_t> done;
   double busy = 0;
@@ -63,47 +66,57 @@ void Evaluate(StepContext& c) {
     const auto t0 = std::chrono::steady_clock::now();
     const workflow::Candidate& cand = t.candidates[static_cast<size_t>(k / shards)];
     const int64_t shard = k % shards;
-    if (!features.count(cand.backbone)) {
-      Cached fresh{OpenFeatures(c, cand.backbone, "test"), {}};
-      fresh.parts.resize(static_cast<size_t>(fresh.index.parts));
-      features.emplace(cand.backbone, std::move(fresh));
-    }
-    Cached& fc = features.at(cand.backbone);
-    const FeaturesIndex& f = fc.index;
-    if (!models.count(cand.id)) {
-      nam::Object m = c.store->Get(workflow::ModelObject(t.run, t.round, cand.id));
-      if (!m.info.meta.contains("in_dim") || !m.info.meta.contains("classes"))
-        Throw(ErrorKind::kCorrupt, "NAM object '" + m.info.name + "': model metadata lacks in_dim/classes");
-      kernels::Head h = kernels::Head::Deserialize(cand.head, m.info.meta["in_dim"], m.info.meta["classes"], m.bytes);
+    const kernels::Head* head = nullptr;
+    // The shard of one split: its parts in order, part j + 1 read while the model runs on part j.
+    auto evaluate = [&](const std::string& split) {
+      const std::string fkey = cand.backbone + "/" + split;
+      if (!features.count(fkey)) {
+        Cached fresh{OpenFeatures(c, cand.backbone, split), {}};
+        fresh.parts.resize(static_cast<size_t>(fresh.index.parts));
+        features.emplace(fkey, std::move(fresh));
+      }
+      Cached& fc = features.at(fkey);
+      const FeaturesIndex& f = fc.index;
+      if (!head) {
+        if (!models.count(cand.id)) {
+          nam::Object m = c.store->Get(workflow::ModelObject(t.run, t.round, cand.id));
+          if (!m.info.meta.contains("in_dim") || !m.info.meta.contains("classes"))
+            Throw(ErrorKind::kCorrupt, "NAM object '" + m.info.name + "': model metadata lacks in_dim/classes");
+          models.emplace(cand.id, kernels::Head::Deserialize(cand.head, m.info.meta["in_dim"], m.info.meta["classes"], m.bytes));
+        }
+        head = &models.at(cand.id);
+      }
+      const kernels::Head& h = *head;
       if (h.in_dim != f.dim)
-        Throw(ErrorKind::kInvalidInput, "model " + m.info.name + " expects " + std::to_string(h.in_dim) +
-                                            " features, test features have " + std::to_string(f.dim));
-      models.emplace(cand.id, std::move(h));
-    }
-    const kernels::Head& h = models.at(cand.id);
-    const int64_t lo = f.n * shard / shards, hi = f.n * (shard + 1) / shards;
-    const int64_t pa = hi > lo ? lo / f.part_rows : 0, pb = hi > lo ? (hi - 1) / f.part_rows + 1 : 0;
-    const int64_t classes = std::max(h.classes, f.classes);
-    kernels::Metrics met;
-    met.classes = classes;
-    met.confusion.assign(static_cast<size_t>(classes * classes), 0);
-    // The shard's parts in order, part j + 1 read while the model runs on part j.
-    io.Add(Overlap(
-        pb - pa,
-        [&](int64_t j) {
-          std::string& bytes = fc.parts[static_cast<size_t>(pa + j)];
-          if (!bytes.empty()) return;
-          ReadFeaturesPart(*c.store, f, pa + j, bytes);
-          ++parts_read;
-        },
-        [&](int64_t j) {
-          const int64_t p = pa + j, a = std::max(lo, f.PartLo(p)), b = std::min(hi, f.PartHi(p));
-          const auto* x = reinterpret_cast<const float*>(fc.parts[static_cast<size_t>(p)].data());
-          auto logits = h.Logits(x + (a - f.PartLo(p)) * f.dim, b - a);
-          met.Merge(kernels::Evaluate(logits.data(), f.labels.data() + a, b - a, classes));
-        },
-        c.overlap));
-    c.store->Put(workflow::EvalObject(t.run, t.round, cand.id, shard), MetricsJson(met).dump(), {{"kind", "eval-shard"}});
+        Throw(ErrorKind::kInvalidInput, "model " + cand.id + " expects " + std::to_string(h.in_dim) + " features, " + split +
+                                            " features have " + std::to_string(f.dim));
+      const int64_t lo = f.n * shard / shards, hi = f.n * (shard + 1) / shards;
+      const int64_t pa = hi > lo ? lo / f.part_rows : 0, pb = hi > lo ? (hi - 1) / f.part_rows + 1 : 0;
+      const int64_t classes = std::max(h.classes, f.classes);
+      kernels::Metrics met;
+      met.classes = classes;
+      met.confusion.assign(static_cast<size_t>(classes * classes), 0);
+      io.Add(Overlap(
+          pb - pa,
+          [&](int64_t j) {
+            std::string& bytes = fc.parts[static_cast<size_t>(pa + j)];
+            if (!bytes.empty()) return;
+            ReadFeaturesPart(*c.store, f, pa + j, bytes);
+            ++parts_read;
+          },
+          [&](int64_t j) {
+            const int64_t p = pa + j, a = std::max(lo, f.PartLo(p)), b = std::min(hi, f.PartHi(p));
+            const auto* x = reinterpret_cast<const float*>(fc.parts[static_cast<size_t>(p)].data());
+            auto logits = h.Logits(x + (a - f.PartLo(p)) * f.dim, b - a);
+            met.Merge(kernels::Evaluate(logits.data(), f.labels.data() + a, b - a, classes));
+          },
+          c.overlap));
+      return met;
+    };
+    nlohmann::json result = MetricsJson(evaluate(selection));
+    result["split"] = selection;
+    if (selection != "test") result["test"] = MetricsJson(evaluate("test"));
+    c.store->Put(workflow::EvalObject(t.run, t.round, cand.id, shard), result.dump(), {{"kind", "eval-shard"}});
     if (slow.rank == comm.rank()) parallel::Straggle(t0, slow.factor);
     busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     done.push_back(k);

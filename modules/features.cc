@@ -65,10 +65,6 @@ std::string BackboneDigest(nam::Store& store, const workflow::BackboneSpec& bb) 
   return info->meta["digest"];
 }
 
-const workflow::SplitSpec& Split(const workflow::Pipeline& p, const std::string& s) {
-  return s == "train" ? p.train : p.test;
-}
-
 std::string FeaturesKey(StepContext& c, const std::string& backbone, const std::string& split) {
   return workflow::FeaturesObject(BackboneDigest(*c.store, c.pipeline().Backbone(backbone)), c.DatasetDigest(split));
 }

@@ -46,7 +46,6 @@ nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t par
 
 // The digest of a loaded backbone (its NAM object's metadata); kNotFound before the load step.
 std::string BackboneDigest(nam::Store& store, const workflow::BackboneSpec& bb);
-const workflow::SplitSpec& Split(const workflow::Pipeline& p, const std::string& split);
 std::string FeaturesKey(StepContext& c, const std::string& backbone, const std::string& split);
 
 // The shape of `backbone`'s features on `split` (train | test) from the object's metadata

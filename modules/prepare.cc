@@ -16,6 +16,8 @@
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
 #include "kernels/onnx_graph.h"
+#include "common/error.h"
+#include "modules/datasets.h"
 #include "modules/features.h"
 #include "workflow/objects.h"
 
@@ -35,13 +37,31 @@ struct PartWork {
   double put_wait_s = 0; // ... the part of it the computation waited for
 };
 
-// Computes parts [p0, p1) of `idx` and writes each to the NAM as it is finished.
+// Prepares images [s, s + n) of `ds` (whose first image is row `lo`) for the backbone on the
+// FPGA backend: one call for a run of images of the same size and channels (all of them, but
+// for an image folder).
+void PrepareImages(kernels::fpga::Device& fpga, const kernels::ImageSet& ds, int64_t lo, int64_t s, int64_t n,
+                   const kernels::InputSpec& in, float* out) {
+  const int64_t per = in.channels * in.height * in.width;
+  for (int64_t i = s - lo, end = s - lo + n; i < end;) {
+    int64_t j = i + 1;
+    while (j < end && !ds.uniform() && ds.Rows(j) == ds.Rows(i) && ds.Cols(j) == ds.Cols(i) &&
+           ds.Channels(j) == ds.Channels(i))
+      ++j;
+    if (ds.uniform()) j = end;
+    fpga.Prepare({ds.Image(i), j - i, ds.Rows(i), ds.Cols(i), ds.Channels(i)}, in, out + (i - (s - lo)) * per);
+    i = j;
+  }
+}
+
+// Computes parts [p0, p1) of `idx` from `ds` (the images of those parts' rows, the first being
+// row idx.PartLo(p0)) and writes each part to the NAM as it is finished.
 PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels::Executor* ex,
                       const kernels::ImageSet& ds, const FeaturesIndex& idx, int64_t p0, int64_t p1,
                       const std::string& label) {
   PartWork w;
   if (p0 >= p1) return w;
-  const int64_t lo = idx.PartLo(p0), hi = idx.PartHi(p1 - 1), px = ds.rows * ds.cols, dim = idx.dim;
+  const int64_t lo = idx.PartLo(p0), hi = idx.PartHi(p1 - 1), dim = idx.dim;
   w.rows = hi - lo;
   w.parts = p1 - p0;
   std::vector<float> out[2];  // part p is built in out[p % 2] while out[(p - 1) % 2] is written
@@ -75,7 +95,7 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
     for (int64_t p = p0; p < p1; ++p) {
       auto t0 = Clock::now();
       float* o = out[p % 2].data();
-      const uint8_t* src = ds.pixels.data() + idx.PartLo(p) * px;
+      const uint8_t* src = ds.Image(idx.PartLo(p) - lo);
       for (int64_t i = 0, m = (idx.PartHi(p) - idx.PartLo(p)) * dim; i < m; ++i) o[i] = src[i] / 255.f;
       w.batches.consume_s += Since(t0);
       write_part(p);
@@ -91,8 +111,7 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
         batches,
         [&](int64_t i) {
           const int64_t s = lo + i * kBatch;
-          fpga->Prepare({ds.pixels.data() + s * px, std::min(kBatch, hi - s), ds.rows, ds.cols, 1}, in,
-                        batch[i % 2].data());
+          PrepareImages(*fpga, ds, lo, s, std::min(kBatch, hi - s), in, batch[i % 2].data());
         },
         [&](int64_t i) {
           const int64_t s = lo + i * kBatch, b = std::min(kBatch, hi - s);
@@ -113,16 +132,19 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
 
 // The preparation time measured on every rank, and what the target board would take
 // (kernels/fpga/cost_model.h), for one (backbone, split).
-nlohmann::json PrepareFpgaTimes(const StepContext& c, const workflow::BackboneSpec& bb, const kernels::ImageSet& ds,
-                                const std::vector<std::string>& per_rank) {
+nlohmann::json PrepareFpgaTimes(const StepContext& c, const workflow::BackboneSpec& bb, const SplitSource& src,
+                                const kernels::ImageSet& mine, const std::vector<std::string>& per_rank) {
   double measured = 0;
   for (const auto& s : per_rank) measured += nlohmann::json::parse(s).value("prepare_s", 0.0);
-  nlohmann::json j = {{"images", ds.count}, {"measured_s", measured},
-                      {"images_per_s", measured > 0 ? static_cast<double>(ds.count) / measured : 0.0}};
+  const int64_t n = src.count();
+  nlohmann::json j = {{"images", n}, {"measured_s", measured},
+                      {"images_per_s", measured > 0 ? static_cast<double>(n) / measured : 0.0}};
   const auto& t = c.task.fpga.target;
   if (t.given()) {
     const auto& in = bb.input;
-    auto m = kernels::fpga::ModelPrepare(t, ds.count, ds.rows, ds.cols, 1, in.height, in.width, in.channels, 4);
+    // Rank 0's images stand for the size of them all (an image folder's sizes vary).
+    const int64_t r = mine.count ? mine.Rows(0) : in.height, k = mine.count ? mine.Cols(0) : in.width;
+    auto m = kernels::fpga::ModelPrepare(t, n, r, k, mine.channels, in.height, in.width, in.channels, 4);
     j["modelled"] = {{"seconds", m.seconds()}, {"bound", m.bound()}, {"target", t.name},
                      {"note", "modelled from the machine file's target figures, not measured"}};
   }
@@ -136,18 +158,19 @@ void Prepare(StepContext& c) {
   nlohmann::json summary = {{"computed", nlohmann::json::array()}, {"reused", nlohmann::json::array()},
                             {"overlap", c.overlap}};
   const int64_t part_bytes = FeaturesPartBytes();
-  std::map<std::string, kernels::ImageSet> data;
-  for (const std::string split : {"train", "test"}) {
-    const auto& s = Split(c.pipeline(), split);
-    data[split] = kernels::ReadIdx(s.images, s.labels, s.limit);
-  }
+  // Every split's labels, checked before anything is computed; the pixels are read per rank.
+  std::vector<SplitSource> splits;
+  for (const auto& split : SplitNames(c.pipeline())) splits.push_back(OpenSplit(c.pipeline(), split));
+  const int64_t classes = CheckSplits(c.pipeline(), splits);
+  std::map<std::string, std::string> digests;
   for (const auto& bb : c.pipeline().backbones) {
     std::string bb_digest = BackboneDigest(*c.store, bb);
     std::unique_ptr<kernels::Executor> ex;
-    for (const std::string split : {"train", "test"}) {
-      const kernels::ImageSet& ds = data[split];
-      std::string key = workflow::FeaturesObject(bb_digest, ds.Digest());
-      nlohmann::json entry = {{"backbone", bb.name}, {"split", split}, {"object", key}, {"rows", ds.count}};
+    for (const SplitSource& src : splits) {
+      const std::string& split = src.name();
+      if (!digests.count(split)) digests[split] = src.Digest();
+      std::string key = workflow::FeaturesObject(bb_digest, digests[split]);
+      nlohmann::json entry = {{"backbone", bb.name}, {"split", split}, {"object", key}, {"rows", src.count()}};
       int reuse = 0;  // rank 0 decides for all
       if (c.root()) {
         auto info = c.store->Stat(key);
@@ -162,8 +185,14 @@ void Prepare(StepContext& c) {
         continue;
       }
       auto t0 = Clock::now();
-      int64_t dim = ds.rows * ds.cols;
-      if (bb.kind != "pixels") {
+      int64_t dim = 0;
+      if (bb.kind == "pixels") {
+        kernels::ImageSet first = src.Read(0, 1);
+        if (!first.uniform())
+          Throw(ErrorKind::kInvalidInput, "backbone '" + bb.name + "' (raw pixels) needs images of one size; " +
+                                              src.Where(-1) + " is an image folder, whose sizes may vary: use an ONNX backbone");
+        dim = first.rows * first.cols * first.channels;
+      } else {
         if (!ex) {
           nam::Object o = c.store->Get(workflow::BackboneObject(bb.name));
           ex = std::make_unique<kernels::Executor>(kernels::ImportOnnx(o.bytes, "NAM " + o.info.name, bb.feature_layer));
@@ -172,12 +201,14 @@ void Prepare(StepContext& c) {
       }
       FeaturesIndex idx;
       idx.object = key;
-      idx.n = ds.count;
+      idx.n = src.count();
       idx.dim = dim;
       idx.part_rows = FeaturesPartRows(dim, kBatch, part_bytes);
       idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
       // This rank's contiguous run of parts.
       const int64_t p0 = idx.parts * rank / size, p1 = idx.parts * (rank + 1) / size;
+      // Only this rank's images are read (an image folder decodes only these).
+      const kernels::ImageSet ds = p0 < p1 ? src.Read(idx.PartLo(p0), idx.PartHi(p1 - 1)) : kernels::ImageSet{};
       PartWork w = ComputeParts(c, bb, ex.get(), ds, idx, p0, p1, bb.name + "/" + split);
       double secs = Since(t0);
       if (size > 1)
@@ -194,21 +225,23 @@ void Prepare(StepContext& c) {
                              {"put_wait_s", w.put_wait_s}};
       auto stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
       if (c.root()) {
-        nlohmann::json meta = FeaturesMeta(ds.count, dim, ds.classes(), idx.part_rows);
-        meta.update({{"backbone", bb.name}, {"backbone_digest", bb_digest}, {"dataset_digest", ds.Digest()},
+        nlohmann::json meta = FeaturesMeta(src.count(), dim, classes, idx.part_rows);
+        meta.update({{"backbone", bb.name}, {"backbone_digest", bb_digest}, {"dataset_digest", digests[split]},
                      {"split", split}});
-        c.store->Put(key, std::string_view(reinterpret_cast<const char*>(ds.labels.data()), ds.labels.size()), meta);
+        if (!src.class_names().empty()) meta["class_names"] = src.class_names();
+        const auto& labels = src.labels();
+        c.store->Put(key, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
         secs = Since(t0);
         c.Say(fmt::format("features {}/{}: computed {} x {} in {} part{} on {} rank{} in {:.1f} s ({:.2f} ms/image) -> {}",
-                          bb.name, split, ds.count, dim, idx.parts, idx.parts > 1 ? "s" : "", size, size > 1 ? "s" : "",
-                          secs, 1e3 * secs / static_cast<double>(std::max<int64_t>(1, ds.count)), key));
+                          bb.name, split, src.count(), dim, idx.parts, idx.parts > 1 ? "s" : "", size, size > 1 ? "s" : "",
+                          secs, 1e3 * secs / static_cast<double>(std::max<int64_t>(1, src.count())), key));
         entry["per_rank"] = nlohmann::json::array();
         for (const auto& s : stats) entry["per_rank"].push_back(nlohmann::json::parse(s));
       }
       entry["seconds"] = secs;
       entry["ranks"] = size;
       entry["parts"] = idx.parts;
-      if (c.root() && bb.kind != "pixels") entry["fpga"] = PrepareFpgaTimes(c, bb, ds, stats);
+      if (c.root() && bb.kind != "pixels") entry["fpga"] = PrepareFpgaTimes(c, bb, src, ds, stats);
       summary["computed"].push_back(entry);
     }
   }

@@ -25,16 +25,26 @@ using nlohmann::json;
 // One candidate's merged result, written to the NAM.
 json MergeCandidate(StepContext& c, const workflow::Candidate& cand) {
   const auto& t = c.task;
-  kernels::Metrics total;
+  kernels::Metrics total, test;
+  bool has_test = false;
+  std::string split = "test";
   auto parts = c.store->List(workflow::EvalPrefix(t.run, t.round, cand.id));
   if (parts.empty()) Throw(ErrorKind::kNotFound, "select: no evaluation results for candidate " + cand.id);
   for (const auto& part : parts) {
     nam::Object o = c.store->Get(part.name);
     json j = json::parse(o.bytes, nullptr, false);
-    total.Merge(MetricsFromJson(j, "NAM object '" + part.name + "'"));
+    const std::string where = "NAM object '" + part.name + "'";
+    total.Merge(MetricsFromJson(j, where));
+    if (j.is_object() && j.contains("split") && j["split"].is_string()) split = j["split"];
+    if (j.is_object() && j.contains("test")) {
+      test.Merge(MetricsFromJson(j["test"], where + " /test"));
+      has_test = true;
+    }
   }
   std::string model = workflow::ModelObject(t.run, t.round, cand.id);
   json res = MetricsJson(total);
+  res["split"] = split;  // the metrics candidates are selected on
+  if (has_test) res["test"] = MetricsJson(test);
   res["candidate"] = workflow::ToJson(cand);
   res["model"] = model;
   res["round"] = t.round;
@@ -42,16 +52,22 @@ json MergeCandidate(StepContext& c, const workflow::Candidate& cand) {
   std::string rname = workflow::ResultObject(t.run, t.round, cand.id);
   c.store->Put(rname, res.dump(), {{"kind", "result"}});
   for (const auto& part : parts) c.store->Remove(part.name);
-  return {{"candidate", workflow::ToJson(cand)}, {"model", model}, {"result", rname},
-          {"accuracy", total.accuracy()},        {"loss", total.loss()}, {"round", t.round}};
+  json entry = {{"candidate", workflow::ToJson(cand)}, {"model", model}, {"result", rname},
+                {"accuracy", total.accuracy()},        {"loss", total.loss()}, {"round", t.round}, {"split", split}};
+  if (has_test) entry["test"] = {{"accuracy", test.accuracy()}, {"loss", test.loss()}};
+  return entry;
 }
 
 json KeptEntry(StepContext& c, const workflow::KeptModel& k) {
   json res = json::parse(c.store->Get(k.result).bytes, nullptr, false);
   if (!res.is_object() || !res.contains("accuracy") || !res.contains("loss") || !res.contains("round"))
     Throw(ErrorKind::kCorrupt, "NAM object '" + k.result + "': not a candidate result");
-  return {{"candidate", k.candidate}, {"model", k.model},      {"result", k.result},
-          {"accuracy", res["accuracy"]}, {"loss", res["loss"]}, {"round", res["round"]}};
+  json entry = {{"candidate", k.candidate}, {"model", k.model},      {"result", k.result},
+                {"accuracy", res["accuracy"]}, {"loss", res["loss"]}, {"round", res["round"]},
+                {"split", res.value("split", "test")}};
+  if (res.contains("test") && res["test"].is_object())
+    entry["test"] = {{"accuracy", res["test"].value("accuracy", 0.0)}, {"loss", res["test"].value("loss", 0.0)}};
+  return entry;
 }
 
 }  // namespace

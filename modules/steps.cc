@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "kernels/dataset.h"
+#include "modules/datasets.h"
 #include "modules/features.h"
 #include "modules/step_context.h"
 
@@ -19,8 +20,7 @@ void StepContext::Say(const std::string& line) const {
 const std::string& StepContext::DatasetDigest(const std::string& split) {
   auto it = digests_.find(split);
   if (it != digests_.end()) return it->second;
-  const auto& s = Split(pipeline(), split);
-  return digests_[split] = kernels::ReadIdx(s.images, s.labels, s.limit).Digest();
+  return digests_[split] = OpenSplit(pipeline(), split).Digest();
 }
 
 kernels::fpga::Device& StepContext::Fpga() {

@@ -124,7 +124,8 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   std::vector<Ranked> ranking;  // best first, over all rounds
   std::vector<KeptCandidate> kept;
   // Best test accuracy per backbone over all rounds (a raw-pixel backbone is the baseline).
-  json per_bb = json::object();
+  json per_bb = json::object();       // backbone -> its best accuracy on the selection split
+  json per_bb_test = json::object();  // ... that candidate, with its test accuracy
   double best_so_far = -1;
   int stale = 0;
   std::string stop_reason = "max rounds reached";
@@ -198,7 +199,8 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     for (auto& r : evaluation["per_rank"]) r.erase("task_ids");
     json training = json::parse(store->Get(workflow::TrainedObject(id, round)).bytes);
     // The round table.
-    std::fprintf(out, "\n  %-8s %-12s %-42s %8s %8s\n", "cand", "backbone", "head", "acc", "loss");
+    // The round table: metrics on the split candidates are selected on (validation).
+    std::fprintf(out, "\n  %-8s %-12s %-42s %8s %8s   (%s)\n", "cand", "backbone", "head", "acc", "loss", p.select_on.c_str());
     for (const auto& e : best.at("all")) {
       Candidate c = CandidateFromJson(e.at("candidate"));
       bool is_new = e.at("round") == round;
@@ -216,9 +218,13 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     ranking.clear();
     kept.clear();
     for (const auto& e : best.at("all")) {
-      ranking.push_back({CandidateFromJson(e.at("candidate")), e.at("accuracy"), e.at("model")});
+      ranking.push_back({CandidateFromJson(e.at("candidate")), e.at("accuracy"), e.at("model"), e.value("test", json())});
       const std::string bb = e.at("candidate").at("backbone");
-      if (!per_bb.contains(bb) || per_bb[bb].get<double>() < e.at("accuracy").get<double>()) per_bb[bb] = e.at("accuracy");
+      if (!per_bb.contains(bb) || per_bb[bb].get<double>() < e.at("accuracy").get<double>()) {
+        per_bb[bb] = e.at("accuracy");
+        per_bb_test[bb] = {{"candidate", e.at("candidate").at("id")}, {p.select_on + "_accuracy", e.at("accuracy")}};
+        if (e.contains("test")) per_bb_test[bb]["test_accuracy"] = e["test"].value("accuracy", 0.0);
+      }
     }
     for (const auto& e : best.at("top_k"))
       kept.push_back({CandidateFromJson(e.at("candidate")), e.at("model"), e.at("result")});
@@ -261,17 +267,39 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   }
   const Ranked& champ = ranking.at(0);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  results["champion"] = {{"candidate", ToJson(champ.candidate)}, {"accuracy", champ.metric}, {"model", champ.model}};
+  results["champion"] = {{"candidate", ToJson(champ.candidate)}, {"accuracy", champ.metric}, {"model", champ.model},
+                         {"selected_on", p.select_on}};
+  // The run's result: the champion on the test split, which chose nothing (unless the pipeline
+  // selects on test, and then the figure is optimistic and says so).
+  const bool held_out = p.select_on != "test" && champ.test.is_object();
+  const double result_acc = held_out ? champ.test.value("accuracy", 0.0) : champ.metric;
+  results["champion"]["test"] = held_out ? champ.test : json{{"accuracy", champ.metric}};
+  results["result"] = {{"split", "test"}, {"accuracy", result_acc}, {"selected_on", p.select_on},
+                       {"optimistic", !held_out}};
   results["best_per_backbone"] = per_bb;
+  results["best_per_backbone_on_test"] = per_bb_test;
   results["stop_reason"] = stop_reason;
   results["seconds"] = secs;
   WriteFileAtomic(dir + "/results.json", results.dump(2) + "\n");
   journal.Event("run-end", {{"champion", champ.candidate.id}, {"accuracy", champ.metric}, {"stop", stop_reason}});
-  std::fprintf(out, "\nchampion: %s — %s on %s, test accuracy %.4f (model %s)\n", champ.candidate.id.c_str(),
-               HeadLabel(champ.candidate.head).c_str(), champ.candidate.backbone.c_str(), champ.metric,
-               champ.model.c_str());
-  std::fprintf(out, "best per backbone:");
-  for (const auto& [k, v] : per_bb.items()) std::fprintf(out, " %s %.4f;", k.c_str(), v.get<double>());
+  if (held_out) {
+    std::fprintf(out, "\nchampion: %s — %s on %s, chosen on validation accuracy %.4f; test accuracy %.4f (the result; "
+                      "the test split chose nothing) (model %s)\n",
+                 champ.candidate.id.c_str(), HeadLabel(champ.candidate.head).c_str(), champ.candidate.backbone.c_str(),
+                 champ.metric, result_acc, champ.model.c_str());
+  } else {
+    std::fprintf(out, "\nchampion: %s — %s on %s, test accuracy %.4f (model %s)\n"
+                      "  note: selected on the test split (select_on \"test\"), so this accuracy is optimistic: the "
+                      "same data chose the model\n",
+                 champ.candidate.id.c_str(), HeadLabel(champ.candidate.head).c_str(), champ.candidate.backbone.c_str(),
+                 champ.metric, champ.model.c_str());
+  }
+  std::fprintf(out, "best per backbone (%s accuracy%s):", p.select_on.c_str(), held_out ? "; test accuracy" : "");
+  for (const auto& [k, v] : per_bb_test.items()) {
+    std::fprintf(out, " %s %.4f", k.c_str(), v.at(p.select_on + "_accuracy").get<double>());
+    if (held_out && v.contains("test_accuracy")) std::fprintf(out, " / %.4f", v["test_accuracy"].get<double>());
+    std::fprintf(out, ";");
+  }
   std::fprintf(out, "\nstopped: %s; %.1f s; results in %s/results.json\n", stop_reason.c_str(), secs, dir.c_str());
   return dir;
 }

@@ -31,6 +31,7 @@ struct Ranked {
   Candidate candidate;
   double metric = 0;
   std::string model;  // its NAM model object
+  nlohmann::json test;  // its test-split metrics {accuracy, loss}, when selection used validation
 };
 
 // Round r >= 2 from the ranking so far (best first). perturb: children of the top-k with

@@ -161,12 +161,28 @@ class Reader {
 };
 
 SplitSpec ReadSplit(const Reader& r, const json& v, const std::string& ptr) {
-  r.Object(v, ptr, {"format", "images", "labels", "limit"}, {"images", "labels"});
   SplitSpec s;
-  if (v.contains("format")) s.format = r.Enum(v["format"], ptr + "/format", {"idx"});
-  s.images = r.Path(v["images"], ptr + "/images");
-  s.labels = r.Path(v["labels"], ptr + "/labels");
+  if (v.is_object() && v.contains("format")) s.format = r.Enum(v["format"], ptr + "/format", {"idx", "npy", "folder"});
+  if (s.format == "folder") {
+    r.Object(v, ptr, {"format", "root", "limit"}, {"root"});
+    s.root = r.Path(v["root"], ptr + "/root");
+  } else {
+    r.Object(v, ptr, {"format", "images", "labels", "limit"}, {"images", "labels"});
+    s.images = r.Path(v["images"], ptr + "/images");
+    s.labels = r.Path(v["labels"], ptr + "/labels");
+  }
   if (v.contains("limit")) s.limit = r.Int(v["limit"], ptr + "/limit", 1, 100000000);
+  return s;
+}
+
+// datasets.validation: a split of its own, or {"from": "train", "fraction", "seed"}.
+SplitSpec ReadValidation(const Reader& r, const json& v, const std::string& ptr) {
+  if (!v.is_object() || !v.contains("from")) return ReadSplit(r, v, ptr);
+  r.Object(v, ptr, {"from", "fraction", "seed"}, {"from", "fraction"});
+  r.Enum(v["from"], ptr + "/from", {"train"});
+  SplitSpec s;
+  s.fraction = r.Number(v["fraction"], ptr + "/fraction", 0.001, 0.9);
+  if (v.contains("seed")) s.seed = static_cast<uint64_t>(r.Int(v["seed"], ptr + "/seed", 0, INT64_MAX));
   return s;
 }
 
@@ -269,7 +285,7 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
   if (!dups.duplicate().empty())
     Throw(ErrorKind::kInvalidInput, origin + ": " + dups.duplicate() + ": duplicate key (each key may appear once)");
   Reader r(origin, base_dir);
-  r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric", "retries", "fpga"},
+  r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric", "retries", "fpga", "select_on"},
            {"name", "datasets", "backbones"});
   Pipeline p;
   if (doc.contains("format") && r.String(doc["format"], "/format") != kPipelineFormat)
@@ -287,9 +303,17 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
       r.Fail("/nam", Quote(doc["nam"]) + " is not a NAM URI; expected file://DIR, mem://NAME or fabric://HOST:PORT");
   }
 
-  r.Object(doc["datasets"], "/datasets", {"train", "test"}, {"train", "test"});
+  r.Object(doc["datasets"], "/datasets", {"train", "validation", "test", "classes"}, {"train", "test"});
   p.train = ReadSplit(r, doc["datasets"]["train"], "/datasets/train");
   p.test = ReadSplit(r, doc["datasets"]["test"], "/datasets/test");
+  if (doc["datasets"].contains("validation"))
+    p.validation = ReadValidation(r, doc["datasets"]["validation"], "/datasets/validation");
+  if (doc["datasets"].contains("classes")) p.classes = r.Int(doc["datasets"]["classes"], "/datasets/classes", 2, 256);
+  if (doc.contains("select_on")) p.select_on = r.Enum(doc["select_on"], "/select_on", {"validation", "test"});
+  if (p.select_on == "validation" && !p.validation)
+    r.Fail("/datasets", "no validation split to select models on; add \"validation\": {\"from\": \"train\", "
+                        "\"fraction\": 0.1} (or a split of its own), or say \"select_on\": \"test\" to select on the "
+                        "test split (the reported accuracy is then optimistic)");
 
   const json& bbs = doc["backbones"];
   if (!bbs.is_array() || bbs.empty()) r.Fail("/backbones", "expected a non-empty array of backbones, got " + TypeName(bbs));
@@ -378,11 +402,18 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
   // Source with absolute paths, so tasks and resumed runs need no base directory.
   p.source = doc;
   p.source["format"] = kPipelineFormat;
-  for (const char* split : {"train", "test"}) {
-    const SplitSpec& s = std::string(split) == "train" ? p.train : p.test;
-    p.source["datasets"][split]["images"] = s.images;
-    p.source["datasets"][split]["labels"] = s.labels;
-  }
+  auto absolute = [&](const char* split, const SplitSpec& s) {
+    if (s.from_train()) return;
+    if (s.format == "folder") {
+      p.source["datasets"][split]["root"] = s.root;
+    } else {
+      p.source["datasets"][split]["images"] = s.images;
+      p.source["datasets"][split]["labels"] = s.labels;
+    }
+  };
+  absolute("train", p.train);
+  absolute("test", p.test);
+  if (p.validation) absolute("validation", *p.validation);
   for (size_t i = 0; i < p.backbones.size(); ++i)
     if (p.backbones[i].kind == "onnx") p.source["backbones"][i]["onnx"] = p.backbones[i].onnx;
   if (!p.nam.empty()) p.source["nam"] = p.nam;

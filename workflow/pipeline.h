@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -16,9 +17,16 @@ namespace msaflow::workflow {
 inline constexpr char kPipelineFormat[] = "msaflow.pipeline/1";
 
 struct SplitSpec {
-  std::string format = "idx";
-  std::string images, labels;  // absolute paths
+  std::string format = "idx";  // idx | npy | folder
+  std::string images, labels;  // idx, npy: absolute paths
+  std::string root;            // folder: root/<class>/<image>.png|jpg, absolute
   int64_t limit = 0;           // 0 = all
+  // validation only: taken from the training split instead (stratified), when fraction > 0
+  double fraction = 0;
+  uint64_t seed = 1;
+  bool from_train() const { return fraction > 0; }
+  // The file or folder, for messages.
+  const std::string& origin() const { return format == "folder" ? root : images; }
 };
 
 struct BackboneSpec {
@@ -82,6 +90,9 @@ struct Pipeline {
   std::string machine = "local";
   std::string nam;  // "" = the default store of the runs directory
   SplitSpec train, test;
+  std::optional<SplitSpec> validation;  // selection data (docs/pipeline.md "Validation")
+  std::string select_on = "validation";  // validation | test (then the reported figure is optimistic)
+  int64_t classes = 0;                   // 0 = 1 + the largest label of any split
   std::vector<BackboneSpec> backbones;
   HeadSpace head;
   std::map<std::string, StepSpec> steps;  // load, prepare, train, store, evaluate, select

@@ -108,7 +108,7 @@ class Cli(unittest.TestCase):
     def absolute_quickstart(self):
         doc = self.quickstart()
         base = os.path.join(ROOT, "pipelines")
-        for split in doc["datasets"].values():
+        for split in (doc["datasets"]["train"], doc["datasets"]["test"]):
             for k in ("images", "labels"):
                 split[k] = os.path.normpath(os.path.join(base, split[k]))
         for b in doc["backbones"]:

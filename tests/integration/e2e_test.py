@@ -34,10 +34,21 @@ class EndToEnd(unittest.TestCase):
             self.assertEqual(len(res["rounds"]), 2)
             r1, r2 = res["rounds"]
             # Round 1 ran every backbone on both splits; round 2 ran none.
-            self.assertEqual(r1["features_computed"], 6)
+            self.assertEqual(r1["features_computed"], 9)  # 3 backbones x train, validation, test
             self.assertEqual(r2["features_computed"], 0)
-            self.assertEqual(r2["features_reused"], 6)
-            self.assertIn("features computed 0, reused 6 (no backbone ran this round)", r.stdout)
+            self.assertEqual(r2["features_reused"], 9)
+            self.assertIn("features computed 0, reused 9 (no backbone ran this round)", r.stdout)
+            # Chosen on the validation split (taken from train, stratified); the test split chose
+            # nothing and is the reported result.
+            self.assertEqual(res["result"]["selected_on"], "validation")
+            self.assertFalse(res["result"]["optimistic"])
+            self.assertEqual(res["result"]["accuracy"], res["champion"]["test"]["accuracy"])
+            for c in r1["candidates"]:
+                self.assertEqual(c["split"], "validation")
+                self.assertIn("accuracy", c["test"])
+            self.assertIn("test accuracy", r.stdout)
+            self.assertIn("the test split chose nothing", r.stdout)
+            self.assertEqual(set(res["best_per_backbone_on_test"]), {"mobilenetv2", "ppocrv4", "pixels"})
             # The champion is the best of everything evaluated, ties by id.
             everything = {}
             for rnd in res["rounds"]:
@@ -108,7 +119,7 @@ class EndToEnd(unittest.TestCase):
             self.assertEqual(plain["nam"], doc["nam"])
             self.assertEqual(plain["champion"]["candidate"]["id"], res["champion"]["candidate"]["id"])
             self.assertEqual(plain["champion"]["accuracy"], res["champion"]["accuracy"])
-            self.assertEqual(plain["rounds"][0]["features_computed"], 6)
+            self.assertEqual(plain["rounds"][0]["features_computed"], 9)
             self.assertEqual(plain["rounds"][0]["selection"]["device"], "cpu (C++)")
             for a, b in zip(res["rounds"], plain["rounds"]):
                 metrics = [(c["candidate"]["id"], c["accuracy"], c["loss"]) for c in a["candidates"]]

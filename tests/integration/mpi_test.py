@@ -33,6 +33,7 @@ def pipeline(name, nam, train, epochs=20, lrs=(0.001, 0.003), train_rows=2000, t
             "test": {"images": os.path.join(FASHION, "t10k-images-idx3-ubyte.gz"),
                      "labels": os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz"), "limit": test_rows},
         },
+        "select_on": "test",  # the training modes are under test here, not the selection
         "backbones": [backbone or {"name": "pixels", "kind": "pixels"}],
         "head": {"type": ["softmax"], "lr": list(lrs), "epochs": [epochs], "batch": 64},
         "steps": {"train": train, "prepare": {"ranks": prepare_ranks}, "evaluate": {"ranks": 2},

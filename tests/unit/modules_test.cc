@@ -45,7 +45,8 @@ class TinyRound : public ::testing::Test {
                 {"name", "tiny"},
                 {"datasets",
                  {{"train", {{"format", "idx"}, {"images", "train-images"}, {"labels", "train-labels"}}},
-                  {"test", {{"format", "idx"}, {"images", "test-images"}, {"labels", "test-labels"}}}}},
+                  {"test", {{"format", "idx"}, {"images", "test-images"}, {"labels", "test-labels"}}},
+                  {"validation", {{"from", "train"}, {"fraction", 0.25}, {"seed", 2}}}}},
                 {"backbones", json::array({{{"name", "pixels"}, {"kind", "pixels"}}})},
                 {"head", {{"type", {"softmax"}}, {"lr", {0.01}}, {"epochs", {5}}, {"batch", 16}}},
                 {"rounds", {{"max", 1}, {"candidates", 2}, {"seed", 1}}}};

@@ -11,7 +11,8 @@ namespace {
 
 const char* kGood = R"({
   "name": "t",
-  "datasets": {"train": {"images": "a", "labels": "b", "limit": 10}, "test": {"images": "/abs/c", "labels": "d"}},
+  "datasets": {"train": {"images": "a", "labels": "b", "limit": 10}, "test": {"images": "/abs/c", "labels": "d"},
+               "validation": {"from": "train", "fraction": 0.2}},
   "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": "x", "input": {"height": 32, "width": 32}},
                 {"name": "pixels", "kind": "pixels"}],
   "steps": {"train": {"mode": "async", "ranks": 2}},
@@ -75,7 +76,7 @@ TEST(Pipeline, ExactErrors) {
             "p.json: /backbones/0: missing required key \"feature_layer\"");
   EXPECT_EQ(ErrorOf(With("\"name\": \"t\",", "\"name\": \"t\", \"colour\": 1,")),
             "p.json: /colour: unknown key (expected one of format, name, machine, nam, datasets, backbones, head, "
-            "steps, rounds, metric, retries, fpga)");
+            "steps, rounds, metric, retries, fpga, select_on)");
   EXPECT_EQ(ErrorOf("{\"name\": "), "p.json: not valid JSON (parse error at line 1, column 10: syntax error while "
                                     "parsing value - unexpected end of input; expected '[', '{', or a literal)");
   EXPECT_EQ(ErrorOf("[]"), "p.json: /: expected an object, got an array");

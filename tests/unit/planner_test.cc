@@ -14,7 +14,8 @@ using workflow::ParsePipeline;
 
 Pipeline TwoBackbones() {
   return ParsePipeline(R"({"name": "t",
-    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"}},
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                 "validation": {"from": "train", "fraction": 0.1}},
     "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": "x", "input": {"height": 32, "width": 32}},
                   {"name": "pixels", "kind": "pixels"}],
     "head": {"type": ["softmax", "mlp"], "lr": [0.001, 0.01], "hidden": [8, 16]},
@@ -42,7 +43,8 @@ TEST(Planner, RoundBindsStepsToModules) {
 
 Pipeline WithTrain(const std::string& train, int64_t candidates) {
   return ParsePipeline(R"({"name": "t",
-    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"}},
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                 "validation": {"from": "train", "fraction": 0.1}},
     "backbones": [{"name": "pixels", "kind": "pixels"}],
     "steps": {"train": )" + train + R"(}, "rounds": {"candidates": )" + std::to_string(candidates) + "}}",
                        "p.json", "/b");
@@ -195,7 +197,7 @@ TEST(Candidates, FirstRoundCoversBackbonesDeterministically) {
 TEST(Candidates, PerturbDerivesFromTheBest) {
   Pipeline p = TwoBackbones();
   auto first = FirstRound(p);
-  std::vector<Ranked> ranking = {{first[3], 0.9, "model/r/1/r1-c03"}, {first[0], 0.8, "model/r/1/r1-c00"}};
+  std::vector<Ranked> ranking = {{first[3], 0.9, "model/r/1/r1-c03", {}}, {first[0], 0.8, "model/r/1/r1-c00", {}}};
   auto next = NextRound(p, 2, ranking);
   ASSERT_EQ(next.size(), 5u);
   EXPECT_EQ(next[0].id, "r2-c00");

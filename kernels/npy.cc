@@ -1,0 +1,173 @@
+#include "kernels/npy.h"
+
+#include <cstring>
+#include <limits>
+
+#include "common/error.h"
+#include "common/files.h"
+
+namespace msaflow::kernels {
+namespace {
+
+[[noreturn]] void Bad(const std::string& path, const std::string& what) {
+  Throw(ErrorKind::kInvalidInput, path + ": " + what);
+}
+
+std::string ReadExisting(const std::string& path) {
+  if (!PathExists(path)) Throw(ErrorKind::kNotFound, path + ": no such file");
+  return ReadFile(path);
+}
+
+// The value of 'key' in the header's dict: the text up to the next top-level ',' or '}'.
+std::string DictValue(const std::string& h, const std::string& key, const std::string& path) {
+  size_t k = h.find("'" + key + "'");
+  if (k == std::string::npos) Bad(path, "the .npy header has no '" + key + "'");
+  size_t colon = h.find(':', k);
+  if (colon == std::string::npos) Bad(path, "malformed .npy header");
+  size_t i = colon + 1, depth = 0, start = i;
+  for (; i < h.size(); ++i) {
+    char c = h[i];
+    if (c == '(') ++depth;
+    if (c == ')') {
+      if (depth == 0) break;
+      --depth;
+    }
+    if (depth == 0 && (c == ',' || c == '}')) break;
+  }
+  std::string v = h.substr(start, i - start + (i < h.size() && h[i] == ')' ? 1 : 0));
+  size_t a = v.find_first_not_of(" \t"), b = v.find_last_not_of(" \t");
+  return a == std::string::npos ? "" : v.substr(a, b - a + 1);
+}
+
+int64_t CountOf(const NpyHeader& h) {
+  int64_t n = 1;
+  for (int64_t d : h.shape) {
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+std::string ShapeText(const std::vector<int64_t>& s) {
+  std::string t = "(";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + (s.size() == 1 ? ",)" : ")");
+}
+
+// The images' header, checked: uint8, C order, (N, H, W) or (N, H, W, C) with C 1 or 3.
+NpyHeader ImagesHeader(const std::string& img, const std::string& path) {
+  NpyHeader h = ParseNpyHeader(img, path);
+  if (h.descr != "|u1" && h.descr != "<u1" && h.descr != ">u1" && h.descr != "=u1")
+    Bad(path, "dtype '" + h.descr + "'; images must be uint8 (|u1)");
+  if (h.fortran_order) Bad(path, "Fortran order; save the images in C order (numpy.ascontiguousarray)");
+  if (h.shape.size() != 3 && h.shape.size() != 4)
+    Bad(path, "shape " + ShapeText(h.shape) + "; images must be N x H x W or N x H x W x C");
+  if (h.shape.size() == 4 && h.shape[3] != 1 && h.shape[3] != 3)
+    Bad(path, "shape " + ShapeText(h.shape) + ": " + std::to_string(h.shape[3]) + " channels; expected 1 (gray) or 3 (RGB)");
+  if (h.shape[1] < 1 || h.shape[2] < 1) Bad(path, "shape " + ShapeText(h.shape) + ": images of size 0");
+  if (h.shape[1] > 16384 || h.shape[2] > 16384) Bad(path, "shape " + ShapeText(h.shape) + ": images larger than 16384 a side");
+  const int64_t n = CountOf(h);
+  if (n < 0 || static_cast<uint64_t>(n) != img.size() - h.data_offset)
+    Bad(path, "body has " + std::to_string(img.size() - h.data_offset) + " bytes, the shape " + ShapeText(h.shape) +
+                  " needs " + std::to_string(n));
+  return h;
+}
+
+std::vector<uint8_t> Labels(const std::string& lab, const std::string& path, int64_t n_images,
+                            const std::string& images_path, int64_t count) {
+  NpyHeader h = ParseNpyHeader(lab, path);
+  if (h.shape.size() != 1) Bad(path, "shape " + ShapeText(h.shape) + "; labels must be one-dimensional (N,)");
+  if (h.fortran_order && h.shape.size() != 1) Bad(path, "Fortran order");
+  const std::string& d = h.descr;
+  if (d.size() < 3 || (d[0] != '|' && d[0] != '<' && d[0] != '=') || (d[1] != 'u' && d[1] != 'i' && d[1] != 'b'))
+    Bad(path, "dtype '" + d + "'; labels must be little-endian integers (e.g. |u1, <i8)");
+  const int width = std::atoi(d.c_str() + 2);
+  if (width != 1 && width != 2 && width != 4 && width != 8) Bad(path, "dtype '" + d + "': an unsupported integer width");
+  if (h.shape[0] != n_images)
+    Bad(path, std::to_string(h.shape[0]) + " labels for " + std::to_string(n_images) + " images in " + images_path);
+  if (lab.size() - h.data_offset != static_cast<size_t>(h.shape[0] * width))
+    Bad(path, "body has " + std::to_string(lab.size() - h.data_offset) + " bytes, " + std::to_string(h.shape[0]) +
+                  " labels of " + std::to_string(width) + " bytes need " + std::to_string(h.shape[0] * width));
+  std::vector<uint8_t> out(static_cast<size_t>(count));
+  const bool is_signed = d[1] == 'i';
+  for (int64_t i = 0; i < count; ++i) {
+    const char* p = lab.data() + h.data_offset + static_cast<size_t>(i * width);
+    uint64_t u = 0;
+    std::memcpy(&u, p, static_cast<size_t>(width));  // little-endian host
+    int64_t v = static_cast<int64_t>(u);
+    if (is_signed && width < 8 && (u >> (width * 8 - 1)) & 1) v -= static_cast<int64_t>(uint64_t{1} << (width * 8));
+    if (v < 0 || v > 255)
+      Bad(path, "label " + std::to_string(v) + " at index " + std::to_string(i) + "; labels must be 0..255 (class indices)");
+    out[static_cast<size_t>(i)] = static_cast<uint8_t>(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+NpyHeader ParseNpyHeader(const std::string& b, const std::string& path) {
+  static const char kMagic[] = "\x93NUMPY";
+  if (b.size() < 10 || std::memcmp(b.data(), kMagic, 6) != 0) Bad(path, "not a .npy file (no \\x93NUMPY magic)");
+  const int major = static_cast<uint8_t>(b[6]);
+  size_t len = 0, start = 0;
+  if (major == 1) {
+    len = static_cast<uint8_t>(b[8]) | (static_cast<size_t>(static_cast<uint8_t>(b[9])) << 8);
+    start = 10;
+  } else if (major == 2 || major == 3) {
+    if (b.size() < 12) Bad(path, "a truncated .npy header");
+    len = 0;
+    for (int i = 3; i >= 0; --i) len = (len << 8) | static_cast<uint8_t>(b[8 + static_cast<size_t>(i)]);
+    start = 12;
+  } else {
+    Bad(path, ".npy format version " + std::to_string(major) + "; expected 1, 2 or 3");
+  }
+  if (len > b.size() - start) Bad(path, "a truncated .npy header");
+  const std::string h = b.substr(start, len);
+  NpyHeader out;
+  out.data_offset = start + len;
+  std::string descr = DictValue(h, "descr", path);
+  if (descr.size() < 2 || (descr.front() != '\'' && descr.front() != '"')) Bad(path, "the .npy dtype is not a simple type: " + descr.substr(0, 40));
+  out.descr = descr.substr(1, descr.size() - 2);
+  std::string fo = DictValue(h, "fortran_order", path);
+  if (fo != "True" && fo != "False") Bad(path, "malformed fortran_order in the .npy header");
+  out.fortran_order = fo == "True";
+  std::string shape = DictValue(h, "shape", path);
+  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')') Bad(path, "malformed shape in the .npy header");
+  std::string inner = shape.substr(1, shape.size() - 2);
+  size_t i = 0;
+  while (i < inner.size()) {
+    while (i < inner.size() && (inner[i] == ' ' || inner[i] == ',')) ++i;
+    if (i >= inner.size()) break;
+    size_t j = i;
+    while (j < inner.size() && inner[j] >= '0' && inner[j] <= '9') ++j;
+    if (j == i || j - i > 12) Bad(path, "malformed shape " + shape.substr(0, 40) + " in the .npy header");
+    out.shape.push_back(std::stoll(inner.substr(i, j - i)));
+    i = j;
+    while (i < inner.size() && inner[i] == ' ') ++i;
+    if (i < inner.size() && inner[i] != ',') Bad(path, "malformed shape " + shape.substr(0, 40) + " in the .npy header");
+  }
+  return out;
+}
+
+ImageSet ReadNpy(const std::string& images_path, const std::string& labels_path, int64_t limit) {
+  const std::string img = ReadExisting(images_path);
+  const NpyHeader h = ImagesHeader(img, images_path);
+  ImageSet s;
+  s.rows = h.shape[1];
+  s.cols = h.shape[2];
+  s.channels = h.shape.size() == 4 ? h.shape[3] : 1;
+  s.count = limit > 0 ? std::min(h.shape[0], limit) : h.shape[0];
+  s.labels = Labels(ReadExisting(labels_path), labels_path, h.shape[0], images_path, s.count);
+  const size_t bytes = static_cast<size_t>(s.count * s.rows * s.cols * s.channels);
+  s.pixels.assign(img.begin() + static_cast<std::ptrdiff_t>(h.data_offset),
+                  img.begin() + static_cast<std::ptrdiff_t>(h.data_offset + bytes));
+  return s;
+}
+
+std::vector<uint8_t> ReadNpyLabels(const std::string& images_path, const std::string& labels_path, int64_t limit) {
+  const NpyHeader h = ImagesHeader(ReadExisting(images_path), images_path);
+  const int64_t count = limit > 0 ? std::min(h.shape[0], limit) : h.shape[0];
+  return Labels(ReadExisting(labels_path), labels_path, h.shape[0], images_path, count);
+}
+
+}  // namespace msaflow::kernels

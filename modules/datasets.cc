@@ -1,0 +1,136 @@
+#include "modules/datasets.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "common/checksum.h"
+#include "common/error.h"
+#include "common/files.h"
+#include "kernels/npy.h"
+
+namespace msaflow::modules {
+namespace {
+
+// The file or folder a split reads, with its limit applied.
+struct Base {
+  std::shared_ptr<const kernels::ImageSet> set;
+  std::shared_ptr<const kernels::FolderListing> folder;
+  std::vector<uint8_t> labels;
+  std::vector<std::string> class_names;
+  std::string origin;
+};
+
+Base OpenBase(const workflow::SplitSpec& s) {
+  Base b;
+  b.origin = s.origin();
+  if (s.format == "folder") {
+    auto l = std::make_shared<kernels::FolderListing>(kernels::ListImageFolder(s.root, s.limit));
+    b.labels = l->labels;
+    b.class_names = l->class_names;
+    b.folder = std::move(l);
+  } else {
+    auto set = std::make_shared<kernels::ImageSet>(s.format == "npy" ? kernels::ReadNpy(s.images, s.labels, s.limit)
+                                                                     : kernels::ReadIdx(s.images, s.labels, s.limit));
+    b.labels = set->labels;
+    b.set = std::move(set);
+  }
+  return b;
+}
+
+}  // namespace
+
+kernels::ImageSet SplitSource::Read(int64_t lo, int64_t hi) const {
+  lo = std::clamp<int64_t>(lo, 0, count());
+  hi = std::clamp<int64_t>(hi, lo, count());
+  std::vector<int64_t> rows(rows_.begin() + lo, rows_.begin() + hi);
+  if (folder_) return kernels::DecodeFolderRows(*folder_, rows);
+  if (lo == 0 && hi == set_->count && static_cast<int64_t>(rows_.size()) == set_->count) return *set_;
+  return kernels::Subset(*set_, rows);
+}
+
+std::string SplitSource::Digest() const {
+  if (set_) {
+    if (static_cast<int64_t>(rows_.size()) == set_->count) return set_->Digest();  // the whole file
+    return kernels::Subset(*set_, rows_).Digest();
+  }
+  std::string buf = "folder:" + std::to_string(rows_.size()) + ":";
+  for (int64_t r : rows_) {
+    const size_t i = static_cast<size_t>(r);
+    buf += ChecksumHex(ReadFile(folder_->files[i]));
+    buf += ":" + std::to_string(folder_->labels[i]) + ",";
+  }
+  return ChecksumHex(buf);
+}
+
+std::string SplitSource::Where(int64_t i) const {
+  if (i < 0 || i >= count()) return origin_;
+  const int64_t r = rows_[static_cast<size_t>(i)];
+  if (folder_) return folder_->files[static_cast<size_t>(r)];
+  return origin_ + ", image " + std::to_string(r);
+}
+
+const std::string& SelectionSplit(const workflow::Pipeline& p) { return p.select_on; }
+
+std::vector<std::string> SplitNames(const workflow::Pipeline& p) {
+  if (p.validation) return {"train", "validation", "test"};
+  return {"train", "test"};
+}
+
+SplitSource OpenSplit(const workflow::Pipeline& p, const std::string& split) {
+  if (split != "train" && split != "validation" && split != "test")
+    Throw(ErrorKind::kInternal, "OpenSplit: no split '" + split + "'");
+  if (split == "validation" && !p.validation)
+    Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": no validation split (/datasets/validation)");
+  const bool carve = (split == "train" || split == "validation") && p.validation && p.validation->from_train();
+  const workflow::SplitSpec& spec = split == "test" ? p.test : (split == "train" || carve ? p.train : *p.validation);
+  Base b = OpenBase(spec);
+  SplitSource s;
+  s.name_ = split;
+  s.origin_ = b.origin;
+  s.set_ = b.set;
+  s.folder_ = b.folder;
+  s.class_names_ = b.class_names;
+  if (carve) {
+    // Stratified by class, seeded: the same rows on every rank and every run.
+    const std::vector<bool> in_val = kernels::StratifiedSplit(b.labels, p.validation->fraction, p.validation->seed);
+    for (size_t i = 0; i < b.labels.size(); ++i)
+      if (in_val[i] == (split == "validation")) s.rows_.push_back(static_cast<int64_t>(i));
+  } else {
+    s.rows_.resize(b.labels.size());
+    std::iota(s.rows_.begin(), s.rows_.end(), 0);
+  }
+  for (int64_t r : s.rows_) s.labels_.push_back(b.labels[static_cast<size_t>(r)]);
+  return s;
+}
+
+int64_t CheckSplits(const workflow::Pipeline& p, const std::vector<SplitSource>& splits) {
+  auto bad = [&](const std::string& what) { Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": " + what); };
+  int64_t classes = p.classes;
+  for (const auto& s : splits) {
+    if (s.count() == 0) bad("the " + s.name() + " split has no images (" + s.Where(-1) + ")");
+    if (p.classes == 0)
+      for (uint8_t l : s.labels()) classes = std::max<int64_t>(classes, l + 1);
+  }
+  for (const auto& s : splits)
+    for (int64_t i = 0; i < s.count(); ++i)
+      if (s.labels()[static_cast<size_t>(i)] >= classes)
+        bad(s.Where(i) + ": label " + std::to_string(s.labels()[static_cast<size_t>(i)]) + " (the " + s.name() +
+            " split's image " + std::to_string(i) + ") is outside 0.." + std::to_string(classes - 1) + " (" +
+            std::to_string(classes) + " classes, /datasets/classes)");
+  std::vector<bool> seen(static_cast<size_t>(classes), false);
+  for (const auto& s : splits)
+    if (s.name() == "train")
+      for (uint8_t l : s.labels()) seen[l] = true;
+  for (const auto& s : splits) {
+    if (s.name() == "train") continue;
+    for (int64_t i = 0; i < s.count(); ++i) {
+      const uint8_t l = s.labels()[static_cast<size_t>(i)];
+      if (!seen[l])
+        bad(s.Where(i) + ": class " + std::to_string(l) + " (the " + s.name() + " split's image " + std::to_string(i) +
+            ") never occurs in the training split; a model cannot learn it");
+    }
+  }
+  return classes;
+}
+
+}  // namespace msaflow::modules

@@ -1,0 +1,54 @@
+// The dataset splits as the steps read them (train, validation, test; docs/pipeline.md): any
+// format (IDX, .npy, image folder), the validation split taken from the training split when
+// the pipeline says so, and the checks every split must pass before anything is trained.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/dataset.h"
+#include "kernels/image_folder.h"
+#include "workflow/pipeline.h"
+
+namespace msaflow::modules {
+
+class SplitSource {
+ public:
+  const std::string& name() const { return name_; }
+  int64_t count() const { return static_cast<int64_t>(rows_.size()); }
+  const std::vector<uint8_t>& labels() const { return labels_; }
+  const std::vector<std::string>& class_names() const { return class_names_; }
+  // Rows [lo, hi) of the split with their pixels (an image folder decodes only those).
+  kernels::ImageSet Read(int64_t lo, int64_t hi) const;
+  // The content key of the split: its images' bytes and labels (an image folder's files are
+  // hashed, not decoded). IDX sets keep the key they always had.
+  std::string Digest() const;
+  // Where row i came from: "<file>" (folders) or "<images file>, image <k>".
+  std::string Where(int64_t i) const;
+
+ private:
+  friend SplitSource OpenSplit(const workflow::Pipeline& p, const std::string& split);
+  std::string name_, origin_;
+  std::shared_ptr<const kernels::ImageSet> set_;     // idx, npy: the whole file (after its limit)
+  std::shared_ptr<const kernels::FolderListing> folder_;
+  std::vector<int64_t> rows_;                        // split row -> row of the set or listing
+  std::vector<uint8_t> labels_;
+  std::vector<std::string> class_names_;
+};
+
+// "train", "validation" or "test". Throws kInvalidInput for a pipeline without that split.
+SplitSource OpenSplit(const workflow::Pipeline& p, const std::string& split);
+
+// The splits a pipeline has, in the order they are prepared: train, [validation], test.
+std::vector<std::string> SplitNames(const workflow::Pipeline& p);
+// The split candidates are selected on: "validation", or "test" when the pipeline says so.
+const std::string& SelectionSplit(const workflow::Pipeline& p);
+
+// Every split has images; no label is outside 0..classes-1 (classes from the pipeline, else
+// 1 + the largest label anywhere); every class of the validation and test splits was seen in
+// training. Throws kInvalidInput naming the split's file and the image; returns the classes.
+int64_t CheckSplits(const workflow::Pipeline& p, const std::vector<SplitSource>& splits);
+
+}  // namespace msaflow::modules
