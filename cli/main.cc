@@ -26,6 +26,8 @@
 #include "nam/store.h"
 #include "nam/verify.h"
 #include "orchestrator/fpga_preflight.h"
+#include "workflow/backbones.h"
+#include "workflow/datasets.h"
 #include "orchestrator/launcher.h"
 #include "orchestrator/machine.h"
 #include "orchestrator/placement.h"
@@ -250,6 +252,8 @@ int main(int argc, char** argv) {
       for (const auto& b : p.backbones)
         if (b.kind == "onnx" && !PathExists(b.onnx))
           Throw(ErrorKind::kNotFound, pipeline_path + ": /backbones: " + b.onnx + ": no such file");
+      workflow::CheckDatasetFiles(p, pipeline_path);  // without reading them
+      workflow::CheckBackbones(p);                    // the models' operators, feature layers and inputs
       orchestrator::NamFor(p, m, runs_dir);  // the NAM URI as a run would use it
       orchestrator::FpgaPreflight(p, m);     // fpga "opencl" needs an OpenCL device here (launcher local)
       // The train layout against the machine (ranks + servers within the module's max_ranks).

@@ -390,7 +390,10 @@ Executor::~Executor() = default;
 
 size_t Executor::FusedOpCount() const { return ops_.size(); }
 
-int64_t Executor::FeatureDim(int64_t c, int64_t h, int64_t w) { return PlanFor({1, c, h, w}).channels; }
+int64_t Executor::FeatureDim(int64_t c, int64_t h, int64_t w) {
+  const int64_t n = graph_.input_dims.empty() || graph_.input_dims[0] <= 0 ? 1 : graph_.input_dims[0];
+  return PlanFor({n, c, h, w}).channels;
+}
 
 std::vector<float> Executor::Features(const float* x, int64_t n, int64_t c, int64_t h, int64_t w) {
   Plan& plan = PlanFor({n, c, h, w});

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include "common/error.h"
@@ -19,6 +21,19 @@ bool IsImageName(const std::string& name) {
   std::string ext = fs::path(name).extension().string();
   for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
+}
+
+// The first bytes only: a file that is not an image at all is refused before anything runs;
+// one that is damaged inside is found when it is decoded.
+bool LooksLikeAnImage(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char b[8] = {};
+  f.read(b, sizeof b);
+  const auto n = f.gcount();
+  static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (n == 8 && std::memcmp(b, kPng, 8) == 0) return true;
+  return n >= 3 && static_cast<unsigned char>(b[0]) == 0xff && static_cast<unsigned char>(b[1]) == 0xd8 &&
+         static_cast<unsigned char>(b[2]) == 0xff;
 }
 
 }  // namespace
@@ -47,6 +62,8 @@ FolderListing ListImageFolder(const std::string& root, int64_t limit) {
       if (!IsImageName(name)) continue;
       if (!e.is_regular_file()) Throw(ErrorKind::kInvalidInput, e.path().string() + ": not a file");
       if (e.file_size() == 0) Throw(ErrorKind::kInvalidInput, e.path().string() + ": an empty file (0 bytes)");
+      if (!LooksLikeAnImage(e.path().string()))
+        Throw(ErrorKind::kInvalidInput, e.path().string() + ": neither PNG nor JPEG (by its first bytes)");
       files.push_back(e.path().string());
     }
     if (ec) ThrowErrno("list " + dir.string());

@@ -21,7 +21,8 @@ struct FolderListing {
 // Images are ordered round-robin over the classes (the first image of every class, then the
 // second, ...; files sorted by name within a class), so that a `limit` (0 = all) keeps every
 // class. Throws kNotFound for a missing root, kInvalidInput naming the folder or file for no
-// class folders, a class folder without images, more than 256 classes, or an empty file.
+// class folders, a class folder without images, more than 256 classes, an empty file, or a file
+// whose first bytes are neither PNG's nor JPEG's.
 FolderListing ListImageFolder(const std::string& root, int64_t limit);
 
 // Decodes the listed images `rows` (in that order) into an image set; each image keeps its own

@@ -11,6 +11,7 @@ namespace msaflow::kernels {
 
 struct InputSpec {
   int64_t height = 0, width = 0, channels = 3;
+  int64_t batch = 0;  // a model exported with a fixed batch size: run it on exactly this many (0: any)
   // Pixel p (0..255) becomes (p / 255 - mean[c]) / std[c] in channel c.
   std::array<float, 3> mean{0, 0, 0}, std{1, 1, 1};
 };

@@ -12,7 +12,7 @@
 #include "common/error.h"
 #include "kernels/head.h"
 #include "kernels/metrics.h"
-#include "modules/datasets.h"
+#include "workflow/datasets.h"
 #include "modules/evaluate.h"
 #include "modules/features.h"
 #include "modules/straggler.h"
@@ -47,7 +47,7 @@ void Evaluate(StepContext& c) {
   const int64_t shards = t.shards;
   const int64_t n_tasks = static_cast<int64_t>(t.candidates.size()) * shards;
   const parallel::Straggler slow = StragglerFor("evaluate", {});
-  const std::string& selection = SelectionSplit(c.pipeline());
+  const std::string& selection = workflow::SelectionSplit(c.pipeline());
   // Task k is shard k % shards of candidate k / shards: a rank drawing neighbouring tasks
   // finds the model in its cache. A rank reads only the features parts its shards need, once.
   struct Cached {

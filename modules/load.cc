@@ -1,17 +1,26 @@
 // Step 1 (CM): each backbone imported, checked, cut at its feature layer and put in the NAM.
 #include <fmt/core.h>
+#include <vector>
 
 #include "common/checksum.h"
+#include "common/error.h"
 #include "common/files.h"
 #include "kernels/executor.h"
 #include "kernels/onnx_graph.h"
 #include "modules/step_context.h"
+#include "workflow/backbones.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
-
 void Load(StepContext& c) {
   if (!c.root()) return;  // one writer; the other ranks (if any were started) have nothing to do
+  // Every backbone is imported and checked before the first is stored: a bad one leaves the
+  // NAM as it was.
+  struct Ready {
+    std::string obj, bytes;
+    nlohmann::json meta;
+  };
+  std::vector<Ready> ready;
   for (const auto& bb : c.pipeline().backbones) {
     std::string obj = workflow::BackboneObject(bb.name);
     nlohmann::json meta = {{"kind", bb.kind}, {"name", bb.name}};
@@ -28,7 +37,8 @@ void Load(StepContext& c) {
       const auto& in = bb.input;
       std::string digest = ChecksumHex(model + "\n" + bb.feature_layer + "\n" +
                                        fmt::format("{}x{}x{} {} {} {} {} {} {}", in.channels, in.height, in.width,
-                                                   in.mean[0], in.mean[1], in.mean[2], in.std[0], in.std[1], in.std[2]));
+                                                   in.mean[0], in.mean[1], in.mean[2], in.std[0], in.std[1], in.std[2]) +
+                                       (in.batch > 0 ? fmt::format(" batch {}", in.batch) : ""));
       auto have = c.store->Stat(obj);
       if (have && have->meta.value("digest", "") == digest) {
         c.Say(fmt::format("backbone {}: already in NAM ({}, digest {})", bb.name, obj, digest));
@@ -36,6 +46,7 @@ void Load(StepContext& c) {
       }
       // Import, check every operator, cut at the feature layer, and dry-run one image.
       kernels::Graph g = kernels::ImportOnnx(model, bb.onnx, bb.feature_layer);
+      workflow::CheckBackboneInput(g, bb);
       kernels::Executor ex(g);
       int64_t dim = ex.FeatureDim(in.channels, in.height, in.width);
       bytes = kernels::CutOnnx(model, bb.onnx, bb.feature_layer);
@@ -48,8 +59,11 @@ void Load(StepContext& c) {
       c.Say(fmt::format("backbone {}: imported {} ({} nodes up to '{}', {} fused ops), {} features", bb.name, bb.onnx,
                         g.nodes.size(), bb.feature_layer, ex.FusedOpCount(), dim));
     }
-    auto info = c.store->Put(obj, bytes, meta);
-    c.Say(fmt::format("backbone {}: stored as {} (version {})", bb.name, obj, info.version));
+    ready.push_back({obj, std::move(bytes), std::move(meta)});
+  }
+  for (const auto& r : ready) {
+    auto info = c.store->Put(r.obj, r.bytes, r.meta);
+    c.Say(fmt::format("backbone {}: stored as {} (version {})", r.meta.value("name", ""), r.obj, info.version));
   }
 }
 

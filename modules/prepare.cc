@@ -17,7 +17,7 @@
 #include "kernels/executor.h"
 #include "kernels/onnx_graph.h"
 #include "common/error.h"
-#include "modules/datasets.h"
+#include "workflow/datasets.h"
 #include "modules/features.h"
 #include "workflow/objects.h"
 
@@ -25,6 +25,10 @@ namespace msaflow::modules {
 namespace {
 
 constexpr int64_t kBatch = 64;
+
+// The images a backbone runs on at once: 64, or the fixed batch its model was exported with
+// (input.batch; the last batch is then padded to it).
+int64_t BatchOf(const workflow::BackboneSpec& bb) { return bb.input.batch > 0 ? bb.input.batch : kBatch; }
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -103,21 +107,24 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
   } else {
     const auto& in = bb.input;
     kernels::fpga::Device* fpga = &c.Fpga();  // opened here, before the data manager's thread uses it
-    const int64_t batches = (hi - lo + kBatch - 1) / kBatch;
+    const int64_t B = BatchOf(bb), per = in.channels * in.height * in.width;
+    const int64_t batches = (hi - lo + B - 1) / B;
     std::vector<float> batch[2];
-    for (auto& b : batch) b.resize(static_cast<size_t>(kBatch * in.channels * in.height * in.width));
+    for (auto& b : batch) b.resize(static_cast<size_t>(B * per));
     int64_t next_report = batches / 4;
     w.batches = Overlap(
         batches,
         [&](int64_t i) {
-          const int64_t s = lo + i * kBatch;
-          PrepareImages(*fpga, ds, lo, s, std::min(kBatch, hi - s), in, batch[i % 2].data());
+          const int64_t s = lo + i * B, b = std::min(B, hi - s);
+          PrepareImages(*fpga, ds, lo, s, b, in, batch[i % 2].data());
+          if (in.batch > 0 && b < B)  // a model with a fixed batch gets whole batches: zeros after the last image
+            std::fill(batch[i % 2].begin() + b * per, batch[i % 2].end(), 0.f);
         },
         [&](int64_t i) {
-          const int64_t s = lo + i * kBatch, b = std::min(kBatch, hi - s);
+          const int64_t s = lo + i * B, b = std::min(B, hi - s);
           const int64_t p = s / idx.part_rows;
-          auto f = ex->Features(batch[i % 2].data(), b, in.channels, in.height, in.width);
-          std::copy(f.begin(), f.end(), out[p % 2].begin() + (s - idx.PartLo(p)) * dim);
+          auto f = ex->Features(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
+          std::copy(f.begin(), f.begin() + b * dim, out[p % 2].begin() + (s - idx.PartLo(p)) * dim);
           if (s + b == idx.PartHi(p)) write_part(p);
           if (i + 1 == next_report && i + 1 < batches) {
             c.Say(fmt::format("progress: features {} {}/{} images", label, s + b - lo, hi - lo));
@@ -132,7 +139,7 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
 
 // The preparation time measured on every rank, and what the target board would take
 // (kernels/fpga/cost_model.h), for one (backbone, split).
-nlohmann::json PrepareFpgaTimes(const StepContext& c, const workflow::BackboneSpec& bb, const SplitSource& src,
+nlohmann::json PrepareFpgaTimes(const StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
                                 const kernels::ImageSet& mine, const std::vector<std::string>& per_rank) {
   double measured = 0;
   for (const auto& s : per_rank) measured += nlohmann::json::parse(s).value("prepare_s", 0.0);
@@ -159,14 +166,14 @@ void Prepare(StepContext& c) {
                             {"overlap", c.overlap}};
   const int64_t part_bytes = FeaturesPartBytes();
   // Every split's labels, checked before anything is computed; the pixels are read per rank.
-  std::vector<SplitSource> splits;
-  for (const auto& split : SplitNames(c.pipeline())) splits.push_back(OpenSplit(c.pipeline(), split));
-  const int64_t classes = CheckSplits(c.pipeline(), splits);
+  std::vector<workflow::SplitSource> splits;
+  for (const auto& split : workflow::SplitNames(c.pipeline())) splits.push_back(workflow::OpenSplit(c.pipeline(), split));
+  const int64_t classes = workflow::CheckSplits(c.pipeline(), splits);
   std::map<std::string, std::string> digests;
   for (const auto& bb : c.pipeline().backbones) {
     std::string bb_digest = BackboneDigest(*c.store, bb);
     std::unique_ptr<kernels::Executor> ex;
-    for (const SplitSource& src : splits) {
+    for (const workflow::SplitSource& src : splits) {
       const std::string& split = src.name();
       if (!digests.count(split)) digests[split] = src.Digest();
       std::string key = workflow::FeaturesObject(bb_digest, digests[split]);
@@ -203,7 +210,7 @@ void Prepare(StepContext& c) {
       idx.object = key;
       idx.n = src.count();
       idx.dim = dim;
-      idx.part_rows = FeaturesPartRows(dim, kBatch, part_bytes);
+      idx.part_rows = FeaturesPartRows(dim, BatchOf(bb), part_bytes);
       idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
       // This rank's contiguous run of parts.
       const int64_t p0 = idx.parts * rank / size, p1 = idx.parts * (rank + 1) / size;

@@ -2,7 +2,7 @@
 
 #include "common/error.h"
 #include "kernels/dataset.h"
-#include "modules/datasets.h"
+#include "workflow/datasets.h"
 #include "modules/features.h"
 #include "modules/step_context.h"
 
@@ -20,7 +20,7 @@ void StepContext::Say(const std::string& line) const {
 const std::string& StepContext::DatasetDigest(const std::string& split) {
   auto it = digests_.find(split);
   if (it != digests_.end()) return it->second;
-  return digests_[split] = OpenSplit(pipeline(), split).Digest();
+  return digests_[split] = workflow::OpenSplit(pipeline(), split).Digest();
 }
 
 kernels::fpga::Device& StepContext::Fpga() {

@@ -18,6 +18,8 @@
 #include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/fpga_preflight.h"
+#include "workflow/backbones.h"
+#include "workflow/datasets.h"
 #include "orchestrator/nam_process.h"
 #include "orchestrator/placement.h"
 #include "orchestrator/slurm.h"
@@ -74,6 +76,8 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     Throw(ErrorKind::kInvalidInput, "run directory " + dir + " already holds a run; choose another --run-id");
   std::string nam_uri = NamFor(p, m, opt.runs_dir);  // refuses a malformed NAM URI before anything is written
   FpgaPreflight(p, m);                               // and fpga "opencl" with no OpenCL device here
+  workflow::CheckDatasets(p);                        // and labels or splits no model can be trained on
+  workflow::CheckBackbones(p);                       // and models the prepare step could not feed
   MakeDirs(dir + "/tasks");
   MakeDirs(dir + "/logs");
   WriteFileAtomic(dir + "/pipeline.json", p.source.dump(2) + "\n");
@@ -124,6 +128,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   std::vector<Ranked> ranking;  // best first, over all rounds
   std::vector<KeptCandidate> kept;
   // Best test accuracy per backbone over all rounds (a raw-pixel backbone is the baseline).
+  std::map<std::string, Ranked> bb_best;  // backbone -> its best candidate so far (any round)
   json per_bb = json::object();       // backbone -> its best accuracy on the selection split
   json per_bb_test = json::object();  // ... that candidate, with its test accuracy
   double best_so_far = -1;
@@ -131,7 +136,9 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   std::string stop_reason = "max rounds reached";
   auto run_start = std::chrono::steady_clock::now();
   for (int round = 1; round <= p.rounds.max; ++round) {
-    std::vector<Candidate> fresh = round == 1 ? FirstRound(p) : NextRound(p, round, ranking);
+    std::vector<Ranked> backbone_best;
+    for (const auto& [bb, r] : bb_best) backbone_best.push_back(r);
+    std::vector<Candidate> fresh = round == 1 ? FirstRound(p) : NextRound(p, round, ranking, backbone_best);
     RoundPlan plan = PlanRound(p, m, id, nam_uri, round, fresh, kept);
     std::map<std::string, std::string> files;
     for (const auto& t : plan.tasks) {
@@ -222,6 +229,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
       const std::string bb = e.at("candidate").at("backbone");
       if (!per_bb.contains(bb) || per_bb[bb].get<double>() < e.at("accuracy").get<double>()) {
         per_bb[bb] = e.at("accuracy");
+        bb_best[bb] = ranking.back();
         per_bb_test[bb] = {{"candidate", e.at("candidate").at("id")}, {p.select_on + "_accuracy", e.at("accuracy")}};
         if (e.contains("test")) per_bb_test[bb]["test_accuracy"] = e["test"].value("accuracy", 0.0);
       }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <set>
 
 namespace msaflow::workflow {
 namespace {
@@ -106,13 +107,32 @@ std::string HeadLabel(const kernels::HeadConfig& h) {
 
 std::vector<Candidate> FirstRound(const Pipeline& p) { return Sample(p, 1); }
 
-std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking) {
+std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking,
+                                 const std::vector<Ranked>& backbone_best) {
   if (p.rounds.strategy == "random" || ranking.empty()) return Sample(p, round);
   size_t k = std::min<size_t>(static_cast<size_t>(p.rounds.top_k), ranking.size());
+  std::vector<const Ranked*> parents;
+  std::set<std::string> represented;
+  for (size_t i = 0; i < k; ++i) {
+    parents.push_back(&ranking[i]);
+    represented.insert(ranking[i].candidate.backbone);
+  }
+  // Backbones close behind the champion keep a parent: best first, ties by candidate id.
+  std::vector<const Ranked*> close;
+  for (const Ranked& b : backbone_best)
+    if (!represented.count(b.candidate.backbone) && b.metric >= ranking[0].metric - p.rounds.backbone_margin)
+      close.push_back(&b);
+  std::sort(close.begin(), close.end(), [](const Ranked* a, const Ranked* b) {
+    return a->metric != b->metric ? a->metric > b->metric : a->candidate.id < b->candidate.id;
+  });
+  for (const Ranked* b : close)
+    if (represented.insert(b->candidate.backbone).second) parents.push_back(b);
   std::mt19937_64 rng(SeedFor(p, round, 424242));
   std::vector<Candidate> out;
   for (size_t i = 0; i < static_cast<size_t>(p.rounds.candidates); ++i) {
-    const Ranked& parent = ranking[i % k];
+    // Parents beyond the top-k come before the top-k's second children: every backbone kept
+    // gets a candidate whenever the round has room for one per parent.
+    const Ranked& parent = *parents[i % parents.size()];
     Candidate c = parent.candidate;
     c.parent = parent.candidate.id;
     c.warm_start.clear();

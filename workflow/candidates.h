@@ -34,10 +34,14 @@ struct Ranked {
   nlohmann::json test;  // its test-split metrics {accuracy, loss}, when selection used validation
 };
 
-// Round r >= 2 from the ranking so far (best first). perturb: children of the top-k with
-// learning rate and L2 scaled by 0.5/2 and 0.3/3, new seeds, the champion's first child
-// warm-started from its weights; restart: the top-k configurations with new seeds; random:
-// fresh samples. Deterministic for rounds.seed and the ranking.
-std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking);
+// Round r >= 2 from the ranking so far (best first). The parents are the top-k and, so that one
+// unlucky draw does not end a backbone, the best candidate of every other backbone whose metric
+// is within rounds.backbone_margin of the champion's (`backbone_best`: each backbone's best
+// so far, from any round); new candidates are dealt over the parents in turn. perturb: children
+// with learning rate and L2 scaled by 0.5/2 and 0.3/3, new seeds, the champion's first child
+// warm-started from its weights; restart: the parents' configurations with new seeds; random:
+// fresh samples. Deterministic for rounds.seed and the rankings.
+std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking,
+                                 const std::vector<Ranked>& backbone_best = {});
 
 }  // namespace msaflow::workflow

@@ -205,7 +205,8 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
   b.feature_layer = r.String(v["feature_layer"], ptr + "/feature_layer");
   const json& in = v["input"];
   std::string ip = ptr + "/input";
-  r.Object(in, ip, {"height", "width", "channels", "mean", "std"}, {"height", "width"});
+  r.Object(in, ip, {"height", "width", "channels", "mean", "std", "batch"}, {"height", "width"});
+  if (in.contains("batch")) b.input.batch = r.Int(in["batch"], ip + "/batch", 1, 1024);
   b.input.height = r.Int(in["height"], ip + "/height", 8, 1024);
   b.input.width = r.Int(in["width"], ip + "/width", 8, 1024);
   if (in.contains("channels")) b.input.channels = r.Int(in["channels"], ip + "/channels", 1, 3);
@@ -370,7 +371,8 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
 
   if (doc.contains("rounds")) {
     const json& ro = doc["rounds"];
-    r.Object(ro, "/rounds", {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed"}, {});
+    r.Object(ro, "/rounds", {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed", "backbone_margin"}, {});
+    if (ro.contains("backbone_margin")) p.rounds.backbone_margin = r.Number(ro["backbone_margin"], "/rounds/backbone_margin", 0, 1);
     if (ro.contains("max")) p.rounds.max = r.Int(ro["max"], "/rounds/max", 1, 1000);
     if (ro.contains("candidates")) p.rounds.candidates = r.Int(ro["candidates"], "/rounds/candidates", 1, 10000);
     if (ro.contains("top_k")) p.rounds.top_k = r.Int(ro["top_k"], "/rounds/top_k", 1, 10000);

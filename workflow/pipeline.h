@@ -74,6 +74,7 @@ struct RoundsSpec {
   int64_t top_k = 2;
   std::string strategy = "perturb";  // "perturb" | "restart" | "random"
   double min_delta = 0.0;
+  double backbone_margin = 0.02;  // a backbone this close behind the champion keeps a parent (candidates.h)
   int64_t patience = 1;
   uint64_t seed = 1;
 };

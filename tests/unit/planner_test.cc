@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "common/files.h"
 #include "workflow/candidates.h"
@@ -207,6 +209,32 @@ TEST(Candidates, PerturbDerivesFromTheBest) {
   EXPECT_EQ(next[1].parent, "r1-c00");
   EXPECT_EQ(next[1].backbone, first[0].backbone);
   for (const auto& c : next) EXPECT_NE(c.head.seed, first[3].head.seed);
+}
+
+// Issue 10: with perturb, a backbone that missed round 1's top-k never got another candidate.
+// A backbone within rounds.backbone_margin of the champion keeps a parent; one further behind
+// does not.
+TEST(Candidates, ABackboneCloseBehindKeepsAParent) {
+  Pipeline p = TwoBackbones();
+  auto first = FirstRound(p);  // even ids on "m", odd on "pixels"
+  ASSERT_EQ(first[2].backbone, "m");
+  ASSERT_EQ(first[1].backbone, "pixels");
+  std::vector<Ranked> ranking = {{first[0], 0.90, "model/r/1/r1-c00", {}}, {first[2], 0.89, "model/r/1/r1-c02", {}}};
+  auto count_pixels = [](const std::vector<Candidate>& c) {
+    return std::count_if(c.begin(), c.end(), [](const Candidate& x) { return x.backbone == "pixels"; });
+  };
+  // Top-2 both on "m"; "pixels" best at 0.885, within the default margin of 0.02: it keeps a parent.
+  std::vector<Ranked> close = {ranking[0], {first[1], 0.885, "model/r/1/r1-c01", {}}};
+  auto next = NextRound(p, 2, ranking, close);
+  EXPECT_GE(count_pixels(next), 1);
+  EXPECT_EQ(next[2].parent, "r1-c01");  // after the top-k, before their second children
+  EXPECT_EQ(next[0].parent, "r1-c00");  // the champion still comes first
+  // 0.85 is further behind than 0.02: no candidate for it.
+  std::vector<Ranked> far = {ranking[0], {first[1], 0.85, "model/r/1/r1-c01", {}}};
+  EXPECT_EQ(count_pixels(NextRound(p, 2, ranking, far)), 0);
+  // The margin is the pipeline's.
+  p.rounds.backbone_margin = 0.1;
+  EXPECT_GE(count_pixels(NextRound(p, 2, ranking, far)), 1);
 }
 
 TEST(Machine, BuiltInLocalMatchesConfigFile) {

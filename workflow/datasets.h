@@ -12,7 +12,7 @@
 #include "kernels/image_folder.h"
 #include "workflow/pipeline.h"
 
-namespace msaflow::modules {
+namespace msaflow::workflow {
 
 class SplitSource {
  public:
@@ -29,7 +29,7 @@ class SplitSource {
   std::string Where(int64_t i) const;
 
  private:
-  friend SplitSource OpenSplit(const workflow::Pipeline& p, const std::string& split);
+  friend SplitSource OpenSplit(const Pipeline& p, const std::string& split);
   std::string name_, origin_;
   std::shared_ptr<const kernels::ImageSet> set_;     // idx, npy: the whole file (after its limit)
   std::shared_ptr<const kernels::FolderListing> folder_;
@@ -39,16 +39,22 @@ class SplitSource {
 };
 
 // "train", "validation" or "test". Throws kInvalidInput for a pipeline without that split.
-SplitSource OpenSplit(const workflow::Pipeline& p, const std::string& split);
+SplitSource OpenSplit(const Pipeline& p, const std::string& split);
 
 // The splits a pipeline has, in the order they are prepared: train, [validation], test.
-std::vector<std::string> SplitNames(const workflow::Pipeline& p);
+std::vector<std::string> SplitNames(const Pipeline& p);
 // The split candidates are selected on: "validation", or "test" when the pipeline says so.
-const std::string& SelectionSplit(const workflow::Pipeline& p);
+const std::string& SelectionSplit(const Pipeline& p);
 
 // Every split has images; no label is outside 0..classes-1 (classes from the pipeline, else
 // 1 + the largest label anywhere); every class of the validation and test splits was seen in
 // training. Throws kInvalidInput naming the split's file and the image; returns the classes.
-int64_t CheckSplits(const workflow::Pipeline& p, const std::vector<SplitSource>& splits);
+int64_t CheckSplits(const Pipeline& p, const std::vector<SplitSource>& splits);
+// Opens every split of `p` (labels; IDX and .npy files are read) and checks them as above:
+// what a run does before it starts anything.
+int64_t CheckDatasets(const Pipeline& p);
+// What `validate` can check without reading the data: every dataset file exists and is a file,
+// every image folder a folder. Throws kNotFound / kInvalidInput naming `origin` and the pointer.
+void CheckDatasetFiles(const Pipeline& p, const std::string& origin);
 
-}  // namespace msaflow::modules
+}  // namespace msaflow::workflow

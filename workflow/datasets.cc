@@ -1,6 +1,7 @@
-#include "modules/datasets.h"
+#include "workflow/datasets.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <numeric>
 
 #include "common/checksum.h"
@@ -8,7 +9,7 @@
 #include "common/files.h"
 #include "kernels/npy.h"
 
-namespace msaflow::modules {
+namespace msaflow::workflow {
 namespace {
 
 // The file or folder a split reads, with its limit applied.
@@ -20,7 +21,7 @@ struct Base {
   std::string origin;
 };
 
-Base OpenBase(const workflow::SplitSpec& s) {
+Base OpenBase(const SplitSpec& s) {
   Base b;
   b.origin = s.origin();
   if (s.format == "folder") {
@@ -69,20 +70,20 @@ std::string SplitSource::Where(int64_t i) const {
   return origin_ + ", image " + std::to_string(r);
 }
 
-const std::string& SelectionSplit(const workflow::Pipeline& p) { return p.select_on; }
+const std::string& SelectionSplit(const Pipeline& p) { return p.select_on; }
 
-std::vector<std::string> SplitNames(const workflow::Pipeline& p) {
+std::vector<std::string> SplitNames(const Pipeline& p) {
   if (p.validation) return {"train", "validation", "test"};
   return {"train", "test"};
 }
 
-SplitSource OpenSplit(const workflow::Pipeline& p, const std::string& split) {
+SplitSource OpenSplit(const Pipeline& p, const std::string& split) {
   if (split != "train" && split != "validation" && split != "test")
     Throw(ErrorKind::kInternal, "OpenSplit: no split '" + split + "'");
   if (split == "validation" && !p.validation)
     Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": no validation split (/datasets/validation)");
   const bool carve = (split == "train" || split == "validation") && p.validation && p.validation->from_train();
-  const workflow::SplitSpec& spec = split == "test" ? p.test : (split == "train" || carve ? p.train : *p.validation);
+  const SplitSpec& spec = split == "test" ? p.test : (split == "train" || carve ? p.train : *p.validation);
   Base b = OpenBase(spec);
   SplitSource s;
   s.name_ = split;
@@ -103,7 +104,7 @@ SplitSource OpenSplit(const workflow::Pipeline& p, const std::string& split) {
   return s;
 }
 
-int64_t CheckSplits(const workflow::Pipeline& p, const std::vector<SplitSource>& splits) {
+int64_t CheckSplits(const Pipeline& p, const std::vector<SplitSource>& splits) {
   auto bad = [&](const std::string& what) { Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": " + what); };
   int64_t classes = p.classes;
   for (const auto& s : splits) {
@@ -133,4 +134,31 @@ int64_t CheckSplits(const workflow::Pipeline& p, const std::vector<SplitSource>&
   return classes;
 }
 
-}  // namespace msaflow::modules
+int64_t CheckDatasets(const Pipeline& p) {
+  std::vector<SplitSource> splits;
+  for (const auto& s : SplitNames(p)) splits.push_back(OpenSplit(p, s));
+  return CheckSplits(p, splits);
+}
+
+void CheckDatasetFiles(const Pipeline& p, const std::string& origin) {
+  auto check = [&](const SplitSpec& s, const std::string& ptr) {
+    if (s.from_train()) return;
+    std::error_code ec;
+    if (s.format == "folder") {
+      if (!std::filesystem::exists(s.root, ec)) Throw(ErrorKind::kNotFound, origin + ": " + ptr + "/root: " + s.root + ": no such folder");
+      if (!std::filesystem::is_directory(s.root, ec))
+        Throw(ErrorKind::kInvalidInput, origin + ": " + ptr + "/root: " + s.root + ": not a folder");
+      return;
+    }
+    for (const auto& [key, path] : {std::pair{"images", &s.images}, std::pair{"labels", &s.labels}}) {
+      if (!std::filesystem::exists(*path, ec)) Throw(ErrorKind::kNotFound, origin + ": " + ptr + "/" + key + ": " + *path + ": no such file");
+      if (!std::filesystem::is_regular_file(*path, ec))
+        Throw(ErrorKind::kInvalidInput, origin + ": " + ptr + "/" + key + ": " + *path + ": not a file");
+    }
+  };
+  check(p.train, "/datasets/train");
+  check(p.test, "/datasets/test");
+  if (p.validation) check(*p.validation, "/datasets/validation");
+}
+
+}  // namespace msaflow::workflow

@@ -1,0 +1,37 @@
+#include "workflow/backbones.h"
+
+#include <fmt/core.h>
+
+#include "common/error.h"
+#include "common/files.h"
+
+namespace msaflow::workflow {
+
+// The model's input against what the prepare step will feed it: a fixed batch size other than
+// the steps' batch, or an image size or channel count other than the pipeline's input.
+void CheckBackboneInput(const kernels::Graph& g, const BackboneSpec& bb) {
+  const std::string who = "backbone '" + bb.name + "': " + bb.onnx;
+  const auto& d = g.input_dims;  // N, C, H, W; -1 where dynamic
+  const auto& in = bb.input;
+  if (d.size() == 4 && d[0] > 0 && d[0] != (in.batch > 0 ? in.batch : 64)) {
+    if (in.batch > 0)
+      Throw(ErrorKind::kInvalidInput, fmt::format("{} has a fixed batch size of {}; input.batch is {}", who, d[0], in.batch));
+    Throw(ErrorKind::kInvalidInput, fmt::format("{} has a fixed batch size of {}; export it with a dynamic batch "
+                                                "dimension (or set input.batch: {})", who, d[0], d[0]));
+  }
+  const int64_t want[3] = {in.channels, in.height, in.width};
+  for (size_t i = 1; i < 4 && i < d.size(); ++i)
+    if (d[i] > 0 && d[i] != want[i - 1])
+      Throw(ErrorKind::kInvalidInput,
+            fmt::format("{} takes inputs of {} x {} x {} (channels x height x width, -1 = any); the pipeline's input "
+                        "is {} x {} x {}", who, d[1], d[2], d[3], in.channels, in.height, in.width));
+}
+
+void CheckBackbones(const Pipeline& p) {
+  for (const auto& bb : p.backbones) {
+    if (bb.kind != "onnx") continue;
+    CheckBackboneInput(kernels::ImportOnnx(ReadFile(bb.onnx), bb.onnx, bb.feature_layer), bb);
+  }
+}
+
+}  // namespace msaflow::workflow
