@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs a libFuzzer target (fuzz/) for SECONDS; builds it first (clang, ASan + UBSan, in build-fuzz/).
 #   scripts/fuzz.sh TARGET SECONDS [libFuzzer options...]
-#   TARGET: pipeline machine task onnx idx nam_wire journal, or all (each for SECONDS)
+#   TARGET: pipeline machine task onnx idx image nam_wire journal, or all (each for SECONDS)
 # Seeds: the repository's real files (pipelines/, configs/machines/) and fuzz/corpus/<target>/;
 # the growing corpus stays in build-fuzz/corpus/<target>/, findings go to build-fuzz/findings/<target>/
 # (the script then exits 1 and names them). Turn a finding into a regression test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-TARGETS=(pipeline machine task onnx idx nam_wire journal)
+TARGETS=(pipeline machine task onnx idx image nam_wire journal)
 usage() { echo "usage: scripts/fuzz.sh TARGET SECONDS [libFuzzer options]; TARGET: ${TARGETS[*]} or all" >&2; exit 2; }
 (($# >= 2)) || usage
 target=$1 seconds=$2
