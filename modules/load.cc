@@ -49,6 +49,15 @@ void Load(StepContext& c) {
       workflow::CheckBackboneInput(g, bb);
       kernels::Executor ex(g);
       int64_t dim = ex.FeatureDim(in.channels, in.height, in.width);
+      // A full batch, as prepare will run it: a graph that only works for some batch sizes (a
+      // Reshape to a fixed batch inside) fails here, named, not in the middle of prepare.
+      const int64_t batch = in.batch > 0 ? in.batch : 64;
+      std::vector<float> zeros(static_cast<size_t>(batch * in.channels * in.height * in.width));
+      try {
+        ex.Features(zeros.data(), batch, in.channels, in.height, in.width);
+      } catch (const Error& e) {
+        Throw(e.kind(), fmt::format("backbone '{}': {}: a batch of {} images fails: {}", bb.name, bb.onnx, batch, e.what()));
+      }
       bytes = kernels::CutOnnx(model, bb.onnx, bb.feature_layer);
       meta["digest"] = digest;
       meta["source"] = bb.onnx;

@@ -26,12 +26,13 @@ namespace {
 
 constexpr int64_t kBatch = 64;
 
-// The images a backbone runs on at once: 64, or the fixed batch its model was exported with
-// (input.batch; the last batch is then padded to it).
-int64_t BatchOf(const workflow::BackboneSpec& bb) { return bb.input.batch > 0 ? bb.input.batch : kBatch; }
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The images a backbone runs on at once: 64, or the fixed batch its model was exported with
+// (input.batch; the last batch is then padded to it).
+int64_t BatchOf(const workflow::BackboneSpec& bb) { return bb.input.batch > 0 ? bb.input.batch : kBatch; }
 
 // What one rank did for one (backbone, split).
 struct PartWork {

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "kernels/executor.h"
 
 namespace msaflow::workflow {
 
@@ -30,7 +31,9 @@ void CheckBackboneInput(const kernels::Graph& g, const BackboneSpec& bb) {
 void CheckBackbones(const Pipeline& p) {
   for (const auto& bb : p.backbones) {
     if (bb.kind != "onnx") continue;
-    CheckBackboneInput(kernels::ImportOnnx(ReadFile(bb.onnx), bb.onnx, bb.feature_layer), bb);
+    kernels::Graph g = kernels::ImportOnnx(ReadFile(bb.onnx), bb.onnx, bb.feature_layer);
+    CheckBackboneInput(g, bb);
+    kernels::Executor ex(std::move(g));  // every operator up to the feature layer is one the executor runs
   }
 }
 

@@ -12,7 +12,8 @@ namespace msaflow::workflow {
 // pipeline's input.
 void CheckBackboneInput(const kernels::Graph& g, const BackboneSpec& bb);
 
-// Imports every ONNX backbone of `p` (operators, feature layer) and checks its input as above.
+// Imports every ONNX backbone of `p` (feature layer, operators the executor runs) and checks its
+// input as above: what `validate` and a run do before anything starts.
 void CheckBackbones(const Pipeline& p);
 
 }  // namespace msaflow::workflow

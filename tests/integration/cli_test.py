@@ -77,33 +77,32 @@ class Cli(unittest.TestCase):
         self.assertEqual(r.returncode, 3)
         self.assertIn("task is for step 'train', not 'select'", r.stderr)
 
-    def test_unsupported_operator_fails_the_load_step(self):
-        # A model whose cut tensor depends on an operator msaflow does not run.
+    def test_unsupported_operator_is_refused_before_the_run_starts(self):
+        # A model whose cut tensor depends on an operator msaflow does not run: validate and run
+        # import every backbone first (the load step checks the same when run on its own).
         sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
         import onnx
         from onnx import TensorProto, helper
         node = helper.make_node("LpNormalization", ["input"], ["feat"], name="norm1")
-        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 8, 8])],
-                                  [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 3, 8, 8])])
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                                  [helper.make_tensor_value_info("feat", TensorProto.FLOAT, ["N", 3, 8, 8])])
         model_path = os.path.join(self.dir, "bad.onnx")
         onnx.save(helper.make_model(graph), model_path)
         doc = self.quickstart()
         doc["backbones"] = [{"name": "bad", "onnx": model_path, "feature_layer": "feat",
                              "input": {"height": 8, "width": 8}}]
         doc["rounds"] = {"max": 1, "candidates": 1}
-        doc["datasets"]["train"]["limit"] = 10
-        doc["datasets"]["test"]["limit"] = 10
+        doc["datasets"]["train"]["limit"] = 300  # every class in every split: only the model is wrong
+        doc["datasets"]["test"]["limit"] = 100
         for split in ("train", "test"):
             for k in ("images", "labels"):
                 doc["datasets"][split][k] = os.path.join(ROOT, "pipelines", doc["datasets"][split][k])
-        r = msaflow("run", self.write("p.json", doc), "--runs", self.dir, "--run-id", "bad")
-        self.assertEqual(r.returncode, 1)
-        self.assertIn("task r1-load failed with exit status 6", r.stderr)
-        with open(os.path.join(self.dir, "bad", "logs", "r1-load.log")) as f:
-            self.assertIn("node 'norm1' (LpNormalization): operator LpNormalization is not supported", f.read())
-        s = msaflow("status", os.path.join(self.dir, "bad"))
-        self.assertEqual(s.returncode, 0)
-        self.assertIn("state: failed: task r1-load", s.stdout)
+        path = self.write("p.json", doc)
+        for cmd in ("validate", "run"):
+            r = msaflow(cmd, path, *(["--runs", os.path.join(self.dir, "runs"), "--run-id", "bad"] if cmd == "run" else []))
+            self.assertEqual(r.returncode, 6, cmd + ": " + r.stderr)
+            self.assertIn("node 'norm1' (LpNormalization): operator LpNormalization is not supported", r.stderr)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["bad.onnx", "p.json"])  # nothing written
 
     def absolute_quickstart(self):
         doc = self.quickstart()

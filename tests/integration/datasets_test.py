@@ -193,6 +193,22 @@ class Datasets(unittest.TestCase):
                                                   "validation": {"from": "train", "fraction": 0.5}},
                           backbones=[onnx_bb]),
                      os.path.join(self.dir, "f", "b", "1.png") + ": an empty file (0 bytes)")
+        # A file damaged inside (its first bytes are PNG's) is found where it is decoded, in
+        # the prepare step: the run fails naming the task and the file.
+        os.remove(os.path.join(self.dir, "f", "b", "1.png"))
+        good = cv2.imencode(".png", np.full((9, 9, 3), 77, np.uint8))[1].tobytes()
+        with open(os.path.join(self.dir, "f", "b", "1.png"), "wb") as f:
+            f.write(good[:len(good) // 2])
+        for cls in ("a", "b"):  # two images a class, so that validation gets one of each
+            cv2.imwrite(os.path.join(self.dir, "f", cls, "2.png"), np.full((7, 11, 3), 99, np.uint8))
+        r = msaflow("run", self.write("cut.json", dict(doc("y.npy"), datasets={
+            "train": folder, "test": folder, "validation": {"from": "train", "fraction": 0.5}}, backbones=[onnx_bb])),
+            "--runs", os.path.join(self.dir, "runs-cut"), "--run-id", "cut")
+        self.assertEqual(r.returncode, 1, r.stdout[-2000:] + r.stderr)
+        self.assertIn("task r1-prepare failed", r.stderr)
+        self.assertIn(os.path.join(self.dir, "f", "b", "1.png") + ": corrupt or truncated PNG", r.stderr)
+        s = msaflow("status", os.path.join(self.dir, "runs-cut", "cut"))
+        self.assertIn("state: failed: task r1-prepare", s.stdout)
         # A model exported with a fixed batch of 1: validate and run name the backbone and file.
         import onnx
         from onnx import TensorProto, helper
