@@ -42,30 +42,27 @@ inline float normalised(const float v[3], int c, int cin, __constant prepare_con
   return (g - k->mean[c]) * k->inv_std[c];
 }
 
-__kernel void prepare(__global const uchar* px, int rows, int cols, int cin,
-                      __global const int* ty0, __global const int* ty1, __global const float* twy,
-                      __global const int* tx0, __global const int* tx1, __global const float* twx,
-                      int height, int width, int cout, __constant prepare_constants* k,
-                      __global float* out) {
-  const int x = get_global_id(0), y = get_global_id(1), n = get_global_id(2);
-  if (x >= width || y >= height) return;
-  float v[3];
-  sample(px, rows, cols, cin, cout, n, y, x, ty0, ty1, twy, tx0, tx1, twx, k, v);
-  const long plane = (long)height * width;
-  const long o = (long)n * cout * plane + (long)y * width + x;
+// The two kernels' common arguments, and the start they share: this work-item's pixel, its
+// sampled values v, and where its channels go in the output.
+#define PREPARE_ARGS                                                                               \
+  __global const uchar *px, int rows, int cols, int cin, __global const int *ty0,                 \
+      __global const int *ty1, __global const float *twy, __global const int *tx0,                \
+      __global const int *tx1, __global const float *twx, int height, int width, int cout,        \
+      __constant prepare_constants *k
+#define PREPARE_PIXEL                                                                              \
+  const int x = get_global_id(0), y = get_global_id(1), n = get_global_id(2);                     \
+  if (x >= width || y >= height) return;                                                           \
+  float v[3];                                                                                      \
+  sample(px, rows, cols, cin, cout, n, y, x, ty0, ty1, twy, tx0, tx1, twx, k, v);                 \
+  const long plane = (long)height * width;                                                         \
+  const long o = (long)n * cout * plane + (long)y * width + x
+
+__kernel void prepare(PREPARE_ARGS, __global float* out) {
+  PREPARE_PIXEL;
   for (int c = 0; c < cout; ++c) out[o + c * plane] = normalised(v, c, cin, k);
 }
 
-__kernel void prepare_int8(__global const uchar* px, int rows, int cols, int cin,
-                           __global const int* ty0, __global const int* ty1, __global const float* twy,
-                           __global const int* tx0, __global const int* tx1, __global const float* twx,
-                           int height, int width, int cout, __constant prepare_constants* k,
-                           __global char* out) {
-  const int x = get_global_id(0), y = get_global_id(1), n = get_global_id(2);
-  if (x >= width || y >= height) return;
-  float v[3];
-  sample(px, rows, cols, cin, cout, n, y, x, ty0, ty1, twy, tx0, tx1, twx, k, v);
-  const long plane = (long)height * width;
-  const long o = (long)n * cout * plane + (long)y * width + x;
+__kernel void prepare_int8(PREPARE_ARGS, __global char* out) {
+  PREPARE_PIXEL;
   for (int c = 0; c < cout; ++c) out[o + c * plane] = convert_char_sat_rte(normalised(v, c, cin, k) * k->inv_q[c]);
 }

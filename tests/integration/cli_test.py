@@ -4,8 +4,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tmpdir_case import TempDirCase  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
 
@@ -14,20 +16,7 @@ def msaflow(*args, cwd=None):
     return subprocess.run([EXE, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
-class Cli(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = self.tmp.name
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def write(self, name, doc):
-        path = os.path.join(self.dir, name)
-        with open(path, "w") as f:
-            f.write(doc if isinstance(doc, str) else json.dumps(doc))
-        return path
-
+class Cli(TempDirCase):
     def quickstart(self):
         with open(os.path.join(ROOT, "pipelines", "quickstart.json")) as f:
             return json.load(f)

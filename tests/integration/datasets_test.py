@@ -8,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import numpy as np
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tmpdir_case import TempDirCase  # noqa: E402
 
 MODEL = os.path.join(ROOT, "models", "mobilenet_v2.onnx")
 CUT = "block_13_expand_relu"
@@ -56,20 +57,7 @@ def folder_pipeline(train, test):
     }
 
 
-class Datasets(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = self.tmp.name
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def write(self, name, doc):
-        path = os.path.join(self.dir, name)
-        with open(path, "w") as f:
-            json.dump(doc, f)
-        return path
-
+class Datasets(TempDirCase):
     def test_a_colour_image_folder_runs_and_its_features_match_opencv(self):
         import cv2
         from reference import cv2_features

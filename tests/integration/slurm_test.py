@@ -10,12 +10,12 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from small_pipeline import small_pipeline  # noqa: E402
+from tmpdir_case import TempDirCase  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
 CLUSTER = os.path.join(ROOT, "scripts", "slurm-cluster.sh")
@@ -77,20 +77,7 @@ def leftovers(run_dir):
     return [line for line in out.splitlines() if run_dir in line]
 
 
-class Slurm(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = self.tmp.name
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def write(self, name, doc):
-        path = os.path.join(self.dir, name)
-        with open(path, "w") as f:
-            json.dump(doc, f)
-        return path
-
+class Slurm(TempDirCase):
     def machine(self, **changes):
         with open(MACHINE) as f:
             m = json.load(f)
