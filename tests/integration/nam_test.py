@@ -6,9 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tmpdir_case import TempDirCase  # noqa: E402
 
 EXE, STRESS = sys.argv[1], sys.argv[2]
 MiB = 1 << 20
@@ -45,14 +47,7 @@ def msaflow(*args, **kw):
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=120, **kw)
 
 
-class NamServer(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        self.dir = self.tmp.name
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
+class NamServer(TempDirCase):
     def test_eight_clients_at_once_from_one_byte_to_256_mib(self):
         srv = Server(self.dir, "--listen", "127.0.0.1:0", "--capacity", "3GiB")
         try:
