@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,23 +109,30 @@ void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
     std::string log_path = log_dir + "/" + t.id + ".log";
     k.log = std::fopen(log_path.c_str(), "w");
     if (!k.log) ThrowErrno("open " + log_path);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
     std::vector<std::string> env_copy = env_s;
     std::vector<char*> argv, envp;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
     for (auto& e : env_copy) envp.push_back(e.data());
     envp.push_back(nullptr);
-    int rc = posix_spawn(&k.pid, argv[0], &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
+    const pid_t parent = ::getpid();
+    k.pid = ::fork();
+    if (k.pid == 0) {
+      // Only async-signal-safe calls until exec. The step (or mpirun, which then ends its ranks)
+      // is told to stop when the coordinator dies, even by SIGKILL: no step outlives its run.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(1);
+      ::dup2(fds[1], 1);
+      ::dup2(fds[1], 2);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    const int fork_errno = errno;
     ::close(fds[1]);
-    if (rc != 0) {
+    if (k.pid < 0) {
       ::close(fds[0]);
       std::fclose(k.log);
-      errno = rc;
+      errno = fork_errno;
       ThrowErrno("start " + argv_s[0]);
     }
     k.fd = fds[0];

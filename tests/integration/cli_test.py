@@ -162,6 +162,35 @@ class Cli(TempDirCase):
         self.assertIn("no OpenCL platform", rnd["selection"]["fpga"]["notice"])
         self.assertEqual(rnd["features"]["fpga"]["backend"], "cpu")
 
+    def test_a_killed_coordinator_leaves_no_step_behind(self):
+        # Issue 13: after kill -9 of `msaflow run`, its module processes lived on for ~30 s. Each
+        # step (mpirun for several ranks) now gets SIGTERM when the coordinator dies.
+        import signal
+        import time
+        doc = self.absolute_quickstart()
+        doc["datasets"]["train"]["limit"] = 3000
+        doc["datasets"]["test"]["limit"] = 500
+        doc["rounds"] = {"max": 1, "candidates": 2, "top_k": 1}
+        runs = os.path.join(self.dir, "runs")
+        run_dir = os.path.join(runs, "killed")
+        coordinator = subprocess.Popen([EXE, "run", self.write("p.json", doc), "--runs", runs, "--run-id", "killed"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def steps():
+            out = subprocess.run(["pgrep", "-af", "msaflow module|mpirun"], capture_output=True, text=True).stdout
+            return [line for line in out.splitlines() if run_dir in line]
+        deadline = time.monotonic() + 120
+        while not any(" prepare " in s or "r1-prepare" in s for s in steps()) and time.monotonic() < deadline:
+            self.assertIsNone(coordinator.poll(), "the run ended before its prepare step was seen")
+            time.sleep(0.05)
+        self.assertTrue(steps(), "no step process seen")
+        coordinator.send_signal(signal.SIGKILL)
+        coordinator.wait()
+        deadline = time.monotonic() + 5
+        while steps() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertEqual(steps(), [])
+
     def test_nam_verify_lists_damaged_objects_and_repair_moves_them_aside(self):
         nam = os.path.join(self.dir, "nam")
         uri = "file://" + nam
