@@ -18,6 +18,7 @@
 #include "bench/bench_util.h"
 #include "kernels/fpga/cost_model.h"
 #include "kernels/fpga/device.h"
+#include "orchestrator/machine.h"
 
 namespace {
 
@@ -75,7 +76,10 @@ int main(int argc, char** argv) {
     fpga::Config oc;
     oc.backend = "opencl";
     auto cl = fpga::OpenOpenCl(oc);
-    const fpga::Target board{"Stratix 10 (deep-est.json)", 400, 16, 76.8};
+    // The board's figures as the DEEP-EST machine file gives them.
+    const fpga::Target board =
+        orchestrator::LoadMachine(std::string(MSAFLOW_SOURCE_DIR) + "/configs/machines/deep-est.json").modules.at("dam").fpga.target;
+    if (!board.given()) Throw(ErrorKind::kInvalidInput, "configs/machines/deep-est.json: the dam's fpga has no target figures");
     std::printf("C++ path vs %s, %lld images, batches of %lld, median of %d (interleaved)\n", cl->Name().c_str(),
                 static_cast<long long>(images), static_cast<long long>(kBatch), reps);
     std::printf("%-44s %12s %12s %8s %10s %16s\n", "case", "C++ img/s", "OpenCL img/s", "ratio", "int8 ratio",

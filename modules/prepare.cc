@@ -49,11 +49,8 @@ void PrepareImages(kernels::fpga::Device& fpga, const kernels::ImageSet& ds, int
                    const kernels::InputSpec& in, float* out) {
   const int64_t per = in.channels * in.height * in.width;
   for (int64_t i = s - lo, end = s - lo + n; i < end;) {
-    int64_t j = i + 1;
-    while (j < end && !ds.uniform() && ds.Rows(j) == ds.Rows(i) && ds.Cols(j) == ds.Cols(i) &&
-           ds.Channels(j) == ds.Channels(i))
-      ++j;
-    if (ds.uniform()) j = end;
+    int64_t j = ds.uniform() ? end : i + 1;
+    while (j < end && ds.Rows(j) == ds.Rows(i) && ds.Cols(j) == ds.Cols(i) && ds.Channels(j) == ds.Channels(i)) ++j;
     fpga.Prepare({ds.Image(i), j - i, ds.Rows(i), ds.Cols(i), ds.Channels(i)}, in, out + (i - (s - lo)) * per);
     i = j;
   }
@@ -167,8 +164,7 @@ void Prepare(StepContext& c) {
                             {"overlap", c.overlap}};
   const int64_t part_bytes = FeaturesPartBytes();
   // Every split's labels, checked before anything is computed; the pixels are read per rank.
-  std::vector<workflow::SplitSource> splits;
-  for (const auto& split : workflow::SplitNames(c.pipeline())) splits.push_back(workflow::OpenSplit(c.pipeline(), split));
+  const std::vector<workflow::SplitSource> splits = workflow::OpenSplits(c.pipeline());
   const int64_t classes = workflow::CheckSplits(c.pipeline(), splits);
   std::map<std::string, std::string> digests;
   for (const auto& bb : c.pipeline().backbones) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 
 #include "common/checksum.h"
 #include "common/error.h"
@@ -10,7 +11,6 @@
 #include "kernels/npy.h"
 
 namespace msaflow::workflow {
-namespace {
 
 // The file or folder a split reads, with its limit applied.
 struct Base {
@@ -20,6 +20,8 @@ struct Base {
   std::vector<std::string> class_names;
   std::string origin;
 };
+
+namespace {
 
 Base OpenBase(const SplitSpec& s) {
   Base b;
@@ -77,14 +79,41 @@ std::vector<std::string> SplitNames(const Pipeline& p) {
   return {"train", "test"};
 }
 
-SplitSource OpenSplit(const Pipeline& p, const std::string& split) {
+namespace {
+
+// Whether `split` is carved out of the training file (a validation split taken from train).
+bool Carved(const Pipeline& p, const std::string& split) {
+  return (split == "train" || split == "validation") && p.validation && p.validation->from_train();
+}
+
+const SplitSpec& SpecOf(const Pipeline& p, const std::string& split) {
   if (split != "train" && split != "validation" && split != "test")
     Throw(ErrorKind::kInternal, "OpenSplit: no split '" + split + "'");
   if (split == "validation" && !p.validation)
     Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": no validation split (/datasets/validation)");
-  const bool carve = (split == "train" || split == "validation") && p.validation && p.validation->from_train();
-  const SplitSpec& spec = split == "test" ? p.test : (split == "train" || carve ? p.train : *p.validation);
-  Base b = OpenBase(spec);
+  return split == "test" ? p.test : (split == "train" || Carved(p, split) ? p.train : *p.validation);
+}
+
+}  // namespace
+
+SplitSource OpenSplit(const Pipeline& p, const std::string& split) { return SplitFrom(p, split, OpenBase(SpecOf(p, split))); }
+
+std::vector<SplitSource> OpenSplits(const Pipeline& p) {
+  std::vector<SplitSource> out;
+  std::optional<Base> train;  // read once when validation is carved out of it
+  for (const auto& split : SplitNames(p)) {
+    if (!Carved(p, split)) {
+      out.push_back(OpenSplit(p, split));
+      continue;
+    }
+    if (!train) train = OpenBase(p.train);
+    out.push_back(SplitFrom(p, split, *train));
+  }
+  return out;
+}
+
+SplitSource SplitFrom(const Pipeline& p, const std::string& split, const Base& b) {
+  const bool carve = Carved(p, split);
   SplitSource s;
   s.name_ = split;
   s.origin_ = b.origin;
@@ -134,11 +163,7 @@ int64_t CheckSplits(const Pipeline& p, const std::vector<SplitSource>& splits) {
   return classes;
 }
 
-int64_t CheckDatasets(const Pipeline& p) {
-  std::vector<SplitSource> splits;
-  for (const auto& s : SplitNames(p)) splits.push_back(OpenSplit(p, s));
-  return CheckSplits(p, splits);
-}
+int64_t CheckDatasets(const Pipeline& p) { return CheckSplits(p, OpenSplits(p)); }
 
 void CheckDatasetFiles(const Pipeline& p, const std::string& origin) {
   auto check = [&](const SplitSpec& s, const std::string& ptr) {

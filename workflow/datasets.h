@@ -14,6 +14,8 @@
 
 namespace msaflow::workflow {
 
+struct Base;  // the file or folder behind a split (datasets.cc)
+
 class SplitSource {
  public:
   const std::string& name() const { return name_; }
@@ -29,7 +31,7 @@ class SplitSource {
   std::string Where(int64_t i) const;
 
  private:
-  friend SplitSource OpenSplit(const Pipeline& p, const std::string& split);
+  friend SplitSource SplitFrom(const Pipeline& p, const std::string& split, const Base& b);
   std::string name_, origin_;
   std::shared_ptr<const kernels::ImageSet> set_;     // idx, npy: the whole file (after its limit)
   std::shared_ptr<const kernels::FolderListing> folder_;
@@ -40,6 +42,11 @@ class SplitSource {
 
 // "train", "validation" or "test". Throws kInvalidInput for a pipeline without that split.
 SplitSource OpenSplit(const Pipeline& p, const std::string& split);
+// Every split of `p` (SplitNames order); a validation split taken from train shares the one
+// read of the training file.
+std::vector<SplitSource> OpenSplits(const Pipeline& p);
+// `split` over an opened file or folder (internal to datasets.cc; OpenSplit and OpenSplits).
+SplitSource SplitFrom(const Pipeline& p, const std::string& split, const Base& b);
 
 // The splits a pipeline has, in the order they are prepared: train, [validation], test.
 std::vector<std::string> SplitNames(const Pipeline& p);
