@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "common/version.h"
 #include "modules/steps.h"
 #include "parallel/mpi_comm.h"
 #include "nam/fabric_store.h"
@@ -35,6 +36,9 @@
 #include "orchestrator/run.h"
 #include "orchestrator/scaling.h"
 #include "orchestrator/slurm.h"
+#include "orchestrator/journal.h"
+#include "orchestrator/status.h"
+#include "orchestrator/why.h"
 
 namespace {
 
@@ -131,7 +135,7 @@ int RunModule(const std::string& step, const std::string& task_file, int* argc, 
 int main(int argc, char** argv) {
   CLI::App app{"msaflow — transfer-learning workflows on a Modular Supercomputer Architecture"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "msaflow 0.1.0");
+  app.set_version_flag("--version", std::string("msaflow ") + kVersion);
 
   std::string pipeline_path, machine_override, runs_dir = "runs", run_id, task_file, run_dir, step;
   auto* validate = app.add_subcommand("validate", "Check a pipeline JSON; print a summary or the first error");
@@ -180,8 +184,19 @@ int main(int argc, char** argv) {
   scaling->add_option("--runs", runs_dir, "directory for the study")->capture_default_str();
   scaling->add_option("--machine", machine_override, "machine name or file (overrides the pipeline's)");
 
-  auto* status = app.add_subcommand("status", "Show the state of a run directory");
+  auto* status = app.add_subcommand("status", "Show the state of a run directory; exit 0 finished, 1 failed or "
+                                              "interrupted, 75 still running");
   status->add_option("run_dir", run_dir, "runs/<id>")->required();
+
+  std::string why_task;
+  auto* why = app.add_subcommand("why", "Say whether a task of a run ran or was reused, and what changed since the "
+                                        "last run that had it");
+  why->add_option("run_dir", run_dir, "runs/<id>")->required();
+  why->add_option("task", why_task, "task id, r<round>-<step> (e.g. r1-prepare)")->required();
+
+  auto* resume = app.add_subcommand("resume", "Continue a run whose coordinator died or failed: what finished is "
+                                              "reused, the rest runs");
+  resume->add_option("run_dir", run_dir, "runs/<id>")->required();
 
   auto* module = app.add_subcommand("module", "Run one step of a round as a module process (what launchers start)");
   module->add_option("step", step, "load | prepare | train | store | evaluate | select")
@@ -200,6 +215,10 @@ int main(int argc, char** argv) {
   serve->add_option("--persist", sopt.persist_dir, "write committed objects through to DIR; reload them on start");
   serve->add_option("--token-file", sopt.token_file, "clients must present this token (required off loopback)");
   serve->add_option("--provider", sopt.provider, "libfabric provider: tcp (tcp;ofi_rxm), shm, or a full name")
+      ->capture_default_str();
+  serve->add_option("--users-lock", sopt.users_lock,
+                    "stop once no process holds a shared lock on FILE (runs sharing this server hold one)");
+  serve->add_option("--lock-wait", sopt.lock_wait_s, "seconds to wait for another server to let go of --persist DIR")
       ->capture_default_str();
   serve->add_option("--ready-file", sopt.ready_file, "write {uri, pid} here once serving; removed on exit");
   serve->add_option("--lease", sopt.lease_s, "seconds before a silent client's session is dropped")->capture_default_str();
@@ -491,13 +510,13 @@ int main(int argc, char** argv) {
       std::string nam_part;
       if (nam_component) {
         const auto& nm = m.Module(m.nam.module, "submit: the NAM server");
-        nam_part = "#SBATCH hetjob\n#SBATCH --partition=" + nm.partition + " --nodes=1 --ntasks=1 --time=UNLIMITED" +
+        nam_part = "#SBATCH hetjob\n#SBATCH --partition=" + nm.partition + " --nodes=1 --ntasks=1 --time=" + nm.time +
                    (nm.constraint.empty() ? "" : " --constraint=" + nm.constraint) +
                    "\n# component 1: the run's NAM server (module " + m.nam.module + ")\nexport MSAFLOW_NAM_HET_GROUP=1\n";
       }
       std::string script = "#!/bin/bash\n#SBATCH --job-name=msaflow-" + id + "\n#SBATCH --output=" + rd +
                            "/coordinator.out\n#SBATCH --partition=" + cm.partition +
-                           " --nodes=1 --ntasks=1 --time=UNLIMITED\n" + nam_part + "# the coordinator of run " + id +
+                           " --nodes=1 --ntasks=1 --time=" + cm.time + "\n" + nam_part + "# the coordinator of run " + id +
                            ": it submits one job per round\nexec " + orchestrator::ShellQuote(SelfExe()) + " run " +
                            orchestrator::ShellQuote(std::filesystem::absolute(pipeline_path).string()) + " --runs " +
                            orchestrator::ShellQuote(runs_abs) + " --run-id " + id + " --machine " +
@@ -514,28 +533,22 @@ int main(int argc, char** argv) {
       size_t shown = 0;
       std::string end;
       for (;;) {
-        // Progress: the run's journal as it grows.
+        // Progress: the run's journal as it grows (a line being written is read next time).
         if (PathExists(rd + "/journal.jsonl")) {
-          std::string text = ReadFile(rd + "/journal.jsonl");
-          size_t pos = 0, n = 0;
-          while (pos < text.size()) {
-            size_t nl = text.find('\n', pos);
-            if (nl == std::string::npos) break;
-            if (n++ >= shown) {
-              auto e = nlohmann::json::parse(text.substr(pos, nl - pos), nullptr, false);
-              std::string ev = e.is_discarded() ? "" : e.value("event", "");
-              if (ev == "task-start") std::printf("  %s started\n", e.value("task", "").c_str());
-              if (ev == "slurm-job") std::printf("  round %d: Slurm %s job %s\n", e.value("round", 0),
-                                                 e.value("mode", "").c_str(), e.value("job", "").c_str());
-              if (ev == "round-end")
-                std::printf("  round %d: champion %s accuracy %.4f\n", e.value("round", 0),
-                            e.value("champion", "").c_str(), e.value("accuracy", 0.0));
-              if (ev == "slurm-retry") std::printf("  retry: %s\n", e.value("message", "").c_str());
-              std::fflush(stdout);
-            }
-            pos = nl + 1;
+          const auto journal = orchestrator::ReadJournal(rd + "/journal.jsonl");
+          for (; shown < journal.events.size(); ++shown) {
+            const auto& e = journal.events[shown];
+            const auto& f = e.fields;
+            if (e.event == "task-start") std::printf("  %s started\n", f.value("task", "").c_str());
+            if (e.event == "slurm-job")
+              std::printf("  round %d: Slurm %s job %s\n", f.value("round", 0), f.value("mode", "").c_str(),
+                          f.value("job", "").c_str());
+            if (e.event == "round-end")
+              std::printf("  round %d: champion %s accuracy %.4f\n", f.value("round", 0), f.value("champion", "").c_str(),
+                          f.value("accuracy", 0.0));
+            if (e.event == "slurm-retry") std::printf("  retry: %s\n", f.value("message", "").c_str());
           }
-          shown = std::max(shown, static_cast<size_t>(std::count(text.begin(), text.end(), '\n')));
+          std::fflush(stdout);
         }
         auto comps = orchestrator::ParseShowJob(cli.Show(job));
         end = comps.empty() ? "FAILED" : orchestrator::EndState(comps);
@@ -547,7 +560,21 @@ int main(int argc, char** argv) {
       return end == "COMPLETED" ? 0 : 1;
     }
     if (*status) {
-      orchestrator::PrintStatus(run_dir, stdout);
+      switch (orchestrator::PrintStatus(run_dir, stdout)) {
+        case orchestrator::RunState::kFinished: return 0;
+        case orchestrator::RunState::kRunning: return 75;  // EX_TEMPFAIL: ask again later
+        default: return 1;
+      }
+    }
+    if (*why) {
+      orchestrator::ExplainTask(run_dir, why_task, stdout);
+      return 0;
+    }
+    if (*resume) {
+      orchestrator::RunOptions opt;
+      opt.msaflow_exe = SelfExe();
+      orchestrator::InstallInterruptHandlers();
+      orchestrator::ResumeRun(run_dir, opt, stdout);
       return 0;
     }
     if (*module) return RunModule(step, task_file, &argc, &argv);

@@ -27,6 +27,7 @@ void Load(StepContext& c) {
     std::string bytes;
     if (bb.kind == "pixels") {
       meta["digest"] = ChecksumHex("pixels/v1");
+      c.inputs["backbones"][bb.name] = meta["digest"];
       auto have = c.store->Stat(obj);
       if (have && have->meta.value("digest", "") == meta["digest"]) {
         c.Say(fmt::format("backbone {}: already in NAM ({})", bb.name, obj));
@@ -39,6 +40,7 @@ void Load(StepContext& c) {
                                        fmt::format("{}x{}x{} {} {} {} {} {} {}", in.channels, in.height, in.width,
                                                    in.mean[0], in.mean[1], in.mean[2], in.std[0], in.std[1], in.std[2]) +
                                        (in.batch > 0 ? fmt::format(" batch {}", in.batch) : ""));
+      c.inputs["backbones"][bb.name] = digest;
       auto have = c.store->Stat(obj);
       if (have && have->meta.value("digest", "") == digest) {
         c.Say(fmt::format("backbone {}: already in NAM ({}, digest {})", bb.name, obj, digest));

@@ -169,10 +169,14 @@ void Prepare(StepContext& c) {
   std::map<std::string, std::string> digests;
   for (const auto& bb : c.pipeline().backbones) {
     std::string bb_digest = BackboneDigest(*c.store, bb);
+    c.inputs["backbones"][bb.name] = bb_digest;
     std::unique_ptr<kernels::Executor> ex;
     for (const workflow::SplitSource& src : splits) {
       const std::string& split = src.name();
-      if (!digests.count(split)) digests[split] = src.Digest();
+      if (!digests.count(split)) {
+        digests[split] = src.Digest();
+        c.inputs["datasets"][split] = digests[split];
+      }
       std::string key = workflow::FeaturesObject(bb_digest, digests[split]);
       nlohmann::json entry = {{"backbone", bb.name}, {"split", split}, {"object", key}, {"rows", src.count()}};
       int reuse = 0;  // rank 0 decides for all

@@ -22,6 +22,9 @@ struct StepContext {
   parallel::Comm* comm = nullptr;
   std::FILE* out = nullptr;
   bool overlap = true;  // fetch the next chunk while computing on this one (MSAFLOW_OVERLAP)
+  // The content keys of what the step read (rank 0's: {"backbones": {name: digest},
+  // "datasets": {split: digest}}); its done object records them, and `msaflow why` compares them.
+  nlohmann::json inputs = nlohmann::json::object();
 
   const workflow::Pipeline& pipeline() const { return task.pipeline; }
   bool root() const { return comm->rank() == 0; }

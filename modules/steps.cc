@@ -1,6 +1,11 @@
 #include "modules/steps.h"
 
+#include <unistd.h>
+
 #include "common/error.h"
+#include "common/version.h"
+#include "nam/recording_store.h"
+#include "workflow/objects.h"
 #include "kernels/dataset.h"
 #include "workflow/datasets.h"
 #include "modules/features.h"
@@ -50,22 +55,63 @@ nlohmann::json StepContext::FpgaReport() const {
   return j;
 }
 
+namespace {
+
+// The step's last commit: every rank's outputs, gathered to rank 0, which puts the done object.
+// Until it exists the task counts as not done, so a step killed at any moment runs again on
+// resume, and one that got this far never does.
+void CommitDone(StepContext& c, const std::string& step, const std::string& key, const nam::RecordingStore& rec) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  nlohmann::json mine = {{"rank", c.comm->rank()}, {"host", host}, {"put_bytes", rec.put_bytes()},
+                         {"got_bytes", rec.got_bytes()}, {"puts", nlohmann::json::array()}};
+  for (const auto& i : rec.Puts()) mine["puts"].push_back({{"name", i.name}, {"size", i.size}, {"checksum", i.checksum}});
+  std::vector<std::string> all = c.comm->Gather(mine.dump(), 0);
+  if (!c.root()) return;
+  nlohmann::json outputs = nlohmann::json::array(), ranks = nlohmann::json::array();
+  for (const auto& text : all) {
+    nlohmann::json r = nlohmann::json::parse(text);
+    for (auto& o : r["puts"]) outputs.push_back(std::move(o));
+    r.erase("puts");
+    ranks.push_back(std::move(r));
+  }
+  const std::string id = "r" + std::to_string(c.task.round) + "-" + step;
+  c.store->Put(workflow::TaskDoneObject(c.task.run, c.task.round, step),
+               nlohmann::json{{"task", id}, {"step", step}, {"key", key}, {"msaflow", kVersion}, {"inputs", c.inputs},
+                              {"ranks", ranks}, {"outputs", outputs}}
+                   .dump(),
+               {{"task", id}, {"step", step}, {"key", key}, {"outputs", outputs.size()}});
+}
+
+}  // namespace
+
 void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {
   if (task.is_object() && task.contains("step") && task["step"].is_string() && task["step"] != step)
     Throw(ErrorKind::kInvalidInput, "task is for step '" + task["step"].get<std::string>() + "', not '" + step + "'");
   StepContext c;
   c.task = workflow::ParseTask(task, "task");
-  c.store = nam::OpenStore(c.task.nam);
+  auto recording = std::make_unique<nam::RecordingStore>(nam::OpenStore(c.task.nam));
+  nam::RecordingStore* recorded = recording.get();
+  c.store = std::move(recording);
   c.comm = &comm;
   c.out = out;
   c.overlap = OverlapEnabled();
-  if (step == "load") return Load(c);
-  if (step == "prepare") return Prepare(c);
-  if (step == "train") return Train(c);
-  if (step == "store") return Store(c);
-  if (step == "evaluate") return Evaluate(c);
-  if (step == "select") return Select(c);
-  Throw(ErrorKind::kInvalidInput, "unknown step '" + step + "' (expected load, prepare, train, store, evaluate, select)");
+  if (step == "load") {
+    Load(c);
+  } else if (step == "prepare") {
+    Prepare(c);
+  } else if (step == "train") {
+    Train(c);
+  } else if (step == "store") {
+    Store(c);
+  } else if (step == "evaluate") {
+    Evaluate(c);
+  } else if (step == "select") {
+    Select(c);
+  } else {
+    Throw(ErrorKind::kInvalidInput, "unknown step '" + step + "' (expected load, prepare, train, store, evaluate, select)");
+  }
+  CommitDone(c, step, workflow::TaskKey(task), *recorded);
 }
 
 }  // namespace msaflow::modules

@@ -12,6 +12,7 @@
 
 #include "common/checksum.h"
 #include "common/error.h"
+#include "common/version.h"
 #include "common/files.h"
 #include "nam/fabric.h"
 #include "nam/protocol.h"
@@ -287,7 +288,7 @@ struct FabricStore::Conn {
     rma_ctx.resize(wire::kRmaWindow);
     PostRecv();
     std::string boot = ReadBootId();
-    json hello = {{"pid", ::getpid()}, {"host", Hostname()}, {"boot_id", boot}, {"client", "msaflow 0.1.0"}};
+    json hello = {{"pid", ::getpid()}, {"host", Hostname()}, {"boot_id", boot}, {"client", std::string("msaflow ") + kVersion}};
     if (!token.empty()) hello["token"] = token;
     json r = Call(Op::kHello, hello);
     session = reply.session;

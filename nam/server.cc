@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -125,6 +126,8 @@ struct Server::Impl {
   std::unique_ptr<Pool> pool;
   std::unique_ptr<FileStore> persist;
   int persist_lock_fd = -1;
+  int users_fd = -1;
+  bool wrote_ready = false;  // only a server that wrote the ready file removes it  // --users-lock: held exclusively from the moment no run uses the server
   std::map<std::string, Stored> index;
   std::map<std::string, uint64_t> versions;  // highest version handed out per name
   // Persisted objects that could not be read at start: name -> why. Reads of them are
@@ -218,8 +221,13 @@ struct Server::Impl {
     std::string lock = dir + "/.server.lock";
     persist_lock_fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (persist_lock_fd < 0) ThrowErrno("open " + lock);
-    if (::flock(persist_lock_fd, LOCK_EX | LOCK_NB) != 0)
-      Throw(ErrorKind::kIo, "--persist " + dir + ": another NAM server persists to this directory (" + lock + " is locked)");
+    const auto give_up = Clock::now() + std::chrono::duration<double>(opt.lock_wait_s);
+    while (::flock(persist_lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      if (Clock::now() >= give_up)
+        Throw(ErrorKind::kIo, "--persist " + dir + ": another NAM server persists to this directory (" + lock +
+                                  " is locked)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     // A server killed mid-write leaves temporary files: they were never committed.
     size_t leftovers = 0, loaded = 0, bad = 0;
     std::error_code ec;
@@ -729,10 +737,11 @@ struct Server::Impl {
       if (const char* job = std::getenv("SLURM_JOB_ID")) ready["slurm_job"] = job;
       if (const char* node = std::getenv("SLURMD_NODENAME")) ready["node"] = node;
       WriteFileAtomic(opt.ready_file, ready.dump() + "\n");
+      wrote_ready = true;
     }
     Log("serving " + Uri() + " (provider " + ep->provider() + ", capacity " + HumanBytes(pool->capacity()) +
         (persist ? ", persist " + persist->dir() : ", memory only") + (token.empty() ? "" : ", token required") + ")");
-    auto last_sweep = Clock::now();
+    auto last_sweep = Clock::now(), last_users_check = Clock::now();
     while (!stop.load()) {
       if (backlog.empty()) Progress(100);
       while (!backlog.empty()) {
@@ -752,12 +761,31 @@ struct Server::Impl {
         ExpireSessions();
         last_sweep = Clock::now();
       }
+      if (Seconds(Clock::now() - last_users_check) > 0.25) {
+        if (NoUsersLeft()) break;
+        last_users_check = Clock::now();
+      }
     }
     Log("stopping: " + std::to_string(index.size()) + " objects, " + HumanBytes(pool->used()) + " in memory" +
         (persist ? " (persisted objects stay in " + persist->dir() + ")" : " (memory only: they are gone)"));
   }
 
+  // True once no run holds the users lock; the server then holds it until it has exited.
+  bool NoUsersLeft() {
+    if (opt.users_lock.empty()) return false;
+    if (users_fd < 0) {
+      users_fd = ::open(opt.users_lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (users_fd < 0) return false;
+    }
+    if (::flock(users_fd, LOCK_EX | LOCK_NB) != 0) return false;
+    Log("no run uses this server any more (" + opt.users_lock + ")");
+    return true;
+  }
+
   ~Impl() {
+    // The ready file goes first, while this server still holds the persist directory: a
+    // server started after it never has its ready file removed by this one.
+    if (wrote_ready) ::unlink(opt.ready_file.c_str());
     sessions.clear();
     puts.clear();
     index.clear();
@@ -765,7 +793,7 @@ struct Server::Impl {
     for (auto& s : sends) fabric::Endpoint::Deregister(s->mr);
     ep.reset();
     if (persist_lock_fd >= 0) ::close(persist_lock_fd);
-    if (!opt.ready_file.empty()) ::unlink(opt.ready_file.c_str());
+    if (users_fd >= 0) ::close(users_fd);  // after the ready file is gone: a run waiting on it starts a new server
   }
 };
 

@@ -18,9 +18,13 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
   uint64_t capacity = 1ull << 30;
   std::string persist_dir;  // "" = memory only
+  double lock_wait_s = 0;   // wait this long for another server to let go of persist_dir
   std::string token_file;   // "" = no token (loopback only)
   std::string provider = "tcp";
   std::string ready_file;   // written (JSON: uri, pid) once the server accepts requests
+  // Runs hold a shared lock on this file while they use the server; once none does (checked
+  // four times a second), the server stops, removing its ready file before it lets go of the lock.
+  std::string users_lock;
   double lease_s = 60;      // a session silent this long is dropped with its pins and puts
   bool allow_map = true;    // offer same-node clients the pool mapping
   bool verbose = false;     // one log line per request

@@ -62,6 +62,9 @@ std::vector<std::string> LocalMpiEnvironment() {
       {"OMPI_MCA_pml", "ob1"},  // skips probing for network transports: a rank starts in 0.2 s, not 0.4 s
       {"OMPI_MCA_btl", "self,vader"},
       {"OMPI_MCA_rmaps_base_oversubscribe", "1"},
+      // A stopped step (the coordinator died, or its NAM server did) ends at once: mpirun
+      // passes SIGTERM on and kills what is left without its default 1 s wait.
+      {"OMPI_MCA_odls_base_sigkill_timeout", "0"},
       {"OMPI_ALLOW_RUN_AS_ROOT", "1"},
       {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
   std::vector<std::string> env;
@@ -69,6 +72,21 @@ std::vector<std::string> LocalMpiEnvironment() {
   for (const auto& [k, v] : defaults)
     if (!std::getenv(k.c_str())) env.push_back(k + "=" + v);
   return env;
+}
+
+// Ends a step and reaps it: mpirun gets SIGTERM (it passes it on to its ranks), SIGKILL after
+// 2 s; a single rank gets SIGKILL at once (Open MPI's singleton may have caught SIGTERM).
+void StopChild(pid_t pid, bool mpirun) {
+  ::kill(pid, mpirun ? SIGTERM : SIGKILL);
+  int st = 0;
+  for (int i = 0; i < 200; ++i) {
+    const pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) return;
+    ::usleep(10000);
+  }
+  ::kill(pid, SIGKILL);
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
 }
 
 // The first `name` on PATH, or "".
@@ -118,9 +136,11 @@ void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
     const pid_t parent = ::getpid();
     k.pid = ::fork();
     if (k.pid == 0) {
-      // Only async-signal-safe calls until exec. The step (or mpirun, which then ends its ranks)
-      // is told to stop when the coordinator dies, even by SIGKILL: no step outlives its run.
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      // Only async-signal-safe calls until exec. The step is told to stop when the coordinator
+      // dies, even by SIGKILL: no step outlives its run. mpirun gets SIGTERM, which it passes to
+      // its ranks before it goes; a single rank gets SIGKILL, because Open MPI's singleton
+      // start-up catches SIGTERM (a step killed in MPI_Init was seen to live on, orphaned).
+      ::prctl(PR_SET_PDEATHSIG, t.ranks > 1 ? SIGTERM : SIGKILL);
       if (::getppid() != parent) ::_exit(1);
       ::dup2(fds[1], 1);
       ::dup2(fds[1], 2);
@@ -139,12 +159,20 @@ void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
     // Relay output line by line until the step (mpirun and its ranks) has closed the pipe.
     while (k.fd >= 0) {
       pollfd pfd{k.fd, POLLIN, 0};
-      if (::poll(&pfd, 1, -1) < 0) {
+      const int ready = ::poll(&pfd, 1, kLivenessPollMs);
+      if (ready == 0) {
+        if (std::string why = obs.check ? obs.check() : ""; !why.empty()) {
+          StopChild(k.pid, t.ranks > 1);
+          ::close(k.fd);
+          std::fclose(k.log);
+          Throw(ErrorKind::kUnavailable, why + "; task " + t.id + " was stopped");
+        }
+        continue;
+      }
+      if (ready < 0) {
         if (errno != EINTR) ThrowErrno("poll");
         if (int sig = InterruptSignal()) {
-          ::kill(k.pid, SIGTERM);  // mpirun passes it on to its ranks
-          while (::waitpid(k.pid, &k.status, 0) < 0 && errno == EINTR) {
-          }
+          StopChild(k.pid, t.ranks > 1);
           ::close(k.fd);
           std::fclose(k.log);
           Throw(ErrorKind::kTaskFailed, "interrupted by signal " + std::to_string(sig) + " during task " + t.id +

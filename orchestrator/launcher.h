@@ -18,7 +18,11 @@ struct LaunchObserver {
   std::function<void(const Task&, double seconds)> on_end;
   // Launcher-specific events for the journal (a Slurm job submitted, its states, a retry).
   std::function<void(const std::string& event, nlohmann::json fields)> on_event;
+  // Liveness: polled every 200 ms while a task runs; a non-empty answer (the run's NAM server
+  // died) ends the running task at once and fails the round with that answer (kUnavailable).
+  std::function<std::string()> check;
 };
+inline constexpr int kLivenessPollMs = 200;
 
 class Launcher {
  public:

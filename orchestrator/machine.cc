@@ -229,9 +229,15 @@ Machine ParseMachine(const std::string& text, const std::string& origin, const s
 }
 
 Machine LoadMachine(const std::string& name_or_path) {
-  if (name_or_path == "local") return ParseMachine(kLocalMachine, "<built-in machine local>", "");
+  if (name_or_path == "local") {
+    Machine m = ParseMachine(kLocalMachine, "<built-in machine local>", "");
+    m.source = "local";
+    return m;
+  }
   std::string base = std::filesystem::absolute(name_or_path).parent_path().string();
-  return ParseMachine(ReadFile(name_or_path), name_or_path, base);
+  Machine m = ParseMachine(ReadFile(name_or_path), name_or_path, base);
+  m.source = std::filesystem::absolute(name_or_path).lexically_normal().string();
+  return m;
 }
 
 }  // namespace msaflow::orchestrator

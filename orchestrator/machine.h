@@ -56,6 +56,8 @@ struct NamSpec {
 
 struct Machine {
   std::string name;
+  std::string source;  // what LoadMachine was given: "local", or the file's absolute path
+
   std::string launcher = "local";  // "local" | "slurm"
   NamSpec nam;
   SlurmSpec slurm;

@@ -57,6 +57,14 @@ NamServerProcess::NamServerProcess(const std::string& exe, const NamSpec& spec, 
   if (!persist_dir.empty()) {
     args.push_back("--persist");
     args.push_back(persist_dir);
+    if (!launch.users_lock.empty()) {
+      args.push_back("--users-lock");
+      args.push_back(launch.users_lock);
+    }
+    if (launch.lock_wait_s > 0) {
+      args.push_back("--lock-wait");
+      args.push_back(fmt::format("{}", launch.lock_wait_s));
+    }
   }
   int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log < 0) ThrowErrno("open " + log_path);
@@ -69,8 +77,12 @@ NamServerProcess::NamServerProcess(const std::string& exe, const NamSpec& spec, 
   if (pid_ == 0) {
     // If the coordinator dies without stopping it, the server (or its srun, which then ends
     // its Slurm job) is told to stop: no NAM outlives its run.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(1);
+    if (launch.detached) {
+      ::setsid();  // not in the coordinator's process group: a Ctrl-C of one run leaves the others' server
+    } else {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(1);
+    }
     ::dup2(log, 1);
     ::dup2(log, 2);
     int devnull = ::open("/dev/null", O_RDONLY);
@@ -93,6 +105,7 @@ NamServerProcess::NamServerProcess(const std::string& exe, const NamSpec& spec, 
     ::_exit(127);
   }
   ::close(log);
+  detached_ = launch.detached;
   auto start = std::chrono::steady_clock::now();
   for (;;) {
     if (PathExists(ready_path)) {
@@ -125,8 +138,21 @@ NamServerProcess::NamServerProcess(const std::string& exe, const NamSpec& spec, 
   }
 }
 
+std::string NamServerProcess::Exited() {
+  if (pid_ <= 0) return "not running";
+  int st = 0;
+  if (::waitpid(pid_, &st, WNOHANG) != pid_) return "";
+  pid_ = -1;
+  if (WIFSIGNALED(st)) return fmt::format("killed by signal {} ({})", WTERMSIG(st), ::strsignal(WTERMSIG(st)));
+  return fmt::format("exited with status {}", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
 NamServerProcess::~NamServerProcess() {
   if (pid_ <= 0) return;
+  if (detached_) {
+    ::waitpid(pid_, nullptr, WNOHANG);  // reaped if it is gone already; else it outlives this run
+    return;
+  }
   if (!slurm_job_.empty()) {
     // Under Slurm, SIGTERM to srun would kill the step outright; signal the server itself,
     // so that it stops cleanly and its step, then srun, end.

@@ -17,6 +17,12 @@ struct NamLaunch {
   bool own_allocation = false;      // the prefix makes a new Slurm job: drop SLURM_* job variables
   std::string token_file;           // --token-file for the server ("" = none)
   double start_timeout_s = 30;      // includes waiting for an allocation under Slurm
+  double lock_wait_s = 0;           // --lock-wait: a resumed run's server waits for its predecessor's
+  // A server other runs share (orchestrator/shared_nam.h): not ended with this process (no
+  // parent-death signal, a session of its own, not stopped by the destructor); it stops once no
+  // process holds a shared lock on `users_lock`.
+  bool detached = false;
+  std::string users_lock;
 };
 
 class NamServerProcess {
@@ -25,11 +31,14 @@ class NamServerProcess {
   // kUnavailable with the end of the server's log when it exits or does not come up in time.
   NamServerProcess(const std::string& msaflow_exe, const NamSpec& spec, const std::string& persist_dir,
                    const std::string& log_path, const std::string& ready_path, const NamLaunch& launch = {});
-  ~NamServerProcess();  // SIGTERM; SIGKILL after 10 s
+  ~NamServerProcess();  // SIGTERM; SIGKILL after 10 s (a detached server is left to stop by itself)
   NamServerProcess(const NamServerProcess&) = delete;
   NamServerProcess& operator=(const NamServerProcess&) = delete;
 
   const std::string& uri() const { return uri_; }
+  // "" while the server runs; once it has exited, what happened ("killed by signal 9"), and it
+  // is reaped (the run's liveness check polls this).
+  std::string Exited();
   pid_t pid() const { return pid_; }
   // Where Slurm placed it (empty when not under Slurm).
   const std::string& slurm_job() const { return slurm_job_; }
@@ -37,6 +46,7 @@ class NamServerProcess {
 
  private:
   pid_t pid_ = -1;
+  bool detached_ = false;
   std::string uri_, slurm_job_, node_;
 };
 

@@ -1,5 +1,6 @@
 #include "orchestrator/run.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <filesystem>
 #include <optional>
 #include <random>
+#include <set>
+#include <thread>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -17,7 +20,12 @@
 #include "nam/fabric_store.h"
 #include "nam/server.h"
 #include "nam/store.h"
+#include "orchestrator/coordinator_lock.h"
 #include "orchestrator/fpga_preflight.h"
+#include "orchestrator/journal.h"
+#include "orchestrator/progress.h"
+#include "orchestrator/provenance.h"
+#include "orchestrator/shared_nam.h"
 #include "workflow/backbones.h"
 #include "workflow/datasets.h"
 #include "orchestrator/nam_process.h"
@@ -25,11 +33,7 @@
 #include "orchestrator/slurm.h"
 
 namespace msaflow::orchestrator {
-namespace {
-
 using nlohmann::json;
-
-}  // namespace
 
 std::string NewRunId(const std::string& name) {
   std::time_t t = std::time(nullptr);
@@ -43,27 +47,307 @@ std::string NewRunId(const std::string& name) {
 
 namespace {
 
-std::string Now() {
-  std::time_t t = std::time(nullptr);
-  char ts[32];
-  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return ts;
-}
-
-class Journal {
+// One coordinator's hold on a run: its NAM, its launcher, its journal, and the round loop.
+class RunDriver {
  public:
-  explicit Journal(std::string path) : path_(std::move(path)) {
-    AppendLineSynced(path_, json{{"format", kJournalFormat}, {"time", Now()}}.dump());
-  }
-  void Event(const std::string& event, json fields) {
-    fields["event"] = event;
-    fields["time"] = Now();
-    AppendLineSynced(path_, fields.dump());
+  RunDriver(const Pipeline& p, const Machine& m, const RunOptions& opt, std::FILE* out, std::string id,
+            std::string dir, JournalWriter journal, RunSummary before)
+      : p_(p), m_(m), opt_(opt), progress_(out), id_(std::move(id)), dir_(std::move(dir)),
+        journal_(std::move(journal)), before_(std::move(before)), loop_(p) {}
+
+  void Drive(Launcher* given) {
+    try {
+      nam_uri_ = NamFor(p_, m_, opt_.runs_dir);
+      if (nam_uri_ == "serve") StartNamServer();
+      store_ = nam::OpenStore(nam_uri_);
+      std::unique_ptr<Launcher> own;
+      if (!given) own = MakeLauncher();
+      Launcher& launcher = given ? *given : *own;
+      progress_.Line(fmt::format("run {}: pipeline {} on machine {}, NAM {}\n  run directory {}", id_, p_.name, m_.name,
+                                 nam_uri_, dir_));
+      ReattachSlurmJobs();
+      const auto start = std::chrono::steady_clock::now();
+      for (int round = 1; round <= p_.rounds.max; ++round)
+        if (Round(round, launcher)) break;
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      WriteFileAtomic(dir_ + "/results.json", loop_.Results(id_, nam_uri_, secs).dump(2) + "\n");
+      const Ranked& champ = loop_.champion();
+      WriteFileAtomic(dir_ + "/provenance.json",
+                      json{{"format", kProvenanceFormat}, {"run", id_}, {"pipeline", p_.name}, {"machine", m_.name},
+                           {"launcher", m_.launcher}, {"nam", nam_uri_}, {"coordinator", ThisCoordinator().ToJson()},
+                           {"resumes", before_.resumes + (before_.run.empty() ? 0 : 1)}, {"rounds", provenance_},
+                           {"champion", {{"candidate", champ.candidate.id}, {"model", champ.model},
+                                         {"accuracy", champ.metric}, {"test", champ.test}}}}
+                              .dump(2) +
+                          "\n");
+      journal_.Event("run-end", {{"champion", champ.candidate.id}, {"accuracy", champ.metric}, {"stop", loop_.stop_reason()}});
+      progress_.Finish(p_, loop_, secs, dir_);
+    } catch (const Error& e) {
+      try {
+        journal_.Event("run-failed", {{"round", round_}, {"error", e.what()}});
+      } catch (const Error& j) {  // a full disk: say both, the journal's failure too
+        Throw(e.kind(), std::string(e.what()) + "\n  (and the journal could not record it: " + j.what() + ")");
+      }
+      throw;
+    }
   }
 
  private:
-  std::string path_;
+  void StartNamServer() {
+    if (opt_.msaflow_exe.empty()) Throw(ErrorKind::kInternal, "RunPipeline: no msaflow binary to start the NAM server");
+    std::string persist = std::filesystem::absolute(opt_.runs_dir + "/nam").lexically_normal().string();
+    NamLaunch launch = NamLaunchFor(m_, id_, dir_);
+    // A resumed run's server persists where its dead coordinator's did, and that one may take
+    // a moment to stop; so may a shared server whose last run just ended.
+    launch.lock_wait_s = 15;
+    json event;
+    try {
+      if (launch.prefix.empty() && launch.token_file.empty()) {
+        // On this node, on loopback: the runs directory's shared server (orchestrator/shared_nam.h).
+        shared_nam_ = std::make_unique<SharedNamServer>(opt_.msaflow_exe, m_.nam, opt_.runs_dir, launch.lock_wait_s);
+        nam_uri_ = shared_nam_->uri();
+        progress_.Line(fmt::format("NAM server of {}: {} (pid {}, {}; {}, persisting to {})", opt_.runs_dir, nam_uri_,
+                                   shared_nam_->pid(), shared_nam_->attached() ? "already serving" : "started",
+                                   m_.nam.capacity, persist));
+        event = {{"uri", nam_uri_}, {"pid", shared_nam_->pid()}, {"persist", persist}, {"shared", true},
+                 {"attached", shared_nam_->attached()}, {"log", shared_nam_->log()}};
+      } else {
+        nam_server_ = std::make_unique<NamServerProcess>(opt_.msaflow_exe, m_.nam, persist,
+                                                         dir_ + "/logs/nam-server.log", dir_ + "/nam-server.json", launch);
+        nam_uri_ = nam_server_->uri();
+        std::string where = fmt::format("pid {}", nam_server_->pid());
+        if (!nam_server_->slurm_job().empty())
+          where = fmt::format("Slurm job {} on {} node {}, srun pid {}", nam_server_->slurm_job(), m_.nam.module,
+                              nam_server_->node(), nam_server_->pid());
+        progress_.Line(fmt::format("NAM server for this run: {} ({}, {}, persisting to {})", nam_uri_, where,
+                                   m_.nam.capacity, persist));
+        event = {{"uri", nam_uri_}, {"pid", nam_server_->pid()}, {"persist", persist}, {"module", m_.nam.module},
+                 {"slurm_job", nam_server_->slurm_job()}, {"node", nam_server_->node()},
+                 {"log", dir_ + "/logs/nam-server.log"}};
+      }
+    } catch (const Error& e) {
+      Throw(e.kind(), std::string("starting the NAM server: ") + e.what());
+    }
+    event["capacity"] = m_.nam.capacity;
+    journal_.Event("nam-server", event);
+  }
+
+  // "" while the run's NAM server serves; else which server, and what became of it.
+  std::string NamServerGone() {
+    std::string which, how, log;
+    if (shared_nam_) {
+      which = "pid " + std::to_string(shared_nam_->pid());
+      how = shared_nam_->Exited();
+      log = shared_nam_->log();
+    } else if (nam_server_) {
+      which = nam_server_->slurm_job().empty() ? "pid " + std::to_string(nam_server_->pid())
+                                               : "Slurm job " + nam_server_->slurm_job();
+      how = nam_server_->Exited();
+      log = dir_ + "/logs/nam-server.log";
+    }
+    if (how.empty()) return "";
+    return fmt::format("the run's NAM server ({}, {}) {}; its log: {}", nam_uri_, which, how, log);
+  }
+
+  // Slurm jobs the dead coordinator submitted run on without it: wait for them to end rather
+  // than submit their tasks again; their done objects then say what they finished. When the
+  // NAM server they use was the dead coordinator's own Slurm job and it has ended, they cannot
+  // finish: they are cancelled instead of waited for.
+  void ReattachSlurmJobs() {
+    if (m_.launcher != "slurm" || before_.slurm_jobs.empty()) return;
+    SlurmCli cli(m_.slurm.conf);
+    json states = json::array();
+    if (!before_.nam_slurm_job.empty()) {
+      const auto nam = ParseShowJob(cli.Show(before_.nam_slurm_job));
+      if (nam.empty() || !EndState(nam).empty()) {
+        for (const std::string& job : before_.slurm_jobs) cli.Cancel(job);
+        progress_.Line(fmt::format("the previous coordinator's NAM server (Slurm job {}) has ended, so its round's "
+                                   "job(s) cannot finish: cancelled them",
+                                   before_.nam_slurm_job));
+      }
+    }
+    for (const std::string& job : before_.slurm_jobs) {
+      bool said = false;
+      for (;;) {
+        const auto comps = ParseShowJob(cli.Show(job));
+        const std::string end = comps.empty() ? "gone" : EndState(comps);
+        if (!end.empty()) {
+          states.push_back({{"job", job}, {"state", end}});
+          break;
+        }
+        if (!said) {
+          progress_.Line(fmt::format("re-attached to Slurm job {} ({}), which the previous coordinator submitted; "
+                                     "waiting for it to end",
+                                     job, comps.front().state));
+          said = true;
+        }
+        if (int sig = InterruptSignal()) {
+          cli.Cancel(job);
+          Throw(ErrorKind::kTaskFailed, fmt::format("interrupted by signal {} while waiting for Slurm job {}; cancelled it",
+                                                    sig, job));
+        }
+        std::this_thread::sleep_for(std::chrono::duration<double>(m_.slurm.poll_s));
+      }
+    }
+    journal_.Event("slurm-reattached", {{"jobs", states}});
+  }
+
+  std::unique_ptr<Launcher> MakeLauncher() const {
+    if (m_.launcher == "slurm")
+      return std::make_unique<SlurmLauncher>(m_, opt_.msaflow_exe, id_, dir_, std::make_unique<SlurmCli>(m_.slurm.conf),
+                                             static_cast<int>(p_.retries.max), p_.retries.on);
+    return std::make_unique<LocalLauncher>(opt_.msaflow_exe);
+  }
+
+  // The task's done object, when its step committed everything for this very task (same key).
+  std::optional<nlohmann::json> Done(const Task& t) const {
+    const auto info = store_->Stat(workflow::TaskDoneObject(id_, round_, t.step));
+    if (!info || info->meta.value("key", "") != workflow::TaskKey(t.body)) return std::nullopt;
+    return info->meta;
+  }
+
+  // Runs (or replays) one round; true when the stop rule ends the run after it.
+  bool Round(int round, Launcher& launcher) {
+    round_ = round;
+    slurm_times_ = json();
+    const std::vector<Candidate> fresh = loop_.Candidates(round);
+    RoundPlan plan = PlanRound(p_, m_, id_, nam_uri_, round, fresh, loop_.kept());
+    json step_seconds = json::object();
+    RoundPlan todo{round, {}};
+    std::set<std::string> skipped;
+    for (const Task& t : plan.tasks) {
+      if (auto done = Done(t)) {
+        skipped.insert(t.id);
+        if (before_.seconds.count(t.id)) step_seconds[t.step] = before_.seconds.at(t.id);
+        if (!before_.tasks_done.count(t.id))  // the coordinator died before it could record the end
+          journal_.Event("task-reused", {{"task", t.id}, {"key", done->value("key", "")},
+                                         {"outputs", done->value("outputs", 0)}});
+        continue;
+      }
+      todo.tasks.push_back(t);
+    }
+    const bool replayed = todo.tasks.empty();
+    const bool ended_before = before_.rounds_ended >= round;
+    if (!replayed) {
+      std::map<std::string, std::string> files;
+      for (const auto& t : plan.tasks) {
+        std::string f = dir_ + "/tasks/" + t.id + ".json";
+        WriteFileAtomic(f, t.body.dump(2) + "\n");
+        files[t.id] = f;
+      }
+      progress_.RoundStart(round, p_.rounds.max, fresh.size(), loop_.kept().size());
+      journal_.Event("round-start", {{"round", round}, {"candidates", fresh.size()}, {"reused_tasks", skipped.size()}});
+      for (const Task& t : plan.tasks)
+        if (skipped.count(t.id)) progress_.TaskReused(t, Done(t)->value("outputs", 0));
+      for (Task& t : todo.tasks)  // what is done already is no dependency to wait for
+        t.after.erase(std::remove_if(t.after.begin(), t.after.end(), [&](const std::string& a) { return skipped.count(a); }),
+                      t.after.end());
+      RunTasks(todo, files, launcher, step_seconds);
+    } else if (!ended_before) {
+      progress_.Line(fmt::format("\n== round {}: every task was done before the run was resumed ==", round));
+    }
+    RoundOutcome outcome = ReadRoundOutcome(*store_, id_, round);
+    json tasks = json::array();
+    for (const Task& t : plan.tasks) {
+      json done = json::object();
+      if (auto info = store_->Stat(workflow::TaskDoneObject(id_, round, t.step)))
+        done = json::parse(store_->Get(info->name).bytes, nullptr, false);
+      const std::string started = started_.count(t.id)         ? started_.at(t.id)
+                                  : before_.started.count(t.id) ? before_.started.at(t.id)
+                                                                : "";
+      tasks.push_back(ProvenanceTask(t, done.is_object() ? done : json::object(),
+                                     skipped.count(t.id) ? "done by an earlier coordinator of the run" : "ran",
+                                     step_seconds.value(t.step, 0.0), started));
+    }
+    provenance_.push_back(ProvenanceRound(round, std::move(tasks), outcome));
+    json entry = RoundEntry(p_, round, outcome, step_seconds);
+    if (!slurm_times_.empty()) entry["node_seconds"] = slurm_times_;
+    if (!ended_before || !replayed) {
+      progress_.RoundTable(p_, round, outcome);
+      journal_.Event("round-end", {{"round", round}, {"champion", outcome.best.at("champion").at("candidate").at("id")},
+                                   {"accuracy", outcome.best.at("champion").at("accuracy")}});
+    }
+    return loop_.Absorb(round, outcome, std::move(entry));
+  }
+
+  void RunTasks(const RoundPlan& todo, const std::map<std::string, std::string>& files, Launcher& launcher,
+                json& step_seconds) {
+    // For node-seconds under Slurm: the mode the round's job(s) ran in, when they were
+    // submitted, and the first step's start and the last step's end.
+    std::string slurm_mode;
+    std::optional<std::chrono::steady_clock::time_point> submitted, first_start;
+    std::chrono::steady_clock::time_point last_end{};
+    LaunchObserver obs;
+    obs.on_start = [&](const Task& t) {
+      if (!first_start) first_start = std::chrono::steady_clock::now();
+      started_[t.id] = JournalTime();
+      progress_.TaskStart(t);
+      journal_.Event("task-start", {{"task", t.id}, {"module", t.module}, {"ranks", t.ranks}});
+    };
+    obs.on_line = [&](const Task& t, const std::string& line) { progress_.TaskOutput(t, line); };
+    obs.on_event = [&](const std::string& ev, json fields) {
+      if (ev == "slurm-job" && slurm_mode.empty()) {
+        slurm_mode = fields.value("mode", "");
+        submitted = std::chrono::steady_clock::now();
+      }
+      progress_.LauncherEvent(ev, fields);
+      journal_.Event(ev, std::move(fields));
+    };
+    obs.on_end = [&](const Task& t, double secs) {
+      progress_.TaskEnd(t, secs);
+      json end = {{"task", t.id}, {"seconds", secs}, {"status", "ok"}};
+      if (auto done = store_->Stat(workflow::TaskDoneObject(id_, round_, t.step))) {
+        end["key"] = done->meta.value("key", "");
+        const json body = json::parse(store_->Get(done->name).bytes);
+        for (const char* k : {"msaflow", "inputs", "outputs"})
+          if (body.contains(k)) end[k] = body[k];
+      }
+      journal_.Event("task-end", std::move(end));
+      step_seconds[t.step] = secs;
+      last_end = std::chrono::steady_clock::now();
+    };
+    obs.check = [&] { return NamServerGone(); };
+    launcher.RunRound(todo, files, dir_ + "/logs", obs);
+    if (m_.launcher == "slurm" && first_start) {
+      const double round_s = std::chrono::duration<double>(last_end - *first_start).count();
+      const double queue_s = submitted ? std::chrono::duration<double>(*first_start - *submitted).count() : 0;
+      std::map<std::string, double> secs;
+      for (const auto& [k, v] : step_seconds.items()) secs[k] = v.get<double>();
+      const std::string mode = slurm_mode.empty() ? m_.slurm.mode : slurm_mode;
+      json ns = json::array();
+      auto measured = MeasureNodeSeconds(secs, p_, m_, mode, round_s);
+      for (const auto& n : measured)
+        ns.push_back({{"module", n.module}, {"nodes", n.nodes}, {"held_s", n.held_s}, {"used_s", n.used_s}});
+      slurm_times_ = {{"mode", mode}, {"round_s", round_s}, {"queue_s", queue_s}, {"modules", ns}};
+      progress_.Line("  " + NodeSecondsSummary(measured, mode, todo.tasks.size(), std::max(queue_s, 0.5)));
+    }
+  }
+
+  const Pipeline& p_;
+  const Machine& m_;
+  const RunOptions& opt_;
+  ProgressPrinter progress_;
+  std::string id_, dir_, nam_uri_;
+  JournalWriter journal_;
+  RunSummary before_;
+  RoundLoop loop_;
+  std::unique_ptr<NamServerProcess> nam_server_;  // this run's own (under Slurm, or off loopback)
+  std::unique_ptr<SharedNamServer> shared_nam_;   // or the runs directory's
+  std::unique_ptr<nam::Store> store_;
+  int round_ = 0;
+  json slurm_times_;
+  json provenance_ = json::array();             // one entry per round (orchestrator/provenance.h)
+  std::map<std::string, std::string> started_;  // task id -> when this coordinator started it
 };
+
+// The checks a run makes before it writes anything: the NAM URI, fpga "opencl" with no OpenCL
+// device here, labels or splits no model can be trained on, models prepare could not feed.
+void PreRunChecks(const Pipeline& p, const Machine& m, const std::string& runs_dir) {
+  NamFor(p, m, runs_dir);
+  FpgaPreflight(p, m);
+  workflow::CheckDatasets(p);
+  workflow::CheckBackbones(p);
+}
 
 }  // namespace
 
@@ -73,243 +357,77 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   nam::ValidateObjectName(id);
   std::string dir = std::filesystem::absolute(opt.runs_dir + "/" + id).lexically_normal().string();
   if (PathExists(dir + "/journal.jsonl"))
-    Throw(ErrorKind::kInvalidInput, "run directory " + dir + " already holds a run; choose another --run-id");
-  std::string nam_uri = NamFor(p, m, opt.runs_dir);  // refuses a malformed NAM URI before anything is written
-  FpgaPreflight(p, m);                               // and fpga "opencl" with no OpenCL device here
-  workflow::CheckDatasets(p);                        // and labels or splits no model can be trained on
-  workflow::CheckBackbones(p);                       // and models the prepare step could not feed
-  MakeDirs(dir + "/tasks");
-  MakeDirs(dir + "/logs");
-  WriteFileAtomic(dir + "/pipeline.json", p.source.dump(2) + "\n");
-  // The journal from the first moment: a run that fails to start says why in it.
-  Journal journal(dir + "/journal.jsonl");
-  journal.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"launcher", m.launcher},
-                             {"nam", nam_uri == "serve" ? std::string("a NAM server started for the run") : nam_uri}});
+    Throw(ErrorKind::kInvalidInput, "run directory " + dir + " already holds a run; continue it with `msaflow resume " +
+                                        dir + "`, or choose another --run-id");
+  PreRunChecks(p, m, opt.runs_dir);
+  // The run directory is made whole beside its final name, then renamed into place: a
+  // coordinator killed in its first moments leaves no run without a journal.
+  const std::string staging = std::filesystem::path(dir).parent_path().string() + "/." + id + ".starting";
+  std::filesystem::remove_all(staging);
+  MakeDirs(staging + "/tasks");
+  MakeDirs(staging + "/logs");
+  WriteFileAtomic(staging + "/pipeline.json", p.source.dump(2) + "\n");
+  CoordinatorLock lock(staging);  // the lock is on the file, which the rename keeps
+  JournalWriter staged = JournalWriter::Create(staging + "/journal.jsonl");
+  staged.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"machine_source", m.source},
+                             {"launcher", m.launcher}, {"coordinator", ThisCoordinator().ToJson()},
+                             {"nam", NamFor(p, m, opt.runs_dir) == "serve" ? std::string("a NAM server started for the run")
+                                                                           : NamFor(p, m, opt.runs_dir)}});
+  if (!PathExists(dir)) {
+    if (::rename(staging.c_str(), dir.c_str()) != 0) {
+      const int err = errno;
+      std::filesystem::remove_all(staging);
+      errno = err;
+      ThrowErrno("rename " + staging + " to " + dir);
+    }
+  } else {
+    // `submit` made the directory (coordinator.sh, submitted.json): the staged files move in,
+    // the journal last, so the run still appears at once.
+    for (const char* f : {"tasks", "logs", "pipeline.json", "coordinator.lock", "journal.jsonl"}) {
+      const std::string from = staging + "/" + f, to = dir + "/" + f;
+      if (::rename(from.c_str(), to.c_str()) != 0) ThrowErrno("rename " + from + " to " + to);
+    }
+    std::filesystem::remove_all(staging);
+  }
   if (m.launcher == "slurm" && !m.slurm.conf.empty())
     ::setenv("SLURM_CONF", m.slurm.conf.c_str(), 1);  // for the jobs' own srun, and the NAM's
-  std::unique_ptr<NamServerProcess> nam_server;
-  nlohmann::json nam_event;
-  if (nam_uri == "serve") try {
-    if (opt.msaflow_exe.empty()) Throw(ErrorKind::kInternal, "RunPipeline: no msaflow binary to start the NAM server");
-    std::string persist = std::filesystem::absolute(opt.runs_dir + "/nam").lexically_normal().string();
-    NamLaunch launch = NamLaunchFor(m, id, dir);
-    nam_server = std::make_unique<NamServerProcess>(opt.msaflow_exe, m.nam, persist, dir + "/logs/nam-server.log",
-                                                    dir + "/nam-server.json", launch);
-    nam_uri = nam_server->uri();
-    std::string where = fmt::format("pid {}", nam_server->pid());
-    if (!nam_server->slurm_job().empty())
-      where = fmt::format("Slurm job {} on {} node {}, srun pid {}", nam_server->slurm_job(), m.nam.module,
-                          nam_server->node(), nam_server->pid());
-    std::fprintf(out, "NAM server for this run: %s (%s, %s, persisting to %s)\n", nam_uri.c_str(), where.c_str(),
-                 m.nam.capacity.c_str(), persist.c_str());
-    nam_event = {{"uri", nam_uri}, {"pid", nam_server->pid()}, {"persist", persist}, {"capacity", m.nam.capacity},
-                 {"module", m.nam.module}, {"slurm_job", nam_server->slurm_job()}, {"node", nam_server->node()}};
-  } catch (const Error& e) {
-    journal.Event("run-failed", {{"round", 0}, {"error", std::string("starting the NAM server: ") + e.what()}});
-    throw;
-  }
-  auto store = nam::OpenStore(nam_uri);
-  std::unique_ptr<Launcher> own_launcher;
-  if (!given_launcher) {
-    if (m.launcher == "slurm") {
-      own_launcher = std::make_unique<SlurmLauncher>(m, opt.msaflow_exe, id, dir, std::make_unique<SlurmCli>(m.slurm.conf),
-                                                     static_cast<int>(p.retries.max), p.retries.on);
-    } else {
-      own_launcher = std::make_unique<LocalLauncher>(opt.msaflow_exe);
-    }
-  }
-  Launcher& launcher = given_launcher ? *given_launcher : *own_launcher;
-  if (!nam_event.is_null()) journal.Event("nam-server", nam_event);
-  std::fprintf(out, "run %s: pipeline %s on machine %s, NAM %s\n  run directory %s\n", id.c_str(), p.name.c_str(),
-               m.name.c_str(), nam_uri.c_str(), dir.c_str());
-
-  json results = {{"format", kResultsFormat}, {"run", id}, {"pipeline", p.name}, {"nam", nam_uri},
-                  {"rounds", json::array()}};
-  std::vector<Ranked> ranking;  // best first, over all rounds
-  std::vector<KeptCandidate> kept;
-  // Best test accuracy per backbone over all rounds (a raw-pixel backbone is the baseline).
-  std::map<std::string, Ranked> bb_best;  // backbone -> its best candidate so far (any round)
-  json per_bb = json::object();       // backbone -> its best accuracy on the selection split
-  json per_bb_test = json::object();  // ... that candidate, with its test accuracy
-  double best_so_far = -1;
-  int stale = 0;
-  std::string stop_reason = "max rounds reached";
-  auto run_start = std::chrono::steady_clock::now();
-  for (int round = 1; round <= p.rounds.max; ++round) {
-    std::vector<Ranked> backbone_best;
-    for (const auto& [bb, r] : bb_best) backbone_best.push_back(r);
-    std::vector<Candidate> fresh = round == 1 ? FirstRound(p) : NextRound(p, round, ranking, backbone_best);
-    RoundPlan plan = PlanRound(p, m, id, nam_uri, round, fresh, kept);
-    std::map<std::string, std::string> files;
-    for (const auto& t : plan.tasks) {
-      std::string f = dir + "/tasks/" + t.id + ".json";
-      WriteFileAtomic(f, t.body.dump(2) + "\n");
-      files[t.id] = f;
-    }
-    std::fprintf(out, "\n== round %d/%lld: %zu new candidates, %zu kept ==\n", round,
-                 static_cast<long long>(p.rounds.max), fresh.size(), kept.size());
-    journal.Event("round-start", {{"round", round}, {"candidates", fresh.size()}});
-    json step_seconds = json::object();  // each step's wall time, launch included
-    // For node-seconds under Slurm: the mode the round's job(s) ran in, when they were
-    // submitted, and the first step's start and the last step's end.
-    std::string slurm_mode;
-    std::optional<std::chrono::steady_clock::time_point> submitted, first_start;
-    std::chrono::steady_clock::time_point last_end{};
-    LaunchObserver obs;
-    obs.on_start = [&](const Task& t) {
-      if (!first_start) first_start = std::chrono::steady_clock::now();
-      std::fprintf(out, "  %-8s on %-3s (%lld rank%s) ...\n", t.step.c_str(), t.module.c_str(),
-                   static_cast<long long>(t.ranks), t.ranks > 1 ? "s" : "");
-      std::fflush(out);
-      journal.Event("task-start", {{"task", t.id}, {"module", t.module}, {"ranks", t.ranks}});
-    };
-    obs.on_line = [&](const Task&, const std::string& line) {
-      std::fprintf(out, "      %s\n", line.c_str());
-      std::fflush(out);
-    };
-    obs.on_event = [&](const std::string& ev, json fields) {
-      if (ev == "slurm-job") {
-        if (slurm_mode.empty()) {
-          slurm_mode = fields.value("mode", "");
-          submitted = std::chrono::steady_clock::now();
-        }
-        std::string comps;
-        for (const auto& c : fields.at("components"))
-          comps += (comps.empty() ? "" : ", ") + c.at("id").get<std::string>() + " " + c.at("module").get<std::string>() +
-                   "@" + c.at("partition").get<std::string>();
-        std::fprintf(out, "  slurm %s job %s: %s\n", fields.at("mode").get<std::string>().c_str(),
-                     fields.at("job").get<std::string>().c_str(), comps.c_str());
-      } else if (ev == "slurm-end") {
-        std::fprintf(out, "  slurm jobs ended %s\n", fields.at("state").get<std::string>().c_str());
-      } else if (ev == "slurm-retry") {
-        std::fprintf(out, "  slurm-retry: %s\n", fields.value("message", "").c_str());
-      }
-      std::fflush(out);
-      journal.Event(ev, std::move(fields));
-    };
-    obs.on_end = [&](const Task& t, double secs) {
-      std::fprintf(out, "  %-8s done in %.1f s\n", t.step.c_str(), secs);
-      journal.Event("task-end", {{"task", t.id}, {"seconds", secs}, {"status", "ok"}});
-      step_seconds[t.step] = secs;
-      last_end = std::chrono::steady_clock::now();
-    };
-    try {
-      launcher.RunRound(plan, files, dir + "/logs", obs);
-    } catch (const Error& e) {
-      journal.Event("run-failed", {{"round", round}, {"error", e.what()}});
-      throw;
-    }
-    json best = json::parse(store->Get(BestObject(id, round)).bytes);
-    json prepared = json::parse(store->Get(PreparedObject(id, round)).bytes);
-    // The evaluate farm's figures, without the task lists (they stay in the NAM object).
-    json evaluation = json::parse(store->Get(workflow::EvaluatedObject(id, round)).bytes);
-    for (auto& r : evaluation["per_rank"]) r.erase("task_ids");
-    json training = json::parse(store->Get(workflow::TrainedObject(id, round)).bytes);
-    // The round table.
-    // The round table: metrics on the split candidates are selected on (validation).
-    std::fprintf(out, "\n  %-8s %-12s %-42s %8s %8s   (%s)\n", "cand", "backbone", "head", "acc", "loss", p.select_on.c_str());
-    for (const auto& e : best.at("all")) {
-      Candidate c = CandidateFromJson(e.at("candidate"));
-      bool is_new = e.at("round") == round;
-      std::fprintf(out, "  %-8s %-12s %-42s %8.4f %8.4f%s\n", c.id.c_str(), c.backbone.c_str(),
-                   HeadLabel(c.head).c_str(), e.at("accuracy").get<double>(), e.at("loss").get<double>(),
-                   is_new ? "" : "  (kept)");
-    }
-    const json& champ = best.at("champion");
-    double acc = champ.at("accuracy");
-    std::fprintf(out, "  best of round %d: %s (%s) accuracy %.4f; features computed %zu, reused %zu%s\n", round,
-                 champ.at("candidate").at("id").get<std::string>().c_str(),
-                 champ.at("candidate").at("backbone").get<std::string>().c_str(), acc, prepared.at("computed").size(),
-                 prepared.at("reused").size(),
-                 prepared.at("computed").empty() ? " (no backbone ran this round)" : "");
-    ranking.clear();
-    kept.clear();
-    for (const auto& e : best.at("all")) {
-      ranking.push_back({CandidateFromJson(e.at("candidate")), e.at("accuracy"), e.at("model"), e.value("test", json())});
-      const std::string bb = e.at("candidate").at("backbone");
-      if (!per_bb.contains(bb) || per_bb[bb].get<double>() < e.at("accuracy").get<double>()) {
-        per_bb[bb] = e.at("accuracy");
-        bb_best[bb] = ranking.back();
-        per_bb_test[bb] = {{"candidate", e.at("candidate").at("id")}, {p.select_on + "_accuracy", e.at("accuracy")}};
-        if (e.contains("test")) per_bb_test[bb]["test_accuracy"] = e["test"].value("accuracy", 0.0);
-      }
-    }
-    for (const auto& e : best.at("top_k"))
-      kept.push_back({CandidateFromJson(e.at("candidate")), e.at("model"), e.at("result")});
-    double gain = acc - best_so_far;
-    json round_json = {{"round", round}, {"champion", champ}, {"top_k", best.at("top_k")},
-                       {"candidates", best.at("all")}, {"features", prepared},
-                       {"features_computed", prepared.at("computed").size()},
-                       {"features_reused", prepared.at("reused").size()}, {"training", training}, {"evaluation", evaluation},
-                       {"step_seconds", step_seconds},
-                       {"selection", {{"device", best.value("device", "")}, {"fpga", best.value("fpga", json::object())}}}};
-    // What each step cost per item, for `msaflow plan --ranks auto` (orchestrator/placement.h).
-    json costs = json::object();
-    for (const auto& [step, c] : MeasureRound(round_json, p)) costs[step] = ToJson(c);
-    round_json["costs"] = costs;
-    if (m.launcher == "slurm" && first_start) {
-      const double round_s = std::chrono::duration<double>(last_end - *first_start).count();
-      const double queue_s = submitted ? std::chrono::duration<double>(*first_start - *submitted).count() : 0;
-      std::map<std::string, double> secs;
-      for (const auto& [k, v] : step_seconds.items()) secs[k] = v.get<double>();
-      const std::string mode = slurm_mode.empty() ? m.slurm.mode : slurm_mode;
-      json ns = json::array();
-      auto measured = MeasureNodeSeconds(secs, p, m, mode, round_s);
-      for (const auto& n : measured)
-        ns.push_back({{"module", n.module}, {"nodes", n.nodes}, {"held_s", n.held_s}, {"used_s", n.used_s}});
-      round_json["node_seconds"] = {{"mode", mode}, {"round_s", round_s}, {"queue_s", queue_s}, {"modules", ns}};
-      std::fprintf(out, "  %s\n", NodeSecondsSummary(measured, mode, plan.tasks.size(), std::max(queue_s, 0.5)).c_str());
-    }
-    results["rounds"].push_back(std::move(round_json));
-    journal.Event("round-end", {{"round", round}, {"champion", champ.at("candidate").at("id")}, {"accuracy", acc}});
-    if (best_so_far >= 0 && gain < p.rounds.min_delta) {
-      ++stale;
-    } else {
-      stale = 0;
-    }
-    best_so_far = std::max(best_so_far, acc);
-    if (round < p.rounds.max && stale >= p.rounds.patience) {
-      stop_reason = fmt::format("no gain >= {} for {} round(s)", p.rounds.min_delta, stale);
-      break;
-    }
-  }
-  const Ranked& champ = ranking.at(0);
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  results["champion"] = {{"candidate", ToJson(champ.candidate)}, {"accuracy", champ.metric}, {"model", champ.model},
-                         {"selected_on", p.select_on}};
-  // The run's result: the champion on the test split, which chose nothing (unless the pipeline
-  // selects on test, and then the figure is optimistic and says so).
-  const bool held_out = p.select_on != "test" && champ.test.is_object();
-  const double result_acc = held_out ? champ.test.value("accuracy", 0.0) : champ.metric;
-  results["champion"]["test"] = held_out ? champ.test : json{{"accuracy", champ.metric}};
-  results["result"] = {{"split", "test"}, {"accuracy", result_acc}, {"selected_on", p.select_on},
-                       {"optimistic", !held_out}};
-  results["best_per_backbone"] = per_bb;
-  results["best_per_backbone_on_test"] = per_bb_test;
-  results["stop_reason"] = stop_reason;
-  results["seconds"] = secs;
-  WriteFileAtomic(dir + "/results.json", results.dump(2) + "\n");
-  journal.Event("run-end", {{"champion", champ.candidate.id}, {"accuracy", champ.metric}, {"stop", stop_reason}});
-  if (held_out) {
-    std::fprintf(out, "\nchampion: %s — %s on %s, chosen on validation accuracy %.4f; test accuracy %.4f (the result; "
-                      "the test split chose nothing) (model %s)\n",
-                 champ.candidate.id.c_str(), HeadLabel(champ.candidate.head).c_str(), champ.candidate.backbone.c_str(),
-                 champ.metric, result_acc, champ.model.c_str());
-  } else {
-    std::fprintf(out, "\nchampion: %s — %s on %s, test accuracy %.4f (model %s)\n"
-                      "  note: selected on the test split (select_on \"test\"), so this accuracy is optimistic: the "
-                      "same data chose the model\n",
-                 champ.candidate.id.c_str(), HeadLabel(champ.candidate.head).c_str(), champ.candidate.backbone.c_str(),
-                 champ.metric, champ.model.c_str());
-  }
-  std::fprintf(out, "best per backbone (%s accuracy%s):", p.select_on.c_str(), held_out ? "; test accuracy" : "");
-  for (const auto& [k, v] : per_bb_test.items()) {
-    std::fprintf(out, " %s %.4f", k.c_str(), v.at(p.select_on + "_accuracy").get<double>());
-    if (held_out && v.contains("test_accuracy")) std::fprintf(out, " / %.4f", v["test_accuracy"].get<double>());
-    std::fprintf(out, ";");
-  }
-  std::fprintf(out, "\nstopped: %s; %.1f s; results in %s/results.json\n", stop_reason.c_str(), secs, dir.c_str());
+  RunDriver(p, m, opt, out, id, dir, JournalWriter::Append(dir + "/journal.jsonl"), RunSummary{}).Drive(given_launcher);
   return dir;
+}
+
+bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, std::FILE* out, Launcher* given_launcher) {
+  const std::string dir = std::filesystem::absolute(run_dir_arg).lexically_normal().string();
+  const std::string journal_path = dir + "/journal.jsonl";
+  if (!PathExists(journal_path))
+    Throw(ErrorKind::kNotFound, dir + ": no journal.jsonl (not a run directory, or a run submitted to Slurm whose "
+                                      "coordinator never started)");
+  CoordinatorLock lock(dir);
+  RunSummary before = Summarize(ReadJournal(journal_path), journal_path);
+  if (before.finished) {
+    std::fprintf(out, "run %s finished already: %s\n", before.run.c_str(), before.finish.c_str());
+    return false;
+  }
+  if (before.machine_source.empty())
+    Throw(ErrorKind::kUnsupported, journal_path + ": the run-start event names no machine_source (a journal of an "
+                                                  "older msaflow); start the pipeline again with `msaflow run`");
+  json source = json::parse(ReadFile(dir + "/pipeline.json"), nullptr, false);
+  if (source.is_discarded()) Throw(ErrorKind::kCorrupt, dir + "/pipeline.json: not JSON");
+  const Pipeline p = workflow::PipelineFromSource(source);
+  const Machine m = LoadMachine(before.machine_source);
+  RunOptions opt = opt_in;
+  opt.runs_dir = std::filesystem::path(dir).parent_path().string();
+  PreRunChecks(p, m, opt.runs_dir);
+  if (m.launcher == "slurm" && !m.slurm.conf.empty()) ::setenv("SLURM_CONF", m.slurm.conf.c_str(), 1);
+  JournalWriter journal = JournalWriter::Append(journal_path);
+  journal.Event("resume", {{"coordinator", ThisCoordinator().ToJson()}, {"resume", before.resumes + 1},
+                           {"was", before.failed ? "failed: " + before.error : "interrupted"},
+                           {"tasks_done", before.tasks_done.size()}, {"rounds_ended", before.rounds_ended}});
+  std::fprintf(out, "resuming run %s (%s; %zu task(s) done, %d round(s) ended)\n", before.run.c_str(),
+               before.failed ? ("it failed: " + Printable(before.error, 200)).c_str() : "its coordinator died",
+               before.tasks_done.size(), before.rounds_ended);
+  const std::string id = before.run;  // not read from `before` in the call that moves it
+  RunDriver(p, m, opt, out, id, dir, std::move(journal), std::move(before)).Drive(given_launcher);
+  return true;
 }
 
 std::string LastResults(const std::string& runs_dir, const std::string& name) {
@@ -374,110 +492,6 @@ std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_
   if (!m.nam.uri.empty()) return m.nam.uri;
   if (m.nam.serve) return "serve";
   return "file://" + std::filesystem::absolute(runs_dir + "/nam").lexically_normal().string();
-}
-
-void PrintStatus(const std::string& run_dir, std::FILE* out) {
-  std::string text;
-  if (!PathExists(run_dir + "/journal.jsonl") && PathExists(run_dir + "/submitted.json")) {
-    json sub = json::parse(ReadFile(run_dir + "/submitted.json"), nullptr, false);
-    if (sub.is_discarded()) Throw(ErrorKind::kCorrupt, run_dir + "/submitted.json: not JSON");
-    std::fprintf(out, "run %s submitted as Slurm job %s; the coordinator has not started yet\n",
-                 sub.value("run", "").c_str(), sub.value("job", "").c_str());
-    SlurmCli cli(sub.value("slurm_conf", ""));
-    for (const auto& c : ParseShowJob(cli.Show(sub.value("job", ""))))
-      std::fprintf(out, "  coordinator job %s: %s %s\n", c.id.c_str(), c.state.c_str(), c.reason.c_str());
-    return;
-  }
-  text = ReadFile(run_dir + "/journal.jsonl");
-  std::vector<json> events;
-  std::vector<size_t> lines;  // each event's line in the file
-  size_t start = 0, lineno = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    ++lineno;
-    std::string line = text.substr(start, end - start);
-    start = end + 1;
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded())
-      Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:" + std::to_string(lineno) + ": not a JSON line");
-    if (!j.is_object())
-      Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:" + std::to_string(lineno) + ": not a JSON object");
-    events.push_back(std::move(j));
-    lines.push_back(lineno);
-  }
-  if (events.empty() || !events[0].contains("format") || events[0]["format"] != kJournalFormat)
-    Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:1: expected format " + std::string(kJournalFormat));
-  std::string state = "running (or interrupted)";
-  // Slurm jobs: the components each round used and their last known states.
-  std::map<std::string, json> components;  // component id -> last state
-  for (size_t k = 0; k < events.size(); ++k) try {
-    const json& e = events[k];
-    std::string ev = e.value("event", "");
-    if (ev == "run-start")
-      std::fprintf(out, "run %s (pipeline %s, machine %s, launcher %s, NAM %s)\n", e.value("run", "").c_str(),
-                   e.value("pipeline", "").c_str(), e.value("machine", "").c_str(), e.value("launcher", "local").c_str(),
-                   e.value("nam", "").c_str());
-    if (ev == "nam-server") {
-      std::string where = e.value("slurm_job", "").empty()
-                              ? fmt::format("pid {}", e.value("pid", 0))
-                              : fmt::format("Slurm job {} on node {}", e.value("slurm_job", ""), e.value("node", ""));
-      std::fprintf(out, "  NAM server %s (%s, persisting to %s)\n", e.value("uri", "").c_str(), where.c_str(),
-                   e.value("persist", "").c_str());
-    }
-    if (ev == "round-start") std::fprintf(out, "  round %d:\n", e.at("round").get<int>());
-    if (ev == "slurm-job") {
-      std::string comps;
-      for (const auto& c : e.at("components"))
-        comps += (comps.empty() ? "" : ", ") + c.value("id", "") + " " + c.value("module", "") + "@" +
-                 c.value("partition", "");
-      std::fprintf(out, "    slurm %s job %s%s: %s\n", e.value("mode", "").c_str(), e.value("job", "").c_str(),
-                   e.value("attempt", 0) ? fmt::format(" (attempt {})", e.value("attempt", 0) + 1).c_str() : "",
-                   comps.c_str());
-    }
-    if (ev == "slurm-state")
-      for (const auto& c : e.at("components")) components[c.value("id", "")] = c;
-    if (ev == "slurm-end") {
-      for (const auto& j : e.at("jobs"))
-        for (const auto& c : j.at("components")) {
-          components[c.value("id", "")] = c;
-          std::fprintf(out, "      %-8s %-10s %-9s exit %d:%d  %s\n", c.value("id", "").c_str(),
-                       c.value("partition", "").c_str(), c.value("state", "").c_str(), c.value("exit", 0),
-                       c.value("signal", 0), c.value("nodes", "").c_str());
-        }
-      if (e.value("leftover_sruns_killed", 0) > 0)
-        std::fprintf(out, "      %d leftover srun process(es) ended\n", e.value("leftover_sruns_killed", 0));
-    }
-    if (ev == "slurm-retry") std::fprintf(out, "    retried: %s\n", e.value("message", "").c_str());
-    if (ev == "slurm-fallback")
-      std::fprintf(out, "    Slurm refused the %s mode; fell back to %s: %s\n", e.value("from", "").c_str(),
-                   e.value("to", "").c_str(), e.value("why", "").c_str());
-    if (ev == "task-start") {
-      state = "running task " + e.value("task", "");
-      std::fprintf(out, "    step %-12s on %-3s %d rank(s) started\n", e.value("task", "").c_str(),
-                   e.value("module", "").c_str(), e.value("ranks", 1));
-    }
-    if (ev == "task-end")
-      std::fprintf(out, "    step %-12s done in %.1f s\n", e.value("task", "").c_str(), e.value("seconds", 0.0));
-    if (ev == "round-end")
-      std::fprintf(out, "    champion %s accuracy %.4f\n", e.at("champion").get<std::string>().c_str(),
-                   e.at("accuracy").get<double>());
-    if (ev == "run-failed") state = "failed: " + e.value("error", "");
-    if (ev == "run-end")
-      state = fmt::format("finished: champion {} accuracy {:.4f} ({})", e.value("champion", ""),
-                          e.value("accuracy", 0.0), e.value("stop", ""));
-  } catch (const json::exception& x) {
-    // A field missing or of the wrong type: the journal was edited or damaged.
-    Throw(ErrorKind::kCorrupt, run_dir + "/journal.jsonl:" + std::to_string(lines[k]) + ": a malformed '" +
-                                   Printable(events[k].value("event", json("?")).dump(), 40) + "' event (" + x.what() + ")");
-  }
-  if (state.rfind("running", 0) == 0 && !components.empty()) {
-    std::fprintf(out, "  Slurm components (last seen):\n");
-    for (const auto& [id, c] : components)
-      std::fprintf(out, "    %-8s %-10s %s\n", id.c_str(), c.value("partition", "").c_str(), c.value("state", "").c_str());
-  }
-  std::fprintf(out, "state: %s\n", state.c_str());
 }
 
 }  // namespace msaflow::orchestrator

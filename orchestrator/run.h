@@ -1,6 +1,6 @@
 // A run: rounds of the five steps until the stop rule, recorded in runs/<id>/ (docs/formats.md):
-// pipeline.json, journal.jsonl (append-only, fsynced, first line names the format),
-// tasks/*.json, logs/*.log, results.json.
+// pipeline.json, journal.jsonl (orchestrator/journal.h), coordinator.lock
+// (orchestrator/coordinator_lock.h), tasks/*.json, logs/*.log, results.json.
 #pragma once
 
 #include <cstdio>
@@ -9,12 +9,10 @@
 #include "orchestrator/launcher.h"
 #include "orchestrator/machine.h"
 #include "orchestrator/nam_process.h"
+#include "orchestrator/rounds.h"
 #include "workflow/pipeline.h"
 
 namespace msaflow::orchestrator {
-
-inline constexpr char kJournalFormat[] = "msaflow.journal/1";
-inline constexpr char kResultsFormat[] = "msaflow.results/1";
 
 struct RunOptions {
   std::string runs_dir = "runs";
@@ -24,10 +22,17 @@ struct RunOptions {
 };
 
 // Runs the pipeline to the end; returns the run directory. Progress goes to `out`.
-// Throws Error (kTaskFailed when a task fails; the journal records it).
-// The launcher is the machine's (local processes, or Slurm jobs) unless one is given.
+// Throws Error (kTaskFailed when a task fails, kUnavailable when the NAM server dies; the
+// journal records it). The launcher is the machine's (local processes, or Slurm jobs) unless
+// one is given. The run directory appears whole (journal, pipeline) or not at all.
 std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& opt, std::FILE* out,
                         Launcher* launcher = nullptr);
+
+// Finishes a run whose coordinator died or failed (`msaflow resume`): the same pipeline and
+// machine, rounds replayed from the NAM, and every task whose done object is in the NAM
+// reused, not run again; the rest run as they would have. Throws kInvalidInput while the run's
+// coordinator is alive. A finished run is left as it is (returns false).
+bool ResumeRun(const std::string& run_dir, const RunOptions& opt, std::FILE* out, Launcher* launcher = nullptr);
 
 // The NAM a run uses: the pipeline's URI, else the machine's, else "serve" (a server the run
 // starts, persisting to <runs>/nam) when the machine asks for one, else file://<runs>/nam.
@@ -45,7 +50,5 @@ std::string NewRunId(const std::string& name);
 // file's modification time), or "" when there is none. Unreadable results files are skipped.
 std::string LastResults(const std::string& runs_dir, const std::string& name);
 
-// Prints the state of a run directory (journal + results). Throws kNotFound / kCorrupt.
-void PrintStatus(const std::string& run_dir, std::FILE* out);
 
 }  // namespace msaflow::orchestrator

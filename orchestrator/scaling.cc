@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/version.h"
 #include "common/files.h"
 #include "orchestrator/run.h"
 
@@ -148,7 +149,7 @@ std::string RunScaling(const workflow::Pipeline& p, const Machine& m, const Scal
                                "msaflow {}.\n\n",
                                opt.weak ? "Weak" : "Strong", p.name, machine["host"].get<std::string>(),
                                machine["cores"].get<unsigned>(), machine["cpu"].get<std::string>(),
-                               machine["date"].get<std::string>(), "0.1.0");
+                               machine["date"].get<std::string>(), kVersion);
   md += opt.weak ? "Weak scaling: the data grows with the ranks; efficiency = T(first) / T(ranks).\n\n"
                  : "Strong scaling: the same data at every rank count; speed-up = T(first) / T(ranks), "
                    "efficiency = speed-up x first / ranks.\n\n";

@@ -558,6 +558,11 @@ void SlurmLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
         event("slurm-interrupted", {{"round", plan.round}, {"signal", sig}, {"jobs", jobs}, {"message", msg}});
         Throw(ErrorKind::kTaskFailed, msg);
       }
+      if (std::string dead = obs.check ? obs.check() : ""; !dead.empty()) {
+        for (const auto& j : jobs) runner_->Cancel(j);
+        event("slurm-cancelled", {{"round", plan.round}, {"jobs", jobs}, {"message", dead}});
+        Throw(ErrorKind::kUnavailable, dead + fmt::format("; the round's Slurm job(s) were cancelled"));
+      }
       Progress pr = ReadProgress(sp.progress);
       for (const Task& t : todo) {
         if (pr.started.count(t.id) && !announced.count(t.id)) {

@@ -22,7 +22,7 @@ PY
 # alone runs every suite, MPI and Slurm included: CI's 30 minutes do not hold them twice), the
 # NAM tests under TSan, and every fuzzer over its corpus for a few seconds.
 if [[ ${MSAFLOW_SANITIZE:-1} == 1 ]]; then
-  asan_tests="common pipeline nam nam_server kernels fpga datasets planner modules slurm cli nam_server_processes end_to_end"
+  asan_tests="common pipeline nam nam_server kernels fpga datasets planner journal modules slurm cli nam_server_processes end_to_end"
   for part in "asan $asan_tests" "tsan" "fuzz 3"; do
     if scripts/sanitize.sh $part; then
       echo "sanitize ${part%% *}: passed"

@@ -38,5 +38,8 @@ std::string ResultObject(const std::string& run, int round, const std::string& c
   return RunRound("result", run, round) + "/" + cand;
 }
 std::string BestObject(const std::string& run, int round) { return RunRound("best", run, round); }
+std::string TaskDoneObject(const std::string& run, int round, const std::string& step) {
+  return RunRound("done", run, round) + "/" + step;
+}
 
 }  // namespace msaflow::workflow

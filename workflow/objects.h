@@ -24,5 +24,8 @@ std::string TrainedObject(const std::string& run, int round);    // trained/<run
 std::string EvaluatedObject(const std::string& run, int round);  // evaluated/<run>/<round>: the farm's figures
 std::string ResultObject(const std::string& run, int round, const std::string& cand);
 std::string BestObject(const std::string& run, int round);
+// done/<run>/<round>/<step>: written last by a step that succeeded, listing the objects it
+// committed. A resumed run never runs a task whose done object exists.
+std::string TaskDoneObject(const std::string& run, int round, const std::string& step);
 
 }  // namespace msaflow::workflow

@@ -1,5 +1,6 @@
 #include "workflow/task.h"
 
+#include "common/checksum.h"
 #include "common/error.h"
 #include "workflow/fpga_config.h"
 
@@ -107,6 +108,12 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
   if (body.contains("gres")) t.gres = Field(body, "gres", origin, json::value_t::string).get<std::string>();
   if (body.contains("fpga")) t.fpga = FpgaConfigFromJson(body["fpga"], origin + ": fpga", "/");
   return t;
+}
+
+std::string TaskKey(const nlohmann::json& body) {
+  nlohmann::json b = body;
+  if (b.is_object()) b.erase("nam");
+  return ChecksumHex(b.dump());
 }
 
 }  // namespace msaflow::workflow

@@ -51,6 +51,9 @@ struct TaskSpec {
 
 // Throws Error(kInvalidInput) "<origin>: <field>: <problem>" for anything missing or mistyped.
 TaskSpec ParseTask(const nlohmann::json& body, const std::string& origin);
+// The task's content key: a checksum of its body without the NAM address (which a resumed run's
+// new NAM server changes). Equal keys mean the same work on the same inputs.
+std::string TaskKey(const nlohmann::json& body);
 TrainLayout TrainLayoutFromJson(const nlohmann::json& j, const std::string& where);
 
 }  // namespace msaflow::workflow

@@ -230,8 +230,8 @@ class Cli(TempDirCase):
         run = os.path.join(self.dir, "run")
         os.makedirs(run)
         head = '{"format":"msaflow.journal/1"}\n{"event":"run-start","run":"r"}\n'
-        for bad, line, what in (('{"event":"round-end","champion":"c"}', 3, "'\"round-end\"' event"),
-                                ('{"event":"round-start","round":"one"}', 3, "'\"round-start\"' event"),
+        for bad, line, what in (('{"event":"round-end","champion":"c"}', 3, "a malformed 'round-end' event"),
+                                ('{"event":"round-start","round":"one"}', 3, "a malformed 'round-start' event"),
                                 ('[1, 2]', 3, "not a JSON object")):
             with open(os.path.join(run, "journal.jsonl"), "w") as f:
                 f.write(head + bad + "\n")

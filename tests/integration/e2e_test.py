@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import tempfile
 import unittest
 
@@ -73,12 +74,17 @@ class EndToEnd(unittest.TestCase):
             kept = [c for c in r2["candidates"] if c["round"] == 1]
             self.assertEqual(len(kept), 2)
             self.assertEqual(len([c for c in r2["candidates"] if c["round"] == 2]), 4)
-            # The run started its own NAM server (the local machine asks for one), and stopped it.
+            # The run started the runs directory's NAM server (the local machine asks for one),
+            # which stopped once no run used it.
             self.assertTrue(res["nam"].startswith("fabric://127.0.0.1:"), res["nam"])
-            self.assertFalse(os.path.exists(os.path.join(d, "e2e", "nam-server.json")))
-            with open(os.path.join(d, "e2e", "logs", "nam-server.log")) as f:
+            deadline = time.monotonic() + 2
+            while os.path.exists(os.path.join(d, "nam-server.json")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertFalse(os.path.exists(os.path.join(d, "nam-server.json")))
+            with open(os.path.join(d, "nam-server.log")) as f:
                 log = f.read()
             self.assertIn("serving " + res["nam"], log)
+            self.assertIn("no run uses this server any more", log)
             self.assertIn("stopping:", log)
             down = subprocess.run([EXE, "nam", "ls", "--nam", res["nam"] + "?timeout=1"], capture_output=True, text=True)
             self.assertEqual(down.returncode, 8, down.stdout)

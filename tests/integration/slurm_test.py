@@ -302,6 +302,52 @@ class Slurm(TempDirCase):
         self.assertEqual(squeue(), "")
         self.assertEqual(leftovers(rd), [])
 
+    def test_a_coordinator_killed_during_hetjob_rounds_is_resumed_and_reattaches(self):
+        # Issue 13: three SIGKILLs of the coordinator while a round's hetjob runs; each resume
+        # waits for the job the dead coordinator left (not submitting its tasks again), reuses
+        # what it finished, and the run ends with the local launcher's champion.
+        import random
+        doc = pipeline("slurm-resume", rounds=1)
+        p = self.write("p.json", doc)
+        local = self.run_msaflow("run", p, "--runs", os.path.join(self.dir, "local"), "--run-id", "l",
+                                 "--machine", "local")
+        self.assertEqual(local.returncode, 0, local.stderr)
+        with open(os.path.join(self.dir, "local", "l", "results.json")) as f:
+            expected = json.load(f)["champion"]["candidate"]["id"]
+        runs = os.path.join(self.dir, "runs")
+        rd = os.path.join(runs, "k")
+        rng = random.Random(int(os.environ.get("MSAFLOW_RESUME_SEED", random.randrange(1 << 30))))
+        cmd = [EXE, "run", p, "--runs", runs, "--run-id", "k", "--machine", MACHINE]
+        for kill in range(3):
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            jobs_before = sum(e["event"] == "slurm-job" for e in events(rd))
+            deadline = time.time() + 180
+            while time.time() < deadline and sum(e["event"] == "slurm-job" for e in events(rd)) <= jobs_before:
+                self.assertIsNone(proc.poll(), "the run ended before a round's job was submitted")
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0.5, 4.0))  # the job queued or its steps running
+            proc.kill()
+            proc.wait()
+            st = self.run_msaflow("status", rd)
+            self.assertEqual(st.returncode, 1, st.stdout + st.stderr)
+            self.assertIn("state: interrupted", st.stdout)
+            cmd = [EXE, "resume", rd]
+        r = self.run_msaflow(*cmd[1:])
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        self.assertEqual(self.results("k")["champion"]["candidate"]["id"], expected)
+        ev = events(rd)
+        self.assertEqual(sum(e["event"] == "slurm-reattached" for e in ev), 3)
+        done = set()
+        for e in ev:
+            if e["event"] == "task-start":
+                self.assertNotIn(e["task"], done, "a completed task ran again")
+            if e["event"] in ("task-end", "task-reused"):
+                done.add(e["task"])
+        deadline = time.time() + 60
+        while time.time() < deadline and squeue():
+            time.sleep(0.5)
+        self.assertEqual(squeue(), "")
+
     def test_an_interrupted_coordinator_cancels_its_jobs(self):
         p = self.write("p.json", pipeline("slurm-int", rounds=1))
         runs = os.path.join(self.dir, "runs")

@@ -1,0 +1,153 @@
+#include "orchestrator/journal.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <ctime>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/strings.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+using nlohmann::json;
+
+}  // namespace
+
+std::string JournalTime() {
+  std::time_t t = std::time(nullptr);
+  char ts[32];
+  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return ts;
+}
+
+JournalWriter JournalWriter::Create(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST) Throw(ErrorKind::kInvalidInput, path + " already exists");
+    ThrowErrno("create " + path);
+  }
+  ::close(fd);
+  AppendLineSynced(path, json{{"format", kJournalFormat}, {"time", JournalTime()}}.dump());
+  return JournalWriter(path);
+}
+
+JournalWriter JournalWriter::Append(const std::string& path) {
+  std::string text = ReadFile(path);
+  ParseJournal(text, path);  // refuses to append to something that is not a journal
+  if (!text.empty() && text.back() != '\n') AppendLineSynced(path, "");  // ends a torn line
+  return JournalWriter(path);
+}
+
+void JournalWriter::Event(const std::string& event, json fields) const {
+  fields["event"] = event;
+  fields["time"] = JournalTime();
+  AppendLineSynced(path_, fields.dump());
+}
+
+Journal ParseJournal(const std::string& text, const std::string& where) {
+  Journal j;
+  size_t start = 0, lineno = 0;
+  bool first = true;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    const bool last_unended = end == std::string::npos;
+    if (last_unended) end = text.size();
+    ++lineno;
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty()) continue;
+    json e = json::parse(line, nullptr, false);
+    if (e.is_discarded() && last_unended && !first) {  // a crash mid-write: the line never ended
+      j.torn_tail = true;
+      break;
+    }
+    const std::string at = where + ":" + std::to_string(lineno) + ": ";
+    if (e.is_discarded()) Throw(ErrorKind::kCorrupt, at + "not a JSON line");
+    if (!e.is_object()) Throw(ErrorKind::kCorrupt, at + "not a JSON object");
+    if (first) {
+      if (!e.contains("format") || e["format"] != kJournalFormat)
+        Throw(ErrorKind::kCorrupt, at + "expected format " + std::string(kJournalFormat));
+      first = false;
+      continue;
+    }
+    if (!e.contains("event") || !e["event"].is_string())
+      Throw(ErrorKind::kCorrupt, at + "an event without its \"event\" name");
+    j.events.push_back({lineno, e["event"].get<std::string>(), std::move(e)});
+  }
+  if (first) Throw(ErrorKind::kCorrupt, where + ":1: expected format " + std::string(kJournalFormat));
+  return j;
+}
+
+Journal ReadJournal(const std::string& path) { return ParseJournal(ReadFile(path), path); }
+
+Coordinator ThisCoordinator() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return {static_cast<int64_t>(::getpid()), host};
+}
+
+RunSummary Summarize(const Journal& j, const std::string& where) {
+  RunSummary s;
+  for (const auto& e : j.events) try {
+    const json& f = e.fields;
+    auto coordinator = [&] {
+      if (f.contains("coordinator")) {
+        s.coordinator.pid = f["coordinator"].at("pid").get<int64_t>();
+        s.coordinator.host = f["coordinator"].at("host").get<std::string>();
+      }
+    };
+    if (e.event == "run-start") {
+      s.run = f.value("run", "");
+      s.pipeline = f.value("pipeline", "");
+      s.machine = f.value("machine", "");
+      s.machine_source = f.value("machine_source", "");
+      s.launcher = f.value("launcher", "local");
+      s.nam = f.value("nam", "");
+      coordinator();
+    } else if (e.event == "resume") {
+      ++s.resumes;
+      s.failed = false;
+      s.error.clear();
+      s.last_started.clear();
+      coordinator();
+    } else if (e.event == "task-start") {
+      const std::string t = f.at("task").get<std::string>();
+      ++s.starts[t];
+      s.last_started = t;
+      s.started[t] = f.value("time", "");
+    } else if (e.event == "task-end" || e.event == "task-reused") {
+      const std::string t = f.at("task").get<std::string>();
+      s.tasks_done.insert(t);
+      if (e.event == "task-end") s.seconds[t] = f.value("seconds", 0.0);
+      if (s.last_started == t) s.last_started.clear();
+    } else if (e.event == "nam-server") {
+      s.nam_slurm_job = f.value("slurm_job", "");
+    } else if (e.event == "slurm-job") {
+      s.slurm_jobs.push_back(f.at("job").get<std::string>());
+    } else if (e.event == "slurm-end" || e.event == "slurm-interrupted" || e.event == "slurm-cancelled" ||
+               e.event == "slurm-reattached") {
+      s.slurm_jobs.clear();
+    } else if (e.event == "round-end") {
+      s.rounds_ended = std::max(s.rounds_ended, f.at("round").get<int>());
+    } else if (e.event == "run-failed") {
+      s.failed = true;
+      s.error = f.value("error", "");
+    } else if (e.event == "run-end") {
+      s.finished = true;
+      s.finish = fmt::format("champion {} accuracy {:.4f} ({})", f.value("champion", ""), f.value("accuracy", 0.0),
+                             f.value("stop", ""));
+    }
+  } catch (const json::exception& x) {
+    // A field missing or of the wrong type: the journal was edited or damaged.
+    Throw(ErrorKind::kCorrupt, where + ":" + std::to_string(e.line) + ": a malformed '" + Printable(e.event, 40) +
+                                   "' event (" + x.what() + ")");
+  }
+  return s;
+}
+
+}  // namespace msaflow::orchestrator

@@ -1,0 +1,83 @@
+// A run's journal, runs/<id>/journal.jsonl (docs/formats.md): one JSON object per line, the
+// first naming the format, each later one an event with its time. Appended and fsynced one line
+// at a time from the first moment of a run, so a coordinator killed at any point leaves a
+// journal that says how far it got; `status`, `resume` and `submit --wait` read it here, and
+// only here.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace msaflow::orchestrator {
+
+inline constexpr char kJournalFormat[] = "msaflow.journal/1";
+
+// "2026-11-23T18:51:13Z": the journal's time stamps.
+std::string JournalTime();
+
+class JournalWriter {
+ public:
+  // A new journal: its format line. Throws kInvalidInput when `path` exists.
+  static JournalWriter Create(const std::string& path);
+  // An existing journal, for a resumed run. A last line torn by a crash mid-write is ended
+  // first, so the next event starts a line of its own.
+  static JournalWriter Append(const std::string& path);
+  // Appends {"event": ..., "time": ..., fields...} and fsyncs. Throws kIo (disk full).
+  void Event(const std::string& event, nlohmann::json fields) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit JournalWriter(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+struct JournalEvent {
+  size_t line = 0;  // 1-based line in the file
+  std::string event;
+  nlohmann::json fields;
+};
+
+struct Journal {
+  std::vector<JournalEvent> events;  // the format line excluded
+  bool torn_tail = false;            // the last line was cut short (a crash mid-write) and is left out
+};
+
+// Parses a journal's text. `where` names it in errors: "<where>:<line>: not a JSON object".
+// Only a last line without its newline may be unreadable (torn_tail); anything else throws
+// kCorrupt.
+Journal ParseJournal(const std::string& text, const std::string& where);
+Journal ReadJournal(const std::string& path);  // + kNotFound
+
+// The coordinator process of a run, as the journal records it (run-start, resume).
+struct Coordinator {
+  int64_t pid = 0;
+  std::string host;
+  nlohmann::json ToJson() const { return {{"pid", pid}, {"host", host}}; }
+};
+Coordinator ThisCoordinator();
+
+// What a journal says about its run.
+struct RunSummary {
+  std::string run, pipeline, machine, machine_source, launcher, nam;
+  Coordinator coordinator;  // the latest one (the run's, or its last resume's)
+  int resumes = 0;
+  bool finished = false, failed = false;
+  std::string error;       // of the last run-failed (cleared by a later resume)
+  std::string finish;      // "champion X accuracy 0.8850 (max rounds reached)"
+  int rounds_ended = 0;    // the highest round with a round-end
+  std::string last_started;  // the last task started and not ended
+  std::set<std::string> tasks_done;      // ended (task-end) or found done (task-reused)
+  std::map<std::string, int> starts;     // task id -> how many times it was started
+  std::map<std::string, double> seconds; // task id -> its wall time (task-end)
+  std::map<std::string, std::string> started;  // task id -> when it last started (task-start time)
+  std::vector<std::string> slurm_jobs;   // submitted and not seen to end (the last round's)
+  std::string nam_slurm_job;             // the Slurm job of the last NAM server started for the run
+};
+// Throws kCorrupt naming the line of an event that lacks a field it needs.
+RunSummary Summarize(const Journal& j, const std::string& where);
+
+}  // namespace msaflow::orchestrator

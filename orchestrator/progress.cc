@@ -1,0 +1,100 @@
+#include "orchestrator/progress.h"
+
+namespace msaflow::orchestrator {
+
+using nlohmann::json;
+
+void ProgressPrinter::Line(const std::string& text) const {
+  std::fprintf(out_, "%s\n", text.c_str());
+  std::fflush(out_);
+}
+
+void ProgressPrinter::RoundStart(int round, int64_t max_rounds, size_t fresh, size_t kept) const {
+  std::fprintf(out_, "\n== round %d/%lld: %zu new candidates, %zu kept ==\n", round, static_cast<long long>(max_rounds),
+               fresh, kept);
+  std::fflush(out_);
+}
+
+void ProgressPrinter::TaskStart(const Task& t) const {
+  std::fprintf(out_, "  %-8s on %-3s (%lld rank%s) ...\n", t.step.c_str(), t.module.c_str(),
+               static_cast<long long>(t.ranks), t.ranks > 1 ? "s" : "");
+  std::fflush(out_);
+}
+
+void ProgressPrinter::TaskOutput(const Task&, const std::string& line) const {
+  std::fprintf(out_, "      %s\n", line.c_str());
+  std::fflush(out_);
+}
+
+void ProgressPrinter::TaskEnd(const Task& t, double seconds) const {
+  std::fprintf(out_, "  %-8s done in %.1f s\n", t.step.c_str(), seconds);
+  std::fflush(out_);
+}
+
+void ProgressPrinter::TaskReused(const Task& t, size_t outputs) const {
+  std::fprintf(out_, "  %-8s done before the run was resumed (%zu output%s committed); not run again\n", t.step.c_str(),
+               outputs, outputs == 1 ? "" : "s");
+  std::fflush(out_);
+}
+
+void ProgressPrinter::LauncherEvent(const std::string& ev, const json& fields) const {
+  if (ev == "slurm-job") {
+    std::string comps;
+    for (const auto& c : fields.at("components"))
+      comps += (comps.empty() ? "" : ", ") + c.at("id").get<std::string>() + " " + c.at("module").get<std::string>() +
+               "@" + c.at("partition").get<std::string>();
+    std::fprintf(out_, "  slurm %s job %s: %s\n", fields.at("mode").get<std::string>().c_str(),
+                 fields.at("job").get<std::string>().c_str(), comps.c_str());
+  } else if (ev == "slurm-end") {
+    std::fprintf(out_, "  slurm jobs ended %s\n", fields.at("state").get<std::string>().c_str());
+  } else if (ev == "slurm-retry") {
+    std::fprintf(out_, "  slurm-retry: %s\n", fields.value("message", "").c_str());
+  }
+  std::fflush(out_);
+}
+
+void ProgressPrinter::RoundTable(const Pipeline& p, int round, const RoundOutcome& o) const {
+  const json& best = o.best;
+  std::fprintf(out_, "\n  %-8s %-12s %-42s %8s %8s   (%s)\n", "cand", "backbone", "head", "acc", "loss",
+               p.select_on.c_str());
+  for (const auto& e : best.at("all")) {
+    Candidate c = CandidateFromJson(e.at("candidate"));
+    std::fprintf(out_, "  %-8s %-12s %-42s %8.4f %8.4f%s\n", c.id.c_str(), c.backbone.c_str(), HeadLabel(c.head).c_str(),
+                 e.at("accuracy").get<double>(), e.at("loss").get<double>(), e.at("round") == round ? "" : "  (kept)");
+  }
+  const json& champ = best.at("champion");
+  std::fprintf(out_, "  best of round %d: %s (%s) accuracy %.4f; features computed %zu, reused %zu%s\n", round,
+               champ.at("candidate").at("id").get<std::string>().c_str(),
+               champ.at("candidate").at("backbone").get<std::string>().c_str(), champ.at("accuracy").get<double>(),
+               o.prepared.at("computed").size(), o.prepared.at("reused").size(),
+               o.prepared.at("computed").empty() ? " (no backbone ran this round)" : "");
+  std::fflush(out_);
+}
+
+void ProgressPrinter::Finish(const Pipeline& p, const RoundLoop& loop, double seconds, const std::string& dir) const {
+  const Ranked& champ = loop.champion();
+  const bool held_out = loop.held_out();
+  if (held_out) {
+    std::fprintf(out_, "\nchampion: %s — %s on %s, chosen on validation accuracy %.4f; test accuracy %.4f (the result; "
+                       "the test split chose nothing) (model %s)\n",
+                 champ.candidate.id.c_str(), HeadLabel(champ.candidate.head).c_str(), champ.candidate.backbone.c_str(),
+                 champ.metric, champ.test.value("accuracy", 0.0), champ.model.c_str());
+  } else {
+    std::fprintf(out_, "\nchampion: %s — %s on %s, test accuracy %.4f (model %s)\n"
+                       "  note: selected on the test split (select_on \"test\"), so this accuracy is optimistic: the "
+                       "same data chose the model\n",
+                 champ.candidate.id.c_str(), HeadLabel(champ.candidate.head).c_str(), champ.candidate.backbone.c_str(),
+                 champ.metric, champ.model.c_str());
+  }
+  std::fprintf(out_, "best per backbone (%s accuracy%s):", p.select_on.c_str(), held_out ? "; test accuracy" : "");
+  for (const auto& [k, v] : loop.best_per_backbone().items()) {
+    std::fprintf(out_, " %s %.4f", k.c_str(), v.at(p.select_on + "_accuracy").get<double>());
+    if (held_out && v.contains("test_accuracy")) std::fprintf(out_, " / %.4f", v["test_accuracy"].get<double>());
+    std::fprintf(out_, ";");
+  }
+  std::fprintf(out_, "\nstopped: %s; %.1f s; results in %s/results.json\n", loop.stop_reason().c_str(), seconds,
+               dir.c_str());
+  std::fflush(out_);
+}
+
+}  // namespace msaflow::orchestrator

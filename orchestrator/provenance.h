@@ -1,0 +1,25 @@
+// provenance.json (docs/formats.md): how a run reached its champion — per round, every task
+// (module, ranks, the hosts its ranks ran on, when it started, its seconds, the bytes it moved to
+// and from the NAM, its key, whether it ran or was reused) and every candidate (backbone, head,
+// model object, result object, accuracy), then the champion. Built from the tasks' done objects
+// in the NAM, so a resumed run's provenance covers what its dead coordinator finished too.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "orchestrator/planner.h"
+#include "orchestrator/rounds.h"
+
+namespace msaflow::orchestrator {
+
+inline constexpr char kProvenanceFormat[] = "msaflow.provenance/1";
+
+// One task's entry, from its done object's body (workflow::TaskDoneObject).
+nlohmann::json ProvenanceTask(const Task& t, const nlohmann::json& done, const std::string& how, double seconds,
+                              const std::string& started);
+// One round's entry: its tasks, its candidates with their models and results, its champion.
+nlohmann::json ProvenanceRound(int round, nlohmann::json tasks, const RoundOutcome& o);
+
+}  // namespace msaflow::orchestrator

@@ -1,0 +1,300 @@
+#!/usr/bin/python3
+"""Runs that survive failure (issue 13): a coordinator killed (SIGKILL) at random moments is
+resumed to the champion an uninterrupted run finds, no completed task runs twice, no process
+outlives its coordinator by more than 2 s; a dead NAM server fails the run within 2 s, naming it;
+`status` tells running, interrupted, failed and finished apart by its exit code."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from small_pipeline import small_pipeline  # noqa: E402
+from tmpdir_case import TempDirCase  # noqa: E402
+
+EXE, ROOT = sys.argv[1], sys.argv[2]
+KILLS = int(os.environ.get("MSAFLOW_RESUME_KILLS", "20"))
+
+
+def msaflow(*args):
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=300)
+
+
+def tiny_pipeline(name):
+    """Two rounds of four candidates on PP-OCRv4 and raw pixels, 400/200 images: every step of
+    the workflow, MPI steps included, in about 20 s."""
+    doc = small_pipeline(ROOT, name, rounds=2)
+    doc["datasets"]["train"]["limit"] = 400
+    doc["datasets"]["test"]["limit"] = 200
+    doc["backbones"] = [b for b in doc["backbones"] if b["name"] in ("ppocrv4", "pixels")]
+    return doc
+
+
+def processes_of(run_dir):
+    """Processes whose command line names the run directory: steps, mpirun, the NAM server."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if run_dir in cmd:
+            out.append(f"{pid}: {cmd}")
+    return out
+
+
+def journal(run_dir):
+    with open(os.path.join(run_dir, "journal.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()][1:]
+
+
+def champion(run_dir):
+    with open(os.path.join(run_dir, "results.json")) as f:
+        r = json.load(f)
+    return r["champion"]["candidate"]["id"], r["champion"]["accuracy"], r["result"]["accuracy"]
+
+
+class Resume(TempDirCase):
+    def assert_no_task_ran_twice(self, run_dir):
+        done = set()
+        ends = {}
+        for e in journal(run_dir):
+            t = e.get("task")
+            if e["event"] == "task-start":
+                self.assertNotIn(t, done, f"{run_dir}: task {t} started again after it was done")
+            if e["event"] in ("task-end", "task-reused"):
+                done.add(t)
+            if e["event"] == "task-end":
+                ends[t] = ends.get(t, 0) + 1
+        self.assertTrue(all(n == 1 for n in ends.values()), ends)
+        return done
+
+    def assert_provenance(self, run_dir, champion_id):
+        """provenance.json covers every task of every round, those an earlier coordinator
+        finished included: where it ran, its key, the bytes it moved; then the candidates."""
+        with open(os.path.join(run_dir, "provenance.json")) as f:
+            prov = json.load(f)
+        self.assertEqual(prov["format"], "msaflow.provenance/1")
+        self.assertEqual([r["round"] for r in prov["rounds"]], [1, 2])
+        steps = ("load", "prepare", "train", "store", "evaluate", "select")
+        for r in prov["rounds"]:
+            self.assertEqual([t["task"] for t in r["tasks"]], [f"r{r['round']}-{s}" for s in steps])
+            for t in r["tasks"]:
+                self.assertEqual(t["hosts"], [os.uname().nodename], t)
+                self.assertRegex(t["key"], "^[0-9a-f]{16}$")
+            train = r["tasks"][2]
+            self.assertEqual(train["ranks"], 2)
+            self.assertGreater(train["nam_bytes"]["got"], 0)  # the features it trained on
+            self.assertGreater(train["nam_bytes"]["put"], 0)  # the heads it staged
+            self.assertTrue(all(c["model"].startswith("model/") and c["result"].startswith("result/")
+                                for c in r["candidates"]))
+        self.assertEqual(prov["champion"]["candidate"], champion_id)
+
+    def assert_gone_within_2_s(self, runs, what):
+        """No process names the runs directory 2 s from now (steps, mpirun, its NAM server)."""
+        deadline = time.monotonic() + 2.0
+        while processes_of(runs + "/") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(processes_of(runs + "/"), [], what)
+
+    def kill_and_check(self, proc, runs):
+        """SIGKILL the coordinator; every process of its run (steps, mpirun, and the runs
+        directory's NAM server, which only this run used) must be gone within 2 s."""
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        self.assert_gone_within_2_s(runs, "processes outlived their coordinator by more than 2 s")
+
+    def test_killed_at_random_moments_resume_finishes_with_the_same_champion(self):
+        doc = tiny_pipeline("resume")
+        path = self.write("p.json", doc)
+        full = os.path.join(self.dir, "runs-full")
+        r = msaflow("run", path, "--runs", full, "--run-id", "full")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        expected = champion(os.path.join(full, "full"))
+        self.assertEqual(msaflow("status", os.path.join(full, "full")).returncode, 0)
+
+        seed = int(os.environ.get("MSAFLOW_RESUME_SEED", random.randrange(1 << 30)))
+        rng = random.Random(seed)
+        print(f"kill moments drawn with seed {seed} (MSAFLOW_RESUME_SEED)", flush=True)
+        kills = chains = 0
+        while kills < KILLS:
+            # A chain: run, kill, resume, kill, ... then resume to the end. Its own runs
+            # directory, so that its first prepare computes features (and can be killed doing so).
+            chains += 1
+            runs = os.path.join(self.dir, f"runs-{chains}")
+            run_dir = os.path.join(runs, "chain")
+            cmd = [EXE, "run", path, "--runs", runs, "--run-id", "chain"]
+            while True:
+                log = os.path.join(self.dir, f"chain-{chains}-{kills}.log")
+                with open(log, "w") as f:
+                    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+                if kills >= KILLS:
+                    self.assertEqual(proc.wait(timeout=300), 0, f"the last resume of chain {chains} failed")
+                    break
+                try:
+                    proc.wait(timeout=rng.uniform(0.2, 4.0))
+                    self.assertEqual(proc.returncode, 0, f"chain {chains} failed; see {log}")
+                    break  # it finished before the kill
+                except subprocess.TimeoutExpired:
+                    pass
+                self.kill_and_check(proc, runs)
+                kills += 1
+                if os.path.exists(os.path.join(run_dir, "journal.jsonl")):
+                    st = msaflow("status", run_dir)
+                    self.assertEqual(st.returncode, 1, st.stdout + st.stderr)
+                    self.assertIn("state: interrupted", st.stdout)
+                    cmd = [EXE, "resume", run_dir]
+                else:  # killed before its run directory appeared: nothing to resume
+                    self.assertFalse(os.path.exists(run_dir), "a run directory without a journal")
+                    cmd = [EXE, "run", path, "--runs", runs, "--run-id", "chain"]
+            self.assertEqual(champion(run_dir), expected, f"chain {chains} (kill seed {seed})")
+            self.assert_no_task_ran_twice(run_dir)
+            self.assert_provenance(run_dir, expected[0])
+            self.assertEqual(msaflow("status", run_dir).returncode, 0)
+        print(f"{kills} kills over {chains} chain(s), every one resumed to champion {expected[0]}", flush=True)
+
+    def test_a_dead_nam_server_fails_the_run_within_2_s_naming_it(self):
+        doc = tiny_pipeline("namdies")
+        doc["head"]["epochs"] = [400]  # a train step long enough to kill the server in
+        runs = os.path.join(self.dir, "runs")
+        run_dir = os.path.join(runs, "dies")
+        proc = subprocess.Popen([EXE, "run", self.write("p.json", doc), "--runs", runs, "--run-id", "dies"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        server = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            if os.path.exists(os.path.join(run_dir, "journal.jsonl")):
+                events = journal(run_dir)
+                pids = [e["pid"] for e in events if e["event"] == "nam-server"]
+                if pids and any(e["event"] == "task-start" and e["task"] == "r1-train" for e in events):
+                    server = pids[0]
+                    break
+            time.sleep(0.05)
+        self.assertIsNotNone(server, "the train step never started")
+        time.sleep(0.5)
+        os.kill(server, signal.SIGKILL)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - t0
+        self.assertEqual(proc.returncode, 8, out[-2000:] + err)
+        self.assertIn(f"the run's NAM server (fabric://127.0.0.1:", err)
+        self.assertIn(f"pid {server}) killed by signal 9", err)
+        self.assertLess(elapsed, 2.0, err)
+        st = msaflow("status", run_dir)
+        self.assertEqual(st.returncode, 1, st.stdout)
+        self.assertIn("state: failed: the run's NAM server", st.stdout)
+
+    def test_two_runs_started_at_once_in_one_runs_directory_both_finish(self):
+        # They share the runs directory's NAM server: one starts it, the other attaches; it
+        # stops once neither uses it.
+        doc = tiny_pipeline("side")
+        doc["rounds"]["max"] = 1
+        path = self.write("p.json", doc)
+        runs = os.path.join(self.dir, "runs")
+        procs = [subprocess.Popen([EXE, "run", path, "--runs", runs, "--run-id", rid], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for rid in ("a", "b")]
+        for p in procs:
+            out, _ = p.communicate(timeout=300)
+            self.assertEqual(p.returncode, 0, out[-3000:])
+        servers = [[e for e in journal(os.path.join(runs, rid)) if e["event"] == "nam-server"][0] for rid in ("a", "b")]
+        self.assertEqual(sorted(s["attached"] for s in servers), [False, True])
+        self.assertEqual(servers[0]["pid"], servers[1]["pid"])
+        self.assertEqual(champion(os.path.join(runs, "a")), champion(os.path.join(runs, "b")))
+        self.assert_gone_within_2_s(runs, "the shared NAM server outlived its last run by 2 s")
+
+    def test_resume_refuses_a_running_run_and_leaves_a_finished_one(self):
+        doc = tiny_pipeline("twice")
+        doc["rounds"]["max"] = 1
+        path = self.write("p.json", doc)
+        runs = os.path.join(self.dir, "runs")
+        run_dir = os.path.join(runs, "one")
+        proc = subprocess.Popen([EXE, "run", path, "--runs", runs, "--run-id", "one"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        while not os.path.exists(os.path.join(run_dir, "journal.jsonl")):
+            self.assertIsNone(proc.poll())
+            time.sleep(0.05)
+        st = msaflow("status", run_dir)
+        self.assertEqual(st.returncode, 75, st.stdout)
+        self.assertIn(f"state: running (coordinator pid {proc.pid}", st.stdout)
+        r = msaflow("resume", run_dir)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn(f"is still running (coordinator pid {proc.pid})", r.stderr)
+        self.assertEqual(proc.wait(timeout=300), 0)
+        r = msaflow("resume", run_dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("finished already: champion", r.stdout)
+        r = msaflow("run", path, "--runs", runs, "--run-id", "one")
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("already holds a run; continue it with `msaflow resume", r.stderr)
+
+
+class Why(TempDirCase):
+    def test_why_names_a_changed_hyper_parameter_dataset_and_backbone_file(self):
+        import gzip
+        import shutil
+        import onnx
+        doc = tiny_pipeline("why")
+        doc["rounds"]["max"] = 1
+        doc["backbones"] = [b for b in doc["backbones"] if b["name"] == "ppocrv4"]
+        model = os.path.join(self.dir, "model.onnx")
+        shutil.copy(doc["backbones"][0]["onnx"], model)
+        doc["backbones"][0]["onnx"] = model
+        images = os.path.join(self.dir, "train-images.gz")
+        shutil.copy(doc["datasets"]["train"]["images"], images)
+        doc["datasets"]["train"]["images"] = images
+        runs = os.path.join(self.dir, "runs")
+
+        def run(rid):
+            r = msaflow("run", self.write("p.json", doc), "--runs", runs, "--run-id", rid)
+            self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr)
+
+        def why(rid, task):
+            r = msaflow("why", os.path.join(runs, rid), task)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return r.stdout
+
+        run("a")
+        self.assertIn("r1-train in run a: ran", why("a", "r1-train"))
+        self.assertIn("no earlier run", why("a", "r1-train"))
+        # A hyper-parameter.
+        doc["head"]["lr"] = [0.002, 0.003]
+        run("b")
+        out = why("b", "r1-train")
+        self.assertIn("compared with run a", out)
+        self.assertIn("changed: task file /pipeline/head/lr/0: 0.001 -> 0.002", out)
+        self.assertNotIn("changed: dataset", out)
+        # A dataset file's content, under the same name: one pixel of the first image.
+        with gzip.open(images) as f:
+            data = bytearray(f.read())
+        data[16] ^= 0xFF
+        with gzip.open(images, "wb", compresslevel=1) as f:
+            f.write(bytes(data))
+        run("c")
+        out = why("c", "r1-prepare")
+        self.assertIn("compared with run b", out)
+        self.assertRegex(out, r"changed: dataset train \(its files' content\): \"[0-9a-f]+\" -> \"[0-9a-f]+\"")
+        self.assertNotIn("changed: backbone", out)
+        self.assertIn("nothing in its key changed", why("c", "r1-load"))
+        # The backbone's model file.
+        m = onnx.load(model)
+        m.producer_name = "edited"
+        onnx.save(m, model)
+        run("d")
+        out = why("d", "r1-load")
+        self.assertIn("compared with run c", out)
+        self.assertIn("changed: backbone ppocrv4 (model file, cut or input)", out)
+        self.assertIn("changed: backbone ppocrv4", why("d", "r1-prepare"))
+        r = msaflow("why", os.path.join(runs, "d"), "r7-train")
+        self.assertEqual(r.returncode, 4)
+        self.assertIn("no task r7-train", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]], verbosity=2)

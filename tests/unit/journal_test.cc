@@ -1,0 +1,243 @@
+// The run's journal (writer, reader, summary), the round loop (stop rule, ranking, results) and
+// the coordinator lock: no module processes, no NAM server.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "nam/mem_store.h"
+#include "orchestrator/coordinator_lock.h"
+#include "orchestrator/journal.h"
+#include "orchestrator/rounds.h"
+#include "orchestrator/why.h"
+#include "workflow/objects.h"
+#include "workflow/task.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+using nlohmann::json;
+
+std::string TempDir(const std::string& name) {
+  std::string d = std::filesystem::temp_directory_path().string() + "/msaflow-journal-test-" + name + "-" +
+                  std::to_string(::getpid());
+  std::filesystem::remove_all(d);
+  MakeDirs(d);
+  return d;
+}
+
+TEST(Journal, WriterAndReaderAgree) {
+  const std::string dir = TempDir("agree");
+  const std::string path = dir + "/journal.jsonl";
+  JournalWriter w = JournalWriter::Create(path);
+  w.Event("run-start", {{"run", "r"}, {"pipeline", "p"}, {"machine_source", "local"},
+                        {"coordinator", ThisCoordinator().ToJson()}});
+  w.Event("task-start", {{"task", "r1-load"}});
+  w.Event("task-end", {{"task", "r1-load"}, {"seconds", 1.5}});
+  w.Event("task-start", {{"task", "r1-prepare"}});
+  EXPECT_THROW(JournalWriter::Create(path), Error);  // never over an existing run's journal
+  Journal j = ReadJournal(path);
+  ASSERT_EQ(j.events.size(), 4u);
+  EXPECT_EQ(j.events[0].line, 2u);
+  EXPECT_FALSE(j.torn_tail);
+  RunSummary s = Summarize(j, path);
+  EXPECT_EQ(s.run, "r");
+  EXPECT_EQ(s.machine_source, "local");
+  EXPECT_EQ(s.coordinator.pid, ::getpid());
+  EXPECT_EQ(s.tasks_done, (std::set<std::string>{"r1-load"}));
+  EXPECT_EQ(s.last_started, "r1-prepare");
+  EXPECT_DOUBLE_EQ(s.seconds.at("r1-load"), 1.5);
+  EXPECT_FALSE(s.finished);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Journal, ATornLastLineIsLeftOutAndEndedBeforeTheNextEvent) {
+  const std::string dir = TempDir("torn");
+  const std::string path = dir + "/journal.jsonl";
+  JournalWriter::Create(path).Event("run-start", {{"run", "r"}});
+  {
+    std::string text = ReadFile(path) + R"({"event":"task-sta)";  // a crash mid-write
+    WriteFileAtomic(path, text);
+  }
+  Journal j = ReadJournal(path);
+  EXPECT_TRUE(j.torn_tail);
+  EXPECT_EQ(j.events.size(), 1u);
+  JournalWriter::Append(path).Event("resume", {{"coordinator", ThisCoordinator().ToJson()}});
+  EXPECT_THROW(ReadJournal(path), Error);  // the torn line, now ended, is in the middle: damage
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Journal, DamageNamesTheLine) {
+  const std::string head = std::string(R"({"format":")") + kJournalFormat + "\"}\n";
+  try {
+    ParseJournal(head + "{\"event\":\"x\"}\n[1]\n{\"event\":\"y\"}\n", "j");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_STREQ(e.what(), "j:3: not a JSON object");
+  }
+  try {
+    ParseJournal(R"({"format":"other/1"})" "\n", "j");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), std::string("j:1: expected format ") + kJournalFormat);
+  }
+  try {
+    Summarize(ParseJournal(head + R"({"event":"task-start","task":7})" "\n", "j"), "j");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("j:2: a malformed 'task-start' event"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Journal, AResumeClearsTheFailureItContinues) {
+  const std::string head = std::string(R"({"format":")") + kJournalFormat + "\"}\n";
+  RunSummary s = Summarize(ParseJournal(head +
+                                            R"({"event":"run-start","run":"r","coordinator":{"pid":10,"host":"a"}})"
+                                            "\n"
+                                            R"({"event":"task-end","task":"r1-load"})"
+                                            "\n"
+                                            R"({"event":"run-failed","error":"boom"})"
+                                            "\n"
+                                            R"({"event":"resume","coordinator":{"pid":11,"host":"b"}})"
+                                            "\n"
+                                            R"({"event":"task-reused","task":"r1-prepare"})"
+                                            "\n",
+                                        "j"),
+                           "j");
+  EXPECT_FALSE(s.failed);
+  EXPECT_EQ(s.resumes, 1);
+  EXPECT_EQ(s.coordinator.pid, 11);
+  EXPECT_EQ(s.coordinator.host, "b");
+  EXPECT_EQ(s.tasks_done, (std::set<std::string>{"r1-load", "r1-prepare"}));
+}
+
+TEST(CoordinatorLock, HeldWhileTheHolderLivesAndFreedWhenItDies) {
+  const std::string dir = TempDir("lock");
+  EXPECT_EQ(CoordinatorHolding(dir), 0);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    CoordinatorLock lock(dir);
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(1);
+    ::pause();  // until killed
+    ::_exit(0);
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  EXPECT_EQ(CoordinatorHolding(dir), child);
+  try {
+    CoordinatorLock second(dir);
+    FAIL() << "a second coordinator took the lock";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is still running (coordinator pid " + std::to_string(child) + ")"),
+              std::string::npos)
+        << e.what();
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(CoordinatorHolding(dir), 0);
+  { CoordinatorLock mine(dir); }
+  std::filesystem::remove_all(dir);
+}
+
+Pipeline TwoRounds(double min_delta, int patience) {
+  return workflow::ParsePipeline(
+      R"({"name": "t",
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                 "validation": {"from": "train", "fraction": 0.1}},
+    "backbones": [{"name": "pixels", "kind": "pixels"}],
+    "head": {"type": ["softmax"], "lr": [0.001, 0.01]},
+    "rounds": {"max": 4, "candidates": 2, "top_k": 1, "seed": 9, "min_delta": )" +
+          std::to_string(min_delta) + R"(, "patience": )" + std::to_string(patience) + "}}",
+      "p.json", "/b");
+}
+
+// The select step's best object for `cands` with these validation (and test) accuracies.
+RoundOutcome Outcome(int round, const std::vector<Candidate>& cands, const std::vector<double>& acc) {
+  json all = json::array();
+  for (size_t i = 0; i < cands.size(); ++i)
+    all.push_back({{"candidate", workflow::ToJson(cands[i])}, {"accuracy", acc[i]}, {"loss", 1.0}, {"round", round},
+                   {"model", "model/" + cands[i].id}, {"result", "result/" + cands[i].id},
+                   {"test", {{"accuracy", acc[i] - 0.01}}}});
+  std::sort(all.begin(), all.end(), [](const json& a, const json& b) { return a["accuracy"] > b["accuracy"]; });
+  RoundOutcome o;
+  o.best = {{"all", all}, {"champion", all[0]}, {"top_k", json::array({all[0]})}};
+  o.prepared = {{"computed", json::array()}, {"reused", json::array()}};
+  return o;
+}
+
+TEST(RoundLoop, StopRuleRankingAndResults) {
+  Pipeline p = TwoRounds(0.01, 1);
+  RoundLoop loop(p);
+  auto r1 = loop.Candidates(1);
+  ASSERT_EQ(r1.size(), 2u);
+  EXPECT_FALSE(loop.Absorb(1, Outcome(1, r1, {0.70, 0.80}), {{"round", 1}}));
+  EXPECT_EQ(loop.kept().size(), 1u);
+  EXPECT_EQ(loop.champion().candidate.id, r1[1].id);
+  auto r2 = loop.Candidates(2);
+  // A gain below min_delta, patience 1: the run stops after round 2.
+  EXPECT_TRUE(loop.Absorb(2, Outcome(2, r2, {0.805, 0.60}), {{"round", 2}}));
+  EXPECT_EQ(loop.stop_reason(), "no gain >= 0.01 for 1 round(s)");
+  json results = loop.Results("run", "mem://x", 3.0);
+  EXPECT_EQ(results["rounds"].size(), 2u);
+  EXPECT_EQ(results["champion"]["candidate"]["id"], r2[0].id);
+  EXPECT_DOUBLE_EQ(results["result"]["accuracy"].get<double>(), 0.795);  // its test accuracy, held out
+  EXPECT_FALSE(results["result"]["optimistic"].get<bool>());
+  EXPECT_EQ(results["best_per_backbone"]["pixels"], 0.805);
+}
+
+TEST(RoundLoop, AReplayedRunReachesTheSameCandidates) {
+  // Resume replays finished rounds through a fresh loop: it must plan what the first one did.
+  Pipeline p = TwoRounds(0.0, 5);
+  RoundLoop a(p), b(p);
+  auto r1 = a.Candidates(1);
+  a.Absorb(1, Outcome(1, r1, {0.5, 0.6}), {});
+  b.Absorb(1, Outcome(1, b.Candidates(1), {0.5, 0.6}), {});
+  auto ca = a.Candidates(2), cb = b.Candidates(2);
+  ASSERT_EQ(ca.size(), cb.size());
+  for (size_t i = 0; i < ca.size(); ++i) EXPECT_EQ(workflow::ToJson(ca[i]), workflow::ToJson(cb[i]));
+}
+
+TEST(TaskKey, IgnoresTheNamAddressOnly) {
+  json t = {{"step", "train"}, {"nam", "fabric://127.0.0.1:4000"}, {"round", 1}, {"pipeline", {{"lr", 0.1}}}};
+  json moved = t;
+  moved["nam"] = "fabric://127.0.0.1:5000";
+  EXPECT_EQ(workflow::TaskKey(t), workflow::TaskKey(moved));
+  json changed = t;
+  changed["pipeline"]["lr"] = 0.2;
+  EXPECT_NE(workflow::TaskKey(t), workflow::TaskKey(changed));
+}
+
+TEST(ReadRoundOutcome, DropsTheFarmsTaskLists) {
+  nam::MemStore store("round-outcome");
+  Pipeline p = TwoRounds(0, 1);
+  auto r1 = FirstRound(p);
+  RoundOutcome o = Outcome(1, r1, {0.5, 0.6});
+  store.Put(BestObject("run", 1), o.best.dump(), json::object());
+  store.Put(PreparedObject("run", 1), o.prepared.dump(), json::object());
+  store.Put(workflow::TrainedObject("run", 1), json{{"mode", "sync"}}.dump(), json::object());
+  store.Put(workflow::EvaluatedObject("run", 1),
+            json{{"per_rank", json::array({{{"rank", 0}, {"task_ids", {1, 2}}}})}}.dump(), json::object());
+  RoundOutcome got = ReadRoundOutcome(store, "run", 1);
+  EXPECT_EQ(got.best, o.best);
+  EXPECT_FALSE(got.evaluation["per_rank"][0].contains("task_ids"));
+  EXPECT_THROW(ReadRoundOutcome(store, "run", 2), Error);
+}
+
+TEST(Why, JsonChangesNamesEveryDifferingLeaf) {
+  json a = {{"head", {{"lr", {0.001, 0.003}}, {"type", "softmax"}}}, {"seed", 1}, {"gone", true}};
+  json b = {{"head", {{"lr", {0.002, 0.003}}, {"type", "softmax"}}}, {"seed", 1}, {"new", "x"}};
+  EXPECT_EQ(JsonChanges(a, b), (std::vector<std::string>{"/gone: true -> (none)", "/head/lr/0: 0.001 -> 0.002",
+                                                         "/new: (none) -> \"x\""}));
+  EXPECT_TRUE(JsonChanges(a, a).empty());
+  EXPECT_EQ(JsonChanges(json::array({1, 2}), json::array({1})), (std::vector<std::string>{"/: [1,2] -> [1]"}));
+}
+
+}  // namespace
+}  // namespace msaflow::orchestrator
