@@ -126,8 +126,8 @@ struct Server::Impl {
   std::unique_ptr<Pool> pool;
   std::unique_ptr<FileStore> persist;
   int persist_lock_fd = -1;
-  int users_fd = -1;
-  bool wrote_ready = false;  // only a server that wrote the ready file removes it  // --users-lock: held exclusively from the moment no run uses the server
+  int users_fd = -1;         // --users-lock: held exclusively from the moment no run uses the server
+  bool wrote_ready = false;  // only a server that wrote the ready file removes it
   std::map<std::string, Stored> index;
   std::map<std::string, uint64_t> versions;  // highest version handed out per name
   // Persisted objects that could not be read at start: name -> why. Reads of them are

@@ -37,9 +37,19 @@ JournalWriter JournalWriter::Create(const std::string& path) {
 }
 
 JournalWriter JournalWriter::Append(const std::string& path) {
-  std::string text = ReadFile(path);
+  const std::string text = ReadFile(path);
   ParseJournal(text, path);  // refuses to append to something that is not a journal
-  if (!text.empty() && text.back() != '\n') AppendLineSynced(path, "");  // ends a torn line
+  if (!text.empty() && text.back() != '\n') {
+    // A line torn by a crash mid-write: its bytes go, so the next event starts a line and the
+    // journal reads whole again.
+    const size_t keep = text.rfind('\n') + 1;  // 0 when there is no newline at all
+    if (::truncate(path.c_str(), static_cast<off_t>(keep)) != 0) ThrowErrno("truncate " + path);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) ThrowErrno("open " + path);
+    const int rc = ::fsync(fd);
+    ::close(fd);
+    if (rc != 0) ThrowErrno("fsync " + path);
+  }
   return JournalWriter(path);
 }
 

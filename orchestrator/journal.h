@@ -23,8 +23,8 @@ class JournalWriter {
  public:
   // A new journal: its format line. Throws kInvalidInput when `path` exists.
   static JournalWriter Create(const std::string& path);
-  // An existing journal, for a resumed run. A last line torn by a crash mid-write is ended
-  // first, so the next event starts a line of its own.
+  // An existing journal, for a resumed run. A last line torn by a crash mid-write is cut off
+  // first, so the next event starts a line of its own and the journal reads whole.
   static JournalWriter Append(const std::string& path);
   // Appends {"event": ..., "time": ..., fields...} and fsyncs. Throws kIo (disk full).
   void Event(const std::string& event, nlohmann::json fields) const;

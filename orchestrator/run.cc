@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <optional>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "common/error.h"
@@ -56,6 +55,8 @@ class RunDriver {
         journal_(std::move(journal)), before_(std::move(before)), loop_(p) {}
 
   void Drive(Launcher* given) {
+    if (m_.launcher == "slurm" && !m_.slurm.conf.empty())
+      ::setenv("SLURM_CONF", m_.slurm.conf.c_str(), 1);  // for the jobs' own srun, and the NAM's
     try {
       nam_uri_ = NamFor(p_, m_, opt_.runs_dir);
       if (nam_uri_ == "serve") StartNamServer();
@@ -214,10 +215,10 @@ class RunDriver {
     RoundPlan plan = PlanRound(p_, m_, id_, nam_uri_, round, fresh, loop_.kept());
     json step_seconds = json::object();
     RoundPlan todo{round, {}};
-    std::set<std::string> skipped;
+    std::map<std::string, int64_t> skipped;  // task id -> the outputs its done object lists
     for (const Task& t : plan.tasks) {
       if (auto done = Done(t)) {
-        skipped.insert(t.id);
+        skipped[t.id] = done->value("outputs", int64_t{0});
         if (before_.seconds.count(t.id)) step_seconds[t.step] = before_.seconds.at(t.id);
         if (!before_.tasks_done.count(t.id))  // the coordinator died before it could record the end
           journal_.Event("task-reused", {{"task", t.id}, {"key", done->value("key", "")},
@@ -238,7 +239,7 @@ class RunDriver {
       progress_.RoundStart(round, p_.rounds.max, fresh.size(), loop_.kept().size());
       journal_.Event("round-start", {{"round", round}, {"candidates", fresh.size()}, {"reused_tasks", skipped.size()}});
       for (const Task& t : plan.tasks)
-        if (skipped.count(t.id)) progress_.TaskReused(t, Done(t)->value("outputs", 0));
+        if (skipped.count(t.id)) progress_.TaskReused(t, static_cast<size_t>(skipped.at(t.id)));
       for (Task& t : todo.tasks)  // what is done already is no dependency to wait for
         t.after.erase(std::remove_if(t.after.begin(), t.after.end(), [&](const std::string& a) { return skipped.count(a); }),
                       t.after.end());
@@ -342,11 +343,13 @@ class RunDriver {
 
 // The checks a run makes before it writes anything: the NAM URI, fpga "opencl" with no OpenCL
 // device here, labels or splits no model can be trained on, models prepare could not feed.
-void PreRunChecks(const Pipeline& p, const Machine& m, const std::string& runs_dir) {
-  NamFor(p, m, runs_dir);
+// Returns the NAM the run will use (NamFor).
+std::string PreRunChecks(const Pipeline& p, const Machine& m, const std::string& runs_dir) {
+  std::string nam = NamFor(p, m, runs_dir);
   FpgaPreflight(p, m);
   workflow::CheckDatasets(p);
   workflow::CheckBackbones(p);
+  return nam;
 }
 
 }  // namespace
@@ -359,7 +362,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   if (PathExists(dir + "/journal.jsonl"))
     Throw(ErrorKind::kInvalidInput, "run directory " + dir + " already holds a run; continue it with `msaflow resume " +
                                         dir + "`, or choose another --run-id");
-  PreRunChecks(p, m, opt.runs_dir);
+  const std::string nam = PreRunChecks(p, m, opt.runs_dir);
   // The run directory is made whole beside its final name, then renamed into place: a
   // coordinator killed in its first moments leaves no run without a journal.
   const std::string staging = std::filesystem::path(dir).parent_path().string() + "/." + id + ".starting";
@@ -371,8 +374,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   JournalWriter staged = JournalWriter::Create(staging + "/journal.jsonl");
   staged.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"machine_source", m.source},
                              {"launcher", m.launcher}, {"coordinator", ThisCoordinator().ToJson()},
-                             {"nam", NamFor(p, m, opt.runs_dir) == "serve" ? std::string("a NAM server started for the run")
-                                                                           : NamFor(p, m, opt.runs_dir)}});
+                             {"nam", nam == "serve" ? std::string("a NAM server started for the run") : nam}});
   if (!PathExists(dir)) {
     if (::rename(staging.c_str(), dir.c_str()) != 0) {
       const int err = errno;
@@ -389,8 +391,6 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     }
     std::filesystem::remove_all(staging);
   }
-  if (m.launcher == "slurm" && !m.slurm.conf.empty())
-    ::setenv("SLURM_CONF", m.slurm.conf.c_str(), 1);  // for the jobs' own srun, and the NAM's
   RunDriver(p, m, opt, out, id, dir, JournalWriter::Append(dir + "/journal.jsonl"), RunSummary{}).Drive(given_launcher);
   return dir;
 }
@@ -417,7 +417,6 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, std::FI
   RunOptions opt = opt_in;
   opt.runs_dir = std::filesystem::path(dir).parent_path().string();
   PreRunChecks(p, m, opt.runs_dir);
-  if (m.launcher == "slurm" && !m.slurm.conf.empty()) ::setenv("SLURM_CONF", m.slurm.conf.c_str(), 1);
   JournalWriter journal = JournalWriter::Append(journal_path);
   journal.Event("resume", {{"coordinator", ThisCoordinator().ToJson()}, {"resume", before.resumes + 1},
                            {"was", before.failed ? "failed: " + before.error : "interrupted"},

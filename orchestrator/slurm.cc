@@ -561,7 +561,7 @@ void SlurmLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
       if (std::string dead = obs.check ? obs.check() : ""; !dead.empty()) {
         for (const auto& j : jobs) runner_->Cancel(j);
         event("slurm-cancelled", {{"round", plan.round}, {"jobs", jobs}, {"message", dead}});
-        Throw(ErrorKind::kUnavailable, dead + fmt::format("; the round's Slurm job(s) were cancelled"));
+        Throw(ErrorKind::kUnavailable, dead + "; the round's Slurm job(s) were cancelled");
       }
       Progress pr = ReadProgress(sp.progress);
       for (const Task& t : todo) {

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <filesystem>
+#include <optional>
 
 #include "common/error.h"
 #include "common/files.h"
