@@ -36,6 +36,7 @@ int Scaling(Options& o);
 int Submit(Options& o);
 int Status(Options& o);
 int Why(Options& o);
+int Report(Options& o);
 int Resume(Options& o);
 // The NAM by hand (cli/nam_commands.cc).
 int NamServe(Options& o);

@@ -57,9 +57,17 @@ int main(int argc, char** argv) {
   scaling->add_option("--runs", o.runs_dir, "directory for the study")->capture_default_str();
   scaling->add_option("--machine", o.machine_override, "machine name or file (overrides the pipeline's)");
 
-  auto* status = app.add_subcommand("status", "Show the state of a run directory; exit 0 finished, 1 failed or "
-                                              "interrupted, 75 still running");
-  status->add_option("run_dir", o.run_dir, "runs/<id>")->required();
+  auto* status = app.add_subcommand("status", "Show the state of a run directory and a table of its tasks; exit 0 "
+                                              "finished, 1 failed or interrupted, 75 still running. Given a "
+                                              "directory of runs (default: runs), a table of its runs");
+  o.run_dir = "runs";
+  status->add_option("run_dir", o.run_dir, "runs/<id>, or a directory of runs")->capture_default_str();
+
+  auto* report = app.add_subcommand("report", "Write a run's report: one self-contained HTML file with the accuracy "
+                                              "of every candidate per round, a Gantt chart of its tasks, the training "
+                                              "curves and the champion's confusion matrix");
+  report->add_option("run_dir", o.run_dir, "runs/<id>")->required();
+  report->add_option("-o,--output", o.out_file, "where to write it (default: RUN_DIR/report.html)");
 
   auto* why = app.add_subcommand("why", "Say whether a task of a run ran or was reused, and what changed since the "
                                         "last run that had it");
@@ -133,7 +141,7 @@ int main(int argc, char** argv) {
     if (*plan || *run) return cli::PlanOrRun(o, plan->parsed());
     const std::pair<CLI::App*, int (*)(cli::Options&)> commands[] = {
         {validate, cli::Validate}, {scaling, cli::Scaling}, {submit, cli::Submit}, {status, cli::Status},
-        {why, cli::Why},           {resume, cli::Resume},   {serve, cli::NamServe}, {nput, cli::NamPut},
+        {report, cli::Report},     {why, cli::Why},           {resume, cli::Resume},   {serve, cli::NamServe}, {nput, cli::NamPut},
         {nget, cli::NamGet},       {nstat, cli::NamStat},   {nls, cli::NamLs},      {nrm, cli::NamRm},
         {nverify, cli::NamVerify}, {ndf, cli::NamDf}};
     for (const auto& [command, handler] : commands)

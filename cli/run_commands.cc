@@ -1,4 +1,4 @@
-// The commands on pipelines and runs: validate, plan, run, scaling, submit, status, why, resume.
+// The commands on pipelines and runs: validate, plan, run, scaling, submit, status, report, why, resume.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -18,6 +18,8 @@
 #include "orchestrator/run.h"
 #include "orchestrator/scaling.h"
 #include "orchestrator/slurm.h"
+#include "orchestrator/progress_bar.h"
+#include "orchestrator/report.h"
 #include "orchestrator/status.h"
 #include "orchestrator/why.h"
 #include "workflow/backbones.h"
@@ -206,6 +208,8 @@ int Submit(Options& o) {
   if (!o.wait) return 0;
   size_t shown = 0;
   std::string end;
+  orchestrator::ProgressBar bar(stdout);  // on a terminal; plain lines otherwise
+  int round = 0;
   for (;;) {
     // Progress: the run's journal as it grows (a line being written is read next time).
     if (PathExists(rd + "/journal.jsonl")) {
@@ -213,22 +217,31 @@ int Submit(Options& o) {
       for (; shown < journal.events.size(); ++shown) {
         const auto& e = journal.events[shown];
         const auto& f = e.fields;
-        if (e.event == "task-start") std::printf("  %s started\n", f.value("task", "").c_str());
+        if (e.event == "round-start") {
+          round = f.value("round", 0);
+          bar.Round(round, p.rounds.max, f.value("tasks", size_t{0}), f.value("reused_tasks", size_t{0}));
+        }
+        if (e.event == "task-start") {
+          bar.Print(fmt::format("  {} started on {}", f.value("task", ""), f.value("module", "")));
+          bar.Start(f.value("task", "") + " on " + f.value("module", ""));
+        }
+        if (e.event == "task-end") bar.Done();
         if (e.event == "slurm-job")
-          std::printf("  round %d: Slurm %s job %s\n", f.value("round", 0), f.value("mode", "").c_str(),
-                      f.value("job", "").c_str());
+          bar.Print(fmt::format("  round {}: Slurm {} job {}", f.value("round", 0), f.value("mode", ""), f.value("job", "")));
         if (e.event == "round-end")
-          std::printf("  round %d: champion %s accuracy %.4f\n", f.value("round", 0), f.value("champion", "").c_str(),
-                      f.value("accuracy", 0.0));
-        if (e.event == "slurm-retry") std::printf("  retry: %s\n", f.value("message", "").c_str());
+          bar.Print(fmt::format("  round {}: champion {} accuracy {:.4f}", f.value("round", 0), f.value("champion", ""),
+                                f.value("accuracy", 0.0)));
+        if (e.event == "slurm-retry" || e.event == "task-retry") bar.Print("  retry: " + f.value("message", ""));
       }
       std::fflush(stdout);
     }
+    bar.Tick();
     auto comps = orchestrator::ParseShowJob(cli.Show(job));
     end = comps.empty() ? "FAILED" : orchestrator::EndState(comps);
     if (!end.empty()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
+  bar.Clear();
   std::printf("coordinator job %s ended %s\n", job.c_str(), orchestrator::DescribeState(end).c_str());
   orchestrator::PrintStatus(rd, stdout);
   return end == "COMPLETED" ? 0 : 1;
@@ -240,6 +253,11 @@ int Status(Options& o) {
     case orchestrator::RunState::kRunning: return 75;  // EX_TEMPFAIL: ask again later
     default: return 1;
   }
+}
+
+int Report(Options& o) {
+  std::printf("%s\n", orchestrator::WriteReport(o.run_dir, o.out_file).c_str());
+  return 0;
 }
 
 int Why(Options& o) {

@@ -5,6 +5,9 @@
 
 #include <fmt/core.h>
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 #include "common/error.h"
@@ -19,10 +22,28 @@ using nlohmann::json;
 }  // namespace
 
 std::string JournalTime() {
-  std::time_t t = std::time(nullptr);
-  char ts[32];
-  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  std::tm utc{};
+  ::gmtime_r(&now.tv_sec, &utc);
+  char ts[40];
+  const size_t n = std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(ts + n, sizeof ts - n, ".%03ldZ", now.tv_nsec / 1000000);
   return ts;
+}
+
+double ParseJournalTime(const std::string& s) {
+  std::tm utc{};
+  const char* rest = ::strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &utc);
+  if (!rest) return std::nan("");
+  double frac = 0;
+  if (*rest == '.') {
+    char* end = nullptr;
+    frac = std::strtod(rest, &end);
+    rest = end;
+  }
+  if (std::string(rest) != "Z") return std::nan("");
+  return static_cast<double>(::timegm(&utc)) + frac;
 }
 
 JournalWriter JournalWriter::Create(const std::string& path) {
@@ -118,6 +139,7 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
       s.machine_source = f.value("machine_source", "");
       s.launcher = f.value("launcher", "local");
       s.nam = f.value("nam", "");
+      s.started_at = f.value("time", "");
       coordinator();
     } else if (e.event == "resume") {
       ++s.resumes;
@@ -127,13 +149,22 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
       coordinator();
     } else if (e.event == "task-start") {
       const std::string t = f.at("task").get<std::string>();
+      if (!s.starts.count(t) && !s.reused.count(t)) s.tasks.push_back(t);
       ++s.starts[t];
       s.last_started = t;
       s.started[t] = f.value("time", "");
+      s.module[t] = f.value("module", "");
+      s.ranks[t] = f.value("ranks", 1);
+    } else if (e.event == "task-retry") {
+      ++s.retries[f.at("task").get<std::string>()];
     } else if (e.event == "task-end" || e.event == "task-reused") {
       const std::string t = f.at("task").get<std::string>();
       s.tasks_done.insert(t);
       if (e.event == "task-end") s.seconds[t] = f.value("seconds", 0.0);
+      if (e.event == "task-reused") {
+        if (!s.starts.count(t) && !s.reused.count(t)) s.tasks.push_back(t);
+        s.reused.insert(t);
+      }
       if (s.last_started == t) s.last_started.clear();
     } else if (e.event == "nam-server") {
       s.nam_slurm_job = f.value("slurm_job", "");

@@ -16,8 +16,11 @@ namespace msaflow::orchestrator {
 
 inline constexpr char kJournalFormat[] = "msaflow.journal/1";
 
-// "2026-11-23T18:51:13Z": the journal's time stamps.
+// "2026-11-23T18:51:13.250Z": the journal's time stamps (UTC, to the millisecond).
 std::string JournalTime();
+// Seconds since the epoch of a journal time stamp (with or without the milliseconds); NaN when
+// it is not one.
+double ParseJournalTime(const std::string& s);
 
 class JournalWriter {
  public:
@@ -74,6 +77,12 @@ struct RunSummary {
   std::map<std::string, int> starts;     // task id -> how many times it was started
   std::map<std::string, double> seconds; // task id -> its wall time (task-end)
   std::map<std::string, std::string> started;  // task id -> when it last started (task-start time)
+  std::vector<std::string> tasks;        // every task started or reused, in the order first seen
+  std::map<std::string, std::string> module;  // task id -> its module (task-start)
+  std::map<std::string, int> ranks;      // task id -> its ranks (task-start)
+  std::set<std::string> reused;          // task-reused: done by an earlier coordinator
+  std::map<std::string, int> retries;    // task id -> task-retry events (a failed attempt run again)
+  std::string started_at;                // the run-start time
   std::vector<std::string> slurm_jobs;   // submitted and not seen to end (the last round's)
   std::string nam_slurm_job;             // the Slurm job of the last NAM server started for the run
 };

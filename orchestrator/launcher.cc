@@ -3,31 +3,18 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
 
+#include "common/child_process.h"
 #include "common/error.h"
-
-extern char** environ;
 
 namespace msaflow::orchestrator {
 namespace {
-
-struct Child {
-  pid_t pid = -1;
-  int fd = -1;
-  std::string partial;
-  std::FILE* log = nullptr;
-  std::deque<std::string> tail;  // the last lines, for the failure message
-  std::string error;             // the first error line a rank printed
-  int status = 0;
-  bool exited = false;
-};
 
 volatile sig_atomic_t g_interrupt = 0;
 
@@ -55,8 +42,8 @@ std::vector<std::string> LocalLauncher::Command(const Task& t, const std::string
 
 namespace {
 
-// The environment of a local step: Open MPI on one machine (shared-memory transport, ranks may
-// outnumber cores, root allowed); what the user set wins.
+// What a local step's environment adds: Open MPI on one machine (shared-memory transport, ranks
+// may outnumber cores, root allowed); what the user set wins.
 std::vector<std::string> LocalMpiEnvironment() {
   const std::vector<std::pair<std::string, std::string>> defaults = {
       {"OMPI_MCA_pml", "ob1"},  // skips probing for network transports: a rank starts in 0.2 s, not 0.4 s
@@ -68,154 +55,127 @@ std::vector<std::string> LocalMpiEnvironment() {
       {"OMPI_ALLOW_RUN_AS_ROOT", "1"},
       {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
   std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.push_back(*e);
   for (const auto& [k, v] : defaults)
     if (!std::getenv(k.c_str())) env.push_back(k + "=" + v);
   return env;
 }
 
-// Ends a step and reaps it: mpirun gets SIGTERM (it passes it on to its ranks), SIGKILL after
-// 2 s; a single rank gets SIGKILL at once (Open MPI's singleton may have caught SIGTERM).
-void StopChild(pid_t pid, bool mpirun) {
-  ::kill(pid, mpirun ? SIGTERM : SIGKILL);
-  int st = 0;
-  for (int i = 0; i < 200; ++i) {
-    const pid_t r = ::waitpid(pid, &st, WNOHANG);
-    if (r == pid || (r < 0 && errno != EINTR)) return;
-    ::usleep(10000);
-  }
-  ::kill(pid, SIGKILL);
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-}
+// The signal that stops a step: mpirun gets SIGTERM, which it passes to its ranks before it
+// goes; a single rank gets SIGKILL, because Open MPI's singleton start-up catches SIGTERM (a
+// step killed in MPI_Init was seen to live on, orphaned). The same signal is the step's
+// parent-death signal, so no step outlives its coordinator, even one killed by SIGKILL.
+int StopSignal(const Task& t) { return t.ranks > 1 ? SIGTERM : SIGKILL; }
 
-// The first `name` on PATH, or "".
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::string p = path ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= p.size()) {
-    size_t end = p.find(':', start);
-    if (end == std::string::npos) end = p.size();
-    std::string cand = p.substr(start, end - start) + "/" + name;
-    if (::access(cand.c_str(), X_OK) == 0) return cand;
-    start = end + 1;
+// One attempt of a task: its output relayed line by line to the log and the observer until the
+// step has closed the pipe, then its exit status.
+struct Attempt {
+  ExitStatus status;
+  std::string said;  // the first error line a rank printed, else the last line
+};
+
+Attempt RunAttempt(const Task& t, const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                   const std::string& log_path, bool append, const LaunchObserver& obs) {
+  std::FILE* log = std::fopen(log_path.c_str(), append ? "a" : "w");
+  if (!log) ThrowErrno("open " + log_path);
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{log};
+  SpawnOptions opt;
+  opt.output = SpawnOptions::Output::kPipe;
+  opt.death_signal = StopSignal(t);
+  opt.set_env = env;
+  ChildProcess child = ChildProcess::Start(argv, opt);
+  std::string partial, error;
+  std::deque<std::string> tail;  // the last lines, for the failure message
+  int fd = child.output_fd();
+  while (fd >= 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, kLivenessPollMs);
+    if (ready == 0) {
+      if (std::string why = obs.check ? obs.check() : ""; !why.empty()) {
+        child.Stop(StopSignal(t), 2.0);
+        Throw(ErrorKind::kUnavailable, why + "; task " + t.id + " was stopped");
+      }
+      continue;
+    }
+    if (ready < 0) {
+      if (errno != EINTR) ThrowErrno("poll");
+      if (int sig = InterruptSignal()) {
+        child.Stop(StopSignal(t), 2.0);
+        Throw(ErrorKind::kTaskFailed, "interrupted by signal " + std::to_string(sig) + " during task " + t.id +
+                                          "; its processes were stopped");
+      }
+      continue;
+    }
+    char buf[4096];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n > 0) partial.append(buf, static_cast<size_t>(n));
+    if (n <= 0) {
+      if (!partial.empty()) partial.push_back('\n');
+      child.CloseOutput();
+      fd = -1;
+    }
+    size_t pos;
+    while ((pos = partial.find('\n')) != std::string::npos) {
+      std::string line = partial.substr(0, pos);
+      partial.erase(0, pos + 1);
+      std::fprintf(log, "%s\n", line.c_str());
+      std::fflush(log);
+      tail.push_back(line);
+      if (tail.size() > 5) tail.pop_front();
+      if (error.empty() && (line.find("msaflow: error: ") != std::string::npos ||
+                            line.find("msaflow: internal error: ") != std::string::npos))
+        error = line;
+      if (obs.on_line) obs.on_line(t, line);
+    }
   }
-  return "";
+  Attempt a{child.Wait(), error};
+  if (a.said.empty() && !tail.empty()) a.said = tail.back();
+  if (!a.status.ok()) std::fprintf(log, "msaflow: this attempt ended with %s\n", a.status.Describe().c_str());
+  return a;
 }
 
 }  // namespace
 
-LocalLauncher::LocalLauncher(std::string msaflow_exe) : exe_(std::move(msaflow_exe)) {
+LocalLauncher::LocalLauncher(std::string msaflow_exe, int retries, std::vector<std::string> retry_on)
+    : exe_(std::move(msaflow_exe)), retries_(retries), retry_on_(std::move(retry_on)) {
   mpirun_ = FindOnPath("mpirun");
   if (mpirun_.empty()) mpirun_ = "mpirun";
 }
 
+std::string LocalLauncher::FailureReason(const ExitStatus& s) { return s.signal ? "SIGNALED" : "FAILED"; }
+
 void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, std::string>& task_files,
                              const std::string& log_dir, const LaunchObserver& obs) {
-  const std::vector<std::string> env_s = LocalMpiEnvironment();
+  const std::vector<std::string> env = LocalMpiEnvironment();
   for (const Task& t : plan.tasks) {
-    if (obs.on_start) obs.on_start(t);
-    auto t0 = std::chrono::steady_clock::now();
-    auto argv_s = Command(t, task_files.at(t.id));
     if (t.ranks > 1 && ::access(mpirun_.c_str(), X_OK) != 0)
       Throw(ErrorKind::kUnsupported, "task " + t.id + " needs " + std::to_string(t.ranks) +
                                          " MPI ranks, but mpirun is not on PATH (install openmpi-bin)");
-    Child k;
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) ThrowErrno("pipe");
-    std::string log_path = log_dir + "/" + t.id + ".log";
-    k.log = std::fopen(log_path.c_str(), "w");
-    if (!k.log) ThrowErrno("open " + log_path);
-    std::vector<std::string> env_copy = env_s;
-    std::vector<char*> argv, envp;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env_copy) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    k.pid = ::fork();
-    if (k.pid == 0) {
-      // Only async-signal-safe calls until exec. The step is told to stop when the coordinator
-      // dies, even by SIGKILL: no step outlives its run. mpirun gets SIGTERM, which it passes to
-      // its ranks before it goes; a single rank gets SIGKILL, because Open MPI's singleton
-      // start-up catches SIGTERM (a step killed in MPI_Init was seen to live on, orphaned).
-      ::prctl(PR_SET_PDEATHSIG, t.ranks > 1 ? SIGTERM : SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      ::dup2(fds[1], 1);
-      ::dup2(fds[1], 2);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    const int fork_errno = errno;
-    ::close(fds[1]);
-    if (k.pid < 0) {
-      ::close(fds[0]);
-      std::fclose(k.log);
-      errno = fork_errno;
-      ThrowErrno("start " + argv_s[0]);
-    }
-    k.fd = fds[0];
-    // Relay output line by line until the step (mpirun and its ranks) has closed the pipe.
-    while (k.fd >= 0) {
-      pollfd pfd{k.fd, POLLIN, 0};
-      const int ready = ::poll(&pfd, 1, kLivenessPollMs);
-      if (ready == 0) {
-        if (std::string why = obs.check ? obs.check() : ""; !why.empty()) {
-          StopChild(k.pid, t.ranks > 1);
-          ::close(k.fd);
-          std::fclose(k.log);
-          Throw(ErrorKind::kUnavailable, why + "; task " + t.id + " was stopped");
-        }
-        continue;
-      }
-      if (ready < 0) {
-        if (errno != EINTR) ThrowErrno("poll");
-        if (int sig = InterruptSignal()) {
-          StopChild(k.pid, t.ranks > 1);
-          ::close(k.fd);
-          std::fclose(k.log);
-          Throw(ErrorKind::kTaskFailed, "interrupted by signal " + std::to_string(sig) + " during task " + t.id +
-                                            "; its processes were stopped");
-        }
-        continue;
-      }
-      char buf[4096];
-      ssize_t n = ::read(k.fd, buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n > 0) k.partial.append(buf, static_cast<size_t>(n));
-      if (n <= 0) {
-        if (!k.partial.empty()) k.partial.push_back('\n');
-        ::close(k.fd);
-        k.fd = -1;
-      }
-      size_t pos;
-      while ((pos = k.partial.find('\n')) != std::string::npos) {
-        std::string line = k.partial.substr(0, pos);
-        k.partial.erase(0, pos + 1);
-        std::fprintf(k.log, "%s\n", line.c_str());
-        std::fflush(k.log);
-        k.tail.push_back(line);
-        if (k.tail.size() > 5) k.tail.pop_front();
-        if (k.error.empty() && (line.find("msaflow: error: ") != std::string::npos ||
-                                line.find("msaflow: internal error: ") != std::string::npos))
-          k.error = line;
-        if (obs.on_line) obs.on_line(t, line);
-      }
-    }
-    while (::waitpid(k.pid, &k.status, 0) < 0 && errno == EINTR) {
-    }
-    std::fclose(k.log);
-    if (!(WIFEXITED(k.status) && WEXITSTATUS(k.status) == 0)) {
-      std::string how = WIFEXITED(k.status) ? "exit status " + std::to_string(WEXITSTATUS(k.status))
-                                            : "signal " + std::to_string(WTERMSIG(k.status));
+    if (obs.on_start) obs.on_start(t);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string log_path = log_dir + "/" + t.id + ".log";
+    for (int attempt = 0;; ++attempt) {
+      const Attempt a = RunAttempt(t, Command(t, task_files.at(t.id)), env, log_path, attempt > 0, obs);
+      if (a.status.ok()) break;
+      const std::string reason = FailureReason(a.status);
       std::string failure = "task " + t.id + (t.ranks > 1 ? " (" + std::to_string(t.ranks) + " ranks)" : "") +
-                            " failed with " + how + "; log " + log_path;
+                            " failed with " + a.status.Describe() +
+                            (retries_ > 0 ? " on attempt " + std::to_string(attempt + 1) + " of " +
+                                                std::to_string(retries_ + 1)
+                                          : "") +
+                            "; log " + log_path;
       // The error line a rank printed says more than mpirun's closing words.
-      std::string said = k.error;
-      if (said.empty() && !k.tail.empty()) said = k.tail.back();
-      if (!said.empty()) failure += "\n  last output: " + said;
-      Throw(ErrorKind::kTaskFailed, failure);
+      if (!a.said.empty()) failure += "\n  last output: " + a.said;
+      const bool retry =
+          attempt < retries_ && std::find(retry_on_.begin(), retry_on_.end(), reason) != retry_on_.end();
+      if (!retry) Throw(ErrorKind::kTaskFailed, failure);
+      if (obs.on_event)
+        obs.on_event("task-retry", {{"task", t.id}, {"step", t.step}, {"round", plan.round}, {"attempt", attempt},
+                                    {"attempts", retries_ + 1}, {"reason", reason}, {"status", a.status.Describe()},
+                                    {"message", failure}});
     }
     if (obs.on_end) obs.on_end(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/child_process.h"
 #include "orchestrator/planner.h"
 
 namespace msaflow::orchestrator {
@@ -40,9 +41,14 @@ class Launcher {
 void InstallInterruptHandlers();
 int InterruptSignal();  // 0 until one arrived
 
+// Starts each task as a child process (common/child_process.h) and relays its output. A task
+// that fails for a reason in `retry_on` is started again, up to `retries` more times (journal
+// event `task-retry`); the reasons a local step fails for are FailureReason's.
 class LocalLauncher : public Launcher {
  public:
-  explicit LocalLauncher(std::string msaflow_exe);
+  explicit LocalLauncher(std::string msaflow_exe, int retries = 0, std::vector<std::string> retry_on = {});
+  // "SIGNALED" when a signal ended it (the OOM killer, a watchdog), else "FAILED" (exit status).
+  static std::string FailureReason(const ExitStatus& s);
   void RunRound(const RoundPlan& plan, const std::map<std::string, std::string>& task_files, const std::string& log_dir,
                 const LaunchObserver& obs) override;
   // The command line of a task: `mpirun -n N --bind-to none msaflow module ...` for several
@@ -52,6 +58,8 @@ class LocalLauncher : public Launcher {
  private:
   std::string exe_;
   std::string mpirun_;
+  int retries_ = 0;
+  std::vector<std::string> retry_on_;
 };
 
 }  // namespace msaflow::orchestrator

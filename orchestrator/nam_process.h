@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/child_process.h"
 #include "orchestrator/machine.h"
 
 namespace msaflow::orchestrator {
@@ -39,13 +40,13 @@ class NamServerProcess {
   // "" while the server runs; once it has exited, what happened ("killed by signal 9"), and it
   // is reaped (the run's liveness check polls this).
   std::string Exited();
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return child_.pid(); }
   // Where Slurm placed it (empty when not under Slurm).
   const std::string& slurm_job() const { return slurm_job_; }
   const std::string& node() const { return node_; }
 
  private:
-  pid_t pid_ = -1;
+  ChildProcess child_;
   bool detached_ = false;
   std::string uri_, slurm_job_, node_;
 };

@@ -1,59 +1,56 @@
 #include "orchestrator/progress.h"
 
+#include <fmt/core.h>
+
 namespace msaflow::orchestrator {
 
 using nlohmann::json;
 
-void ProgressPrinter::Line(const std::string& text) const {
-  std::fprintf(out_, "%s\n", text.c_str());
-  std::fflush(out_);
+void ProgressPrinter::Line(const std::string& text) { bar_.Print(text); }
+
+void ProgressPrinter::RoundStart(int round, int64_t max_rounds, size_t fresh, size_t kept, size_t tasks,
+                                 size_t done) {
+  bar_.Print(fmt::format("\n== round {}/{}: {} new candidates, {} kept ==", round, max_rounds, fresh, kept));
+  bar_.Round(round, max_rounds, tasks, done);
 }
 
-void ProgressPrinter::RoundStart(int round, int64_t max_rounds, size_t fresh, size_t kept) const {
-  std::fprintf(out_, "\n== round %d/%lld: %zu new candidates, %zu kept ==\n", round, static_cast<long long>(max_rounds),
-               fresh, kept);
-  std::fflush(out_);
+void ProgressPrinter::TaskStart(const Task& t) {
+  bar_.Print(fmt::format("  {:<8} on {:<3} ({} rank{}) ...", t.step, t.module, t.ranks, t.ranks > 1 ? "s" : ""));
+  bar_.Start(t.step + " on " + t.module);
 }
 
-void ProgressPrinter::TaskStart(const Task& t) const {
-  std::fprintf(out_, "  %-8s on %-3s (%lld rank%s) ...\n", t.step.c_str(), t.module.c_str(),
-               static_cast<long long>(t.ranks), t.ranks > 1 ? "s" : "");
-  std::fflush(out_);
+void ProgressPrinter::TaskOutput(const Task&, const std::string& line) { bar_.Print("      " + line); }
+
+void ProgressPrinter::TaskEnd(const Task& t, double seconds) {
+  bar_.Print(fmt::format("  {:<8} done in {:.1f} s", t.step, seconds));
+  bar_.Done();
 }
 
-void ProgressPrinter::TaskOutput(const Task&, const std::string& line) const {
-  std::fprintf(out_, "      %s\n", line.c_str());
-  std::fflush(out_);
+void ProgressPrinter::TaskReused(const Task& t, size_t outputs) {
+  bar_.Print(fmt::format("  {:<8} done before the run was resumed ({} output{} committed); not run again", t.step,
+                         outputs, outputs == 1 ? "" : "s"));
 }
 
-void ProgressPrinter::TaskEnd(const Task& t, double seconds) const {
-  std::fprintf(out_, "  %-8s done in %.1f s\n", t.step.c_str(), seconds);
-  std::fflush(out_);
-}
-
-void ProgressPrinter::TaskReused(const Task& t, size_t outputs) const {
-  std::fprintf(out_, "  %-8s done before the run was resumed (%zu output%s committed); not run again\n", t.step.c_str(),
-               outputs, outputs == 1 ? "" : "s");
-  std::fflush(out_);
-}
-
-void ProgressPrinter::LauncherEvent(const std::string& ev, const json& fields) const {
+void ProgressPrinter::LauncherEvent(const std::string& ev, const json& fields) {
   if (ev == "slurm-job") {
     std::string comps;
     for (const auto& c : fields.at("components"))
       comps += (comps.empty() ? "" : ", ") + c.at("id").get<std::string>() + " " + c.at("module").get<std::string>() +
                "@" + c.at("partition").get<std::string>();
-    std::fprintf(out_, "  slurm %s job %s: %s\n", fields.at("mode").get<std::string>().c_str(),
-                 fields.at("job").get<std::string>().c_str(), comps.c_str());
+    bar_.Print(fmt::format("  slurm {} job {}: {}", fields.at("mode").get<std::string>(),
+                           fields.at("job").get<std::string>(), comps));
   } else if (ev == "slurm-end") {
-    std::fprintf(out_, "  slurm jobs ended %s\n", fields.at("state").get<std::string>().c_str());
+    bar_.Print("  slurm jobs ended " + fields.at("state").get<std::string>());
   } else if (ev == "slurm-retry") {
-    std::fprintf(out_, "  slurm-retry: %s\n", fields.value("message", "").c_str());
+    bar_.Print("  slurm-retry: " + fields.value("message", ""));
+  } else if (ev == "task-retry") {
+    bar_.Print(fmt::format("  {:<8} failed ({}); starting it again (attempt {} of {})", fields.value("step", ""),
+                           fields.value("reason", ""), fields.value("attempt", 0) + 2, fields.value("attempts", 0)));
   }
-  std::fflush(out_);
 }
 
-void ProgressPrinter::RoundTable(const Pipeline& p, int round, const RoundOutcome& o) const {
+void ProgressPrinter::RoundTable(const Pipeline& p, int round, const RoundOutcome& o) {
+  bar_.Clear();
   const json& best = o.best;
   std::fprintf(out_, "\n  %-8s %-12s %-42s %8s %8s   (%s)\n", "cand", "backbone", "head", "acc", "loss",
                p.select_on.c_str());
@@ -71,7 +68,8 @@ void ProgressPrinter::RoundTable(const Pipeline& p, int round, const RoundOutcom
   std::fflush(out_);
 }
 
-void ProgressPrinter::Finish(const Pipeline& p, const RoundLoop& loop, double seconds, const std::string& dir) const {
+void ProgressPrinter::Finish(const Pipeline& p, const RoundLoop& loop, double seconds, const std::string& dir) {
+  bar_.Clear();
   const Ranked& champ = loop.champion();
   const bool held_out = loop.held_out();
   if (held_out) {

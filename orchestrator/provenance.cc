@@ -24,7 +24,7 @@ json ProvenanceTask(const Task& t, const json& done, const std::string& how, dou
   return e;
 }
 
-json ProvenanceRound(int round, json tasks, const RoundOutcome& o) {
+json ProvenanceRound(int round, json tasks, const RoundOutcome& o, const std::map<std::string, json>& curves) {
   json cands = json::array();
   for (const auto& e : o.best.at("all")) {
     const Candidate c = CandidateFromJson(e.at("candidate"));
@@ -32,12 +32,33 @@ json ProvenanceRound(int round, json tasks, const RoundOutcome& o) {
                   {"head", HeadLabel(c.head)}, {"model", e.value("model", "")}, {"result", e.value("result", "")},
                   {"accuracy", e.value("accuracy", 0.0)}};
     if (e.contains("test")) entry["test_accuracy"] = e["test"].value("accuracy", 0.0);
+    if (auto it = curves.find(entry["model"]); it != curves.end()) entry["curve"] = it->second;
     cands.push_back(std::move(entry));
   }
   const json& champ = o.best.at("champion");
   return {{"round", round}, {"tasks", std::move(tasks)}, {"candidates", cands},
           {"champion", {{"candidate", champ.at("candidate").at("id")}, {"model", champ.value("model", "")},
                         {"accuracy", champ.value("accuracy", 0.0)}}}};
+}
+
+json ConfusionOf(const json& body) {
+  const bool test = body.is_object() && body.contains("test") && body["test"].is_object();
+  const json& m = test ? body["test"] : body;
+  if (!m.is_object() || !m.contains("confusion") || !m["confusion"].is_array() || !m.contains("classes") ||
+      !m["classes"].is_number_integer())
+    return nullptr;
+  const int64_t k = m["classes"].get<int64_t>();
+  const json& flat = m["confusion"];
+  if (k <= 0 || flat.size() != static_cast<size_t>(k * k)) return nullptr;
+  json rows = json::array();
+  for (int64_t t = 0; t < k; ++t) {
+    json row = json::array();
+    for (int64_t p = 0; p < k; ++p) row.push_back(flat[static_cast<size_t>(t * k + p)]);
+    rows.push_back(std::move(row));
+  }
+  return {{"split", test ? std::string("test") : body.value("split", std::string("validation"))},
+          {"classes", k},
+          {"matrix", std::move(rows)}};
 }
 
 }  // namespace msaflow::orchestrator

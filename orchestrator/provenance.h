@@ -5,6 +5,7 @@
 // in the NAM, so a resumed run's provenance covers what its dead coordinator finished too.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,6 +21,13 @@ inline constexpr char kProvenanceFormat[] = "msaflow.provenance/1";
 nlohmann::json ProvenanceTask(const Task& t, const nlohmann::json& done, const std::string& how, double seconds,
                               const std::string& started);
 // One round's entry: its tasks, its candidates with their models and results, its champion.
-nlohmann::json ProvenanceRound(int round, nlohmann::json tasks, const RoundOutcome& o);
+// `curves`: model object -> its training curve (the model's metadata), for the candidates the
+// round trained.
+nlohmann::json ProvenanceRound(int round, nlohmann::json tasks, const RoundOutcome& o,
+                               const std::map<std::string, nlohmann::json>& curves);
+// The champion's confusion matrix from its result object's body: on the test split when the
+// result holds one, else on the split it was selected on. {split, classes, matrix: [[...]]}
+// with matrix[true][predicted]; null when the body holds none.
+nlohmann::json ConfusionOf(const nlohmann::json& result_body);
 
 }  // namespace msaflow::orchestrator

@@ -72,15 +72,8 @@ class RunDriver {
         if (Round(round, launcher)) break;
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       WriteFileAtomic(dir_ + "/results.json", loop_.Results(id_, nam_uri_, secs).dump(2) + "\n");
+      WriteProvenance(true);
       const Ranked& champ = loop_.champion();
-      WriteFileAtomic(dir_ + "/provenance.json",
-                      json{{"format", kProvenanceFormat}, {"run", id_}, {"pipeline", p_.name}, {"machine", m_.name},
-                           {"launcher", m_.launcher}, {"nam", nam_uri_}, {"coordinator", ThisCoordinator().ToJson()},
-                           {"resumes", before_.resumes + (before_.run.empty() ? 0 : 1)}, {"rounds", provenance_},
-                           {"champion", {{"candidate", champ.candidate.id}, {"model", champ.model},
-                                         {"accuracy", champ.metric}, {"test", champ.test}}}}
-                              .dump(2) +
-                          "\n");
       journal_.Event("run-end", {{"champion", champ.candidate.id}, {"accuracy", champ.metric}, {"stop", loop_.stop_reason()}});
       progress_.Finish(p_, loop_, secs, dir_);
     } catch (const Error& e) {
@@ -94,6 +87,27 @@ class RunDriver {
   }
 
  private:
+  // provenance.json, after every round (a report of a run still going, or of one that failed,
+  // shows the rounds it finished); at the end with the champion's confusion matrix.
+  void WriteProvenance(bool final) {
+    const Ranked& champ = loop_.champion();
+    json c = {{"candidate", champ.candidate.id}, {"model", champ.model}, {"accuracy", champ.metric},
+              {"test", champ.test}};
+    std::string result;  // the champion's result object (a kept candidate is listed in later rounds too)
+    for (const json& r : provenance_)
+      for (const json& e : r.at("candidates"))
+        if (e.at("candidate") == champ.candidate.id) result = e.value("result", "");
+    if (final && !result.empty())
+      c["confusion"] = ConfusionOf(json::parse(store_->Get(result).bytes, nullptr, false));
+    WriteFileAtomic(dir_ + "/provenance.json",
+                    json{{"format", kProvenanceFormat}, {"run", id_}, {"pipeline", p_.name}, {"machine", m_.name},
+                         {"launcher", m_.launcher}, {"nam", nam_uri_}, {"coordinator", ThisCoordinator().ToJson()},
+                         {"resumes", before_.resumes + (before_.run.empty() ? 0 : 1)}, {"finished", final},
+                         {"rounds", provenance_}, {"champion", c}}
+                            .dump(2) +
+                        "\n");
+  }
+
   void StartNamServer() {
     if (opt_.msaflow_exe.empty()) Throw(ErrorKind::kInternal, "RunPipeline: no msaflow binary to start the NAM server");
     std::string persist = std::filesystem::absolute(opt_.runs_dir + "/nam").lexically_normal().string();
@@ -197,7 +211,7 @@ class RunDriver {
     if (m_.launcher == "slurm")
       return std::make_unique<SlurmLauncher>(m_, opt_.msaflow_exe, id_, dir_, std::make_unique<SlurmCli>(m_.slurm.conf),
                                              static_cast<int>(p_.retries.max), p_.retries.on);
-    return std::make_unique<LocalLauncher>(opt_.msaflow_exe);
+    return std::make_unique<LocalLauncher>(opt_.msaflow_exe, static_cast<int>(p_.retries.max), p_.retries.on);
   }
 
   // The task's done object, when its step committed everything for this very task (same key).
@@ -236,8 +250,9 @@ class RunDriver {
         WriteFileAtomic(f, t.body.dump(2) + "\n");
         files[t.id] = f;
       }
-      progress_.RoundStart(round, p_.rounds.max, fresh.size(), loop_.kept().size());
-      journal_.Event("round-start", {{"round", round}, {"candidates", fresh.size()}, {"reused_tasks", skipped.size()}});
+      progress_.RoundStart(round, p_.rounds.max, fresh.size(), loop_.kept().size(), plan.tasks.size(), skipped.size());
+      journal_.Event("round-start", {{"round", round}, {"candidates", fresh.size()}, {"tasks", plan.tasks.size()},
+                                     {"reused_tasks", skipped.size()}});
       for (const Task& t : plan.tasks)
         if (skipped.count(t.id)) progress_.TaskReused(t, static_cast<size_t>(skipped.at(t.id)));
       for (Task& t : todo.tasks)  // what is done already is no dependency to wait for
@@ -260,7 +275,12 @@ class RunDriver {
                                      skipped.count(t.id) ? "done by an earlier coordinator of the run" : "ran",
                                      step_seconds.value(t.step, 0.0), started));
     }
-    provenance_.push_back(ProvenanceRound(round, std::move(tasks), outcome));
+    std::map<std::string, json> curves;  // the training curves of the candidates this round trained
+    for (const json& e : outcome.best.at("all"))
+      if (e.value("round", 0) == round && !e.value("model", "").empty())
+        if (auto info = store_->Stat(e["model"].get<std::string>()); info && info->meta.contains("curve"))
+          curves[info->name] = info->meta["curve"];
+    provenance_.push_back(ProvenanceRound(round, std::move(tasks), outcome, curves));
     json entry = RoundEntry(p_, round, outcome, step_seconds);
     if (!slurm_times_.empty()) entry["node_seconds"] = slurm_times_;
     if (!ended_before || !replayed) {
@@ -268,7 +288,9 @@ class RunDriver {
       journal_.Event("round-end", {{"round", round}, {"champion", outcome.best.at("champion").at("candidate").at("id")},
                                    {"accuracy", outcome.best.at("champion").at("accuracy")}});
     }
-    return loop_.Absorb(round, outcome, std::move(entry));
+    const bool stop = loop_.Absorb(round, outcome, std::move(entry));
+    if (!stop && round < p_.rounds.max) WriteProvenance(false);
+    return stop;
   }
 
   void RunTasks(const RoundPlan& todo, const std::map<std::string, std::string>& files, Launcher& launcher,
@@ -307,7 +329,10 @@ class RunDriver {
       step_seconds[t.step] = secs;
       last_end = std::chrono::steady_clock::now();
     };
-    obs.check = [&] { return NamServerGone(); };
+    obs.check = [&] {
+      progress_.Tick();
+      return NamServerGone();
+    };
     launcher.RunRound(todo, files, dir_ + "/logs", obs);
     if (m_.launcher == "slurm" && first_start) {
       const double round_s = std::chrono::duration<double>(last_end - *first_start).count();

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/child_process.h"
 #include "common/error.h"
 #include "common/files.h"
 
@@ -29,51 +30,14 @@ struct CommandResult {
 
 // Runs argv with SLURM_CONF set (when given), capturing stdout and stderr.
 CommandResult RunCommand(const std::vector<std::string>& argv, const std::string& conf) {
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) ThrowErrno("pipe");
-  pid_t pid = ::fork();
-  if (pid < 0) ThrowErrno("fork");
-  if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    if (!conf.empty()) ::setenv("SLURM_CONF", conf.c_str(), 1);
-    std::vector<char*> a;
-    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    ::execvp(a[0], a.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", a[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
+  SpawnOptions opt;
+  if (!conf.empty()) opt.set_env = {"SLURM_CONF=" + conf};
+  Captured c = RunCaptured(argv, opt, 60);
   CommandResult r;
-  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
-  int open = 2;
-  while (open > 0) {
-    if (::poll(fds, 2, 30000) <= 0) {
-      if (errno == EINTR) continue;
-      ::kill(pid, SIGKILL);
-      break;
-    }
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !fds[i].revents) continue;
-      char buf[4096];
-      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n > 0) {
-        (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-      }
-    }
-  }
-  for (auto& f : fds)
-    if (f.fd >= 0) ::close(f.fd);
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.rc = c.status.signal ? 128 + c.status.signal : c.status.code;
+  r.out = std::move(c.out);
+  r.err = std::move(c.err);
+  if (c.timed_out) r.err += argv[0] + " did not answer in 60 s; killed\n";
   return r;
 }
 

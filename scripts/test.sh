@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MSAFLOW_BUILD_DIR=build-test MSAFLOW_WERROR=1 scripts/setup.sh
+# The tests' own needs: a real headless browser to open `msaflow report`'s HTML in.
+source scripts/packages.sh
+ensure_packages chromium
 status=0
 meson test -C build-test --print-errorlogs --num-processes 2 "$@" || status=$?
 /usr/bin/python3 - build-test/meson-logs/testlog.json <<'PY'
@@ -22,7 +25,7 @@ PY
 # alone runs every suite, MPI and Slurm included: CI's 30 minutes do not hold them twice), the
 # NAM tests under TSan, and every fuzzer over its corpus for a few seconds.
 if [[ ${MSAFLOW_SANITIZE:-1} == 1 ]]; then
-  asan_tests="common pipeline nam nam_server kernels fpga datasets planner journal modules slurm cli nam_server_processes end_to_end"
+  asan_tests="common pipeline nam nam_server kernels fpga datasets planner journal report modules slurm cli nam_server_processes end_to_end"
   for part in "asan $asan_tests" "tsan" "fuzz 3"; do
     if scripts/sanitize.sh $part; then
       echo "sanitize ${part%% *}: passed"

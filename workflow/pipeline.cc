@@ -393,11 +393,12 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
     r.Object(rt, "/retries", {"max", "on"}, {});
     if (rt.contains("max")) p.retries.max = r.Int(rt["max"], "/retries/max", 0, 100);
     if (rt.contains("on")) {
-      if (!rt["on"].is_array()) r.Fail("/retries/on", "expected an array of Slurm end states");
+      if (!rt["on"].is_array())
+        r.Fail("/retries/on", "expected an array of failure reasons (Slurm end states, or SIGNALED)");
       p.retries.on.clear();
       for (size_t i = 0; i < rt["on"].size(); ++i)
         p.retries.on.push_back(r.Enum(rt["on"][i], "/retries/on/" + std::to_string(i),
-                                      {"FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}));
+                                      {"FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "SIGNALED"}));
     }
   }
 

@@ -80,9 +80,12 @@ struct RoundsSpec {
 };
 
 // What a launcher does when a round's job ends badly (Slurm states; docs/pipeline.md).
+// How often a failed task (a round's job under Slurm) is started again, and for which reasons:
+// Slurm's end states, and for a local step FAILED (a non-zero exit status) or SIGNALED (ended
+// by a signal: the OOM killer, a watchdog).
 struct RetrySpec {
   int64_t max = 0;
-  std::vector<std::string> on = {"NODE_FAIL", "PREEMPTED", "TIMEOUT", "CANCELLED"};
+  std::vector<std::string> on = {"NODE_FAIL", "PREEMPTED", "TIMEOUT", "CANCELLED", "SIGNALED"};
 };
 
 struct Pipeline {

@@ -235,6 +235,76 @@ class Resume(TempDirCase):
         self.assertIn("already holds a run; continue it with `msaflow resume", r.stderr)
 
 
+class Retries(TempDirCase):
+    def kill_step_when_seen(self, proc, run_dir, step, times):
+        """SIGKILLs the `step` module process of round 1 each time one appears (as the OOM
+        killer would), `times` times, while the run goes on; returns how many it killed."""
+        needle = f"module {step} --task {run_dir}/tasks/r1-{step}.json"
+        killed, seen = 0, set()
+        while killed < times and proc.poll() is None:
+            for line in processes_of(needle):
+                pid = int(line.split(":")[0])
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                time.sleep(0.3)  # it is under way
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.01)
+        return killed
+
+    def start(self, name, retries):
+        doc = tiny_pipeline(name)
+        doc["retries"] = {"max": retries, "on": ["SIGNALED"]}
+        runs = os.path.join(self.dir, "runs")
+        run_dir = os.path.join(runs, name)
+        proc = subprocess.Popen([EXE, "run", self.write(name + ".json", doc), "--runs", runs, "--run-id", name],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return proc, run_dir
+
+    def test_a_step_killed_twice_is_retried_and_one_that_always_fails_ends_the_run_resumably(self):
+        # Killed twice, retried twice, then done: the run finishes, the journal says why.
+        proc, run_dir = self.start("twice", 2)
+        self.assertEqual(self.kill_step_when_seen(proc, run_dir, "store", 2), 2)
+        out, err = proc.communicate(timeout=300)
+        self.assertEqual(proc.returncode, 0, out[-3000:] + err)
+        self.assertEqual(out.count("store    failed (SIGNALED); starting it again"), 2, out)
+        ev = [e for e in journal(run_dir) if e.get("task") == "r1-store"]
+        self.assertEqual([e["event"] for e in ev], ["task-start", "task-retry", "task-retry", "task-end"])
+        for i, e in enumerate(ev[1:3]):
+            self.assertEqual((e["attempt"], e["attempts"], e["reason"], e["status"]), (i, 3, "SIGNALED", "signal 9 (Killed)"))
+        with open(os.path.join(run_dir, "logs", "r1-store.log")) as f:
+            self.assertEqual(f.read().count("this attempt ended with signal 9 (Killed)"), 2)
+        st = msaflow("status", run_dir)
+        self.assertEqual(st.returncode, 0, st.stdout)
+        self.assertRegex(st.stdout, r"(?m)^  r1-store +dam +1  done +2 ")
+        expected = champion(run_dir)
+        # Killed on every attempt: the run fails naming the task and the attempts, keeps what
+        # was done, and `resume` finishes it with the same champion.
+        proc, run_dir = self.start("always", 1)
+        self.assertEqual(self.kill_step_when_seen(proc, run_dir, "store", 2), 2)
+        out, err = proc.communicate(timeout=300)
+        self.assertEqual(proc.returncode, 1, out[-3000:] + err)
+        self.assertIn("task r1-store failed with signal 9 (Killed) on attempt 2 of 2; log ", err)
+        self.assertEqual(err.count("msaflow: error:"), 1, err)
+        st = msaflow("status", run_dir)
+        self.assertEqual(st.returncode, 1, st.stdout)
+        self.assertRegex(st.stdout, r"(?m)^  r1-store +dam +1  failed +1 ")
+        self.assertIn("state: failed: task r1-store failed", st.stdout)
+        r = msaflow("resume", run_dir)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        reused = [e["task"] for e in journal(run_dir) if e["event"] == "task-reused"]
+        self.assertEqual(reused, [])  # their task-end was journalled: nothing to re-learn
+        starts = [e["task"] for e in journal(run_dir) if e["event"] == "task-start"]
+        for t in ("r1-load", "r1-prepare", "r1-train"):
+            self.assertEqual(starts.count(t), 1, starts)  # done before the failure: not run again
+        self.assertEqual(starts.count("r1-store"), 2)
+        self.assertEqual(champion(run_dir), expected)
+
+
 class Why(TempDirCase):
     def test_why_names_a_changed_hyper_parameter_dataset_and_backbone_file(self):
         import gzip

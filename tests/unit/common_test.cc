@@ -1,5 +1,8 @@
-// common/: the double-buffering data manager (overlap.h).
+// common/: the double-buffering data manager (overlap.h) and child processes (child_process.h).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -8,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/child_process.h"
 #include "common/error.h"
 #include "common/overlap.h"
 
@@ -101,6 +105,108 @@ TEST(Overlap, TheSwitchIsReadFromTheEnvironmentAndChecked) {
     EXPECT_NE(std::string(e.what()).find("MSAFLOW_OVERLAP='yes'"), std::string::npos) << e.what();
   }
   unsetenv("MSAFLOW_OVERLAP");
+}
+
+
+TEST(ChildProcess, CapturesOutputAndExitStatus) {
+  const Captured c = RunCaptured({"sh", "-c", "echo out; echo err >&2; exit 3"});
+  EXPECT_EQ(c.status.code, 3);
+  EXPECT_EQ(c.status.signal, 0);
+  EXPECT_FALSE(c.status.ok());
+  EXPECT_EQ(c.out, "out\n");
+  EXPECT_EQ(c.err, "err\n");
+  EXPECT_EQ(c.status.Describe(), "exit status 3");
+  EXPECT_TRUE(RunCaptured({"true"}).status.ok());
+}
+
+TEST(ChildProcess, AProgramNotOnPathIsExit127OrNotFound) {
+  const Captured c = RunCaptured({"msaflow-no-such-program"});
+  EXPECT_EQ(c.status.code, 127);
+  EXPECT_NE(c.err.find("cannot run msaflow-no-such-program: not found on PATH"), std::string::npos) << c.err;
+  try {
+    ChildProcess::Start({"/nonexistent/prog"});
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+  }
+}
+
+TEST(ChildProcess, EnvironmentIsSetAndDropped) {
+  setenv("MSAFLOW_CHILD_A", "parent", 1);
+  setenv("MSAFLOW_CHILD_B", "dropped", 1);
+  SpawnOptions opt;
+  opt.set_env = {"MSAFLOW_CHILD_A=child", "MSAFLOW_CHILD_C=new"};
+  opt.drop_env = [](const std::string& k) { return k == "MSAFLOW_CHILD_B"; };
+  const Captured c = RunCaptured({"sh", "-c", "echo \"$MSAFLOW_CHILD_A-${MSAFLOW_CHILD_B:-none}-$MSAFLOW_CHILD_C\""}, opt);
+  EXPECT_EQ(c.out, "child-none-new\n");
+  unsetenv("MSAFLOW_CHILD_A");
+  unsetenv("MSAFLOW_CHILD_B");
+}
+
+TEST(ChildProcess, StopEscalatesAndTimeoutsKill) {
+  ChildProcess c = ChildProcess::Start({"sleep", "30"});
+  EXPECT_FALSE(c.Poll());
+  EXPECT_FALSE(c.WaitFor(0.05));
+  const ExitStatus s = c.Stop(SIGTERM, 5);
+  EXPECT_EQ(s.signal, SIGTERM);
+  EXPECT_EQ(s.Describe(), "signal 15 (Terminated)");
+  // A child that ignores SIGTERM is killed after the grace time.
+  ChildProcess stubborn = ChildProcess::Start({"sh", "-c", "trap '' TERM; sleep 30"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the trap is set
+  EXPECT_EQ(stubborn.Stop(SIGTERM, 0.2).signal, SIGKILL);
+  const Captured t = RunCaptured({"sleep", "30"}, {}, 0.2);
+  EXPECT_TRUE(t.timed_out);
+  EXPECT_EQ(t.status.signal, SIGKILL);
+}
+
+TEST(ChildProcess, ADestroyedChildIsKilledAndReapedAReleasedOneRunsOn) {
+  pid_t pid;
+  {
+    ChildProcess c = ChildProcess::Start({"sleep", "30"});
+    pid = c.pid();
+  }
+  EXPECT_NE(::kill(pid, 0), 0);  // killed and reaped: no such process (not a zombie)
+  ChildProcess r = ChildProcess::Start({"sleep", "30"});
+  pid = r.pid();
+  r.Release();
+  EXPECT_EQ(::kill(pid, 0), 0);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+TEST(ChildProcess, TheDeathSignalEndsTheChildWithItsParent) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t parent = ::fork();
+  ASSERT_GE(parent, 0);
+  if (parent == 0) {  // a parent that starts a child, says its pid, and dies without reaping it
+    SpawnOptions opt;
+    opt.death_signal = SIGKILL;
+    ChildProcess c = ChildProcess::Start({"sleep", "30"}, opt);
+    const pid_t pid = c.pid();
+    [[maybe_unused]] ssize_t n = ::write(fds[1], &pid, sizeof pid);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  pid_t child = 0;
+  ASSERT_EQ(::read(fds[0], &child, sizeof child), static_cast<ssize_t>(sizeof child));
+  ::close(fds[0]);
+  ::waitpid(parent, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {  // reparented to init (or a subreaper), which reaps it
+    gone = ::kill(child, 0) != 0;
+    if (!gone) {
+      char path[64], state = 0;
+      std::snprintf(path, sizeof path, "/proc/%d/stat", child);
+      if (std::FILE* f = std::fopen(path, "r")) {
+        if (std::fscanf(f, "%*d %*s %c", &state) != 1) state = 0;
+        std::fclose(f);
+      }
+      gone = state == 'Z';  // dead, waiting for its new parent to reap it
+    }
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(gone) << "the child outlived its parent";
 }
 
 }  // namespace
