@@ -10,9 +10,10 @@
 
 namespace msaflow::cli {
 
-// `msaflow module STEP --task FILE`: one rank of a step. MPI is initialised here (a process
-// started without mpirun or srun is rank 0 of 1); an error on any rank ends every rank, so none
-// is left waiting in a collective.
+// `msaflow module STEP --task FILE`: one rank of a step. MPI is initialised here when an MPI
+// launcher started the process; one started alone is rank 0 of 1, without MPI
+// (parallel/mpi_comm.h). An error on any rank ends every rank, so none is left waiting in a
+// collective.
 int RunModule(const std::string& step, const std::string& task_file, int* argc, char*** argv) {
   parallel::MpiSession mpi(argc, argv);
   parallel::Comm& world = mpi.world();

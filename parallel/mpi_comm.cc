@@ -246,15 +246,26 @@ int MpiComm::Recv(int source, int tag, std::string* bytes, int* tag_out) {
   return st.MPI_SOURCE;
 }
 
+bool MpiSession::LaunchedByMpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (const char* e = std::getenv(v); e && *e) return true;
+  return false;
+}
+
 MpiSession::MpiSession(int* argc, char*** argv) {
-  int provided = 0;
-  Check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "Init_thread");
-  world_ = std::make_unique<MpiComm>(MPI_COMM_WORLD);
-  MPI_Comm node;
-  Check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "Comm_split_type");
   int local = 1;
-  MPI_Comm_size(node, &local);
-  MPI_Comm_free(&node);
+  mpi_ = LaunchedByMpi();
+  if (mpi_) {
+    int provided = 0;
+    Check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "Init_thread");
+    world_ = std::make_unique<MpiComm>(MPI_COMM_WORLD);
+    MPI_Comm node;
+    Check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "Comm_split_type");
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+  } else {
+    world_ = std::make_unique<SelfComm>();
+  }
   const char* env = std::getenv("OMP_NUM_THREADS");
   if (env && *env) {
     threads_ = omp_get_max_threads();
@@ -268,11 +279,11 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 
 MpiSession::~MpiSession() {
   world_.reset();
-  MPI_Finalize();
+  if (mpi_) MPI_Finalize();
 }
 
 void MpiSession::AbortIfParallel(int code) {
-  if (world_->size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  if (mpi_ && world_->size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
 }
 
 }  // namespace msaflow::parallel

@@ -49,10 +49,14 @@ class MpiComm : public Comm {
 
 class MpiSession {
  public:
-  // MPI_Init_thread (funneled). Unless OMP_NUM_THREADS is set, each rank gets
-  // max(1, usable cores / ranks on its node) OpenMP threads.
+  // MPI_Init_thread (funneled) when an MPI launcher started this process; otherwise it is a
+  // job of one rank that needs no MPI, and world() is a SelfComm (an MPI singleton start forks
+  // a daemon per process: ~0.4 s of every single-rank step here). Unless OMP_NUM_THREADS is
+  // set, each rank gets max(1, usable cores / ranks on its node) OpenMP threads.
   MpiSession(int* argc, char*** argv);
-  ~MpiSession();  // MPI_Finalize
+  ~MpiSession();  // MPI_Finalize, when MPI was initialised
+  // Whether mpirun, srun --mpi=pmix/pmi2 or another PMI launcher started this process.
+  static bool LaunchedByMpi();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
 
@@ -63,7 +67,8 @@ class MpiSession {
   void AbortIfParallel(int code);
 
  private:
-  std::unique_ptr<MpiComm> world_;
+  std::unique_ptr<Comm> world_;
+  bool mpi_ = false;
   int threads_ = 1;
 };
 
