@@ -61,7 +61,9 @@ def champion(run_dir):
     return r["champion"]["candidate"]["id"], r["champion"]["accuracy"], r["result"]["accuracy"]
 
 
-class Resume(TempDirCase):
+class RunChecks(TempDirCase):
+    """What the tests below check of a run (no tests of its own)."""
+
     def assert_no_task_ran_twice(self, run_dir):
         done = set()
         ends = {}
@@ -111,6 +113,9 @@ class Resume(TempDirCase):
         proc.wait()
         self.assert_gone_within_2_s(runs, "processes outlived their coordinator by more than 2 s")
 
+
+
+class KillChain(RunChecks):
     def test_killed_at_random_moments_resume_finishes_with_the_same_champion(self):
         doc = tiny_pipeline("resume")
         path = self.write("p.json", doc)
@@ -160,6 +165,8 @@ class Resume(TempDirCase):
             self.assertEqual(msaflow("status", run_dir).returncode, 0)
         print(f"{kills} kills over {chains} chain(s), every one resumed to champion {expected[0]}", flush=True)
 
+
+class Resume(RunChecks):
     def test_a_dead_nam_server_fails_the_run_within_2_s_naming_it(self):
         doc = tiny_pipeline("namdies")
         doc["head"]["epochs"] = [400]  # a train step long enough to kill the server in
@@ -367,4 +374,4 @@ class Why(TempDirCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0]], verbosity=2)
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)  # after EXE ROOT: which tests
