@@ -158,10 +158,57 @@ nlohmann::json PrepareFpgaTimes(const StepContext& c, const workflow::BackboneSp
 
 }  // namespace
 
+namespace {
+
+// When every backbone's features of every split are in the NAM already (their keys from the
+// cached dataset digests), prepare reads no image at all: the reused entries go to `summary`
+// and true is returned on every rank. Rank 0 decides.
+bool EverythingReused(StepContext& c, nlohmann::json* summary) {
+  int all = 0;
+  nlohmann::json reused = nlohmann::json::array();
+  if (c.root()) {
+    all = 1;
+    for (const auto& bb : c.pipeline().backbones) {
+      const std::string bb_digest = BackboneDigest(*c.store, bb);
+      for (const std::string& split : workflow::SplitNames(c.pipeline())) {
+        const std::string key = workflow::FeaturesObject(bb_digest, c.DatasetDigest(split));
+        const auto info = c.store->Stat(key);
+        if (!info || !info->meta.contains("part_rows")) {
+          all = 0;
+          break;
+        }
+        reused.push_back({{"backbone", bb.name}, {"split", split}, {"object", key},
+                          {"rows", info->meta.value("rows", int64_t{0})}});
+      }
+      if (!all) break;
+    }
+  }
+  c.comm->Bcast(&all, sizeof all, 0);
+  if (!all || !c.root()) return all == 1;
+  for (const auto& bb : c.pipeline().backbones) c.inputs["backbones"][bb.name] = BackboneDigest(*c.store, bb);
+  for (const std::string& split : workflow::SplitNames(c.pipeline())) c.inputs["datasets"][split] = c.DatasetDigest(split);
+  for (const auto& e : reused)
+    c.Say(fmt::format("features {}/{}: reused {} (backbone not run)", e["backbone"].get<std::string>(),
+                      e["split"].get<std::string>(), e["object"].get<std::string>()));
+  c.Say(fmt::format("every features object was there: no image read ({} of {} dataset digest(s) from the cache)",
+                    c.digest_cache_hits(), workflow::SplitNames(c.pipeline()).size()));
+  (*summary)["reused"] = std::move(reused);
+  return true;
+}
+
+}  // namespace
+
 void Prepare(StepContext& c) {
   const int rank = c.comm->rank(), size = c.comm->size();
   nlohmann::json summary = {{"computed", nlohmann::json::array()}, {"reused", nlohmann::json::array()},
                             {"overlap", c.overlap}};
+  if (EverythingReused(c, &summary)) {
+    summary["fpga"] = c.FpgaReport();
+    if (c.root())
+      c.store->Put(workflow::PreparedObject(c.task.run, c.task.round), summary.dump(), {{"kind", "prepare-summary"}});
+    c.comm->Barrier();
+    return;
+  }
   const int64_t part_bytes = FeaturesPartBytes();
   // Every split's labels, checked before anything is computed; the pixels are read per rank.
   const std::vector<workflow::SplitSource> splits = workflow::OpenSplits(c.pipeline());
@@ -175,6 +222,7 @@ void Prepare(StepContext& c) {
       const std::string& split = src.name();
       if (!digests.count(split)) {
         digests[split] = src.Digest();
+        c.RememberDatasetDigest(split, digests[split]);
         c.inputs["datasets"][split] = digests[split];
       }
       std::string key = workflow::FeaturesObject(bb_digest, digests[split]);

@@ -30,9 +30,13 @@ struct StepContext {
   bool root() const { return comm->rank() == 0; }
   // One line of progress, "[rank] " first when the step has several ranks.
   void Say(const std::string& line) const;
-  // The digest of a dataset split (train | test) as the features keys use it; the images are
-  // read once per step, not once per backbone.
+  // The digest of a dataset split (train | validation | test) as the features keys use it:
+  // from the NAM's digest cache when the split's files are unchanged (workflow::SplitStamp),
+  // else its images are read (once per step) and the digest cached.
   const std::string& DatasetDigest(const std::string& split);
+  // A digest computed from a split the step opened itself, kept for DatasetDigest and cached.
+  void RememberDatasetDigest(const std::string& split, const std::string& digest);
+  int digest_cache_hits() const { return digest_cache_hits_; }
   // This step's FPGA backend (task.fpga), opened on first use; rank 0 says which device it is
   // (and, for "auto" without OpenCL, why it is the CPU).
   kernels::fpga::Device& Fpga();
@@ -43,6 +47,7 @@ struct StepContext {
 
  private:
   std::map<std::string, std::string> digests_;
+  int digest_cache_hits_ = 0;
   std::unique_ptr<kernels::fpga::Device> fpga_;
   std::string fpga_notice_;
 };

@@ -22,10 +22,40 @@ void StepContext::Say(const std::string& line) const {
   std::fflush(out);
 }
 
+namespace {
+
+// MSAFLOW_DIGEST_CACHE=0 turns the dataset digest cache off.
+bool DigestCacheOn() {
+  const char* v = std::getenv("MSAFLOW_DIGEST_CACHE");
+  return !(v && std::string(v) == "0");
+}
+
+}  // namespace
+
 const std::string& StepContext::DatasetDigest(const std::string& split) {
   auto it = digests_.find(split);
   if (it != digests_.end()) return it->second;
-  return digests_[split] = workflow::OpenSplit(pipeline(), split).Digest();
+  // The digest of the same files (path, size, inode, mtime) with the same spec is read from
+  // the NAM instead of reading and hashing every image again.
+  if (DigestCacheOn()) {
+    const std::string stamp = workflow::SplitStamp(pipeline(), split);
+    if (auto info = store->Stat(workflow::DatasetDigestObject(stamp));
+        info && info->meta.contains("digest") && info->meta["digest"].is_string() &&
+        info->meta.value("stamp_size", uint64_t{0}) == stamp.size()) {
+      ++digest_cache_hits_;
+      return digests_[split] = info->meta["digest"].get<std::string>();
+    }
+  }
+  RememberDatasetDigest(split, workflow::OpenSplit(pipeline(), split).Digest());
+  return digests_[split];
+}
+
+void StepContext::RememberDatasetDigest(const std::string& split, const std::string& digest) {
+  digests_[split] = digest;
+  if (!DigestCacheOn() || !root()) return;
+  const std::string stamp = workflow::SplitStamp(pipeline(), split);
+  store->Put(workflow::DatasetDigestObject(stamp), stamp,
+             {{"kind", "dataset-digest"}, {"split", split}, {"digest", digest}, {"stamp_size", stamp.size()}});
 }
 
 kernels::fpga::Device& StepContext::Fpga() {

@@ -1,5 +1,8 @@
 #include "workflow/datasets.h"
 
+#include <fmt/core.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <numeric>
@@ -8,6 +11,7 @@
 #include "common/checksum.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "kernels/image_folder.h"
 #include "kernels/npy.h"
 
 namespace msaflow::workflow {
@@ -97,6 +101,34 @@ const SplitSpec& SpecOf(const Pipeline& p, const std::string& split) {
 }  // namespace
 
 SplitSource OpenSplit(const Pipeline& p, const std::string& split) { return SplitFrom(p, split, OpenBase(SpecOf(p, split))); }
+
+namespace {
+
+// "path size inode mtime_ns" of a file; a file that cannot be stat'ed is named as missing, so
+// that the digest is computed (and the read fails with the usual message).
+std::string FileStamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return path + " missing\n";
+  return fmt::format("{} {} {} {}\n", path, static_cast<long long>(st.st_size), static_cast<unsigned long long>(st.st_ino),
+                     static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec);
+}
+
+}  // namespace
+
+std::string SplitStamp(const Pipeline& p, const std::string& split) {
+  const SplitSpec& s = SpecOf(p, split);
+  std::string out = fmt::format("msaflow.split-stamp/1 {} format={} limit={}\n", split, s.format, s.limit);
+  if (Carved(p, split))
+    out += fmt::format("carved from train: fraction={} seed={}\n", p.validation->fraction, p.validation->seed);
+  if (s.format == "folder") {
+    const kernels::FolderListing l = kernels::ListImageFolder(s.root, s.limit);
+    out += "folder " + s.root + "\n";
+    for (size_t i = 0; i < l.files.size(); ++i) out += std::to_string(l.labels[i]) + " " + FileStamp(l.files[i]);
+  } else {
+    out += FileStamp(s.images) + FileStamp(s.labels);
+  }
+  return out;
+}
 
 std::vector<SplitSource> OpenSplits(const Pipeline& p) {
   std::vector<SplitSource> out;

@@ -42,6 +42,11 @@ class SplitSource {
 
 // "train", "validation" or "test". Throws kInvalidInput for a pipeline without that split.
 SplitSource OpenSplit(const Pipeline& p, const std::string& split);
+// What a split's content digest (SplitSource::Digest) depends on, found without reading any
+// image: the split's spec (format, files, limit, the validation carve) and every file's path,
+// size, inode and modification time (an image folder is listed, not decoded). Steps cache the
+// digest under it (modules/dataset_digest.h).
+std::string SplitStamp(const Pipeline& p, const std::string& split);
 // Every split of `p` (SplitNames order); a validation split taken from train shares the one
 // read of the training file.
 std::vector<SplitSource> OpenSplits(const Pipeline& p);

@@ -1,5 +1,7 @@
 #include "workflow/objects.h"
 
+#include "common/checksum.h"
+
 namespace msaflow::workflow {
 namespace {
 
@@ -41,5 +43,7 @@ std::string BestObject(const std::string& run, int round) { return RunRound("bes
 std::string TaskDoneObject(const std::string& run, int round, const std::string& step) {
   return RunRound("done", run, round) + "/" + step;
 }
+
+std::string DatasetDigestObject(const std::string& split_stamp) { return "digest/" + ChecksumHex(split_stamp); }
 
 }  // namespace msaflow::workflow

@@ -27,5 +27,8 @@ std::string BestObject(const std::string& run, int round);
 // done/<run>/<round>/<step>: written last by a step that succeeded, listing the objects it
 // committed. A resumed run never runs a task whose done object exists.
 std::string TaskDoneObject(const std::string& run, int round, const std::string& step);
+// digest/<checksum of a split stamp>: the dataset digest of the split the stamp describes
+// (workflow::SplitStamp), in its metadata; the stamp is the body.
+std::string DatasetDigestObject(const std::string& split_stamp);
 
 }  // namespace msaflow::workflow

@@ -1,11 +1,14 @@
 // The module steps of one round, run in-process on a mem:// NAM, with and without faults
 // injected into the store (nam/fault_store.h through MSAFLOW_NAM_FAULTS, as a launcher's
 // module process would see them).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "common/error.h"
@@ -99,6 +102,38 @@ TEST_F(TinyRound, RunsAllSteps) {
   for (const char* s : {"load", "prepare", "train", "store", "evaluate", "select"}) Step(s);
   json best = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
   EXPECT_GT(best["champion"]["accuracy"].get<double>(), 0.9);  // an easy problem
+}
+
+TEST_F(TinyRound, DatasetDigestsAreCachedByTheFilesStampNotReadAgain) {
+  Step("load");
+  Step("prepare");
+  EXPECT_EQ(store_->List("digest/").size(), 3u);  // train, validation, test
+  // Damage the training images in place, keeping size, inode and modification time.
+  const std::string images = dir_ + "/train-images";
+  struct stat before {};
+  ASSERT_EQ(::stat(images.c_str(), &before), 0);
+  {
+    std::fstream f(images, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(16);  // every pixel, after the IDX header
+    const std::string bright(90 * 64, '\xff');
+    f.write(bright.data(), static_cast<std::streamsize>(bright.size()));
+  }
+  timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, images.c_str(), times, 0), 0);
+  Step("train");  // its features key from the cached digest: the images are not read
+  // A new modification time: the images are read and hashed again; the damage gives a new
+  // digest, under which there are no features.
+  times[1].tv_sec += 10;
+  ASSERT_EQ(::utimensat(AT_FDCWD, images.c_str(), times, 0), 0);
+  std::string what;
+  EXPECT_EQ(StepFails("train", &what), ErrorKind::kNotFound) << what;
+  EXPECT_NE(what.find("no object 'features/"), std::string::npos) << what;
+  // With the cache off, the same.
+  times[1].tv_sec -= 10;
+  ASSERT_EQ(::utimensat(AT_FDCWD, images.c_str(), times, 0), 0);
+  ::setenv("MSAFLOW_DIGEST_CACHE", "0", 1);
+  EXPECT_EQ(StepFails("train", &what), ErrorKind::kNotFound) << what;
+  ::unsetenv("MSAFLOW_DIGEST_CACHE");
 }
 
 TEST_F(TinyRound, CorruptFeaturesStopTrainingWithNothingWritten) {
