@@ -1,5 +1,6 @@
 // Classification heads trained on frozen backbone features: softmax regression and a small
-// MLP (one hidden ReLU layer), minibatch SGD (momentum 0.9) or Adam, L2 on the weights.
+// MLP (one hidden ReLU layer), minibatch SGD (momentum 0.9) or Adam, or full-batch L-BFGS,
+// L2 on the weights.
 // This file holds the pieces every training mode shares (parallel/train.h puts them
 // together): the parameters as one flat vector, their initialisation, the gradient of a batch,
 // and the optimiser step on any slice of the parameters (a parameter server owns a slice).
@@ -15,7 +16,7 @@ namespace msaflow::kernels {
 struct HeadConfig {
   std::string type = "softmax";  // "softmax" | "mlp"
   int64_t hidden = 0;            // mlp only
-  std::string optimizer = "adam";  // "adam" | "sgd"
+  std::string optimizer = "adam";  // "adam" | "sgd" (minibatch) | "lbfgs" (full batch; parallel/train_lbfgs.cc)
   double lr = 1e-3;
   double l2 = 1e-4;
   int64_t epochs = 10;

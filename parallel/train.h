@@ -47,6 +47,7 @@ struct TrainStats {
   std::vector<int64_t> updates_per_worker;  // async: per worker; hybrid: per group
   std::vector<int64_t> refused_per_worker;
   double seconds = 0;
+  nlohmann::json solver;  // lbfgs: iterations, evaluations, objective, max_gradient, stop
   nlohmann::json ToJson() const;
 };
 
@@ -59,7 +60,13 @@ struct TrainData {
 
 // Sync mode over every rank of `comm` (one rank: plain minibatch training). `h` comes from
 // kernels::InitHead, identical on every rank; on return every rank holds the trained head.
+// A head whose optimizer is "lbfgs" is trained by TrainLbfgs instead (no straggler).
 TrainStats TrainSync(Comm& comm, const TrainData& data, kernels::Head* h, const Straggler& straggler = {});
+
+// Full-batch L-BFGS on mean cross-entropy + l2/2 |W|^2 (parallel/train_lbfgs.cc), the rows
+// sharded over the ranks and the gradients summed by allreduce; `epochs` caps the iterations.
+// The curve has a point per iteration.
+TrainStats TrainLbfgs(Comm& comm, const TrainData& data, kernels::Head* h);
 
 // Async or hybrid over `world`: ranks 0..servers-1 are the parameter servers, the rest workers.
 // On return rank 0 holds the trained head (with the curve); the other ranks' copies are stale.

@@ -18,10 +18,12 @@ nlohmann::json TrainStats::ToJson() const {
     j[mode == "hybrid" ? "updates_per_group" : "updates_per_worker"] = updates_per_worker;
     j[mode == "hybrid" ? "refused_per_group" : "refused_per_worker"] = refused_per_worker;
   }
+  if (!solver.is_null()) j["solver"] = solver;
   return j;
 }
 
 TrainStats TrainSync(Comm& comm, const TrainData& data, kernels::Head* h, const Straggler& straggler) {
+  if (h->config.optimizer == "lbfgs") return TrainLbfgs(comm, data, h);
   const kernels::HeadConfig& cfg = h->config;
   const int64_t n = data.n, dim = h->in_dim, B = cfg.batch;
   const int N = comm.size(), r = comm.rank();

@@ -102,6 +102,8 @@ Candidate CandidateFromJson(const nlohmann::json& j) {
 
 std::string HeadLabel(const kernels::HeadConfig& h) {
   std::string t = h.type == "mlp" ? "mlp-" + std::to_string(h.hidden) : h.type;
+  if (h.optimizer == "lbfgs")  // no learning rate; epochs cap the iterations
+    return t + " lbfgs l2=" + Sci(h.l2) + " it<=" + std::to_string(h.epochs);
   return t + " " + h.optimizer + " lr=" + Sci(h.lr) + " l2=" + Sci(h.l2) + " e=" + std::to_string(h.epochs);
 }
 

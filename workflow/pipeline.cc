@@ -333,7 +333,8 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
       return [&r, allowed](const json& v, const std::string& ptr) { return r.Enum(v, ptr, allowed); };
     };
     if (h.contains("type")) p.head.types = r.List(h["type"], "/head/type", str({"softmax", "mlp"}));
-    if (h.contains("optimizer")) p.head.optimizers = r.List(h["optimizer"], "/head/optimizer", str({"adam", "sgd"}));
+    if (h.contains("optimizer"))
+      p.head.optimizers = r.List(h["optimizer"], "/head/optimizer", str({"adam", "sgd", "lbfgs"}));
     auto integer = [&](int64_t lo, int64_t hi) {
       return [&r, lo, hi](const json& v, const std::string& ptr) { return r.Int(v, ptr, lo, hi); };
     };
@@ -368,6 +369,11 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
       if (k == "train") ReadTrainParallel(r, v, ptr, &s);
     }
   }
+  const std::string& train_mode = p.steps["train"].parallel.mode;
+  if ((train_mode == "async" || train_mode == "hybrid") &&
+      std::find(p.head.optimizers.begin(), p.head.optimizers.end(), "lbfgs") != p.head.optimizers.end())
+    r.Fail("/steps/train/mode", "\"" + train_mode + "\" takes minibatch gradients; the \"lbfgs\" optimizer " +
+                                    "(/head/optimizer) is full-batch: use mode sync, independent or auto");
 
   if (doc.contains("rounds")) {
     const json& ro = doc["rounds"];

@@ -12,6 +12,7 @@
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
 #include "kernels/head.h"
+#include "kernels/lbfgs.h"
 #include "parallel/train.h"
 #include "kernels/metrics.h"
 #include "kernels/onnx_graph.h"
@@ -386,6 +387,80 @@ TEST(Head, LearnsAndIsDeterministic) {
     EXPECT_EQ(back.Logits(xt.data(), 5), a.Logits(xt.data(), 5));
     EXPECT_EQ(ErrorOf([&] { Head::Deserialize(a.config, 12, 3, a.Serialize().substr(4)); }).rfind("head weights: ", 0), 0u);
   }
+}
+
+TEST(Lbfgs, MinimisesRosenbrocksValley) {
+  std::vector<double> w = {-1.2, 1.0};
+  auto f = [](const std::vector<double>& v, std::vector<double>& g) {
+    const double a = v[0], b = v[1];
+    g[0] = -2 * (1 - a) - 400 * a * (b - a * a);
+    g[1] = 200 * (b - a * a);
+    return (1 - a) * (1 - a) + 100 * (b - a * a) * (b - a * a);
+  };
+  LbfgsOptions opt;
+  opt.max_iterations = 200;
+  int calls = 0;
+  const LbfgsResult r = MinimizeLbfgs(w, f, opt, [&](int k, double) { EXPECT_EQ(k, ++calls); });
+  // Near the minimum f is ~1e-12: the relative-decrease test (scipy's ftol) may end it first.
+  EXPECT_TRUE(r.stop == "converged" || r.stop == "no progress") << r.stop;
+  EXPECT_NEAR(w[0], 1.0, 1e-5);
+  EXPECT_NEAR(w[1], 1.0, 1e-5);
+  EXPECT_LE(r.max_gradient, 1e-4);
+  EXPECT_LT(r.f, 1e-10);
+  EXPECT_LT(r.iterations, 100);
+  EXPECT_EQ(calls, r.iterations);
+}
+
+// The regularised objective of a softmax head at its weights: mean cross-entropy + l2/2 |W|^2,
+// and the largest component of its gradient; computed here, apart from the trainer.
+std::pair<double, double> Objective(Head& h, const std::vector<float>& xs, const std::vector<uint8_t>& y) {
+  const int64_t n = static_cast<int64_t>(y.size());
+  GradientKernel k(h, n);
+  std::vector<float> g(h.params.size(), 0.f);
+  int64_t correct = 0;
+  double f = k.Accumulate(h, xs.data(), y.data(), n, 1.f / static_cast<float>(n), g.data(), &correct) /
+             static_cast<double>(n);
+  double gmax = 0;
+  for (const auto& blk : ParamLayout(h.config, h.in_dim, h.classes))
+    for (size_t i = blk.offset; i < blk.offset + blk.size; ++i) {
+      double gi = g[i];
+      if (blk.decay) {
+        f += 0.5 * h.config.l2 * h.params[i] * h.params[i];
+        gi += h.config.l2 * h.params[i];
+      }
+      gmax = std::max(gmax, std::abs(gi));
+    }
+  return {f, gmax};
+}
+
+TEST(Head, LbfgsFindsTheRegularisedOptimumAndIsDeterministic) {
+  std::vector<float> x, xt;
+  std::vector<uint8_t> y, yt;
+  Blobs(600, 12, 3, 1, &x, &y);
+  Blobs(300, 12, 3, 2, &xt, &yt);
+  HeadConfig cfg;
+  cfg.optimizer = "lbfgs";
+  cfg.l2 = 1e-2;
+  cfg.epochs = 300;  // the iteration cap
+  cfg.seed = 42;
+  Head a = Train(cfg, x, y);
+  EXPECT_EQ(Train(cfg, x, y).Serialize(), a.Serialize());
+  ASSERT_FALSE(a.curve.empty());
+  EXPECT_LT(a.curve.size(), 300u);  // it stopped before the cap
+  for (size_t i = 1; i < a.curve.size(); ++i) EXPECT_EQ(a.curve[i].step, a.curve[i - 1].step + 1);
+  std::vector<float> xs(x.size());
+  a.Standardize(x.data(), 600, xs.data());
+  const auto [f_lbfgs, g_lbfgs] = Objective(a, xs, y);
+  EXPECT_LT(g_lbfgs, 1e-3);  // stationary, up to float32 weights
+  // Adam on the same objective, many epochs: no lower.
+  HeadConfig adam = cfg;
+  adam.optimizer = "adam";
+  adam.epochs = 60;
+  adam.lr = 0.01;
+  Head b = Train(adam, x, y);
+  EXPECT_LE(f_lbfgs, Objective(b, xs, y).first + 1e-6);
+  auto logits = a.Logits(xt.data(), 300);
+  EXPECT_GT(Evaluate(logits.data(), yt.data(), 300, 3).accuracy(), 0.9);
 }
 
 TEST(Metrics, CountsAndMerges) {

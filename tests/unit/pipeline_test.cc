@@ -56,6 +56,16 @@ TEST(Pipeline, ParsesAndResolvesPaths) {
   EXPECT_EQ(q.backbones[0].onnx, "/base/m.onnx");
 }
 
+TEST(Pipeline, LbfgsIsFullBatchAndRefusedWithAParameterServer) {
+  const std::string lbfgs = With("\"rounds\"", "\"head\": {\"optimizer\": [\"adam\", \"lbfgs\"]}, \"rounds\"");
+  EXPECT_EQ(ErrorOf(lbfgs),
+            "p.json: /steps/train/mode: \"async\" takes minibatch gradients; the \"lbfgs\" optimizer (/head/optimizer) "
+            "is full-batch: use mode sync, independent or auto");
+  std::string sync = lbfgs;
+  sync.replace(sync.find("\"async\""), 7, "\"sync\"");
+  EXPECT_EQ(ParsePipeline(sync, "p.json", "/base").head.optimizers, (std::vector<std::string>{"adam", "lbfgs"}));
+}
+
 TEST(Pipeline, ExactErrors) {
   EXPECT_EQ(ErrorOf(With("\"async\"", "\"asnyc\"")),
             "p.json: /steps/train/mode: \"asnyc\" is not one of auto, independent, sync, async, hybrid — did you mean "
