@@ -14,7 +14,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from small_pipeline import small_pipeline  # noqa: E402
+from small_pipeline import tiny_pipeline as small_pipeline_tiny  # noqa: E402
 from tmpdir_case import TempDirCase  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
@@ -44,11 +44,7 @@ def msaflow(*args, **kw):
 
 
 def tiny_pipeline(name):
-    doc = small_pipeline(ROOT, name, rounds=2)
-    doc["datasets"]["train"]["limit"] = 400
-    doc["datasets"]["test"]["limit"] = 200
-    doc["backbones"] = [b for b in doc["backbones"] if b["name"] in ("ppocrv4", "pixels")]
-    return doc
+    return small_pipeline_tiny(ROOT, name)
 
 
 class Report(TempDirCase):

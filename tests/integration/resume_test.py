@@ -13,7 +13,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from small_pipeline import small_pipeline  # noqa: E402
+from small_pipeline import tiny_pipeline as small_pipeline_tiny  # noqa: E402
 from tmpdir_case import TempDirCase  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
@@ -25,13 +25,7 @@ def msaflow(*args):
 
 
 def tiny_pipeline(name):
-    """Two rounds of four candidates on PP-OCRv4 and raw pixels, 400/200 images: every step of
-    the workflow, MPI steps included, in about 20 s."""
-    doc = small_pipeline(ROOT, name, rounds=2)
-    doc["datasets"]["train"]["limit"] = 400
-    doc["datasets"]["test"]["limit"] = 200
-    doc["backbones"] = [b for b in doc["backbones"] if b["name"] in ("ppocrv4", "pixels")]
-    return doc
+    return small_pipeline_tiny(ROOT, name)
 
 
 def processes_of(run_dir):

@@ -21,3 +21,13 @@ def small_pipeline(root, name, rounds=2):
     doc["rounds"] = {"max": rounds, "candidates": 4, "top_k": 2, "strategy": "perturb", "seed": 3,
                      "min_delta": 0.0, "patience": 5}
     return doc
+
+
+def tiny_pipeline(root, name, rounds=2):
+    """Two rounds of four candidates on PP-OCRv4 and raw pixels, 400/200 images: every step of
+    the workflow, MPI steps included, in about 15 s."""
+    doc = small_pipeline(root, name, rounds=rounds)
+    doc["datasets"]["train"]["limit"] = 400
+    doc["datasets"]["test"]["limit"] = 200
+    doc["backbones"] = [b for b in doc["backbones"] if b["name"] in ("ppocrv4", "pixels")]
+    return doc
