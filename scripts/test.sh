@@ -21,11 +21,11 @@ for line in open(sys.argv[1]):
 print(f"tests: {passed} passed, {failed} failed")
 PY
 # The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the unit tests, the CLI, the
-# NAM server processes and the end-to-end run under ASan + UBSan (`scripts/sanitize.sh asan`
+# report in the browser, the NAM server processes and the end-to-end run under ASan + UBSan (`scripts/sanitize.sh asan`
 # alone runs every suite, MPI and Slurm included: CI's 30 minutes do not hold them twice), the
 # NAM tests under TSan, and every fuzzer over its corpus for a few seconds.
 if [[ ${MSAFLOW_SANITIZE:-1} == 1 ]]; then
-  asan_tests="common pipeline nam nam_server kernels fpga datasets planner journal report modules slurm cli nam_server_processes end_to_end"
+  asan_tests="common pipeline nam nam_server kernels fpga datasets planner journal report modules slurm cli report_browser nam_server_processes end_to_end"
   for part in "asan $asan_tests" "tsan" "fuzz 3"; do
     if scripts/sanitize.sh $part; then
       echo "sanitize ${part%% *}: passed"
