@@ -34,7 +34,8 @@ std::vector<std::vector<Candidate>> Grid(const Pipeline& p) {
     for (const auto& type : p.head.types)
       for (int64_t hidden : type == "mlp" ? p.head.hidden : std::vector<int64_t>{0})
         for (const auto& opt : p.head.optimizers)
-          for (double lr : p.head.lr)
+          // L-BFGS has no learning rate: one configuration per l2 and cap, not one per lr too.
+          for (double lr : opt == "lbfgs" ? std::vector<double>{p.head.lr.front()} : p.head.lr)
             for (double l2 : p.head.l2)
               for (int64_t ep : p.head.epochs) {
                 Candidate c;

@@ -113,7 +113,8 @@ class Report(TempDirCase):
         # On a terminal: bars drawn in place (carriage returns), then the same summary lines.
         pid, fd = pty.fork()
         if pid == 0:
-            os.execv(EXE, [EXE, "run", path, "--runs", runs, "--run-id", "bars"])
+            # A terminal that can draw (a CI runner may have set TERM=dumb, which turns the bar off).
+            os.execve(EXE, [EXE, "run", path, "--runs", runs, "--run-id", "bars"], {**os.environ, "TERM": "xterm"})
         out = b""
         while True:
             ready, _, _ = select.select([fd], [], [], 120)

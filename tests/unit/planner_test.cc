@@ -26,6 +26,22 @@ Pipeline TwoBackbones() {
                        "p.json", "/b");
 }
 
+TEST(Candidates, LbfgsConfigurationsDoNotRepeatPerLearningRate) {
+  Pipeline p = ParsePipeline(R"({"name": "t",
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                 "validation": {"from": "train", "fraction": 0.1}},
+    "backbones": [{"name": "pixels", "kind": "pixels"}],
+    "head": {"optimizer": ["lbfgs", "adam"], "lr": [0.001, 0.01], "l2": [0.001, 0.01]},
+    "rounds": {"max": 1, "candidates": 6, "seed": 9}})",
+                             "p.json", "/b");
+  // lbfgs: 2 configurations (l2); adam: 4 (lr x l2); 6 candidates cover each exactly once.
+  std::vector<std::string> labels;
+  for (const auto& c : FirstRound(p)) labels.push_back(workflow::HeadLabel(c.head));
+  std::sort(labels.begin(), labels.end());
+  EXPECT_EQ(std::unique(labels.begin(), labels.end()), labels.end());
+  EXPECT_EQ(std::count_if(labels.begin(), labels.end(), [](const std::string& l) { return l.find("lbfgs") != std::string::npos; }), 2);
+}
+
 TEST(Planner, RoundBindsStepsToModules) {
   Pipeline p = TwoBackbones();
   Machine m = LoadMachine("local");
