@@ -7,43 +7,10 @@
 #include <random>
 
 #include "common/error.h"
+#include "kernels/gemm.h"
+#include "kernels/head_batch.h"
 
 namespace msaflow::kernels {
-namespace {
-
-// y[n x m] = x[n x k] * w[k x m] + b[m]
-void Dense(const float* x, int64_t n, int64_t k, const float* w, const float* b, int64_t m, float* y) {
-  for (int64_t i = 0; i < n; ++i) {
-    float* yi = y + i * m;
-    std::memcpy(yi, b, static_cast<size_t>(m) * sizeof(float));
-    const float* xi = x + i * k;
-    for (int64_t p = 0; p < k; ++p) {
-      float v = xi[p];
-      if (v == 0.f) continue;
-      const float* wp = w + p * m;
-      for (int64_t j = 0; j < m; ++j) yi[j] += v * wp[j];
-    }
-  }
-}
-
-// Softmax in place; returns the summed cross-entropy of the rows and counts correct argmaxes.
-double SoftmaxXent(float* z, int64_t n, int64_t m, const uint8_t* y, int64_t* correct) {
-  double loss = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    float* zi = z + i * m;
-    float mx = *std::max_element(zi, zi + m);
-    int64_t arg = std::max_element(zi, zi + m) - zi;
-    if (arg == y[i]) ++*correct;
-    double s = 0;
-    for (int64_t j = 0; j < m; ++j) s += (zi[j] = std::exp(zi[j] - mx));
-    for (int64_t j = 0; j < m; ++j) zi[j] = static_cast<float>(zi[j] / s);
-    loss -= std::log(std::max(static_cast<double>(zi[y[i]]), 1e-12));
-  }
-  return loss;
-}
-
-}  // namespace
-
 void Head::Standardize(const float* x, int64_t n, float* out) const {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < in_dim; ++j)
@@ -74,16 +41,22 @@ size_t ParamCount(const std::vector<ParamBlock>& layout) { return layout.back().
 std::vector<float> Head::Logits(const float* x, int64_t n) const {
   std::vector<float> xs(static_cast<size_t>(n * in_dim));
   Standardize(x, n, xs.data());
-  std::vector<float> out(static_cast<size_t>(n * classes));
   auto layout = ParamLayout(config, in_dim, classes);
   auto at = [&](size_t k) { return params.data() + layout[k].offset; };
+  // y[n x m] = a[n x k] * Wt^T + bias, Wt being m x k.
+  auto dense_t = [](const float* a, int64_t n, int64_t k, const float* wt, const float* bias, int64_t m, float* y) {
+    for (int64_t i = 0; i < n; ++i) std::memcpy(y + i * m, bias, static_cast<size_t>(m) * sizeof(float));
+    Gemm(false, true, n, m, k, 1.f, a, k, wt, k, 1.f, y, m);
+  };
+  std::vector<float> out(static_cast<size_t>(n * classes));
   if (config.type == "softmax") {
-    Dense(xs.data(), n, in_dim, at(0), at(1), classes, out.data());
+    dense_t(xs.data(), n, in_dim, at(0), at(1), classes, out.data());
   } else {
     std::vector<float> h(static_cast<size_t>(n * config.hidden));
-    Dense(xs.data(), n, in_dim, at(0), at(1), config.hidden, h.data());
+    dense_t(xs.data(), n, in_dim, at(0), at(1), config.hidden, h.data());
     for (auto& v : h) v = std::max(v, 0.f);
-    Dense(h.data(), n, config.hidden, at(2), at(3), classes, out.data());
+    for (int64_t i = 0; i < n; ++i) std::memcpy(&out[static_cast<size_t>(i * classes)], at(3), static_cast<size_t>(classes) * sizeof(float));
+    Gemm(false, false, n, classes, config.hidden, 1.f, h.data(), config.hidden, at(2), classes, 1.f, out.data(), classes);
   }
   return out;
 }
@@ -172,73 +145,15 @@ Head InitHead(const HeadConfig& cfg, const float* x, const uint8_t* y, int64_t n
   return h;
 }
 
-GradientKernel::GradientKernel(const Head& h, int64_t max_rows) {
-  int64_t hid = std::max<int64_t>(h.config.type == "mlp" ? h.config.hidden : 0, 1);
-  hidden_.resize(static_cast<size_t>(max_rows * hid));
-  dh_.resize(static_cast<size_t>(max_rows * hid));
-  z_.resize(static_cast<size_t>(max_rows * h.classes));
-}
+GradientKernel::GradientKernel(const Head& h, int64_t max_rows)
+    : batch_(std::make_unique<HeadBatch>(std::vector<const Head*>{&h}, max_rows)) {}
+
+GradientKernel::~GradientKernel() = default;
 
 double GradientKernel::Accumulate(const Head& h, const float* x, const uint8_t* y, int64_t b, float scale, float* grad,
                                   int64_t* correct) {
-  const int64_t dim = h.in_dim, classes = h.classes, hid = h.config.hidden;
-  const bool mlp = h.config.type == "mlp";
-  auto layout = ParamLayout(h.config, dim, classes);
-  const float* P = h.params.data();
-  const float* top_in = x;
-  int64_t top_dim = dim;
-  size_t wk = 0;
-  if (mlp) {
-    Dense(x, b, dim, P + layout[0].offset, P + layout[1].offset, hid, hidden_.data());
-    for (int64_t i = 0; i < b * hid; ++i) hidden_[static_cast<size_t>(i)] = std::max(hidden_[static_cast<size_t>(i)], 0.f);
-    top_in = hidden_.data();
-    top_dim = hid;
-    wk = 2;
-  }
-  float* z = z_.data();
-  Dense(top_in, b, top_dim, P + layout[wk].offset, P + layout[wk + 1].offset, classes, z);
-  double loss = SoftmaxXent(z, b, classes, y, correct);
-  // d(loss)/dz = softmax - onehot, scaled (1/batch for a mean).
-  for (int64_t i = 0; i < b; ++i) {
-    z[i * classes + y[i]] -= 1.f;
-    for (int64_t j = 0; j < classes; ++j) z[i * classes + j] *= scale;
-  }
-  float* gw = grad + layout[wk].offset;
-  float* gb = grad + layout[wk + 1].offset;
-  for (int64_t i = 0; i < b; ++i) {
-    const float* zi = z + i * classes;
-    const float* ai = top_in + i * top_dim;
-    for (int64_t p = 0; p < top_dim; ++p) {
-      float a = ai[p];
-      if (a == 0.f) continue;
-      float* g = gw + p * classes;
-      for (int64_t j = 0; j < classes; ++j) g[j] += a * zi[j];
-    }
-    for (int64_t j = 0; j < classes; ++j) gb[j] += zi[j];
-  }
-  if (mlp) {
-    const float* w2 = P + layout[2].offset;
-    for (int64_t i = 0; i < b; ++i) {
-      for (int64_t p = 0; p < hid; ++p) {
-        float acc = 0;
-        if (hidden_[static_cast<size_t>(i * hid + p)] > 0.f)
-          for (int64_t j = 0; j < classes; ++j) acc += w2[p * classes + j] * z[i * classes + j];
-        dh_[static_cast<size_t>(i * hid + p)] = acc;
-      }
-    }
-    float* g1 = grad + layout[0].offset;
-    float* gb1 = grad + layout[1].offset;
-    for (int64_t i = 0; i < b; ++i) {
-      const float* xi = x + i * dim;
-      const float* di = &dh_[static_cast<size_t>(i * hid)];
-      for (int64_t p = 0; p < dim; ++p) {
-        float a = xi[p];
-        float* g = g1 + p * hid;
-        for (int64_t j = 0; j < hid; ++j) g[j] += a * di[j];
-      }
-      for (int64_t j = 0; j < hid; ++j) gb1[j] += di[j];
-    }
-  }
+  double loss = 0;
+  batch_->Accumulate(h.params.data(), x, y, b, scale, grad, &loss, correct);
   return loss;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,11 +22,14 @@ struct HeadConfig {
   double l2 = 1e-4;
   int64_t epochs = 10;
   int64_t batch = 64;
-  uint64_t seed = 1;
+  uint64_t seed = 1;       // the initial weights
+  uint64_t data_seed = 0;  // the order of the rows: heads that share it (and batch) see the same batches
 };
 
-// One block of the flat parameter vector: softmax {W [in x classes], b [classes]};
-// mlp {W1 [in x hidden], b1 [hidden], W2 [hidden x classes], b2 [classes]}. L2 applies to W.
+// One block of the flat parameter vector: softmax {Wt [classes x in], b [classes]};
+// mlp {W1t [hidden x in], b1 [hidden], W2 [hidden x classes], b2 [classes]}, row-major. The
+// first layer is stored transposed (a row per output) so that heads trained together stack
+// their first layers into one matrix (kernels/head_batch.h). L2 applies to the W blocks.
 struct ParamBlock {
   size_t offset = 0, size = 0;
   bool decay = false;
@@ -56,6 +60,9 @@ struct Head {
   static Head Deserialize(const HeadConfig& cfg, int64_t in_dim, int64_t classes, const std::string& bytes);
 };
 
+// The layout of Head::params and of stored model bytes (model metadata "weights_layout").
+inline constexpr const char* kWeightsLayout = "msaflow.head/2";
+
 // A head ready to train on n rows (x: n x dim, y: labels < classes): standardisation from the
 // rows, Glorot-uniform weights from cfg.seed, zero biases; or, with `init` (same shape),
 // a warm start from its statistics and weights. Throws kInvalidInput for empty data, a label
@@ -63,17 +70,19 @@ struct Head {
 Head InitHead(const HeadConfig& cfg, const float* x, const uint8_t* y, int64_t n, int64_t dim, int64_t classes,
               const Head* init = nullptr);
 
-// Forward and backward passes of one batch. Buffers are sized once for `max_rows`.
+// Forward and backward passes of one batch for one head (kernels/head_batch.h does many).
+class HeadBatch;
 class GradientKernel {
  public:
   GradientKernel(const Head& h, int64_t max_rows);
+  ~GradientKernel();
   // x: b standardised rows (b <= max_rows). Adds scale * d(sum of the rows' cross-entropy)/d(params)
   // into grad (params.size() floats); returns the summed loss and adds argmax hits to *correct.
   double Accumulate(const Head& h, const float* x, const uint8_t* y, int64_t b, float scale, float* grad,
                     int64_t* correct);
 
  private:
-  std::vector<float> hidden_, z_, dh_;
+  std::unique_ptr<HeadBatch> batch_;
 };
 
 // The optimiser for params[lo, hi): Adam (beta1 = momentum, beta2 = 0.999) or SGD with
@@ -87,6 +96,7 @@ class Optimizer {
   // params and grad point at element `lo` of their vectors; grad is the batch-mean gradient.
   void Step(float* params, const float* grad);
   int64_t steps() const { return t_; }
+  size_t lo() const { return lo_; }
 
  private:
   HeadConfig cfg_;

@@ -15,6 +15,7 @@
 #include "workflow/datasets.h"
 #include "modules/evaluate.h"
 #include "modules/features.h"
+#include "modules/model_object.h"
 #include "modules/straggler.h"
 #include "parallel/task_farm.h"
 #include "parallel/train_util.h"
@@ -79,10 +80,7 @@ void Evaluate(StepContext& c) {
       const FeaturesIndex& f = fc.index;
       if (!head) {
         if (!models.count(cand.id)) {
-          nam::Object m = c.store->Get(workflow::ModelObject(t.run, t.round, cand.id));
-          if (!m.info.meta.contains("in_dim") || !m.info.meta.contains("classes"))
-            Throw(ErrorKind::kCorrupt, "NAM object '" + m.info.name + "': model metadata lacks in_dim/classes");
-          models.emplace(cand.id, kernels::Head::Deserialize(cand.head, m.info.meta["in_dim"], m.info.meta["classes"], m.bytes));
+          models.emplace(cand.id, HeadFromModel(c.store->Get(workflow::ModelObject(t.run, t.round, cand.id)), cand.head));
         }
         head = &models.at(cand.id);
       }

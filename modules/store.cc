@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "kernels/head.h"
+#include "modules/model_object.h"
 #include "modules/step_context.h"
 #include "workflow/objects.h"
 
@@ -26,10 +27,7 @@ void Store(StepContext& c) {
     nlohmann::json meta = staged.info.meta;
     meta["run"] = t.run;
     meta["round"] = t.round;
-    if (!meta.contains("in_dim") || !meta["in_dim"].is_number_integer() || !meta.contains("classes") ||
-        !meta["classes"].is_number_integer())
-      Throw(ErrorKind::kCorrupt, "NAM object '" + staging + "': metadata lacks in_dim/classes");
-    kernels::Head::Deserialize(cand.head, meta["in_dim"], meta["classes"], staged.bytes);  // shape check
+    HeadFromModel(staged, cand.head);  // shape and layout check
     auto info = c.store->Put(name, staged.bytes, meta);
     staged_names.push_back(staged.info.name);
     c.Say(fmt::format("stored {} ({} bytes, checksum {})", name, info.size, info.checksum));

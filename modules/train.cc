@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "modules/features.h"
+#include "modules/model_object.h"
 #include "modules/straggler.h"
 #include "parallel/train.h"
 #include "workflow/objects.h"
@@ -36,9 +37,8 @@ kernels::Head StartingHead(StepContext& c, const workflow::Candidate& cand, cons
   if (!cand.warm_start.empty()) {
     nam::Object m = c.store->Get(cand.warm_start);
     try {
-      init = std::make_unique<kernels::Head>(kernels::Head::Deserialize(
-          workflow::CandidateFromJson(m.info.meta.at("candidate")).head, m.info.meta.at("in_dim"),
-          m.info.meta.at("classes"), m.bytes));
+      init = std::make_unique<kernels::Head>(
+          HeadFromModel(m, workflow::CandidateFromJson(m.info.meta.at("candidate")).head));
     } catch (const nlohmann::json::exception& e) {
       Throw(ErrorKind::kCorrupt, "NAM object '" + m.info.name + "': model metadata: " + e.what());
     }
@@ -53,6 +53,7 @@ void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, c
                          {"classes", f.classes},                {"backbone", cand.backbone},
                          {"backbone_digest", BackboneDigest(*c.store, bb)},
                          {"curve", CurveJson(h)},               {"seconds", st.seconds},
+                         {"weights_layout", kernels::kWeightsLayout},
                          {"train_rows", f.n},                   {"training", st.ToJson()}};
   c.store->Put(workflow::StagingObject(c.task.run, c.task.round, cand.id), h.Serialize(), meta);
   std::string how = (st.mode == "sync" && st.ranks == 1) || st.mode == "independent"
@@ -65,7 +66,8 @@ void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, c
   if (!how.empty()) how += "]";
   c.Say(fmt::format("trained {} ({} on {}): final train loss {:.4f}, train acc {:.4f} in {:.1f} s{}{}", cand.id,
                     workflow::HeadLabel(cand.head), cand.backbone, h.curve.back().loss, h.curve.back().accuracy,
-                    st.seconds, how, cand.warm_start.empty() ? "" : " (warm start from " + cand.warm_start + ")"));
+                    st.seconds, how + (st.together > 1 ? fmt::format(" (one of {} trained together)", st.together) : ""),
+                    cand.warm_start.empty() ? "" : " (warm start from " + cand.warm_start + ")"));
 }
 
 // Mode independent: which rank trains each candidate. Longest first onto the least loaded rank
@@ -121,39 +123,75 @@ void Train(StepContext& c) {
     for (const auto& cand : cands)
       if (!shapes.count(cand.backbone)) shapes[cand.backbone] = FeaturesShape(c, cand.backbone, "train");
     owner = DealByCost(cands, shapes, world.size());
-    std::string mine;
+    std::string dealt;
     for (size_t i = 0; i < cands.size(); ++i)
-      if (owner[i] == world.rank()) mine += (mine.empty() ? "" : ", ") + cands[i].id;
-    c.Say("candidates dealt by estimated cost: " + (mine.empty() ? std::string("none") : mine));
+      if (owner[i] == world.rank()) dealt += (dealt.empty() ? "" : ", ") + cands[i].id;
+    c.Say("candidates dealt by estimated cost: " + (dealt.empty() ? std::string("none") : dealt));
   }
-  for (size_t i = 0; i < cands.size(); ++i) {
-    const workflow::Candidate& cand = cands[i];
-    if (owner[i] != world.rank()) continue;
-    if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
-    const Features& f = cache[cand.backbone];
-    kernels::Head h = StartingHead(c, cand, f);
-    std::vector<float> xs(f.x.size());
-    h.Standardize(f.x.data(), f.n, xs.data());
-    parallel::TrainData data{xs.data(), f.labels.data(), f.n};
-    parallel::TrainStats st;
-    bool holder = true;  // this rank holds the trained weights
-    if (mode == "independent") {
-      parallel::SelfComm self;
-      st = parallel::TrainSync(self, data, &h, world.rank() == straggler.rank ? parallel::Straggler{0, straggler.factor}
-                                                                              : parallel::Straggler{});
-      st.mode = "independent";
-    } else if (mode == "sync") {
-      st = parallel::TrainSync(world, data, &h, straggler);
-      holder = world.rank() == 0;
-    } else {
-      parallel::PsOptions opt{layout.servers, mode == "hybrid" ? layout.groups : 0, layout.max_staleness, straggler};
-      st = parallel::TrainParameterServer(world, data, &h, opt);
-      holder = world.rank() == 0;
-    }
-    if (!holder) continue;
+  auto staged = [&](const workflow::Candidate& cand, const Features& f, const kernels::Head& h,
+                    const parallel::TrainStats& st) {
     Stage(c, cand, f, h, st);
     trained.push_back({{"candidate", cand.id}, {"backbone", cand.backbone}, {"rows", f.n}, {"updates", st.updates},
-                       {"seconds", st.seconds}, {"rank", world.rank()}});
+                       {"seconds", st.seconds}, {"rank", world.rank()}, {"together", st.together}});
+  };
+  if (mode == "async" || mode == "hybrid") {
+    for (const workflow::Candidate& cand : cands) {
+      if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
+      const Features& f = cache[cand.backbone];
+      kernels::Head h = StartingHead(c, cand, f);
+      std::vector<float> xs(f.x.size());
+      h.Standardize(f.x.data(), f.n, xs.data());
+      parallel::PsOptions opt{layout.servers, mode == "hybrid" ? layout.groups : 0, layout.max_staleness, straggler};
+      const parallel::TrainStats st = parallel::TrainParameterServer(world, {xs.data(), f.labels.data(), f.n}, &h, opt);
+      if (world.rank() == 0) staged(cand, f, h, st);
+    }
+  } else {
+    // Independent or sync: this rank's candidates, in batches of heads that train together
+    // (one GEMM per step serves a whole batch; parallel/train.h).
+    std::vector<size_t> mine;
+    for (size_t i = 0; i < cands.size(); ++i)
+      if (owner[i] == world.rank()) mine.push_back(i);
+    std::vector<kernels::Head> heads;
+    std::vector<std::vector<size_t>> batches;  // positions in `mine`
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const workflow::Candidate& cand = cands[mine[k]];
+      if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
+      heads.push_back(StartingHead(c, cand, cache[cand.backbone]));
+      auto fits = [&](const std::vector<size_t>& b) {
+        return cands[mine[b[0]]].backbone == cand.backbone && parallel::CanTrainTogether(heads[b[0]], heads[k]);
+      };
+      auto it = std::find_if(batches.begin(), batches.end(), fits);
+      if (it == batches.end()) batches.push_back({k});
+      else it->push_back(k);
+    }
+    parallel::SelfComm self;
+    parallel::Comm& comm = mode == "independent" ? static_cast<parallel::Comm&>(self) : world;
+    const parallel::Straggler slow = mode != "independent"            ? straggler
+                                     : world.rank() == straggler.rank ? parallel::Straggler{0, straggler.factor}
+                                                                      : parallel::Straggler{};
+    for (const std::vector<size_t>& b : batches) {
+      const Features& f = cache[cands[mine[b[0]]].backbone];
+      std::vector<float> xs(f.x.size());
+      heads[b[0]].Standardize(f.x.data(), f.n, xs.data());
+      const parallel::TrainData data{xs.data(), f.labels.data(), f.n};
+      std::vector<kernels::Head*> members;
+      for (size_t k : b) members.push_back(&heads[k]);
+      std::vector<parallel::TrainStats> stats;
+      if (members.size() == 1) {
+        stats.push_back(parallel::TrainSync(comm, data, members[0], slow));
+      } else {
+        std::string ids;
+        for (size_t k : b) ids += (ids.empty() ? "" : ", ") + cands[mine[k]].id;
+        if (mode == "independent" || c.root())
+          c.Say(fmt::format("training {} heads together on {} features: {}", b.size(), cands[mine[b[0]]].backbone, ids));
+        stats = parallel::TrainSyncTogether(comm, data, members, slow);
+      }
+      if (mode == "sync" && world.rank() != 0) continue;  // rank 0 stages
+      for (size_t m = 0; m < b.size(); ++m) {
+        if (mode == "independent") stats[m].mode = "independent";
+        staged(cands[mine[b[m]]], f, heads[b[m]], stats[m]);
+      }
+    }
   }
   // The step's figures (docs/formats.md): what each candidate cost, for results and planning.
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -48,6 +48,7 @@ struct TrainStats {
   std::vector<int64_t> refused_per_worker;
   double seconds = 0;
   nlohmann::json solver;  // lbfgs: iterations, evaluations, objective, max_gradient, stop
+  int64_t together = 1;   // heads trained together in one batch (TrainSyncTogether), this one included
   nlohmann::json ToJson() const;
 };
 
@@ -62,6 +63,18 @@ struct TrainData {
 // kernels::InitHead, identical on every rank; on return every rank holds the trained head.
 // A head whose optimizer is "lbfgs" is trained by TrainLbfgs instead (no straggler).
 TrainStats TrainSync(Comm& comm, const TrainData& data, kernels::Head* h, const Straggler& straggler = {});
+
+// Whether two heads (from InitHead) can be trained together by TrainSyncTogether: minibatch
+// optimisers, the same features (in_dim, classes, standardisation) and the same batches (batch
+// size, epochs, data_seed). Their learning rates, l2, optimisers, types and widths may differ.
+bool CanTrainTogether(const kernels::Head& a, const kernels::Head& b);
+
+// Sync mode for several heads at once: every step serves all of them from one batch, with one
+// GEMM for all their first layers and one allreduce for all their gradients; each head keeps
+// its own optimiser. Each head ends as TrainSync would train it alone (up to the summation
+// order of the GEMMs). Throws kInternal unless every head CanTrainTogether with the first.
+std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, const std::vector<kernels::Head*>& heads,
+                                          const Straggler& straggler = {});
 
 // Full-batch L-BFGS on mean cross-entropy + l2/2 |W|^2 (parallel/train_lbfgs.cc), the rows
 // sharded over the ranks and the gradients summed by allreduce; `epochs` caps the iterations.

@@ -169,7 +169,7 @@ void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kerne
   const int64_t b = std::min(cfg.batch, shard);
   std::vector<int64_t> rows(static_cast<size_t>(shard)), batch_rows(static_cast<size_t>(b));
   std::iota(rows.begin(), rows.end(), first);
-  std::mt19937_64 rng(ShuffleSeed(cfg.seed, static_cast<uint64_t>(unit) + 1));
+  std::mt19937_64 rng(ShuffleSeed(cfg.data_seed, static_cast<uint64_t>(unit) + 1));
   std::shuffle(rows.begin(), rows.end(), rng);
   size_t pos = 0;
   const int64_t part_lo = b * member / team.size(), part_hi = b * (member + 1) / team.size();

@@ -20,6 +20,10 @@ uint64_t SeedFor(const Pipeline& p, int round, size_t i) {
   return g() % 1000000007ULL;
 }
 
+// The order of the rows for every candidate of a round: the same for all, so that the heads
+// on one backbone see the same batches and train together (parallel/train.h).
+uint64_t DataSeedFor(const Pipeline& p, int round) { return SeedFor(p, round, 777767); }
+
 std::string Sci(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.0e", v);
@@ -67,6 +71,7 @@ std::vector<Candidate> Sample(const Pipeline& p, int round) {
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].id = Id(round, i);
     out[i].head.seed = SeedFor(p, round, i);
+    out[i].head.data_seed = DataSeedFor(p, round);
   }
   return out;
 }
@@ -84,7 +89,8 @@ nlohmann::json ToJson(const Candidate& c) {
             {"l2", c.head.l2},
             {"epochs", c.head.epochs},
             {"batch", c.head.batch},
-            {"seed", c.head.seed}}},
+            {"seed", c.head.seed},
+            {"data_seed", c.head.data_seed}}},
           {"warm_start", c.warm_start},
           {"parent", c.parent}};
 }
@@ -95,7 +101,7 @@ Candidate CandidateFromJson(const nlohmann::json& j) {
   c.backbone = j.at("backbone");
   const auto& h = j.at("head");
   c.head = {h.at("type"), h.at("hidden"), h.at("optimizer"), h.at("lr"), h.at("l2"),
-            h.at("epochs"), h.at("batch"), h.at("seed")};
+            h.at("epochs"), h.at("batch"), h.at("seed"), h.value("data_seed", uint64_t{0})};
   c.warm_start = j.value("warm_start", "");
   c.parent = j.value("parent", "");
   return c;
@@ -141,13 +147,15 @@ std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector
     c.warm_start.clear();
     c.id = Id(round, i);
     c.head.seed = SeedFor(p, round, i);
+    c.head.data_seed = DataSeedFor(p, round);
     if (p.rounds.strategy == "perturb") {
       if (i == 0) {
         // Warm start: continue from the champion's weights with a smaller step.
         c.warm_start = parent.model;
-        c.head.lr *= 0.5;
+        if (c.head.optimizer != "lbfgs") c.head.lr *= 0.5;
       } else {
-        c.head.lr *= std::uniform_int_distribution<int>(0, 1)(rng) ? 2.0 : 0.5;
+        const double lr_factor = std::uniform_int_distribution<int>(0, 1)(rng) ? 2.0 : 0.5;
+        if (c.head.optimizer != "lbfgs") c.head.lr *= lr_factor;  // L-BFGS has no learning rate
         c.head.l2 = std::clamp(c.head.l2 * (std::uniform_int_distribution<int>(0, 1)(rng) ? 3.0 : 0.3), 1e-7, 1.0);
       }
     }

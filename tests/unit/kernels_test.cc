@@ -12,6 +12,7 @@
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
 #include "kernels/head.h"
+#include "kernels/head_batch.h"
 #include "kernels/lbfgs.h"
 #include "parallel/train.h"
 #include "kernels/metrics.h"
@@ -461,6 +462,133 @@ TEST(Head, LbfgsFindsTheRegularisedOptimumAndIsDeterministic) {
   EXPECT_LE(f_lbfgs, Objective(b, xs, y).first + 1e-6);
   auto logits = a.Logits(xt.data(), 300);
   EXPECT_GT(Evaluate(logits.data(), yt.data(), 300, 3).accuracy(), 0.9);
+}
+
+// Four heads of different kinds on the same features: the ones a round's candidates make.
+std::vector<Head> MixedHeads(const std::vector<float>& x, const std::vector<uint8_t>& y, int64_t dim, int64_t epochs) {
+  const int64_t n = static_cast<int64_t>(y.size());
+  std::vector<HeadConfig> cfgs(4);
+  cfgs[0].lr = 1e-2;
+  cfgs[1].optimizer = "sgd";
+  cfgs[1].lr = 3e-2;
+  cfgs[1].l2 = 1e-3;
+  cfgs[2].type = "mlp";
+  cfgs[2].hidden = 16;
+  cfgs[2].lr = 3e-3;
+  cfgs[3].type = "mlp";
+  cfgs[3].hidden = 7;
+  cfgs[3].lr = 1e-2;
+  cfgs[3].l2 = 0;
+  std::vector<Head> heads;
+  for (size_t k = 0; k < cfgs.size(); ++k) {
+    cfgs[k].epochs = epochs;
+    cfgs[k].batch = 50;
+    cfgs[k].seed = 100 + k;
+    cfgs[k].data_seed = 9;
+    heads.push_back(InitHead(cfgs[k], x.data(), y.data(), n, dim, 3));
+  }
+  return heads;
+}
+
+TEST(HeadBatch, GradientOfEveryHeadIsItsOwnAndMatchesFiniteDifferences) {
+  std::vector<float> x;
+  std::vector<uint8_t> y;
+  Blobs(40, 9, 3, 3, &x, &y);
+  std::vector<Head> heads = MixedHeads(x, y, 9, 1);
+  std::vector<float> xs(x.size());
+  heads[0].Standardize(x.data(), 40, xs.data());
+  std::vector<const Head*> members;
+  for (const Head& h : heads) members.push_back(&h);
+  HeadBatch batch(members, 40);
+  std::vector<float> p(batch.size()), g(batch.size(), 0.f);
+  batch.Pack(members, p.data());
+  std::vector<double> loss(4, 0.0);
+  std::vector<int64_t> correct(4, 0);
+  batch.Accumulate(p.data(), xs.data(), y.data(), 40, 1.f, g.data(), loss.data(), correct.data());
+  for (size_t k = 0; k < heads.size(); ++k) {
+    // The head's own kernel (a batch of one, in Head::params order) gives the same gradient.
+    GradientKernel one(heads[k], 40);
+    std::vector<float> gk(heads[k].params.size(), 0.f);
+    int64_t ck = 0;
+    EXPECT_NEAR(one.Accumulate(heads[k], xs.data(), y.data(), 40, 1.f, gk.data(), &ck), loss[k], 1e-3 * loss[k]);
+    EXPECT_EQ(ck, correct[k]);
+    size_t from = 0;
+    for (const ParamBlock& blk : batch.Blocks(k))
+      for (size_t i = 0; i < blk.size; ++i, ++from) ASSERT_NEAR(g[blk.offset + i], gk[from], 1e-4) << k << " " << from;
+    EXPECT_EQ(from, heads[k].params.size());
+  }
+  // Central differences of the summed loss on every 3rd parameter of the vector.
+  auto total = [&](std::vector<float>& q) {
+    std::vector<double> l(4, 0.0);
+    std::vector<int64_t> c(4, 0);
+    std::vector<float> scratch(q.size(), 0.f);
+    batch.Accumulate(q.data(), xs.data(), y.data(), 40, 1.f, scratch.data(), l.data(), c.data());
+    return l[0] + l[1] + l[2] + l[3];
+  };
+  int checked = 0;
+  for (size_t i = 0; i < p.size(); i += 3) {
+    std::vector<float> q = p;
+    const float h = 1e-3f;
+    q[i] = p[i] + h;
+    double up = total(q);
+    q[i] = p[i] - h;
+    double down = total(q);
+    double fd = (up - down) / (2.0 * h);
+    EXPECT_NEAR(g[i], fd, 2e-2 * std::max(1.0, std::abs(fd))) << "parameter " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+}
+
+TEST(HeadBatch, TrainingTogetherGivesEachHeadTheWeightsItGetsAlone) {
+  std::vector<float> x;
+  std::vector<uint8_t> y;
+  Blobs(600, 40, 3, 4, &x, &y);
+  std::vector<Head> together = MixedHeads(x, y, 40, 4), alone = MixedHeads(x, y, 40, 4);
+  std::vector<float> xs(x.size());
+  together[0].Standardize(x.data(), 600, xs.data());
+  const parallel::TrainData data{xs.data(), y.data(), 600};
+  parallel::SelfComm self;
+  std::vector<Head*> members;
+  for (Head& h : together) members.push_back(&h);
+  const auto stats = parallel::TrainSyncTogether(self, data, members);
+  ASSERT_EQ(stats.size(), 4u);
+  for (size_t k = 0; k < alone.size(); ++k) {
+    EXPECT_EQ(stats[k].together, 4);
+    parallel::TrainSync(self, data, &alone[k]);
+    ASSERT_EQ(alone[k].params.size(), together[k].params.size());
+    float worst = 0;
+    for (size_t i = 0; i < alone[k].params.size(); ++i)
+      worst = std::max(worst, std::abs(alone[k].params[i] - together[k].params[i]));
+    EXPECT_LE(worst, 1e-5f) << "head " << k;
+    ASSERT_EQ(alone[k].curve.size(), 4u);
+    for (size_t e = 0; e < 4; ++e) EXPECT_NEAR(alone[k].curve[e].loss, together[k].curve[e].loss, 1e-5);
+    // And it learnt: the heads differ from one another and fit the blobs.
+    EXPECT_GT(together[k].curve.back().accuracy, 0.9) << "head " << k;
+  }
+  EXPECT_NE(together[0].params, together[1].params);
+}
+
+TEST(HeadBatch, OnlyHeadsOnTheSameBatchesTrainTogether) {
+  std::vector<float> x;
+  std::vector<uint8_t> y;
+  Blobs(60, 6, 3, 5, &x, &y);
+  std::vector<Head> h = MixedHeads(x, y, 6, 2);
+  EXPECT_TRUE(parallel::CanTrainTogether(h[0], h[2]));
+  Head other_batch = h[1];
+  other_batch.config.batch = 20;
+  Head other_order = h[1];
+  other_order.config.data_seed = 10;
+  Head lbfgs = h[1];
+  lbfgs.config.optimizer = "lbfgs";
+  Head other_stats = h[1];
+  other_stats.mean[0] += 1;
+  for (const Head* bad : {&other_batch, &other_order, &lbfgs, &other_stats}) EXPECT_FALSE(parallel::CanTrainTogether(h[0], *bad));
+  std::vector<float> xs(x.size());
+  h[0].Standardize(x.data(), 60, xs.data());
+  parallel::SelfComm self;
+  EXPECT_EQ(ErrorOf([&] { parallel::TrainSyncTogether(self, {xs.data(), y.data(), 60}, {&h[0], &other_batch}); }),
+            "TrainSyncTogether: heads that cannot be trained together");
 }
 
 TEST(Metrics, CountsAndMerges) {
