@@ -119,18 +119,22 @@ Head InitHead(const HeadConfig& cfg, const float* x, const uint8_t* y, int64_t n
     h.params = init->params;
     return h;
   }
+  // Column means and variances in double, the rows read in order.
+  std::vector<double> s1(static_cast<size_t>(dim), 0.0), s2(static_cast<size_t>(dim), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      const double v = xi[j];
+      s1[static_cast<size_t>(j)] += v;
+      s2[static_cast<size_t>(j)] += v * v;
+    }
+  }
   h.mean.assign(static_cast<size_t>(dim), 0.f);
   h.inv_std.assign(static_cast<size_t>(dim), 0.f);
-  for (int64_t j = 0; j < dim; ++j) {
-    double s = 0, s2 = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      double v = x[i * dim + j];
-      s += v;
-      s2 += v * v;
-    }
-    double mu = s / static_cast<double>(n), var = std::max(s2 / static_cast<double>(n) - mu * mu, 0.0);
-    h.mean[static_cast<size_t>(j)] = static_cast<float>(mu);
-    h.inv_std[static_cast<size_t>(j)] = static_cast<float>(1.0 / std::sqrt(var + 1e-6));
+  for (size_t j = 0; j < static_cast<size_t>(dim); ++j) {
+    const double mu = s1[j] / static_cast<double>(n), var = std::max(s2[j] / static_cast<double>(n) - mu * mu, 0.0);
+    h.mean[j] = static_cast<float>(mu);
+    h.inv_std[j] = static_cast<float>(1.0 / std::sqrt(var + 1e-6));
   }
   auto layout = ParamLayout(cfg, dim, classes);
   h.params.assign(ParamCount(layout), 0.f);
@@ -158,10 +162,42 @@ double GradientKernel::Accumulate(const Head& h, const float* x, const uint8_t* 
 }
 
 Optimizer::Optimizer(const HeadConfig& cfg, const std::vector<ParamBlock>& layout, size_t lo, size_t hi, float momentum)
-    : cfg_(cfg), lo_(lo), hi_(hi), momentum_(momentum), decay_(hi - lo, 0), m_(hi - lo, 0.f), v_(hi - lo, 0.f) {
+    : cfg_(cfg), lo_(lo), hi_(hi), momentum_(momentum), m_(hi - lo, 0.f), v_(hi - lo, 0.f) {
+  // The slice as runs of equal decay: the blocks it overlaps, and plain parameters between them.
+  std::vector<uint8_t> decay(hi - lo, 0);
   for (const auto& b : layout)
-    for (size_t i = std::max(b.offset, lo); i < std::min(b.offset + b.size, hi); ++i) decay_[i - lo] = b.decay;
+    for (size_t i = std::max(b.offset, lo); i < std::min(b.offset + b.size, hi); ++i) decay[i - lo] = b.decay;
+  for (size_t i = 0; i < decay.size();) {
+    size_t e = i;
+    while (e < decay.size() && decay[e] == decay[i]) ++e;
+    runs_.push_back({i, e, decay[i] != 0});
+    i = e;
+  }
 }
+
+namespace {
+
+// The update loops, without branches so that the compiler vectorises them.
+// Adam's step with its bias corrections folded into two constants (as PyTorch's): one division
+// and one square root per parameter.
+void AdamRun(float* p, const float* g, float* m, float* v, size_t n, float l2, float b1, float b2, float step,
+             float inv_sqrt_c2) {
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i] + l2 * p[i];
+    m[i] = b1 * m[i] + (1 - b1) * gi;
+    v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+    p[i] -= step * m[i] / (std::sqrt(v[i]) * inv_sqrt_c2 + 1e-8f);
+  }
+}
+
+void MomentumRun(float* p, const float* g, float* m, size_t n, float l2, float momentum, float lr) {
+  for (size_t i = 0; i < n; ++i) {
+    m[i] = momentum * m[i] + (g[i] + l2 * p[i]);
+    p[i] -= lr * m[i];
+  }
+}
+
+}  // namespace
 
 void Optimizer::Step(float* p, const float* g) {
   ++t_;
@@ -169,16 +205,13 @@ void Optimizer::Step(float* p, const float* g) {
   const float b1 = momentum_, b2 = 0.999f;
   const float c1 = 1.f - std::pow(b1, static_cast<float>(t_)), c2 = 1.f - std::pow(b2, static_cast<float>(t_));
   const bool adam = cfg_.optimizer == "adam";
-  for (size_t i = 0; i < hi_ - lo_; ++i) {
-    float gi = g[i] + (decay_[i] ? l2 * p[i] : 0.f);
-    if (adam) {
-      m_[i] = b1 * m_[i] + (1 - b1) * gi;
-      v_[i] = b2 * v_[i] + (1 - b2) * gi * gi;
-      p[i] -= lr * (m_[i] / c1) / (std::sqrt(v_[i] / c2) + 1e-8f);
-    } else {
-      m_[i] = momentum_ * m_[i] + gi;
-      p[i] -= lr * m_[i];
-    }
+  for (const Run& r : runs_) {
+    const size_t n = r.end - r.begin;
+    const float decay = r.decay ? l2 : 0.f;
+    if (adam)
+      AdamRun(p + r.begin, g + r.begin, &m_[r.begin], &v_[r.begin], n, decay, b1, b2, lr / c1, 1.f / std::sqrt(c2));
+    else
+      MomentumRun(p + r.begin, g + r.begin, &m_[r.begin], n, decay, momentum_, lr);
   }
 }
 

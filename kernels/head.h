@@ -99,10 +99,14 @@ class Optimizer {
   size_t lo() const { return lo_; }
 
  private:
+  struct Run {  // [begin, end) relative to lo, with or without L2
+    size_t begin, end;
+    bool decay;
+  };
   HeadConfig cfg_;
   size_t lo_, hi_;
   float momentum_;
-  std::vector<uint8_t> decay_;
+  std::vector<Run> runs_;
   std::vector<float> m_, v_;
   int64_t t_ = 0;
 };

@@ -114,8 +114,7 @@ void HeadBatch::Accumulate(const float* params, const float* x, const uint8_t* y
     AddColumnSums(z2, b, C, C, grad + m.b2);
     Gemm(false, true, b, hid, C, 1.f, z2, C, params + m.w2, C, 0.f, dk, W);  // dh = dz2 W2^T
     for (int64_t i = 0; i < b; ++i)
-      for (int64_t j = 0; j < hid; ++j)
-        if (!(zk[i * W + j] > 0.f)) dk[i * W + j] = 0.f;
+      for (int64_t j = 0; j < hid; ++j) dk[i * W + j] = zk[i * W + j] > 0.f ? dk[i * W + j] : 0.f;
   }
   // Every head's first-layer gradient: dW1t += dz1^T x, one GEMM.
   Gemm(true, false, W, dim_, b, 1.f, dz1, W, x, dim_, 1.f, grad, dim_);

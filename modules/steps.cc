@@ -1,5 +1,6 @@
 #include "modules/steps.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -93,8 +94,15 @@ namespace {
 void CommitDone(StepContext& c, const std::string& step, const std::string& key, const nam::RecordingStore& rec) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  nlohmann::json mine = {{"rank", c.comm->rank()}, {"host", host}, {"put_bytes", rec.put_bytes()},
-                         {"got_bytes", rec.got_bytes()}, {"puts", nlohmann::json::array()}};
+  // What the rank cost its node so far: peak resident memory, page faults, CPU time.
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  const double cpu_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                       static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+  nlohmann::json mine = {{"rank", c.comm->rank()},       {"host", host},
+                         {"put_bytes", rec.put_bytes()}, {"got_bytes", rec.got_bytes()},
+                         {"max_rss_kib", ru.ru_maxrss},  {"minor_faults", ru.ru_minflt},
+                         {"cpu_s", cpu_s},               {"puts", nlohmann::json::array()}};
   for (const auto& i : rec.Puts()) mine["puts"].push_back({{"name", i.name}, {"size", i.size}, {"checksum", i.checksum}});
   std::vector<std::string> all = c.comm->Gather(mine.dump(), 0);
   if (!c.root()) return;

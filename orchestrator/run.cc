@@ -322,7 +322,7 @@ class RunDriver {
       if (auto done = store_->Stat(workflow::TaskDoneObject(id_, round_, t.step))) {
         end["key"] = done->meta.value("key", "");
         const json body = json::parse(store_->Get(done->name).bytes);
-        for (const char* k : {"msaflow", "inputs", "outputs"})
+        for (const char* k : {"msaflow", "inputs", "outputs", "ranks"})
           if (body.contains(k)) end[k] = body[k];
       }
       journal_.Event("task-end", std::move(end));

@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+"""bench/versus.py — msaflow against its baselines, measured in the same run (docs/performance.md).
+
+    scripts/bench-baselines.sh            # once: scikit-learn + OpenBLAS from Debian
+    /usr/bin/python3 bench/versus.py [--rows 10000] [--test-rows 2000] [--reps 3]
+
+1. A two-round job on Fashion-MNIST (MobileNetV2 cut at block_13_expand_relu, 96x96, 8 heads
+   a round, the best picked): `msaflow run` end to end, timed per step from the run's journal.
+2. Its features (train and test) are read back from the run's NAM, and the same float32 rows
+   train a softmax head on both sides: scikit-learn's LogisticRegression(lbfgs) with
+   StandardScaler (C = 1 / (n * l2), l2 = 1e-4), and msaflow's kernels (bench_heads: Adam
+   epochs and its own L-BFGS). The ratio compares the time to the same test accuracy (within
+   0.5 point of scikit-learn's converged accuracy), each side's fastest setting that gets there.
+3. A round's 8 heads trained together (one GEMM a step) against each alone: time, and the
+   largest weight difference (must be <= 1e-5).
+4. Round 2 against round 1: prepare (every feature reused) and the whole round.
+5. Per step: peak resident memory of its ranks and minor page faults per training image.
+Every line prints the figure, the baseline's, the ratio and the goal (issue 15).
+"""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def pipeline(rows, test_rows):
+    data = ROOT / "data" / "fashion-mnist"
+    return {
+        "format": "msaflow.pipeline/1", "name": "versus", "machine": "local",
+        "datasets": {
+            "train": {"format": "idx", "images": str(data / "train-images-idx3-ubyte.gz"),
+                      "labels": str(data / "train-labels-idx1-ubyte.gz"), "limit": rows},
+            "test": {"format": "idx", "images": str(data / "t10k-images-idx3-ubyte.gz"),
+                     "labels": str(data / "t10k-labels-idx1-ubyte.gz"), "limit": test_rows},
+            "validation": {"from": "train", "fraction": 0.1, "seed": 1}},
+        "backbones": [{"name": "mobilenetv2", "onnx": str(ROOT / "models" / "mobilenet_v2.onnx"),
+                       "feature_layer": "block_13_expand_relu",
+                       "input": {"height": 96, "width": 96, "channels": 3, "mean": [0, 0, 0], "std": [1, 1, 1]}}],
+        "head": {"type": ["softmax", "mlp"], "hidden": [128], "optimizer": "adam", "lr": [0.001, 0.003],
+                 "l2": [0.0001, 0.001], "epochs": [15], "batch": 64},
+        "steps": {"load": {"module": "cm"}, "prepare": {"module": "dam"}, "train": {"module": "dam"},
+                  "store": {"module": "dam"}, "evaluate": {"module": "esb", "ranks": 2}, "select": {"module": "dam"}},
+        "rounds": {"max": 2, "candidates": 8, "top_k": 3, "strategy": "perturb", "min_delta": 0, "patience": 5,
+                   "seed": 7},
+        "metric": "accuracy"}
+
+
+def run_job(msaflow, work, rows, test_rows):
+    spec = work / "versus.json"
+    spec.write_text(json.dumps(pipeline(rows, test_rows), indent=1))
+    runs = work / "runs"
+    t0 = time.monotonic()
+    out = subprocess.run([msaflow, "run", str(spec), "--runs", str(runs)], capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    if out.returncode != 0:
+        sys.exit(f"versus: msaflow run failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    run_dir = next(d for d in runs.iterdir() if d.is_dir() and d.name.startswith("versus-"))
+    events = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()[1:] if line]
+    return run_dir, events, wall, out.stdout
+
+
+def nam(msaflow, uri, *args, binary=False):
+    out = subprocess.run([msaflow, "nam", *args, "--nam", uri], capture_output=True, check=True)
+    return out.stdout if binary else out.stdout.decode()
+
+
+def export_features(msaflow, runs, run_id, into):
+    """The run's mobilenetv2 train and test features, from its NAM, as raw files for bench_heads."""
+    uri = "file://" + str(runs / "nam")
+    summary = json.loads(nam(msaflow, uri, "get", f"prepared/{run_id}/1"))
+    objects = {c["split"]: c["object"] for c in summary["computed"] if c["backbone"] == "mobilenetv2"}
+    meta = {}
+    arrays = {}
+    for split in ("train", "test"):
+        obj = objects[split]
+        info = json.loads(nam(msaflow, uri, "ls", obj, "--json").splitlines()[0])["meta"]
+        labels = np.frombuffer(nam(msaflow, uri, "get", obj, binary=True), dtype=np.uint8)
+        parts = [np.frombuffer(nam(msaflow, uri, "get", f"{obj}.p{p:05d}", binary=True), dtype=np.float32)
+                 for p in range(info["parts"])]
+        x = np.concatenate(parts).reshape(info["rows"], info["dim"])
+        assert x.shape[0] == labels.shape[0], (x.shape, labels.shape)
+        (into / f"{split}_x.f32").write_bytes(x.astype("<f4").tobytes())
+        (into / f"{split}_y.u8").write_bytes(labels.tobytes())
+        meta[split] = int(x.shape[0])
+        meta["dim"] = int(x.shape[1])
+        meta["classes"] = int(info["classes"])
+        arrays[split] = (x, labels)
+    (into / "meta.json").write_text(json.dumps(meta))
+    return arrays
+
+
+def sklearn_side(arrays, l2, reps, iterations):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    import warnings
+    from sklearn.exceptions import ConvergenceWarning
+    warnings.simplefilter("ignore", ConvergenceWarning)
+    (x, y), (xt, yt) = arrays["train"], arrays["test"]
+    out = []
+    for it in iterations:
+        secs, acc = [], None
+        for _ in range(reps):
+            model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0 / (len(y) * l2), max_iter=it))
+            t0 = time.perf_counter()
+            model.fit(x, y)
+            secs.append(time.perf_counter() - t0)
+            acc = float((model.predict(xt) == yt).mean())
+        n_iter = int(model[-1].n_iter_[0])
+        out.append({"iterations": it, "ran": n_iter, "seconds": statistics.median(secs), "test_accuracy": acc})
+    return out
+
+
+def fastest_within(entries, target, tolerance=0.005):
+    ok = [e for e in entries if e["test_accuracy"] >= target - tolerance]
+    return min(ok, key=lambda e: e["seconds"]) if ok else None
+
+
+def step_table(events):
+    """Per task: seconds, the ranks' peak RSS (max) and minor faults (sum)."""
+    rows = {}
+    for e in events:
+        if e.get("event") == "task-end":
+            ranks = e.get("ranks", [])
+            rows[e["task"]] = {"seconds": e["seconds"],
+                               "max_rss_mib": max((r.get("max_rss_kib", 0) for r in ranks), default=0) / 1024,
+                               "minor_faults": sum(r.get("minor_faults", 0) for r in ranks)}
+    return rows
+
+
+def line(what, value, baseline, ratio, goal, ok):
+    mark = "" if ok is None else ("  met" if ok else "  NOT met")
+    print(f"{what:<46} {value:>12} {baseline:>12} {ratio:>9}   goal {goal}{mark}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"))
+    ap.add_argument("--bench-heads", default=str(ROOT / "build" / "bench" / "bench_heads"))
+    ap.add_argument("--rows", type=int, default=10000)
+    ap.add_argument("--test-rows", type=int, default=2000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--keep", help="keep the work directory here")
+    a = ap.parse_args()
+    for exe in (a.msaflow, a.bench_heads):
+        if not os.access(exe, os.X_OK):
+            sys.exit(f"versus: {exe} is not built (scripts/setup.sh builds build/)")
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        sys.exit("versus: scikit-learn is missing: run scripts/bench-baselines.sh")
+    work = pathlib.Path(a.keep or tempfile.mkdtemp(prefix="msaflow-versus-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        print(f"machine: {os.cpu_count()} cores; job: {a.rows} train / {a.test_rows} test Fashion-MNIST images, "
+              "MobileNetV2-b13 @96x96, 8 heads a round, 2 rounds")
+        run_dir, events, wall, _ = run_job(a.msaflow, work, a.rows, a.test_rows)
+        steps = step_table(events)
+        feats = work / "features"
+        feats.mkdir(exist_ok=True)
+        arrays = export_features(a.msaflow, work / "runs", run_dir.name, feats)
+        n, dim = arrays["train"][0].shape
+        print(f"features: {n} x {dim} train, {arrays['test'][0].shape[0]} test (from the run's NAM)\n")
+
+        sk = sklearn_side(arrays, 1e-4, a.reps, [25, 50, 100, 200, 1000])
+        heads = subprocess.run([a.bench_heads, "--data", str(feats), "--reps", str(a.reps)], capture_output=True,
+                               text=True)
+        if heads.returncode != 0:
+            sys.exit(f"versus: bench_heads failed:\n{heads.stderr}")
+        ms = [json.loads(x) for x in heads.stdout.splitlines() if x.strip()]
+        target = max(e["test_accuracy"] for e in sk)
+        print("head training (softmax, l2 1e-4), test accuracy per setting:")
+        for e in sk:
+            print(f"  scikit-learn lbfgs max_iter={e['iterations']:<5} ran {e['ran']:>4} it  "
+                  f"{e['seconds']:8.3f} s  acc {e['test_accuracy']:.4f}")
+        for e in ms:
+            if e["what"] in ("adam", "lbfgs"):
+                how = f"adam {e['epochs']} epochs" if e["what"] == "adam" else f"lbfgs <= {e['iterations']} it"
+                print(f"  msaflow {how:<28}      {e['seconds']:8.3f} s  acc {e['test_accuracy']:.4f}")
+        print()
+        print(f"{'':<46} {'msaflow':>12} {'baseline':>12} {'ratio':>9}")
+        sk_best = fastest_within(sk, target)
+        ms_best = fastest_within([e for e in ms if e["what"] in ("adam", "lbfgs")], target)
+        if ms_best is None:
+            line("head to equal accuracy vs scikit-learn", "not reached", f"{sk_best['seconds']:.3f} s", "-",
+                 ">= 20x", False)
+        else:
+            r = sk_best["seconds"] / ms_best["seconds"]
+            line(f"head to acc >= {target - 0.005:.4f} vs scikit-learn", f"{ms_best['seconds']:.3f} s",
+                 f"{sk_best['seconds']:.3f} s", f"{r:.1f}x", ">= 20x", r >= 20)
+        tog = next(e for e in ms if e["what"] == "together")
+        r = tog["alone_seconds"] / tog["seconds"]
+        line(f"{tog['heads']} heads together vs each alone", f"{tog['seconds']:.3f} s", f"{tog['alone_seconds']:.3f} s",
+             f"{r:.2f}x", "> 1x", r > 1)
+        line("  largest weight difference, together vs alone", f"{tog['max_weight_difference']:.1e}", "", "",
+             "<= 1e-5", tog["max_weight_difference"] <= 1e-5)
+        r1 = {k[3:]: v for k, v in steps.items() if k.startswith("r1-")}
+        r2 = {k[3:]: v for k, v in steps.items() if k.startswith("r2-")}
+        if "prepare" in r2:
+            ratio = r2["prepare"]["seconds"] / r1["prepare"]["seconds"]
+            line("round 2 prepare vs round 1 prepare", f"{r2['prepare']['seconds']:.2f} s",
+                 f"{r1['prepare']['seconds']:.2f} s", f"{ratio:.3f}", "<= 0.05", ratio <= 0.05)
+        t1 = sum(v["seconds"] for v in r1.values())
+        t2 = sum(v["seconds"] for v in r2.values())
+        line("round 2 vs round 1 (sum of steps)", f"{t2:.2f} s", f"{t1:.2f} s", f"{t2 / t1:.2f}", "(smaller)", None)
+        line("whole job, 2 rounds (msaflow run, wall)", f"{wall:.1f} s", "", "", "", None)
+        print("\nper step (round 1): seconds, peak RSS of its ranks, minor page faults per training image:")
+        for step, v in r1.items():
+            print(f"  {step:<9} {v['seconds']:6.2f} s  {v['max_rss_mib']:8.1f} MiB  "
+                  f"{v['minor_faults'] / n:8.1f} faults/image")
+        print(f"\nwork directory: {work}" if a.keep else "")
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
