@@ -1,4 +1,8 @@
+#include <omp.h>
+
 #include <algorithm>
+#include <exception>
+#include <memory>
 #include <chrono>
 #include <numeric>
 #include <random>
@@ -37,6 +41,51 @@ TrainStats TrainSync(Comm& comm, const TrainData& data, kernels::Head* h, const 
   return TrainSyncTogether(comm, data, {h}, straggler)[0];
 }
 
+namespace {
+
+// The heads of one thread of TrainSyncTogether: a HeadBatch of its own, with its parameter
+// vector, gradient, optimisers and tail average.
+struct Part {
+  std::vector<size_t> members;  // positions in the heads trained together
+  std::unique_ptr<kernels::HeadBatch> kernel;
+  std::vector<float> params, grad;
+  std::vector<std::vector<kernels::Optimizer>> opts;  // per member, per block
+  std::unique_ptr<TailAverage> tail;
+  std::vector<double> loss;
+  std::vector<int64_t> correct;
+  std::exception_ptr error;
+};
+
+// The heads dealt to `parts` threads by first-layer width (the GEMMs' share), widest first onto
+// the least loaded; each part keeps the heads' order.
+std::vector<std::vector<size_t>> Deal(const std::vector<kernels::Head*>& heads, size_t parts) {
+  std::vector<size_t> order(heads.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto width = [&](size_t k) { return heads[k]->config.type == "mlp" ? heads[k]->config.hidden : heads[k]->classes; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return width(a) > width(b); });
+  std::vector<std::vector<size_t>> out(parts);
+  std::vector<int64_t> load(parts, 0);
+  for (size_t k : order) {
+    const size_t p = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    out[p].push_back(k);
+    load[p] += width(k);
+  }
+  for (auto& o : out) std::sort(o.begin(), o.end());
+  return out;
+}
+
+// Sets the OpenMP threads of this thread's next parallel regions, and restores them.
+class OmpThreads {
+ public:
+  explicit OmpThreads(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~OmpThreads() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+}  // namespace
+
 std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, const std::vector<kernels::Head*>& heads,
                                           const Straggler& straggler) {
   for (const kernels::Head* h : heads)
@@ -51,22 +100,49 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(ShuffleSeed(cfg.data_seed, 0));
   const int64_t max_rows = (std::min(B, n) + N - 1) / N;
-  const std::vector<const kernels::Head*> members(heads.begin(), heads.end());
-  kernels::HeadBatch kernel(members, max_rows);
-  std::vector<float> params(kernel.size()), grad(kernel.size());
-  kernel.Pack(members, params.data());
-  // Each head's own optimiser (its lr, l2, algorithm) over each of its blocks in the vector.
-  std::vector<std::vector<kernels::Optimizer>> opts(K);
-  for (size_t k = 0; k < K; ++k)
-    for (const kernels::ParamBlock& blk : kernel.Blocks(k))
-      opts[k].emplace_back(heads[k]->config, std::vector<kernels::ParamBlock>{blk}, blk.offset, blk.offset + blk.size);
-  BatchBuffer batch(max_rows, dim);
   const int64_t per_epoch = (n + B - 1) / B;
-  TailAverage tail(per_epoch * cfg.epochs, per_epoch, cfg.epochs);
+  // The rank's threads share out the heads, each thread running its heads' GEMMs on its own:
+  // a batch's GEMMs (tens of rows) are too small to split between threads (measured: 2
+  // threads on one such GEMM are slower than 1), whole heads are not.
+  const size_t T = std::min(K, static_cast<size_t>(std::max(1, omp_get_max_threads())));
+  OmpThreads single(1);
+  std::vector<Part> parts(T);
+  const auto dealt = Deal(heads, T);
+  for (size_t p = 0; p < T; ++p) {
+    Part& q = parts[p];
+    q.members = dealt[p];
+    std::vector<const kernels::Head*> hs;
+    for (size_t k : q.members) hs.push_back(heads[k]);
+    q.kernel = std::make_unique<kernels::HeadBatch>(hs, max_rows);
+    q.params.resize(q.kernel->size());
+    q.grad.resize(q.kernel->size());
+    q.kernel->Pack(hs, q.params.data());
+    // Each head's own optimiser (its lr, l2, algorithm) over each of its blocks in the vector.
+    q.opts.resize(hs.size());
+    for (size_t m = 0; m < hs.size(); ++m)
+      for (const kernels::ParamBlock& blk : q.kernel->Blocks(m))
+        q.opts[m].emplace_back(hs[m]->config, std::vector<kernels::ParamBlock>{blk}, blk.offset, blk.offset + blk.size);
+    q.tail = std::make_unique<TailAverage>(per_epoch * cfg.epochs, per_epoch, cfg.epochs);
+    q.loss.resize(hs.size());
+    q.correct.resize(hs.size());
+  }
+  // Runs f on every part, a thread each; the first error is rethrown here.
+  auto each_part = [&](auto&& f) {
+#pragma omp parallel for num_threads(static_cast<int>(T)) schedule(static, 1)
+    for (size_t p = 0; p < T; ++p) {
+      try {
+        f(parts[p]);
+      } catch (...) {
+        parts[p].error = std::current_exception();
+      }
+    }
+    for (Part& q : parts)
+      if (q.error) std::rethrow_exception(q.error);
+  };
+  BatchBuffer batch(max_rows, dim);
   const bool slow = straggler.rank == r && straggler.factor > 1;
   int64_t updates = 0;
-  std::vector<double> loss(K), sums(2 * K);  // per head: loss, correct
-  std::vector<int64_t> correct(K);
+  std::vector<double> sums(2 * K);  // per head: loss, correct
   for (int64_t e = 0; e < cfg.epochs; ++e) {
     std::shuffle(order.begin(), order.end(), rng);
     std::fill(sums.begin(), sums.end(), 0.0);
@@ -75,28 +151,38 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
       int64_t b = std::min(B, n - s);
       int64_t lo = s + b * r / N, hi = s + b * (r + 1) / N;
       batch.Gather(data, order.data() + lo, hi - lo, dim);
-      std::fill(grad.begin(), grad.end(), 0.f);
-      std::fill(loss.begin(), loss.end(), 0.0);
-      std::fill(correct.begin(), correct.end(), 0);
-      kernel.Accumulate(params.data(), batch.x.data(), batch.y.data(), hi - lo, 1.f / static_cast<float>(b),
-                        grad.data(), loss.data(), correct.data());
-      for (size_t k = 0; k < K; ++k) {
-        sums[2 * k] += loss[k];
-        sums[2 * k + 1] += static_cast<double>(correct[k]);
-      }
+      each_part([&](Part& q) {
+        std::fill(q.grad.begin(), q.grad.end(), 0.f);
+        std::fill(q.loss.begin(), q.loss.end(), 0.0);
+        std::fill(q.correct.begin(), q.correct.end(), 0);
+        q.kernel->Accumulate(q.params.data(), batch.x.data(), batch.y.data(), hi - lo, 1.f / static_cast<float>(b),
+                             q.grad.data(), q.loss.data(), q.correct.data());
+      });
+      for (const Part& q : parts)
+        for (size_t m = 0; m < q.members.size(); ++m) {
+          sums[2 * q.members[m]] += q.loss[m];
+          sums[2 * q.members[m] + 1] += static_cast<double>(q.correct[m]);
+        }
       if (slow) Straggle(t0, straggler.factor);
-      comm.AllreduceSum(grad.data(), grad.size());
-      for (auto& per_head : opts)
-        for (kernels::Optimizer& o : per_head) o.Step(params.data() + o.lo(), grad.data() + o.lo());
-      tail.Add(++updates, params.data(), params.size());
+      for (Part& q : parts) comm.AllreduceSum(q.grad.data(), q.grad.size());  // MPI from this thread only
+      ++updates;
+      each_part([&](Part& q) {
+        for (auto& per_head : q.opts)
+          for (kernels::Optimizer& o : per_head) o.Step(q.params.data() + o.lo(), q.grad.data() + o.lo());
+        q.tail->Add(updates, q.params.data(), q.params.size());
+      });
     }
     comm.AllreduceSum(sums.data(), sums.size());
     for (size_t k = 0; k < K; ++k)
       heads[k]->curve.push_back({updates, clock.Seconds(), sums[2 * k] / static_cast<double>(n),
                                  sums[2 * k + 1] / static_cast<double>(n)});
   }
-  tail.Finish(params.data(), params.size());
-  kernel.Unpack(params.data(), heads);
+  for (Part& q : parts) {
+    q.tail->Finish(q.params.data(), q.params.size());
+    std::vector<kernels::Head*> hs;
+    for (size_t k : q.members) hs.push_back(heads[k]);
+    q.kernel->Unpack(q.params.data(), hs);
+  }
   std::vector<TrainStats> out(K);
   for (TrainStats& st : out) {
     st.mode = "sync";
