@@ -1,7 +1,8 @@
 // bench/heads: head training on real features, the msaflow side of bench/versus.py (which
 // runs scikit-learn on the same files and prints the ratios). Each line of output is one JSON
 // object:
-//   {"what": "adam", "epochs": E, "seconds": s, "test_accuracy": a}   one softmax head, Adam
+//   {"what": "adam", "batch": B, "lr": r, "epochs": E, "seconds": s, "test_accuracy": a}
+//                                                                    one softmax head, Adam
 //   {"what": "lbfgs", "iterations": I, ...}                          one softmax head, L-BFGS
 //   {"what": "together", "heads": K, "seconds": s, "alone_seconds": s1, "max_weight_difference": d,
 //    "accuracies": [...]}                                           a round's heads, batched vs alone
@@ -9,6 +10,9 @@
 // scikit-learn's side includes its StandardScaler.
 //
 //   bench_heads --data DIR [--reps 3] [--epochs 1,2,3,5,8,12,20] [--iterations 25,50,100]
+//
+// Adam runs at batch 64 / lr 1e-3 (the pipelines' default) and at larger batches with the
+// learning rate scaled with them (fewer, bigger GEMMs per epoch).
 //
 // DIR holds meta.json {"train": n, "test": m, "dim": d, "classes": c} and train_x.f32,
 // train_y.u8, test_x.f32, test_y.u8 (raw little-endian float32 rows and uint8 labels).
@@ -127,16 +131,19 @@ int main(int argc, char** argv) {
     soft.batch = 64;
     soft.seed = 1;
     soft.data_seed = 1;
-    for (int64_t e : Ints(epochs_list)) {
-      kernels::HeadConfig cfg = soft;
-      cfg.epochs = e;
-      Trained t = median_run({cfg}, false);
-      std::printf("%s\n", nlohmann::json({{"what", "adam"}, {"epochs", e}, {"seconds", t.seconds},
-                                          {"test_accuracy", TestAccuracy(t.heads[0], te)}})
-                              .dump()
-                              .c_str());
-      std::fflush(stdout);
-    }
+    for (const auto& [batch, lr] : std::vector<std::pair<int64_t, double>>{{64, 1e-3}, {256, 4e-3}, {1024, 1e-2}})
+      for (int64_t e : Ints(epochs_list)) {
+        kernels::HeadConfig cfg = soft;
+        cfg.epochs = e;
+        cfg.batch = batch;
+        cfg.lr = lr;
+        Trained t = median_run({cfg}, false);
+        std::printf("%s\n", nlohmann::json({{"what", "adam"}, {"batch", batch}, {"lr", lr}, {"epochs", e},
+                                            {"seconds", t.seconds}, {"test_accuracy", TestAccuracy(t.heads[0], te)}})
+                                .dump()
+                                .c_str());
+        std::fflush(stdout);
+      }
     for (int64_t it : Ints(iters_list)) {
       kernels::HeadConfig cfg = soft;
       cfg.optimizer = "lbfgs";

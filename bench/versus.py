@@ -4,6 +4,10 @@
     scripts/bench-baselines.sh            # once: scikit-learn + OpenBLAS from Debian
     /usr/bin/python3 bench/versus.py [--rows 10000] [--test-rows 2000] [--reps 3]
 
+0. Features: the backbone through msaflow's executor (bench_features) and through PyTorch
+   (the module built from the same ONNX initializers, jit.trace + freeze + channels_last), on
+   the same prepared images, batch 64, all cores; the features must agree within 1e-3.
+   Beside it the fraction of the machine's sgemm rate the executor reaches.
 1. A two-round job on Fashion-MNIST (MobileNetV2 cut at block_13_expand_relu, 96x96, 8 heads
    a round, the best picked): `msaflow run` end to end, timed per step from the run's journal.
 2. Its features (train and test) are read back from the run's NAM, and the same float32 rows
@@ -14,6 +18,8 @@
 3. A round's 8 heads trained together (one GEMM a step) against each alone: time, and the
    largest weight difference (must be <= 1e-5).
 4. Round 2 against round 1: prepare (every feature reused) and the whole round.
+   And the whole job of one round (load .. select, 8 heads, the best picked) against the same
+   job as a PyTorch + scikit-learn script (bench/baseline.py), with the accuracy each reached.
 5. Per step: peak resident memory of its ranks and minor page faults per training image.
 Every line prints the figure, the baseline's, the ratio and the goal (issue 15).
 """
@@ -31,9 +37,14 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import baseline  # noqa: E402
+
+MODEL = ROOT / "models" / "mobilenet_v2.onnx"
+CUT = "block_13_expand_relu"
 
 
-def pipeline(rows, test_rows):
+def pipeline(rows, test_rows, rounds=2):
     data = ROOT / "data" / "fashion-mnist"
     return {
         "format": "msaflow.pipeline/1", "name": "versus", "machine": "local",
@@ -50,15 +61,15 @@ def pipeline(rows, test_rows):
                  "l2": [0.0001, 0.001], "epochs": [15], "batch": 64},
         "steps": {"load": {"module": "cm"}, "prepare": {"module": "dam"}, "train": {"module": "dam"},
                   "store": {"module": "dam"}, "evaluate": {"module": "esb", "ranks": 2}, "select": {"module": "dam"}},
-        "rounds": {"max": 2, "candidates": 8, "top_k": 3, "strategy": "perturb", "min_delta": 0, "patience": 5,
+        "rounds": {"max": rounds, "candidates": 8, "top_k": 3, "strategy": "perturb", "min_delta": 0, "patience": 5,
                    "seed": 7},
         "metric": "accuracy"}
 
 
-def run_job(msaflow, work, rows, test_rows):
-    spec = work / "versus.json"
-    spec.write_text(json.dumps(pipeline(rows, test_rows), indent=1))
-    runs = work / "runs"
+def run_job(msaflow, work, rows, test_rows, rounds=2):
+    spec = work / f"versus-{rounds}.json"
+    spec.write_text(json.dumps(pipeline(rows, test_rows, rounds), indent=1))
+    runs = work / f"runs-{rounds}"
     t0 = time.monotonic()
     out = subprocess.run([msaflow, "run", str(spec), "--runs", str(runs)], capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -66,7 +77,36 @@ def run_job(msaflow, work, rows, test_rows):
         sys.exit(f"versus: msaflow run failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     run_dir = next(d for d in runs.iterdir() if d.is_dir() and d.name.startswith("versus-"))
     events = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()[1:] if line]
-    return run_dir, events, wall, out.stdout
+    results = json.loads((run_dir / "results.json").read_text())
+    return run_dir, events, wall, results
+
+
+def features_side(a, work):
+    """Item 0: images/s of both backbones on the same prepared images, and their agreement."""
+    import torch
+    torch.set_num_threads(os.cpu_count())
+    pixels = baseline.read_idx(str(ROOT / "data" / "fashion-mnist" / "t10k-images-idx3-ubyte.gz"), a.feature_images)
+    x = baseline.prepare(pixels, 96)
+    (work / "prepared.f32").write_bytes(x.astype("<f4").tobytes())
+    # PyTorch's best of channels_last and NCHW (depthwise convolutions differ between them).
+    torch_s, best = None, None
+    for channels_last in (True, False):
+        model, flops = baseline.torch_backbone(str(MODEL), CUT, torch.from_numpy(x[:64]), channels_last)
+        baseline.features(model, x[:128], 64)  # the profiling executor's first runs
+        s = baseline.timed(lambda: baseline.features(model, x, 64), a.reps)
+        if torch_s is None or s < torch_s:
+            torch_s, best = s, model
+    ref = baseline.features(best, x, 64)
+    out = subprocess.run([a.bench_features, "--model", str(MODEL), "--cut", CUT, "--input", str(work / "prepared.f32"),
+                          "--n", str(len(x)), "--size", "96", "--reps", str(a.reps), "--output",
+                          str(work / "features.f32")], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"versus: bench_features failed:\n{out.stderr}")
+    ms = json.loads(out.stdout)
+    got = np.fromfile(work / "features.f32", dtype=np.float32).reshape(ref.shape)
+    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+    return {"msaflow": ms["images_per_s"], "torch": len(x) / torch_s, "error": err, "flops": flops,
+            "gflops": ms["sgemm_gflops"]}
 
 
 def nam(msaflow, uri, *args, binary=False):
@@ -147,28 +187,36 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"))
     ap.add_argument("--bench-heads", default=str(ROOT / "build" / "bench" / "bench_heads"))
+    ap.add_argument("--bench-features", default=str(ROOT / "build" / "bench" / "bench_features"))
+    ap.add_argument("--feature-images", type=int, default=2048)
     ap.add_argument("--rows", type=int, default=10000)
     ap.add_argument("--test-rows", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--keep", help="keep the work directory here")
     a = ap.parse_args()
-    for exe in (a.msaflow, a.bench_heads):
+    for exe in (a.msaflow, a.bench_heads, a.bench_features):
         if not os.access(exe, os.X_OK):
             sys.exit(f"versus: {exe} is not built (scripts/setup.sh builds build/)")
     try:
         import sklearn  # noqa: F401
-    except ImportError:
-        sys.exit("versus: scikit-learn is missing: run scripts/bench-baselines.sh")
+        import torch  # noqa: F401
+    except ImportError as e:
+        sys.exit(f"versus: {e.name} is missing: run scripts/bench-baselines.sh")
     work = pathlib.Path(a.keep or tempfile.mkdtemp(prefix="msaflow-versus-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         print(f"machine: {os.cpu_count()} cores; job: {a.rows} train / {a.test_rows} test Fashion-MNIST images, "
               "MobileNetV2-b13 @96x96, 8 heads a round, 2 rounds")
+        fe = features_side(a, work)
         run_dir, events, wall, _ = run_job(a.msaflow, work, a.rows, a.test_rows)
+        _, _, wall1, res1 = run_job(a.msaflow, work, a.rows, a.test_rows, rounds=1)
+        import torch
+        torch.set_num_threads(os.cpu_count())
+        script = baseline.job(str(ROOT / "data" / "fashion-mnist"), str(MODEL), CUT, a.rows, a.test_rows)
         steps = step_table(events)
         feats = work / "features"
         feats.mkdir(exist_ok=True)
-        arrays = export_features(a.msaflow, work / "runs", run_dir.name, feats)
+        arrays = export_features(a.msaflow, work / "runs-2", run_dir.name, feats)
         n, dim = arrays["train"][0].shape
         print(f"features: {n} x {dim} train, {arrays['test'][0].shape[0]} test (from the run's NAM)\n")
 
@@ -185,10 +233,18 @@ def main():
                   f"{e['seconds']:8.3f} s  acc {e['test_accuracy']:.4f}")
         for e in ms:
             if e["what"] in ("adam", "lbfgs"):
-                how = f"adam {e['epochs']} epochs" if e["what"] == "adam" else f"lbfgs <= {e['iterations']} it"
+                how = (f"adam b={e['batch']} lr={e['lr']:g} {e['epochs']} ep" if e["what"] == "adam"
+                       else f"lbfgs <= {e['iterations']} it")
                 print(f"  msaflow {how:<28}      {e['seconds']:8.3f} s  acc {e['test_accuracy']:.4f}")
         print()
         print(f"{'':<46} {'msaflow':>12} {'baseline':>12} {'ratio':>9}")
+        r = fe["msaflow"] / fe["torch"]
+        line("features img/s vs PyTorch (MobileNetV2-b13)", f"{fe['msaflow']:.0f}", f"{fe['torch']:.0f}", f"{r:.2f}x",
+             ">= 2x", r >= 2)
+        bound = fe["gflops"] * 1e9 / fe["flops"]
+        line(f"  of the sgemm bound ({fe['gflops']:.0f} GFLOP/s / {fe['flops'] / 1e6:.0f} MFLOP)",
+             f"{fe['msaflow'] / bound:.0%}", f"{fe['torch'] / bound:.0%}", "", "(toward 100 %)", None)
+        line("  features' largest difference (relative)", f"{fe['error']:.1e}", "", "", "<= 1e-3", fe["error"] <= 1e-3)
         sk_best = fastest_within(sk, target)
         ms_best = fastest_within([e for e in ms if e["what"] in ("adam", "lbfgs")], target)
         if ms_best is None:
@@ -214,6 +270,13 @@ def main():
         t2 = sum(v["seconds"] for v in r2.values())
         line("round 2 vs round 1 (sum of steps)", f"{t2:.2f} s", f"{t1:.2f} s", f"{t2 / t1:.2f}", "(smaller)", None)
         line("whole job, 2 rounds (msaflow run, wall)", f"{wall:.1f} s", "", "", "", None)
+        champ = res1.get("champion", {})
+        r = script["seconds"] / wall1
+        line("whole job, 1 round, vs PyTorch + scikit-learn", f"{wall1:.1f} s", f"{script['seconds']:.1f} s", f"{r:.1f}x",
+             ">= 20x", r >= 20)
+        print(f"  champions (test accuracy): msaflow {champ['candidate']['id']} {champ['test']['accuracy']:.4f} "
+              f"(validation {champ['accuracy']:.4f}); script {script['champion']} {script['test']:.4f} "
+              f"(validation {script['validation']:.4f}); the script's features took {script['features_s']:.1f} s")
         print("\nper step (round 1): seconds, peak RSS of its ranks, minor page faults per training image:")
         for step, v in r1.items():
             print(f"  {step:<9} {v['seconds']:6.2f} s  {v['max_rss_mib']:8.1f} MiB  "

@@ -1,0 +1,172 @@
+"""The PyTorch + scikit-learn side of bench/versus.py: the backbone as a PyTorch module built from
+the same ONNX file's initializers (jit.trace + freeze + channels_last, as fast as PyTorch runs
+it), and the whole transfer-learning job as a user would script it with these libraries."""
+import gzip
+import statistics
+import time
+
+import numpy as np
+
+
+def torch_backbone(onnx_path, cut, example, channels_last=True):
+    """A traced, frozen, channels_last PyTorch module computing the globally average-pooled
+    features of `cut`, from the ONNX graph's Conv, Clip and Add nodes and their initializers;
+    and the multiply-add FLOPs per image of its convolutions (2 per multiply-add). Feed it
+    tensors in the memory format it was traced with (`channels_last` or NCHW)."""
+    import onnx
+    import torch
+    from onnx import numpy_helper
+
+    graph = onnx.load(onnx_path).graph
+    weights = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in graph.initializer}
+    steps = []  # (op, inputs, output, module index or clip bounds)
+    convs = torch.nn.ModuleList()
+    for node in graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Conv":
+            w = weights[node.input[1]]
+            pads = list(attrs.get("pads", [0, 0, 0, 0]))  # top, left, bottom, right
+            symmetric = pads[:2] == pads[2:]
+            conv = torch.nn.Conv2d(w.shape[1] * attrs.get("group", 1), w.shape[0], tuple(w.shape[2:]),
+                                   stride=tuple(attrs.get("strides", [1, 1])),
+                                   padding=tuple(pads[:2]) if symmetric else 0,
+                                   dilation=tuple(attrs.get("dilations", [1, 1])), groups=attrs.get("group", 1),
+                                   bias=len(node.input) > 2)
+            with torch.no_grad():
+                conv.weight.copy_(w)
+                if len(node.input) > 2:
+                    conv.bias.copy_(weights[node.input[2]])
+            steps.append(("conv", [node.input[0]], node.output[0], len(convs)))
+            # TensorFlow's "same" padding is asymmetric (more at the end): pad, then convolve.
+            convs.append(conv if symmetric else
+                         torch.nn.Sequential(torch.nn.ZeroPad2d((pads[1], pads[3], pads[0], pads[2])), conv))
+        elif node.op_type == "Clip":
+            lo = attrs.get("min", float("-inf"))
+            hi = attrs.get("max", float("inf"))
+            if len(node.input) > 1:  # opset 11+: bounds as inputs
+                lo = float(weights[node.input[1]]) if node.input[1] else lo
+                hi = float(weights[node.input[2]]) if len(node.input) > 2 and node.input[2] else hi
+            steps.append(("clip", [node.input[0]], node.output[0], (lo, hi)))
+        elif node.op_type == "Add":
+            steps.append(("add", list(node.input[:2]), node.output[0], None))
+        else:
+            raise SystemExit(f"baseline: ONNX operator {node.op_type} (node {node.name}) not handled")
+        if cut in node.output:
+            break
+    else:
+        raise SystemExit(f"baseline: no node produces {cut}")
+    source = graph.input[0].name
+
+    class Backbone(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = convs
+
+        def forward(self, x):
+            env = {source: x}
+            for op, ins, out, arg in steps:
+                if op == "conv":
+                    env[out] = self.convs[arg](env[ins[0]])
+                elif op == "clip":
+                    env[out] = torch.clamp(env[ins[0]], arg[0], arg[1])
+                else:
+                    env[out] = env[ins[0]] + env[ins[1]]
+            return env[cut].mean(dim=(2, 3))
+
+    model = Backbone().eval()
+    flops = [0]
+
+    def count(conv, inputs, output):
+        k = conv.weight.shape[1] * conv.weight.shape[2] * conv.weight.shape[3]
+        flops[0] += 2 * k * output.shape[1] * output.shape[2] * output.shape[3]
+
+    hooks = [m.register_forward_hook(count) for m in convs.modules() if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        model(example[:1])
+    for h in hooks:
+        h.remove()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    with torch.no_grad():
+        traced = torch.jit.freeze(torch.jit.trace(model, example.contiguous(memory_format=fmt)))
+    traced.memory_format = fmt
+    return traced, flops[0]
+
+
+def features(model, x, batch):
+    """Features of x (N x C x H x W float32 NumPy) in batches, as a NumPy array."""
+    import torch
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(x), batch):
+            t = torch.from_numpy(x[s:s + batch]).contiguous(memory_format=model.memory_format)
+            out.append(model(t).numpy())
+    return np.concatenate(out)
+
+
+def read_idx(path, limit):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    a = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+    return a[:limit]
+
+
+def prepare(pixels, size):
+    """Gray 28x28 uint8 -> size x size RGB float32 in [0, 1] (bilinear), as msaflow prepares them."""
+    import torch
+    import torch.nn.functional as F
+    x = torch.from_numpy(pixels.astype(np.float32) / 255.0)[:, None]
+    x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return x.expand(-1, 3, -1, -1).contiguous().numpy()
+
+
+def job(data_dir, onnx_path, cut, rows, test_rows, size=96, batch=64):
+    """The whole job as a PyTorch + scikit-learn script: features for train and test, the 8
+    heads of the pipeline's grid (softmax as LogisticRegression, MLP-128 as MLPClassifier, 15
+    epochs of Adam; lr x l2), the best on a 10 % validation split, its test accuracy."""
+    import torch
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import train_test_split
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    import warnings
+    from sklearn.exceptions import ConvergenceWarning
+    warnings.simplefilter("ignore", ConvergenceWarning)
+    t0 = time.perf_counter()
+    xs = read_idx(f"{data_dir}/train-images-idx3-ubyte.gz", rows)
+    ys = read_idx(f"{data_dir}/train-labels-idx1-ubyte.gz", rows)
+    xt = read_idx(f"{data_dir}/t10k-images-idx3-ubyte.gz", test_rows)
+    yt = read_idx(f"{data_dir}/t10k-labels-idx1-ubyte.gz", test_rows)
+    tr, te = prepare(xs, size), prepare(xt, size)
+    model, _ = torch_backbone(onnx_path, cut, torch.from_numpy(tr[:batch]))
+    ftr, fte = features(model, tr, batch), features(model, te, batch)
+    t_features = time.perf_counter() - t0
+    f_fit, f_val, y_fit, y_val = train_test_split(ftr, ys, test_size=0.1, stratify=ys, random_state=1)
+    best = None
+    for kind in ("softmax", "mlp"):
+        for lr in (1e-3, 3e-3):
+            for l2 in (1e-4, 1e-3):
+                if kind == "softmax":
+                    head = LogisticRegression(C=1.0 / (len(y_fit) * l2), max_iter=100)
+                else:
+                    head = MLPClassifier(hidden_layer_sizes=(128,), alpha=l2, learning_rate_init=lr, batch_size=64,
+                                         max_iter=15, random_state=1)
+                clf = make_pipeline(StandardScaler(), head).fit(f_fit, y_fit)
+                val = float((clf.predict(f_val) == y_val).mean())
+                if best is None or val > best[0]:
+                    best = (val, clf, f"{kind} lr={lr:g} l2={l2:g}")
+    test = float((best[1].predict(fte) == yt).mean())
+    return {"seconds": time.perf_counter() - t0, "features_s": t_features, "validation": best[0], "test": test,
+            "champion": best[2]}
+
+
+def timed(f, reps):
+    secs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f()
+        secs.append(time.perf_counter() - t0)
+    return statistics.median(secs)
