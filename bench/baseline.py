@@ -122,7 +122,7 @@ def prepare(pixels, size):
     return x.expand(-1, 3, -1, -1).contiguous().numpy()
 
 
-def job(data_dir, onnx_path, cut, rows, test_rows, size=96, batch=64):
+def job(data_dir, onnx_path, cut, rows, test_rows, channels_last, size=96, batch=64):
     """The whole job as a PyTorch + scikit-learn script: features for train and test, the 8
     heads of the pipeline's grid (softmax as LogisticRegression, MLP-128 as MLPClassifier, 15
     epochs of Adam; lr x l2), the best on a 10 % validation split, its test accuracy."""
@@ -141,7 +141,7 @@ def job(data_dir, onnx_path, cut, rows, test_rows, size=96, batch=64):
     xt = read_idx(f"{data_dir}/t10k-images-idx3-ubyte.gz", test_rows)
     yt = read_idx(f"{data_dir}/t10k-labels-idx1-ubyte.gz", test_rows)
     tr, te = prepare(xs, size), prepare(xt, size)
-    model, _ = torch_backbone(onnx_path, cut, torch.from_numpy(tr[:batch]))
+    model, _ = torch_backbone(onnx_path, cut, torch.from_numpy(tr[:batch]), channels_last)
     ftr, fte = features(model, tr, batch), features(model, te, batch)
     t_features = time.perf_counter() - t0
     f_fit, f_val, y_fit, y_val = train_test_split(ftr, ys, test_size=0.1, stratify=ys, random_state=1)

@@ -95,7 +95,7 @@ def features_side(a, work):
         baseline.features(model, x[:128], 64)  # the profiling executor's first runs
         s = baseline.timed(lambda: baseline.features(model, x, 64), a.reps)
         if torch_s is None or s < torch_s:
-            torch_s, best = s, model
+            torch_s, best, best_format = s, model, channels_last
     ref = baseline.features(best, x, 64)
     out = subprocess.run([a.bench_features, "--model", str(MODEL), "--cut", CUT, "--input", str(work / "prepared.f32"),
                           "--n", str(len(x)), "--size", "96", "--reps", str(a.reps), "--output",
@@ -106,7 +106,7 @@ def features_side(a, work):
     got = np.fromfile(work / "features.f32", dtype=np.float32).reshape(ref.shape)
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
     return {"msaflow": ms["images_per_s"], "torch": len(x) / torch_s, "error": err, "flops": flops,
-            "gflops": ms["sgemm_gflops"]}
+            "gflops": ms["sgemm_gflops"], "channels_last": best_format}
 
 
 def nam(msaflow, uri, *args, binary=False):
@@ -212,7 +212,8 @@ def main():
         _, _, wall1, res1 = run_job(a.msaflow, work, a.rows, a.test_rows, rounds=1)
         import torch
         torch.set_num_threads(os.cpu_count())
-        script = baseline.job(str(ROOT / "data" / "fashion-mnist"), str(MODEL), CUT, a.rows, a.test_rows)
+        script = baseline.job(str(ROOT / "data" / "fashion-mnist"), str(MODEL), CUT, a.rows, a.test_rows,
+                              fe["channels_last"])
         steps = step_table(events)
         feats = work / "features"
         feats.mkdir(exist_ok=True)
@@ -239,7 +240,7 @@ def main():
         print()
         print(f"{'':<46} {'msaflow':>12} {'baseline':>12} {'ratio':>9}")
         r = fe["msaflow"] / fe["torch"]
-        line("features img/s vs PyTorch (MobileNetV2-b13)", f"{fe['msaflow']:.0f}", f"{fe['torch']:.0f}", f"{r:.2f}x",
+        line("features img/s vs PyTorch (MobileNetV2-b13, " + ("channels_last" if fe["channels_last"] else "NCHW") + ")", f"{fe['msaflow']:.0f}", f"{fe['torch']:.0f}", f"{r:.2f}x",
              ">= 2x", r >= 2)
         bound = fe["gflops"] * 1e9 / fe["flops"]
         line(f"  of the sgemm bound ({fe['gflops']:.0f} GFLOP/s / {fe['flops'] / 1e6:.0f} MFLOP)",
