@@ -181,6 +181,7 @@ void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kerne
   std::vector<float> grad(L.P + 2), weights(L.P + 1);
   std::vector<int64_t> versions(static_cast<size_t>(L.S), 0);
   const bool slow = opt.straggler.rank == me - L.S && opt.straggler.factor > 1;
+  int64_t steps = 0;
   std::string msg;
   for (;;) {
     auto t0 = std::chrono::steady_clock::now();
@@ -223,7 +224,9 @@ void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kerne
       if (!leader) std::copy(weights.begin(), weights.begin() + static_cast<ptrdiff_t>(L.P), h->params.begin());
     }
     if (stop != 0) return;
-    if (slow) Straggle(t0, opt.straggler.factor);
+    // The first step carries the warm-up (the GEMM kernels' generation, the first messages),
+    // which a slow node would not multiply; a multiple of it was seen to outlast a whole run.
+    if (slow && ++steps > 1) Straggle(t0, opt.straggler.factor);
   }
 }
 

@@ -163,7 +163,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
           sums[2 * q.members[m]] += q.loss[m];
           sums[2 * q.members[m] + 1] += static_cast<double>(q.correct[m]);
         }
-      if (slow) Straggle(t0, straggler.factor);
+      if (slow && updates > 0) Straggle(t0, straggler.factor);  // not the warm-up step (train_ps.cc)
       for (Part& q : parts) comm.AllreduceSum(q.grad.data(), q.grad.size());  // MPI from this thread only
       ++updates;
       each_part([&](Part& q) {

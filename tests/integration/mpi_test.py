@@ -231,9 +231,9 @@ class Mpi(unittest.TestCase):
         # (A step is a few GEMMs, tens of microseconds: the straggler must be slow enough that
         # the others' updates pile up while it computes.)
         t = self.training_of("bound", {"mode": "async", "ranks": 4, "max_staleness": 2,
-                                       "straggler": {"rank": 0, "factor": 40}})
+                                       "straggler": {"rank": 0, "factor": 10}})
         self.assertLessEqual(t["staleness"]["max"], 2)
-        self.assertGreater(t["refused_per_worker"][0], 0)
+        self.assertGreater(t["refused_per_worker"][0], 0, t)
         self.assertEqual(t["refused"], sum(t["refused_per_worker"]))
         self.assertEqual(t["updates"], 20 * 32)
 
