@@ -6,8 +6,8 @@
 //   {"what": "lbfgs", "iterations": I, ...}                          one softmax head, L-BFGS
 //   {"what": "together", "heads": K, "seconds": s, "alone_seconds": s1, "max_weight_difference": d,
 //    "accuracies": [...]}                                           a round's heads, batched vs alone
-// Times are medians over --reps and include standardising the features (InitHead's statistics,
-// applied as batches are drawn), as scikit-learn's side includes its StandardScaler.
+// Times are medians over --reps and include standardising the features (InitHead), as
+// scikit-learn's side includes its StandardScaler.
 //
 //   bench_heads --data DIR [--reps 3] [--epochs 1,2,3,5,8,12,20] [--iterations 25,50,100]
 //
@@ -67,15 +67,17 @@ struct Trained {
   double seconds = 0;
 };
 
-// Trains the heads (fresh from cfgs) together or each alone, timing InitHead (the column
-// statistics) + training (rows standardised as batches are drawn).
+// Trains the heads (fresh from cfgs) together or each alone, timing InitHead + standardising
+// + training.
 Trained TrainHeads(const std::vector<kernels::HeadConfig>& cfgs, const Split& tr, int64_t dim, int64_t classes,
                    bool together) {
   Trained t;
   parallel::SelfComm self;
   const auto t0 = Clock::now();
   for (const auto& cfg : cfgs) t.heads.push_back(kernels::InitHead(cfg, tr.x.data(), tr.y.data(), tr.n, dim, classes));
-  const parallel::TrainData data{tr.x.data(), tr.y.data(), tr.n, t.heads[0].mean.data(), t.heads[0].inv_std.data()};
+  std::vector<float> xs(tr.x.size());
+  t.heads[0].Standardize(tr.x.data(), tr.n, xs.data());
+  const parallel::TrainData data{xs.data(), tr.y.data(), tr.n};
   if (together) {
     std::vector<kernels::Head*> members;
     for (auto& h : t.heads) members.push_back(&h);

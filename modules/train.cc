@@ -139,9 +139,10 @@ void Train(StepContext& c) {
       if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
       const Features& f = cache[cand.backbone];
       kernels::Head h = StartingHead(c, cand, f);
+      std::vector<float> xs(f.x.size());
+      h.Standardize(f.x.data(), f.n, xs.data());
       parallel::PsOptions opt{layout.servers, mode == "hybrid" ? layout.groups : 0, layout.max_staleness, straggler};
-      const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, h.mean.data(), h.inv_std.data()};
-      const parallel::TrainStats st = parallel::TrainParameterServer(world, data, &h, opt);
+      const parallel::TrainStats st = parallel::TrainParameterServer(world, {xs.data(), f.labels.data(), f.n}, &h, opt);
       if (world.rank() == 0) staged(cand, f, h, st);
     }
   } else {
@@ -170,10 +171,9 @@ void Train(StepContext& c) {
                                                                       : parallel::Straggler{};
     for (const std::vector<size_t>& b : batches) {
       const Features& f = cache[cands[mine[b[0]]].backbone];
-      // The raw features, standardised row by row as batches are drawn (the batch's heads share
-      // their statistics): no standardised copy of the training set per batch of heads.
-      const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, heads[b[0]].mean.data(),
-                                     heads[b[0]].inv_std.data()};
+      std::vector<float> xs(f.x.size());
+      heads[b[0]].Standardize(f.x.data(), f.n, xs.data());
+      const parallel::TrainData data{xs.data(), f.labels.data(), f.n};
       std::vector<kernels::Head*> members;
       for (size_t k : b) members.push_back(&heads[k]);
       std::vector<parallel::TrainStats> stats;

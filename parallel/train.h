@@ -8,7 +8,7 @@
 //          from the fresh weights it is sent.
 //   hybrid the workers form groups that are synchronous inside (allreduce on the group's
 //          communicator) and asynchronous across: each group's leader talks to the servers.
-// Every rank holds the whole training set; a worker or group draws its batches
+// Every rank holds the whole (standardised) training set; a worker or group draws its batches
 // from its own contiguous shard of it. In every mode the trained weights are the average of
 // the last epoch's iterates (with 2 epochs or more).
 #pragma once
@@ -52,17 +52,11 @@ struct TrainStats {
   nlohmann::json ToJson() const;
 };
 
-// The rows a training run sees: features (n x dim, dim = head's in_dim), standardised or with
-// the statistics to standardise them, and labels.
+// The rows a training run sees: standardised features (n x dim, dim = head's in_dim) and labels.
 struct TrainData {
   const float* x = nullptr;
   const uint8_t* y = nullptr;
   int64_t n = 0;
-  // When set (the head's statistics, in_dim each), x holds the raw features and every row is
-  // standardised as it is read, as kernels::Head::Standardize would: no standardised copy of
-  // the whole set is made.
-  const float* mean = nullptr;
-  const float* inv_std = nullptr;
 };
 
 // Sync mode over every rank of `comm` (one rank: plain minibatch training). `h` comes from

@@ -19,7 +19,6 @@ TrainStats TrainLbfgs(Comm& comm, const TrainData& data, kernels::Head* h) {
   constexpr int64_t kChunk = 1024;  // rows per gradient pass; the kernel's buffers are this big
   Clock clock;
   kernels::GradientKernel kernel(*h, std::max<int64_t>(1, std::min(kChunk, hi - lo)));
-  BatchBuffer chunk(data.mean ? std::max<int64_t>(1, std::min(kChunk, hi - lo)) : 0, dim);
   const auto layout = kernels::ParamLayout(cfg, dim, h->classes);
   std::vector<float> grad(h->params.size());
   double last[2] = {0, 0};  // the data loss and accuracy at the last point evaluated
@@ -30,12 +29,8 @@ TrainStats TrainLbfgs(Comm& comm, const TrainData& data, kernels::Head* h) {
     for (int64_t s = lo; s < hi; s += kChunk) {
       const int64_t b = std::min(kChunk, hi - s);
       int64_t correct = 0;
-      const float* rows = data.x + s * dim;
-      if (data.mean) {  // raw features: standardise this chunk
-        chunk.GatherRange(data, s, b, dim);
-        rows = chunk.x.data();
-      }
-      sums[0] += kernel.Accumulate(*h, rows, data.y + s, b, 1.f / static_cast<float>(n), grad.data(), &correct);
+      sums[0] += kernel.Accumulate(*h, data.x + s * dim, data.y + s, b, 1.f / static_cast<float>(n), grad.data(),
+                                   &correct);
       sums[1] += static_cast<double>(correct);
     }
     comm.AllreduceSum(grad.data(), grad.size());

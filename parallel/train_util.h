@@ -19,33 +19,17 @@ struct Clock {
 // The seed of a batch stream: stream 0 is sync's (the whole set), 1 + k a worker's or group's.
 inline uint64_t ShuffleSeed(uint64_t seed, uint64_t stream) { return seed * 0x9E3779B97F4A7C15ULL + stream + 1; }
 
-// Rows gathered into one contiguous batch (standardised on the way when the data carries the
-// statistics), reused for every step.
+// Rows gathered into one contiguous batch, reused for every step.
 struct BatchBuffer {
   std::vector<float> x;
   std::vector<uint8_t> y;
   BatchBuffer(int64_t rows, int64_t dim) : x(static_cast<size_t>(rows * dim)), y(static_cast<size_t>(rows)) {}
   void Gather(const TrainData& d, const int64_t* rows, int64_t count, int64_t dim) {
     for (int64_t i = 0; i < count; ++i) {
-      float* to = &x[static_cast<size_t>(i * dim)];
-      const float* from = d.x + rows[i] * dim;
-      if (d.mean) {
-        for (int64_t j = 0; j < dim; ++j) to[j] = (from[j] - d.mean[j]) * d.inv_std[j];
-      } else {
-        std::memcpy(to, from, static_cast<size_t>(dim) * sizeof(float));
-      }
+      std::memcpy(&x[static_cast<size_t>(i * dim)], d.x + rows[i] * dim, static_cast<size_t>(dim) * sizeof(float));
       y[static_cast<size_t>(i)] = d.y[rows[i]];
     }
   }
-  // Rows [from, from + count), in order.
-  void GatherRange(const TrainData& d, int64_t from, int64_t count, int64_t dim) {
-    index.resize(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) index[static_cast<size_t>(i)] = from + i;
-    Gather(d, index.data(), count, dim);
-  }
-
- private:
-  std::vector<int64_t> index;
 };
 
 // Tail averaging: the trained weights are the mean of the iterates of the last epoch's updates

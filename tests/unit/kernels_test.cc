@@ -569,28 +569,6 @@ TEST(HeadBatch, TrainingTogetherGivesEachHeadTheWeightsItGetsAlone) {
   EXPECT_NE(together[0].params, together[1].params);
 }
 
-TEST(HeadBatch, RawFeaturesWithTheirStatisticsTrainAsTheStandardisedCopy) {
-  // TrainData with mean/inv_std standardises rows as they are drawn (no copy of the whole
-  // set): the same weights, bit for bit, in the minibatch path and in L-BFGS's chunks.
-  std::vector<float> x;
-  std::vector<uint8_t> y;
-  Blobs(300, 12, 3, 6, &x, &y);
-  for (const char* optimizer : {"adam", "lbfgs"}) {
-    HeadConfig cfg;
-    cfg.optimizer = optimizer;
-    cfg.epochs = optimizer == std::string("lbfgs") ? 30 : 3;
-    cfg.batch = 32;
-    Head copy = InitHead(cfg, x.data(), y.data(), 300, 12, 3), raw = copy;
-    std::vector<float> xs(x.size());
-    copy.Standardize(x.data(), 300, xs.data());
-    parallel::SelfComm self;
-    parallel::TrainSync(self, {xs.data(), y.data(), 300}, &copy);
-    parallel::TrainSync(self, {x.data(), y.data(), 300, raw.mean.data(), raw.inv_std.data()}, &raw);
-    EXPECT_EQ(copy.params, raw.params) << optimizer;
-    EXPECT_NE(copy.params, InitHead(cfg, x.data(), y.data(), 300, 12, 3).params) << optimizer;  // it trained
-  }
-}
-
 TEST(HeadBatch, OnlyHeadsOnTheSameBatchesTrainTogether) {
   std::vector<float> x;
   std::vector<uint8_t> y;
