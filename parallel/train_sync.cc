@@ -104,7 +104,11 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
   // The rank's threads share out the heads, each thread running its heads' GEMMs on its own:
   // a batch's GEMMs (tens of rows) are too small to split between threads (measured: 2
   // threads on one such GEMM are slower than 1), whole heads are not.
-  const size_t T = std::min(K, static_cast<size_t>(std::max(1, omp_get_max_threads())));
+  // Every rank must split the heads alike (one allreduce per part), so rank 0's thread count
+  // decides: ranks on nodes with other core counts or rank placements follow it.
+  int threads = std::max(1, omp_get_max_threads());
+  if (N > 1) comm.Bcast(&threads, sizeof threads, 0);
+  const size_t T = std::min(K, static_cast<size_t>(threads));
   OmpThreads single(1);
   std::vector<Part> parts(T);
   const auto dealt = Deal(heads, T);

@@ -135,6 +135,25 @@ class Mpi(unittest.TestCase):
                     self.sync2_checked = True
         self.assertTrue(getattr(self, "sync2_checked", False), "sync-2 chose another champion than sync-1")
 
+    def test_sync_ranks_with_different_thread_counts_train_together(self):
+        # Heads trained together are split over a rank's threads, one allreduce per part: ranks
+        # with other thread counts (nodes with other cores, uneven placement) must split alike.
+        # Before rank 0's count was shared, this step died with MPI_ERR_OTHER.
+        res, _ = self.run_pipeline("threads-1", pipeline("t", self.nam, {"mode": "sync", "ranks": 1}, epochs=3))
+        with open(os.path.join(self.dir, "runs", "threads-1", "tasks", "r1-train.json")) as f:
+            task = json.load(f)
+        task["run"] = "threads-mixed"
+        path = os.path.join(self.dir, "threads-mixed-train.json")
+        with open(path, "w") as f:
+            json.dump(task, f)
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+               "-n", "1", "-x", "OMP_NUM_THREADS=2", EXE, "module", "train", "--task", path, ":",
+               "-n", "1", "-x", "OMP_NUM_THREADS=1", EXE, "module", "train", "--task", path]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        self.assertIn("training 2 heads together on pixels features", r.stdout)
+        self.assertIn("[sync on 2 ranks", r.stdout)
+
     def test_lbfgs_on_two_ranks_reaches_the_one_rank_optimum(self):
         """Full-batch L-BFGS with the rows sharded over 2 ranks: the same objective, the same
         optimum (up to float summation order), and the solver's figures in the model."""
