@@ -19,6 +19,24 @@
 
 namespace msaflow::bench {
 
+// One result as a line of JSON on stdout, flushed (a driver script reads them as they come).
+inline void PrintJsonLine(const nlohmann::json& j) {
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+// A bench's main body: an error becomes one line "NAME: what" on stderr and exit status 1.
+template <typename F>
+int ReportErrors(const char* name, F&& body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
+
 inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];

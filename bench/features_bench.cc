@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps);
   app.add_option("--output", output);
   CLI11_PARSE(app, argc, argv);
-  try {
+  return bench::ReportErrors("bench_features", [&] {
     const std::string bytes = ReadFile(input);
     const int64_t per = channels * size * size;
     if (static_cast<int64_t>(bytes.size()) != n * per * 4)
@@ -80,13 +80,7 @@ int main(int argc, char** argv) {
       gsecs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     const double gflops = 2.0 * kG * kG * kG / bench::Median(gsecs) / 1e9;
-    std::printf("%s\n", nlohmann::json({{"images_per_s", static_cast<double>(n) / s}, {"seconds", s}, {"dim", dim},
-                                        {"batch", batch}, {"sgemm_gflops", gflops}})
-                            .dump()
-                            .c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_features: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+    bench::PrintJsonLine({{"images_per_s", static_cast<double>(n) / s}, {"seconds", s}, {"dim", dim},
+                                        {"batch", batch}, {"sgemm_gflops", gflops}});
+  });
 }

@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", epochs_list, "Adam epoch counts to try");
   app.add_option("--iterations", iters_list, "L-BFGS iteration caps to try");
   CLI11_PARSE(app, argc, argv);
-  try {
+  return bench::ReportErrors("bench_heads", [&] {
     const auto meta = nlohmann::json::parse(ReadFile(dir + "/meta.json"));
     const int64_t dim = meta.at("dim"), classes = meta.at("classes");
     Split tr, te;
@@ -138,22 +138,16 @@ int main(int argc, char** argv) {
         cfg.batch = batch;
         cfg.lr = lr;
         Trained t = median_run({cfg}, false);
-        std::printf("%s\n", nlohmann::json({{"what", "adam"}, {"batch", batch}, {"lr", lr}, {"epochs", e},
-                                            {"seconds", t.seconds}, {"test_accuracy", TestAccuracy(t.heads[0], te)}})
-                                .dump()
-                                .c_str());
-        std::fflush(stdout);
+        bench::PrintJsonLine({{"what", "adam"}, {"batch", batch}, {"lr", lr}, {"epochs", e},
+                                            {"seconds", t.seconds}, {"test_accuracy", TestAccuracy(t.heads[0], te)}});
       }
     for (int64_t it : Ints(iters_list)) {
       kernels::HeadConfig cfg = soft;
       cfg.optimizer = "lbfgs";
       cfg.epochs = it;
       Trained t = median_run({cfg}, false);
-      std::printf("%s\n", nlohmann::json({{"what", "lbfgs"}, {"iterations", it}, {"seconds", t.seconds},
-                                          {"test_accuracy", TestAccuracy(t.heads[0], te)}})
-                              .dump()
-                              .c_str());
-      std::fflush(stdout);
+      bench::PrintJsonLine({{"what", "lbfgs"}, {"iterations", it}, {"seconds", t.seconds},
+                                          {"test_accuracy", TestAccuracy(t.heads[0], te)}});
     }
     // A round's heads (the quickstart's grid: softmax and MLP-128, two learning rates, two l2).
     std::vector<kernels::HeadConfig> round;
@@ -177,14 +171,8 @@ int main(int argc, char** argv) {
         worst = std::max(worst, static_cast<double>(std::abs(both.heads[k].params[i] - alone.heads[k].params[i])));
       acc.push_back(TestAccuracy(both.heads[k], te));
     }
-    std::printf("%s\n", nlohmann::json({{"what", "together"}, {"heads", round.size()}, {"seconds", both.seconds},
+    bench::PrintJsonLine({{"what", "together"}, {"heads", round.size()}, {"seconds", both.seconds},
                                         {"alone_seconds", alone.seconds}, {"max_weight_difference", worst},
-                                        {"accuracies", acc}})
-                            .dump()
-                            .c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_heads: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+                                        {"accuracies", acc}});
+  });
 }
