@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by scripts/fuzz.sh and scripts/sanitize.sh: installs clang with its sanitizer and
 # libFuzzer runtimes (Debian 12 packages) and configures a clang build directory.
-#   clang_build DIR MESON-OPTIONS...   (configures DIR once; ninja is the caller's)
+#   clang_build DIR MESON-OPTIONS...   (configures DIR, or sets the options of an existing one; ninja is the caller's)
 source "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
 clang_packages() { ensure_packages clang libclang-rt-14-dev libomp-14-dev; }
 clang_build() {
@@ -10,5 +10,7 @@ clang_build() {
   clang_packages
   if [[ ! -f $dir/build.ninja ]]; then
     CC=clang CXX=clang++ meson setup "$dir" --buildtype=debugoptimized -Db_lundef=false "$@" >/dev/null
+  else
+    meson setup --reconfigure "$dir" "$@" >/dev/null  # an existing directory takes the options as they are now
   fi
 }

@@ -23,7 +23,7 @@ fi
 # clang, ASan + UBSan, coverage for libFuzzer: the build scripts/sanitize.sh runs the suite in.
 source scripts/clang-build.sh
 BUILD=build-fuzz
-clang_build "$BUILD" -Dfuzz=true -Db_sanitize=address,undefined
+clang_build "$BUILD" -Dfuzz=true -Db_sanitize=address,undefined -Dbench=false
 ninja -C "$BUILD" "fuzz/fuzz_$target" >/dev/null
 
 corpus=$BUILD/corpus/$target findings=$BUILD/findings/$target

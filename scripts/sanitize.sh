@@ -12,14 +12,14 @@ source scripts/clang-build.sh
 what=${1:-all}
 shift || true
 asan() {
-  clang_build build-fuzz -Dfuzz=true -Db_sanitize=address,undefined
+  clang_build build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Dbench=false
   ninja -C build-fuzz >/dev/null
   echo "[sanitize] the suite under ASan + UBSan"
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    meson test -C build-fuzz --print-errorlogs --num-processes 2 "$@"
+    meson test -C build-fuzz --print-errorlogs --num-processes 3 "$@"
 }
 tsan() {
-  clang_build build-tsan -Db_sanitize=thread
+  clang_build build-tsan -Db_sanitize=thread -Dbench=false
   # Only common/ and nam/ (their own library) and the three tests compile.
   ninja -C build-tsan tests/nam_test tests/nam_server_test tests/common_test >/dev/null
   # Tests that start the server as a process use this msaflow (not instrumented; the clients are).

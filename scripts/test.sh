@@ -8,7 +8,7 @@ MSAFLOW_BUILD_DIR=build-test MSAFLOW_WERROR=1 scripts/setup.sh
 source scripts/packages.sh
 ensure_packages chromium
 status=0
-meson test -C build-test --print-errorlogs --num-processes 2 "$@" || status=$?
+meson test -C build-test --print-errorlogs --num-processes 3 "$@" || status=$?
 /usr/bin/python3 - build-test/meson-logs/testlog.json <<'PY'
 import json, sys
 passed = failed = 0
@@ -20,13 +20,11 @@ for line in open(sys.argv[1]):
         failed += 1
 print(f"tests: {passed} passed, {failed} failed")
 PY
-# The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the unit tests, the CLI, the
-# report in the browser, the NAM server processes and the end-to-end run under ASan + UBSan (`scripts/sanitize.sh asan`
-# alone runs every suite, MPI and Slurm included: CI's 30 minutes do not hold them twice), the
-# NAM tests under TSan, and every fuzzer over its corpus for a few seconds.
+# The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the whole suite again (unit,
+# integration, MPI and Slurm) with msaflow and the tests built with ASan + UBSan, the NAM tests
+# under TSan, and every fuzzer over its corpus for a few seconds.
 if [[ ${MSAFLOW_SANITIZE:-1} == 1 ]]; then
-  asan_tests="common pipeline nam nam_server kernels fpga datasets planner journal report modules slurm cli report_browser nam_server_processes end_to_end"
-  for part in "asan $asan_tests" "tsan" "fuzz 3"; do
+  for part in "asan" "tsan" "fuzz 3"; do
     if scripts/sanitize.sh $part; then
       echo "sanitize ${part%% *}: passed"
     else
