@@ -382,7 +382,35 @@ dnnl::post_ops MakePostOps(const Executor::Op& op) {
 
 }  // namespace
 
-Executor::Executor(Graph graph) : graph_(std::move(graph)), engine_(std::make_unique<Engine>()) {
+Precision ParsePrecision(const std::string& name) {
+  if (name == "f32") return Precision::kF32;
+  if (name == "bf16") return Precision::kBF16;
+  Throw(ErrorKind::kInvalidInput, "precision '" + name + "': expected \"f32\" or \"bf16\"");
+}
+
+const char* PrecisionName(Precision p) { return p == Precision::kBF16 ? "bf16" : "f32"; }
+
+bool PrecisionAvailable(Precision p, std::string* why) {
+  if (p == Precision::kF32) return true;
+  // oneDNN runs bf16 convolutions natively from AVX512_BF16 on and emulates them on AVX-512
+  // cores; below that it has only reference kernels, hundreds of times slower.
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  switch (isa) {
+    case dnnl::cpu_isa::avx512_core:
+    case dnnl::cpu_isa::avx512_core_vnni:
+    case dnnl::cpu_isa::avx512_core_bf16:
+    case dnnl::cpu_isa::avx512_core_amx:
+      return true;
+    default:
+      if (why) *why = "bf16 needs a CPU with AVX-512 (oneDNN has only reference kernels below it)";
+      return false;
+  }
+}
+
+Executor::Executor(Graph graph, Precision precision)
+    : graph_(std::move(graph)), precision_(precision), engine_(std::make_unique<Engine>()) {
+  std::string why;
+  if (!PrecisionAvailable(precision, &why)) Throw(ErrorKind::kUnsupported, std::string("executor: ") + why);
   ops_ = FuseEltwise(BuildOps(graph_), graph_.output);
 }
 
@@ -419,6 +447,8 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
   const dnnl::engine& eng = engine_->eng;
   using tag = memory::format_tag;
   using dt = memory::data_type;
+  // Activations and weights in this type; biases, the input and the features stay f32.
+  const dt act = precision_ == Precision::kBF16 ? dt::bf16 : dt::f32;
 
   // Tensor state while planning.
   struct Value {
@@ -607,10 +637,10 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
           memory::dims wdims = op.group == 1
                                    ? ToDims(w.dims)
                                    : memory::dims{op.group, w.dims[0] / op.group, w.dims[1], w.dims[2], w.dims[3]};
-          memory::desc src_any(ToDims(src.dims), dt::f32, tag::any);
-          memory::desc w_any(wdims, dt::f32, tag::any);
+          memory::desc src_any(ToDims(src.dims), act, tag::any);
+          memory::desc w_any(wdims, act, tag::any);
           memory::desc b_md({w.dims[0]}, dt::f32, tag::a);
-          memory::desc dst_any(ToDims(out_dims), dt::f32, tag::any);
+          memory::desc dst_any(ToDims(out_dims), act, tag::any);
           dnnl::primitive_attr attr;
           attr.set_post_ops(MakePostOps(op));
           memory::dims dil = {op.dilations[0] - 1, op.dilations[1] - 1};
@@ -663,6 +693,12 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
             Dims d1 = graph_.consts.at(in1).dims;
             while (d1.size() < 4) d1.insert(d1.begin(), 1);
             m1 = const_memory(graph_.consts.at(in1), d1);
+            if (src.mem.get_desc().data_type() != dt::f32) {  // the constant in the activations' type
+              memory conv(memory::desc(ToDims(d1), src.mem.get_desc().data_type(), tag::abcd), eng);
+              dnnl::reorder(m1, conv).execute(engine_->strm, m1, conv);
+              engine_->strm.wait();
+              m1 = conv;
+            }
             plan->buffers.push_back(std::make_shared<memory>(m1));
           }
           dnnl::binary::desc d(op.bin, src.mem.get_desc(), m1.get_desc(), src.mem.get_desc());
@@ -683,7 +719,7 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
             pl = {op.pads[0], op.pads[1]};
             pr = {op.pads[2], op.pads[3]};
           }
-          memory::desc dst_any(ToDims(out_dims), dt::f32, tag::any);
+          memory::desc dst_any(ToDims(out_dims), src.mem.get_desc().data_type(), tag::any);
           dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, op.pool, src.mem.get_desc(), dst_any,
                                            strides, kernel, {0, 0}, pl, pr);
           dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
@@ -726,7 +762,8 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
   plan->channels = cut.dims[1];
   plan->output = memory(memory::desc({cut.dims[0], cut.dims[1], 1, 1}, dt::f32, tag::abcd), eng);
   dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::pooling_avg_exclude_padding,
-                                   cut.mem.get_desc(), memory::desc({cut.dims[0], cut.dims[1], 1, 1}, dt::f32, tag::any),
+                                   cut.mem.get_desc(),
+                                   memory::desc({cut.dims[0], cut.dims[1], 1, 1}, cut.mem.get_desc().data_type(), tag::any),
                                    {1, 1}, {cut.dims[2], cut.dims[3]}, {0, 0}, {0, 0}, {0, 0});
   dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
   memory pooled = pd.dst_desc() == plan->output.get_desc() ? plan->output : memory(pd.dst_desc(), eng);

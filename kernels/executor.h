@@ -6,6 +6,12 @@
 // convolution weights, intermediate buffers are reused by liveness, and one compiled plan is
 // cached per input shape (any batch size, dynamic H/W). oneDNN threads over all cores.
 //
+// Precision: f32 (the default) computes as the model does. bf16 stores activations and weights
+// as bfloat16 and accumulates in f32 (oneDNN's bf16 convolutions: twice the multiply-adds per
+// instruction where the CPU has AVX512_BF16 or AMX); the features then differ from f32 by
+// about 1 % relative, which the pipeline's accuracy must be measured to tolerate
+// (docs/performance.md). It needs AVX-512 at least; elsewhere the constructor refuses it.
+//
 // Thread-safety: an Executor is not thread-safe; use one per thread.
 #pragma once
 
@@ -20,10 +26,19 @@
 
 namespace msaflow::kernels {
 
+enum class Precision { kF32, kBF16 };
+
+// "f32" | "bf16" (pipeline and CLI spelling); throws kInvalidInput naming the choices.
+Precision ParsePrecision(const std::string& name);
+const char* PrecisionName(Precision p);
+// Whether this CPU runs `p` on oneDNN's fast kernels; `why` says what is missing when not.
+bool PrecisionAvailable(Precision p, std::string* why);
+
 class Executor {
  public:
-  // Throws kUnsupported (naming the node) for graphs outside what the executor runs.
-  explicit Executor(Graph graph);
+  // Throws kUnsupported (naming the node) for graphs outside what the executor runs, and for a
+  // precision this CPU cannot run fast.
+  explicit Executor(Graph graph, Precision precision = Precision::kF32);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -46,6 +61,7 @@ class Executor {
 
   std::vector<Op> ops_;
   Graph graph_;
+  Precision precision_;
   struct Engine;
   std::unique_ptr<Engine> engine_;
   std::map<std::array<int64_t, 4>, std::unique_ptr<Plan>> plans_;

@@ -1,11 +1,15 @@
 #include "modules/features.h"
 
+#include <fmt/core.h>
+
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
 #include "kernels/dataset.h"
+#include "kernels/half.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
@@ -28,6 +32,11 @@ FeaturesIndex IndexFromMeta(const std::string& object, const nlohmann::json& m) 
   f.classes = m["classes"];
   f.part_rows = m["part_rows"];
   f.parts = m["parts"];
+  if (m.contains("dtype")) {
+    if (m["dtype"] != "f16" && m["dtype"] != "f32")
+      Malformed(object, "features metadata: dtype " + m["dtype"].dump() + ", expected \"f32\" or \"f16\"");
+    f.half = m["dtype"] == "f16";
+  }
   if (f.part_rows < 1 || f.parts != (f.n + f.part_rows - 1) / f.part_rows)
     Malformed(object, "features metadata: " + std::to_string(f.parts) + " parts of " + std::to_string(f.part_rows) +
                           " rows do not hold " + std::to_string(f.n) + " rows");
@@ -52,9 +61,11 @@ int64_t FeaturesPartBytes() {
   return bytes;
 }
 
-nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t part_rows) {
-  return {{"rows", n}, {"dim", dim}, {"classes", classes}, {"part_rows", part_rows},
-          {"parts", (n + part_rows - 1) / part_rows}};
+nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t part_rows, bool half) {
+  nlohmann::json m = {{"rows", n}, {"dim", dim}, {"classes", classes}, {"part_rows", part_rows},
+                      {"parts", (n + part_rows - 1) / part_rows}};
+  if (half) m["dtype"] = "f16";  // absent: float32, as features were before there was a choice
+  return m;
 }
 
 std::string BackboneDigest(nam::Store& store, const workflow::BackboneSpec& bb) {
@@ -88,13 +99,38 @@ FeaturesIndex OpenFeatures(StepContext& c, const std::string& backbone, const st
   return f;
 }
 
+void NarrowFeatures(const std::string& backbone, const float* x, size_t n, std::vector<uint16_t>& out) {
+  float top = 0;
+  bool bad = false;  // past the range, or not a number
+  for (size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    top = a > top ? a : top;
+    bad |= !(a <= kernels::kHalfMax);
+  }
+  if (bad)
+    Throw(ErrorKind::kInvalidInput, "backbone '" + backbone + "': a feature value of " +
+                                        (top > kernels::kHalfMax ? fmt::format("{:g}", top) : std::string("NaN")) +
+                                        " is beyond float16's range (65504): set its \"feature_dtype\" to \"f32\"");
+  out.resize(n);
+  kernels::FloatToHalf(x, out.data(), n);
+}
+
 void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std::string& bytes) {
   const std::string name = workflow::FeaturesPartObject(f.object, p);
-  store.GetInto(name, bytes);
-  const auto want = static_cast<size_t>((f.PartHi(p) - f.PartLo(p)) * f.dim) * sizeof(float);
-  if (bytes.size() != want)
-    Malformed(name, std::to_string(bytes.size()) + " bytes, expected " + std::to_string(want) + " (" +
-                        std::to_string(f.PartHi(p) - f.PartLo(p)) + " rows x " + std::to_string(f.dim) + " float32)");
+  thread_local std::string halves;  // a float16 part as read, before it is widened into `bytes`
+  std::string& got = f.half ? halves : bytes;
+  store.GetInto(name, got);
+  const auto values = static_cast<size_t>((f.PartHi(p) - f.PartLo(p)) * f.dim);
+  const size_t want = values * (f.half ? sizeof(uint16_t) : sizeof(float));
+  if (got.size() != want)
+    Malformed(name, std::to_string(got.size()) + " bytes, expected " + std::to_string(want) + " (" +
+                        std::to_string(f.PartHi(p) - f.PartLo(p)) + " rows x " + std::to_string(f.dim) +
+                        (f.half ? " float16)" : " float32)"));
+  if (f.half) {
+    bytes.resize(values * sizeof(float));
+    kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(halves.data()), reinterpret_cast<float*>(bytes.data()),
+                         values);
+  }
 }
 
 Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split) {

@@ -3,8 +3,10 @@
 //
 // A features object `features/<backbone digest>-<dataset digest>` holds the labels (n bytes);
 // its metadata gives rows, dim, classes, part_rows and parts. The rows are in `parts` part
-// objects (workflow::FeaturesPartObject) of part_rows x dim float32 each (the last one
-// shorter), written before the features object itself, so once it is there every part is.
+// objects (workflow::FeaturesPartObject) of part_rows x dim values each (the last one
+// shorter), written before the features object itself, so once it is there every part is. The
+// values are float32, or float16 where the metadata says "dtype": "f16" (the backbone's
+// feature_dtype): half the NAM memory and transfer; readers get float32 either way.
 // A step reads only the parts that hold its rows, fetching the next one while it computes on
 // the current (common/overlap.h).
 #pragma once
@@ -24,6 +26,7 @@ namespace msaflow::modules {
 struct FeaturesIndex {
   std::string object;
   int64_t n = 0, dim = 0, classes = 0, part_rows = 0, parts = 0;
+  bool half = false;            // parts hold float16 values
   std::vector<uint8_t> labels;  // empty when only the shape was asked for
   int64_t PartLo(int64_t p) const { return p * part_rows; }
   int64_t PartHi(int64_t p) const { return std::min(n, (p + 1) * part_rows); }
@@ -42,7 +45,7 @@ int64_t FeaturesPartRows(int64_t dim, int64_t batch, int64_t part_bytes);
 // The part size prepare aims at: MSAFLOW_PART_BYTES, default 1 MiB; kInvalidInput if malformed.
 int64_t FeaturesPartBytes();
 // The metadata of a features object (checked by OpenFeatures).
-nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t part_rows);
+nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t part_rows, bool half);
 
 // The digest of a loaded backbone (its NAM object's metadata); kNotFound before the load step.
 std::string BackboneDigest(nam::Store& store, const workflow::BackboneSpec& bb);
@@ -53,8 +56,12 @@ std::string FeaturesKey(StepContext& c, const std::string& backbone, const std::
 FeaturesIndex FeaturesShape(StepContext& c, const std::string& backbone, const std::string& split);
 // The shape and the labels.
 FeaturesIndex OpenFeatures(StepContext& c, const std::string& backbone, const std::string& split);
+// Features of `backbone` as float16 into `out` (resized to n); kInvalidInput naming the
+// backbone when a value is past float16's range (65504) or not a number, since it would be
+// stored as an infinity.
+void NarrowFeatures(const std::string& backbone, const float* x, size_t n, std::vector<uint16_t>& out);
 // Reads part `p` into `bytes` (reusing its memory) and checks its size against the index;
-// the rows are then at bytes.data() as float32.
+// the rows are then at bytes.data() as float32 (float16 parts are widened as they are read).
 void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std::string& bytes);
 // A split's whole features, reading part i + 1 while part i is copied.
 Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split);

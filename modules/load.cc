@@ -1,5 +1,6 @@
 // Step 1 (CM): each backbone imported, checked, cut at its feature layer and put in the NAM.
 #include <fmt/core.h>
+#include <memory>
 #include <vector>
 
 #include "common/checksum.h"
@@ -12,6 +13,15 @@
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
+namespace {
+
+// The backbone digest names the features it gives: float16 storage makes other features.
+std::string StorageSuffix(const workflow::BackboneSpec& bb) {
+  return bb.feature_dtype == "f32" ? "" : " features " + bb.feature_dtype;
+}
+
+}  // namespace
+
 void Load(StepContext& c) {
   if (!c.root()) return;  // one writer; the other ranks (if any were started) have nothing to do
   // Every backbone is imported and checked before the first is stored: a bad one leaves the
@@ -26,7 +36,7 @@ void Load(StepContext& c) {
     nlohmann::json meta = {{"kind", bb.kind}, {"name", bb.name}};
     std::string bytes;
     if (bb.kind == "pixels") {
-      meta["digest"] = ChecksumHex("pixels/v1");
+      meta["digest"] = ChecksumHex(std::string("pixels/v1") + StorageSuffix(bb));
       c.inputs["backbones"][bb.name] = meta["digest"];
       auto have = c.store->Stat(obj);
       if (have && have->meta.value("digest", "") == meta["digest"]) {
@@ -39,7 +49,8 @@ void Load(StepContext& c) {
       std::string digest = ChecksumHex(model + "\n" + bb.feature_layer + "\n" +
                                        fmt::format("{}x{}x{} {} {} {} {} {} {}", in.channels, in.height, in.width,
                                                    in.mean[0], in.mean[1], in.mean[2], in.std[0], in.std[1], in.std[2]) +
-                                       (in.batch > 0 ? fmt::format(" batch {}", in.batch) : ""));
+                                       (in.batch > 0 ? fmt::format(" batch {}", in.batch) : "") +
+                                       (bb.precision != "f32" ? " precision " + bb.precision : "") + StorageSuffix(bb));
       c.inputs["backbones"][bb.name] = digest;
       auto have = c.store->Stat(obj);
       if (have && have->meta.value("digest", "") == digest) {
@@ -49,7 +60,13 @@ void Load(StepContext& c) {
       // Import, check every operator, cut at the feature layer, and dry-run one image.
       kernels::Graph g = kernels::ImportOnnx(model, bb.onnx, bb.feature_layer);
       workflow::CheckBackboneInput(g, bb);
-      kernels::Executor ex(g);
+      std::unique_ptr<kernels::Executor> made;
+      try {
+        made = std::make_unique<kernels::Executor>(g, kernels::ParsePrecision(bb.precision));
+      } catch (const Error& e) {
+        Throw(e.kind(), fmt::format("backbone '{}': precision {}: {}", bb.name, bb.precision, e.what()));
+      }
+      kernels::Executor& ex = *made;
       int64_t dim = ex.FeatureDim(in.channels, in.height, in.width);
       // A full batch, as prepare will run it: a graph that only works for some batch sizes (a
       // Reshape to a fixed batch inside) fails here, named, not in the middle of prepare.
@@ -67,6 +84,7 @@ void Load(StepContext& c) {
       meta["feature_dim"] = dim;
       meta["input"] = {{"channels", in.channels}, {"height", in.height}, {"width", in.width},
                        {"mean", in.mean},         {"std", in.std}};
+      meta["precision"] = bb.precision;
       c.Say(fmt::format("backbone {}: imported {} ({} nodes up to '{}', {} fused ops), {} features", bb.name, bb.onnx,
                         g.nodes.size(), bb.feature_layer, ex.FusedOpCount(), dim));
     }

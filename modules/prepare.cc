@@ -75,13 +75,18 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
     writer.Wait();  // rethrows a failed write
     w.put_wait_s += Since(t0);
   };
+  std::vector<uint16_t> halves[2];  // float16 features: part p narrowed into halves[p % 2]
   auto write_part = [&](int64_t p) {
     finish_write();
-    const std::vector<float>& o = out[p % 2];
-    const size_t bytes = static_cast<size_t>((idx.PartHi(p) - idx.PartLo(p)) * dim) * sizeof(float);
-    auto put = [&c, &idx, &o, &w, p, bytes] {
+    const size_t values = static_cast<size_t>((idx.PartHi(p) - idx.PartLo(p)) * dim);
+    std::string_view data(reinterpret_cast<const char*>(out[p % 2].data()), values * sizeof(float));
+    if (idx.half) {
+      NarrowFeatures(bb.name, out[p % 2].data(), values, halves[p % 2]);
+      data = std::string_view(reinterpret_cast<const char*>(halves[p % 2].data()), values * sizeof(uint16_t));
+    }
+    auto put = [&c, &idx, &w, p, data] {
       auto t0 = Clock::now();
-      c.store->Put(workflow::FeaturesPartObject(idx.object, p), std::string_view(reinterpret_cast<const char*>(o.data()), bytes),
+      c.store->Put(workflow::FeaturesPartObject(idx.object, p), data,
                    {{"kind", "features-part"}, {"part", p}, {"rows", idx.PartHi(p) - idx.PartLo(p)}, {"dim", idx.dim}});
       w.put_s += Since(t0);
     };
@@ -251,7 +256,8 @@ void Prepare(StepContext& c) {
       } else {
         if (!ex) {
           nam::Object o = c.store->Get(workflow::BackboneObject(bb.name));
-          ex = std::make_unique<kernels::Executor>(kernels::ImportOnnx(o.bytes, "NAM " + o.info.name, bb.feature_layer));
+          ex = std::make_unique<kernels::Executor>(kernels::ImportOnnx(o.bytes, "NAM " + o.info.name, bb.feature_layer),
+                                                   kernels::ParsePrecision(bb.precision));
         }
         dim = ex->FeatureDim(bb.input.channels, bb.input.height, bb.input.width);
       }
@@ -261,6 +267,7 @@ void Prepare(StepContext& c) {
       idx.dim = dim;
       idx.part_rows = FeaturesPartRows(dim, BatchOf(bb), part_bytes);
       idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
+      idx.half = bb.feature_dtype == "f16";
       // This rank's contiguous run of parts.
       const int64_t p0 = idx.parts * rank / size, p1 = idx.parts * (rank + 1) / size;
       // Only this rank's images are read (an image folder decodes only these).
@@ -281,7 +288,7 @@ void Prepare(StepContext& c) {
                              {"put_wait_s", w.put_wait_s}};
       auto stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
       if (c.root()) {
-        nlohmann::json meta = FeaturesMeta(src.count(), dim, classes, idx.part_rows);
+        nlohmann::json meta = FeaturesMeta(src.count(), dim, classes, idx.part_rows, idx.half);
         meta.update({{"backbone", bb.name}, {"backbone_digest", bb_digest}, {"dataset_digest", digests[split]},
                      {"split", split}});
         if (!src.class_names().empty()) meta["class_names"] = src.class_names();

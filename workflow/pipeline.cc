@@ -188,14 +188,15 @@ SplitSpec ReadValidation(const Reader& r, const json& v, const std::string& ptr)
 
 BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr) {
   BackboneSpec b;
-  r.Object(v, ptr, {"name", "kind", "onnx", "feature_layer", "input"}, {"name"});
+  r.Object(v, ptr, {"name", "kind", "onnx", "feature_layer", "input", "precision", "feature_dtype"}, {"name"});
   b.name = r.String(v["name"], ptr + "/name");
   for (char c : b.name)
     if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
       r.Fail(ptr + "/name", Quote(v["name"]) + " must use only [a-z0-9._-] (it names NAM objects)");
   if (v.contains("kind")) b.kind = r.Enum(v["kind"], ptr + "/kind", {"onnx", "pixels"});
+  if (v.contains("feature_dtype")) b.feature_dtype = r.Enum(v["feature_dtype"], ptr + "/feature_dtype", {"f32", "f16"});
   if (b.kind == "pixels") {
-    for (const char* k : {"onnx", "feature_layer", "input"})
+    for (const char* k : {"onnx", "feature_layer", "input", "precision"})
       if (v.contains(k)) r.Fail(ptr + "/" + k, "not allowed for kind \"pixels\" (raw pixels are the features)");
     return b;
   }
@@ -203,6 +204,7 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
     if (!v.contains(k)) r.Fail(ptr, std::string("missing required key \"") + k + "\"");
   b.onnx = r.Path(v["onnx"], ptr + "/onnx");
   b.feature_layer = r.String(v["feature_layer"], ptr + "/feature_layer");
+  if (v.contains("precision")) b.precision = r.Enum(v["precision"], ptr + "/precision", {"f32", "bf16"});
   const json& in = v["input"];
   std::string ip = ptr + "/input";
   r.Object(in, ip, {"height", "width", "channels", "mean", "std", "batch"}, {"height", "width"});

@@ -11,6 +11,7 @@
 #include "common/files.h"
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
+#include "kernels/half.h"
 #include "kernels/head.h"
 #include "kernels/head_batch.h"
 #include "kernels/lbfgs.h"
@@ -220,6 +221,74 @@ TEST(Executor, MatchesNaiveImplementationForAnyBatchAndSize) {
       auto want = NaiveFeatures(bytes, one, h, w);
       for (int64_t c = 0; c < 4; ++c)
         EXPECT_NEAR(got[static_cast<size_t>(i * 4 + c)], want[static_cast<size_t>(c)], 1e-4) << n << " " << h << " " << c;
+    }
+  }
+}
+
+// bf16 keeps 8 bits of mantissa: the features of the same network agree with the naive f32
+// ones to about 1 % (of the largest feature), where the CPU can run it.
+TEST(Executor, Bf16FeaturesAgreeWithF32ToItsPrecision) {
+  std::string why;
+  if (!PrecisionAvailable(Precision::kBF16, &why)) {
+    std::string bytes = SmallModel();
+    EXPECT_EQ(ErrorOf([&] { Executor ex(ImportOnnx(bytes, "m", "out"), Precision::kBF16); }), "executor: " + why);
+    GTEST_SKIP() << why;
+  }
+  std::string bytes = SmallModel();
+  Executor f32(ImportOnnx(bytes, "m", "out")), bf16(ImportOnnx(bytes, "m", "out"), Precision::kBF16);
+  const int64_t n = 4, h = 9, w = 9;
+  std::vector<float> x(static_cast<size_t>(n * 2 * h * w));
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-2, 2);
+  for (auto& v : x) v = u(rng);
+  auto want = f32.Features(x.data(), n, 2, h, w), got = bf16.Features(x.data(), n, 2, h, w);
+  ASSERT_EQ(got.size(), want.size());
+  float top = 0, diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    top = std::max(top, std::fabs(want[i]));
+    diff = std::max(diff, std::fabs(got[i] - want[i]));
+  }
+  EXPECT_GT(diff, 0.f);  // it did run in bf16
+  EXPECT_LT(diff, 0.02f * top);
+  EXPECT_EQ(ParsePrecision("bf16"), Precision::kBF16);
+  EXPECT_EQ(ErrorOf([] { ParsePrecision("fp8"); }), "precision 'fp8': expected \"f32\" or \"bf16\"");
+}
+
+// Every half converts to the float it denotes and back to itself; floats round to the nearest
+// half (ties to even), the F16C path and the scalar one bit for bit.
+TEST(Half, RoundTripsEveryHalfAndRoundsFloatsToNearestEven) {
+  std::vector<uint16_t> all(65536), back(65536);
+  std::vector<float> wide(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  HalfToFloat(all.data(), wide.data(), all.size());
+  FloatToHalf(wide.data(), back.data(), wide.size());
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const bool nan = (i & 0x7c00u) == 0x7c00u && (i & 0x3ffu);
+    if (nan) {
+      EXPECT_TRUE(std::isnan(wide[i])) << i;
+      continue;
+    }
+    ASSERT_EQ(back[i], all[i]) << i;
+    ASSERT_EQ(HalfToFloatScalar(all[i]), wide[i]) << i;
+  }
+  EXPECT_EQ(wide[0x3c00], 1.f);
+  EXPECT_EQ(wide[0x7bff], kHalfMax);
+  EXPECT_EQ(wide[0x0001], std::ldexp(1.f, -24));  // the smallest subnormal
+  // Ties go to the even half: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10.
+  EXPECT_EQ(FloatToHalfScalar(1.f + std::ldexp(1.f, -11)), 0x3c00);
+  EXPECT_EQ(FloatToHalfScalar(1.f + 3 * std::ldexp(1.f, -11)), 0x3c02);
+  EXPECT_EQ(FloatToHalfScalar(70000.f), 0x7c00);  // past the range: infinity
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> mag(-30, 17);
+  std::vector<float> x(10007);  // not a multiple of the vector width: the tail is scalar
+  for (auto& v : x) v = std::ldexp(1.f, static_cast<int>(mag(rng))) * (rng() % 2 ? 1.f : -1.f) * (1.f + (rng() % 1000) / 999.f);
+  std::vector<uint16_t> h(x.size());
+  FloatToHalf(x.data(), h.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(h[i], FloatToHalfScalar(x[i])) << x[i];
+    const float r = HalfToFloatScalar(h[i]);
+    if (std::fabs(x[i]) >= std::ldexp(1.f, -14) && std::fabs(x[i]) <= kHalfMax) {
+      EXPECT_LE(std::fabs(r - x[i]), std::fabs(x[i]) * std::ldexp(1.f, -11)) << x[i];
     }
   }
 }

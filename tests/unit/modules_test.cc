@@ -7,12 +7,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "common/error.h"
 #include "kernels/dataset.h"
+#include "kernels/half.h"
+#include "modules/features.h"
 #include "modules/steps.h"
 #include "parallel/comm.h"
 #include "nam/store.h"
@@ -44,7 +48,7 @@ class TinyRound : public ::testing::Test {
       kernels::WriteIdxImages(dir_ + "/" + split + "-images", n, 8, 8, px.data());
       kernels::WriteIdxLabels(dir_ + "/" + split + "-labels", n, lb.data());
     }
-    json doc = {{"format", "msaflow.pipeline/1"},
+    doc_ = {{"format", "msaflow.pipeline/1"},
                 {"name", "tiny"},
                 {"datasets",
                  {{"train", {{"format", "idx"}, {"images", "train-images"}, {"labels", "train-labels"}}},
@@ -53,10 +57,14 @@ class TinyRound : public ::testing::Test {
                 {"backbones", json::array({{{"name", "pixels"}, {"kind", "pixels"}}})},
                 {"head", {{"type", {"softmax"}}, {"lr", {0.01}}, {"epochs", {5}}, {"batch", 16}}},
                 {"rounds", {{"max", 1}, {"candidates", 2}, {"seed", 1}}}};
+    machine_ = orchestrator::LoadMachine("local");
+    Replan();
+  }
+  // Parses doc_ and plans its first round on a fresh mem:// NAM.
+  void Replan() {
     static int n = 0;
     nam_ = "mem://modules-test-" + std::to_string(n++);
-    pipeline_ = workflow::ParsePipeline(doc.dump(), "tiny.json", dir_);
-    machine_ = orchestrator::LoadMachine("local");
+    pipeline_ = workflow::ParsePipeline(doc_.dump(), "tiny.json", dir_);
     plan_ = orchestrator::PlanRound(pipeline_, machine_, "run1", nam_, 1, workflow::FirstRound(pipeline_), {});
     store_ = nam::OpenStore(nam_);
   }
@@ -92,6 +100,7 @@ class TinyRound : public ::testing::Test {
   }
 
   std::string dir_, nam_;
+  json doc_;
   workflow::Pipeline pipeline_;
   orchestrator::Machine machine_;
   orchestrator::RoundPlan plan_;
@@ -102,6 +111,65 @@ TEST_F(TinyRound, RunsAllSteps) {
   for (const char* s : {"load", "prepare", "train", "store", "evaluate", "select"}) Step(s);
   json best = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
   EXPECT_GT(best["champion"]["accuracy"].get<double>(), 0.9);  // an easy problem
+}
+
+// Features stored as float16: half the NAM bytes, the same values to half precision, and a
+// round on them picks a champion as good as on float32.
+TEST_F(TinyRound, HalfFeaturesTakeHalfTheNamAndTrainAsWell) {
+  auto features = [&](std::map<std::string, std::string>* parts) {
+    uint64_t bytes = 0;  // of the parts; the features objects themselves hold the labels
+    for (const auto& o : store_->List("features/")) {
+      if (o.name.find(".p") == std::string::npos) continue;
+      bytes += o.size;
+      (*parts)[o.name.substr(o.name.find('-') + 1)] = store_->Get(o.name).bytes;  // dataset digest and part
+    }
+    return bytes;
+  };
+  auto round = [&] {
+    for (const char* s : {"load", "prepare", "train", "store", "evaluate", "select"}) Step(s);
+    return json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes)["champion"];
+  };
+  const json f32 = round();
+  std::map<std::string, std::string> f32_parts, f16_parts;
+  const uint64_t f32_bytes = features(&f32_parts);
+  doc_["backbones"][0]["feature_dtype"] = "f16";
+  Replan();
+  const json f16 = round();
+  const uint64_t f16_bytes = features(&f16_parts);
+  EXPECT_EQ(f16_bytes * 2, f32_bytes);  // two bytes a value instead of four
+  ASSERT_EQ(f16_parts.size(), f32_parts.size());
+  ASSERT_FALSE(f16_parts.empty());
+  for (const auto& [part, wide] : f32_parts) {
+    const std::string& narrow = f16_parts.at(part);
+    ASSERT_EQ(narrow.size() * 2, wide.size());
+    for (size_t i = 0; i < narrow.size() / 2; ++i) {
+      float a, b;
+      uint16_t h;
+      std::memcpy(&a, wide.data() + 4 * i, 4);
+      std::memcpy(&h, narrow.data() + 2 * i, 2);
+      b = kernels::HalfToFloatScalar(h);
+      ASSERT_LE(std::fabs(a - b), std::fabs(a) * 0x1p-11f + 0x1p-24f) << part << " " << i;
+    }
+  }
+  EXPECT_GT(f16["test"]["accuracy"].get<double>(), 0.9);
+  EXPECT_NEAR(f16["test"]["accuracy"].get<double>(), f32["test"]["accuracy"].get<double>(), 2.0 / 45);
+}
+
+TEST_F(TinyRound, FeaturesPastFloat16sRangeAreRefusedNamingTheBackbone) {
+  std::vector<uint16_t> out;
+  const float ok[] = {1.f, -65504.f}, big[] = {1.f, 70000.f}, nan[] = {std::nanf("")};
+  modules::NarrowFeatures("m", ok, 2, out);
+  EXPECT_EQ(out.size(), 2u);
+  for (const auto& [x, n, value] : {std::tuple<const float*, size_t, std::string>{big, 2, "70000"}, {nan, 1, "NaN"}}) {
+    try {
+      modules::NarrowFeatures("mobilenet", x, n, out);
+      FAIL() << "narrowed " << value;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+      EXPECT_EQ(std::string(e.what()), "backbone 'mobilenet': a feature value of " + value +
+                                           " is beyond float16's range (65504): set its \"feature_dtype\" to \"f32\"");
+    }
+  }
 }
 
 TEST_F(TinyRound, DatasetDigestsAreCachedByTheFilesStampNotReadAgain) {

@@ -92,6 +92,21 @@ TEST(Pipeline, ExactErrors) {
   EXPECT_EQ(ErrorOf("[]"), "p.json: /: expected an object, got an array");
 }
 
+TEST(Pipeline, BackbonePrecisionAndFeatureDtype) {
+  Pipeline p = ParsePipeline(With("\"feature_layer\": \"x\",", "\"feature_layer\": \"x\", \"precision\": \"bf16\", "
+                                  "\"feature_dtype\": \"f16\","), "p.json", "/base");
+  EXPECT_EQ(p.backbones[0].precision, "bf16");
+  EXPECT_EQ(p.backbones[0].feature_dtype, "f16");
+  EXPECT_EQ(p.backbones[1].precision, "f32");  // the defaults
+  EXPECT_EQ(p.backbones[1].feature_dtype, "f32");
+  EXPECT_EQ(ErrorOf(With("\"feature_layer\": \"x\",", "\"feature_layer\": \"x\", \"precision\": \"int4\",")),
+            "p.json: /backbones/0/precision: \"int4\" is not one of f32, bf16");
+  EXPECT_EQ(ErrorOf(With("\"kind\": \"pixels\"", "\"kind\": \"pixels\", \"feature_dtype\": \"f8\"")),
+            "p.json: /backbones/1/feature_dtype: \"f8\" is not one of f32, f16 — did you mean \"f32\"?");
+  EXPECT_EQ(ErrorOf(With("\"kind\": \"pixels\"", "\"kind\": \"pixels\", \"precision\": \"bf16\"")),
+            "p.json: /backbones/1/precision: not allowed for kind \"pixels\" (raw pixels are the features)");
+}
+
 // Regression tests for inputs that crashed or misled (issue 14), named after what they found.
 TEST(Pipeline, NumberOverflowIsInvalidJsonNotAnInternalError) {
   EXPECT_EQ(ErrorOf(With("\"max\": 3", "\"max\": 1e999")),
