@@ -9,68 +9,117 @@ import numpy as np
 
 
 def torch_backbone(onnx_path, cut, example, channels_last=True):
-    """A traced, frozen, channels_last PyTorch module computing the globally average-pooled
-    features of `cut`, from the ONNX graph's Conv, Clip and Add nodes and their initializers;
-    and the multiply-add FLOPs per image of its convolutions (2 per multiply-add). Feed it
-    tensors in the memory format it was traced with (`channels_last` or NCHW)."""
+    """A traced, frozen PyTorch module computing the globally average-pooled features of `cut`,
+    built from the ONNX graph's nodes up to it (the convolution, elementwise and pooling
+    operators the two backbones use) and their initializers or Constant nodes; and the
+    multiply-add FLOPs per image of its convolutions (2 per multiply-add). torch.jit.freeze
+    folds batch norms and constant scales into the convolutions, as it does for any model.
+    Feed it tensors in the memory format it was traced with (`channels_last` or NCHW)."""
     import onnx
     import torch
     from onnx import numpy_helper
 
     graph = onnx.load(onnx_path).graph
-    weights = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in graph.initializer}
-    steps = []  # (op, inputs, output, module index or clip bounds)
-    convs = torch.nn.ModuleList()
+    consts = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in graph.initializer}
+    steps = []  # (op, inputs, output, module index or arguments)
+    mods = torch.nn.ModuleList()
+
+    def const(name):
+        if name not in consts:
+            raise SystemExit(f"baseline: {name} must be a constant")
+        return consts[name]
+
     for node in graph.node:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type == "Conv":
-            w = weights[node.input[1]]
+        op, ins, out = node.op_type, list(node.input), node.output[0]
+        if op == "Constant":
+            consts[out] = torch.from_numpy(numpy_helper.to_array(attrs["value"]).copy())
+            continue
+        if op == "Conv":
+            w = const(ins[1])
             pads = list(attrs.get("pads", [0, 0, 0, 0]))  # top, left, bottom, right
             symmetric = pads[:2] == pads[2:]
             conv = torch.nn.Conv2d(w.shape[1] * attrs.get("group", 1), w.shape[0], tuple(w.shape[2:]),
                                    stride=tuple(attrs.get("strides", [1, 1])),
                                    padding=tuple(pads[:2]) if symmetric else 0,
                                    dilation=tuple(attrs.get("dilations", [1, 1])), groups=attrs.get("group", 1),
-                                   bias=len(node.input) > 2)
+                                   bias=len(ins) > 2)
             with torch.no_grad():
                 conv.weight.copy_(w)
-                if len(node.input) > 2:
-                    conv.bias.copy_(weights[node.input[2]])
-            steps.append(("conv", [node.input[0]], node.output[0], len(convs)))
+                if len(ins) > 2:
+                    conv.bias.copy_(const(ins[2]))
+            steps.append(("module", ins[:1], out, len(mods)))
             # TensorFlow's "same" padding is asymmetric (more at the end): pad, then convolve.
-            convs.append(conv if symmetric else
-                         torch.nn.Sequential(torch.nn.ZeroPad2d((pads[1], pads[3], pads[0], pads[2])), conv))
-        elif node.op_type == "Clip":
+            mods.append(conv if symmetric else
+                        torch.nn.Sequential(torch.nn.ZeroPad2d((pads[1], pads[3], pads[0], pads[2])), conv))
+        elif op == "BatchNormalization":
+            scale, bias, mean, var = (const(i) for i in ins[1:5])
+            bn = torch.nn.BatchNorm2d(len(scale), eps=attrs.get("epsilon", 1e-5))
+            with torch.no_grad():
+                bn.weight.copy_(scale)
+                bn.bias.copy_(bias)
+                bn.running_mean.copy_(mean)
+                bn.running_var.copy_(var)
+            steps.append(("module", ins[:1], out, len(mods)))
+            mods.append(bn)
+        elif op == "Clip":
             lo = attrs.get("min", float("-inf"))
             hi = attrs.get("max", float("inf"))
-            if len(node.input) > 1:  # opset 11+: bounds as inputs
-                lo = float(weights[node.input[1]]) if node.input[1] else lo
-                hi = float(weights[node.input[2]]) if len(node.input) > 2 and node.input[2] else hi
-            steps.append(("clip", [node.input[0]], node.output[0], (lo, hi)))
-        elif node.op_type == "Add":
-            steps.append(("add", list(node.input[:2]), node.output[0], None))
+            if len(ins) > 1:  # opset 11+: bounds as inputs
+                lo = float(const(ins[1])) if ins[1] else lo
+                hi = float(const(ins[2])) if len(ins) > 2 and ins[2] else hi
+            steps.append(("clip", ins[:1], out, (lo, hi)))
+        elif op in ("Add", "Sub", "Mul", "Div"):
+            steps.append((op.lower(), ins[:2], out, None))
+        elif op == "Relu":
+            steps.append(("relu", ins[:1], out, None))
+        elif op == "HardSigmoid":
+            steps.append(("hardsigmoid", ins[:1], out, (attrs.get("alpha", 0.2), attrs.get("beta", 0.5))))
+        elif op == "GlobalAveragePool":
+            steps.append(("gap", ins[:1], out, None))
+        elif op == "AveragePool":
+            pads = list(attrs.get("pads", [0, 0, 0, 0]))
+            if pads[:2] != pads[2:]:
+                raise SystemExit(f"baseline: asymmetric pooling pads (node {node.name})")
+            steps.append(("avgpool", ins[:1], out, (tuple(attrs["kernel_shape"]), tuple(attrs.get("strides", [1, 1])),
+                                                    tuple(pads[:2]), bool(attrs.get("count_include_pad", 0)))))
         else:
-            raise SystemExit(f"baseline: ONNX operator {node.op_type} (node {node.name}) not handled")
-        if cut in node.output:
+            raise SystemExit(f"baseline: ONNX operator {op} (node {node.name}) not handled")
+        if cut == out:
             break
     else:
         raise SystemExit(f"baseline: no node produces {cut}")
     source = graph.input[0].name
+    constants = {k: v for k, v in consts.items()}
+    binary = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
 
     class Backbone(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.convs = convs
+            self.mods = mods
 
         def forward(self, x):
             env = {source: x}
+
+            def get(name):
+                return env[name] if name in env else constants[name]
+
             for op, ins, out, arg in steps:
-                if op == "conv":
-                    env[out] = self.convs[arg](env[ins[0]])
+                a = get(ins[0])
+                if op == "module":
+                    env[out] = self.mods[arg](a)
                 elif op == "clip":
-                    env[out] = torch.clamp(env[ins[0]], arg[0], arg[1])
+                    env[out] = torch.clamp(a, arg[0], arg[1])
+                elif op == "relu":
+                    env[out] = torch.relu(a)
+                elif op == "hardsigmoid":
+                    env[out] = torch.clamp(a * arg[0] + arg[1], 0.0, 1.0)
+                elif op == "gap":
+                    env[out] = a.mean(dim=(2, 3), keepdim=True)
+                elif op == "avgpool":
+                    env[out] = torch.nn.functional.avg_pool2d(a, arg[0], arg[1], arg[2], count_include_pad=arg[3])
                 else:
-                    env[out] = env[ins[0]] + env[ins[1]]
+                    env[out] = binary[op](a, get(ins[1]))
             return env[cut].mean(dim=(2, 3))
 
     model = Backbone().eval()
@@ -80,7 +129,7 @@ def torch_backbone(onnx_path, cut, example, channels_last=True):
         k = conv.weight.shape[1] * conv.weight.shape[2] * conv.weight.shape[3]
         flops[0] += 2 * k * output.shape[1] * output.shape[2] * output.shape[3]
 
-    hooks = [m.register_forward_hook(count) for m in convs.modules() if isinstance(m, torch.nn.Conv2d)]
+    hooks = [m.register_forward_hook(count) for m in mods.modules() if isinstance(m, torch.nn.Conv2d)]
     with torch.no_grad():
         model(example[:1])
     for h in hooks:

@@ -2,7 +2,7 @@
 // bench/versus.py (which runs PyTorch on the same input and compares the features).
 //
 //   bench_features --model M.onnx --cut LAYER --input X.f32 --n N --channels C --size S
-//                  [--batch 64] [--reps 3] [--output F.f32]
+//                  [--batch 64] [--reps 3] [--precision f32|bf16] [--output F.f32]
 //
 // X.f32 holds N prepared images (N x C x S x S float32). Prints one JSON object: images per
 // second (median over --reps passes over all N, in batches of --batch after one warm-up batch)
@@ -28,7 +28,7 @@
 int main(int argc, char** argv) {
   using namespace msaflow;
   CLI::App app{"backbone features through the oneDNN executor (bench/versus.py runs it)"};
-  std::string model, cut, input, output;
+  std::string model, cut, input, output, precision = "f32";
   int64_t n = 0, channels = 3, size = 96, batch = 64;
   int reps = 3;
   app.add_option("--model", model)->required();
@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch);
   app.add_option("--reps", reps);
   app.add_option("--output", output);
+  app.add_option("--precision", precision, "f32 or bf16 (the executor's activations and weights)");
   CLI11_PARSE(app, argc, argv);
   return bench::ReportErrors("bench_features", [&] {
     const std::string bytes = ReadFile(input);
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
                                           std::to_string(n * per * 4));
     std::vector<float> x(static_cast<size_t>(n * per));
     std::memcpy(x.data(), bytes.data(), bytes.size());
-    kernels::Executor ex(kernels::ImportOnnx(ReadFile(model), model, cut));
+    kernels::Executor ex(kernels::ImportOnnx(ReadFile(model), model, cut), kernels::ParsePrecision(precision));
     std::vector<float> out;
     int64_t dim = 0;
     ex.Features(x.data(), std::min(batch, n), channels, size, size);  // warm-up: primitives created
@@ -81,6 +82,7 @@ int main(int argc, char** argv) {
     }
     const double gflops = 2.0 * kG * kG * kG / bench::Median(gsecs) / 1e9;
     bench::PrintJsonLine({{"images_per_s", static_cast<double>(n) / s}, {"seconds", s}, {"dim", dim},
-                                        {"batch", batch}, {"sgemm_gflops", gflops}});
+                                        {"batch", batch}, {"sgemm_gflops", gflops},
+                          {"precision", precision}});
   });
 }

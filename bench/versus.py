@@ -4,9 +4,10 @@
     scripts/bench-baselines.sh            # once: scikit-learn + OpenBLAS from Debian
     /usr/bin/python3 bench/versus.py [--rows 10000] [--test-rows 2000] [--reps 3]
 
-0. Features: the backbone through msaflow's executor (bench_features) and through PyTorch
-   (the module built from the same ONNX initializers, jit.trace + freeze + channels_last), on
-   the same prepared images, batch 64, all cores; the features must agree within 1e-3.
+0. Features: both backbones (MobileNetV2-b13 at 96x96, PP-OCRv4's PP-LCNetV3 at 48x48) through
+   msaflow's executor (bench_features) and through PyTorch (the module built from the same ONNX
+   file's weights, jit.trace + freeze, in its faster memory format), on the same prepared
+   images, batch 64, all cores; the features must agree within 1e-3.
    Beside it the fraction of the machine's sgemm rate the executor reaches.
 1. A two-round job on Fashion-MNIST (MobileNetV2 cut at block_13_expand_relu, 96x96, 8 heads
    a round, the best picked): `msaflow run` end to end, timed per step from the run's journal.
@@ -20,7 +21,8 @@
 4. Round 2 against round 1: prepare (every feature reused) and the whole round.
    And the whole job of one round (load .. select, 8 heads, the best picked) against the same
    job as a PyTorch + scikit-learn script (bench/baseline.py), with the accuracy each reached.
-5. Per step: peak resident memory of its ranks and minor page faults per training image.
+5. Per step: peak resident memory of its ranks and minor page faults per training image; and the
+   one-round job on 1/4, 1/2 and all of the rows: how each step's time and memory grow to 4x.
 Every line prints the figure, the baseline's, the ratio and the goal (issue 15).
 """
 import argparse
@@ -66,10 +68,10 @@ def pipeline(rows, test_rows, rounds=2):
         "metric": "accuracy"}
 
 
-def run_job(msaflow, work, rows, test_rows, rounds=2):
-    spec = work / f"versus-{rounds}.json"
+def run_job(msaflow, work, rows, test_rows, rounds=2, tag=""):
+    spec = work / f"versus-{rounds}{tag}.json"
     spec.write_text(json.dumps(pipeline(rows, test_rows, rounds), indent=1))
-    runs = work / f"runs-{rounds}"
+    runs = work / f"runs-{rounds}{tag}"
     t0 = time.monotonic()
     out = subprocess.run([msaflow, "run", str(spec), "--runs", str(runs)], capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -81,32 +83,68 @@ def run_job(msaflow, work, rows, test_rows, rounds=2):
     return run_dir, events, wall, results
 
 
-def features_side(a, work):
-    """Item 0: images/s of both backbones on the same prepared images, and their agreement."""
+BACKBONES = [  # name, model, cut, input size, normalisation (as the pipelines prepare them)
+    ("MobileNetV2-b13", MODEL, CUT, 96, 0.0, 1.0),
+    ("PP-OCRv4", ROOT / "models" / "ch_PP-OCRv4_rec_infer.onnx", "p2o.AveragePool.1", 48, 0.5, 0.5),
+]
+
+
+def features_side(a, work, backbone):
+    """Item 0: images/s of one backbone on both sides on the same prepared images, and their
+    agreement."""
     import torch
+    name, model_path, cut, size, mean, std = backbone
     torch.set_num_threads(os.cpu_count())
     pixels = baseline.read_idx(str(ROOT / "data" / "fashion-mnist" / "t10k-images-idx3-ubyte.gz"), a.feature_images)
-    x = baseline.prepare(pixels, 96)
-    (work / "prepared.f32").write_bytes(x.astype("<f4").tobytes())
+    x = (baseline.prepare(pixels, size) - mean) / std
+    prepared = work / f"prepared-{size}.f32"
+    prepared.write_bytes(x.astype("<f4").tobytes())
     # PyTorch's best of channels_last and NCHW (depthwise convolutions differ between them).
     torch_s, best = None, None
     for channels_last in (True, False):
-        model, flops = baseline.torch_backbone(str(MODEL), CUT, torch.from_numpy(x[:64]), channels_last)
+        model, flops = baseline.torch_backbone(str(model_path), cut, torch.from_numpy(x[:64]), channels_last)
         baseline.features(model, x[:128], 64)  # the profiling executor's first runs
         s = baseline.timed(lambda: baseline.features(model, x, 64), a.reps)
         if torch_s is None or s < torch_s:
             torch_s, best, best_format = s, model, channels_last
     ref = baseline.features(best, x, 64)
-    out = subprocess.run([a.bench_features, "--model", str(MODEL), "--cut", CUT, "--input", str(work / "prepared.f32"),
-                          "--n", str(len(x)), "--size", "96", "--reps", str(a.reps), "--output",
+    out = subprocess.run([a.bench_features, "--model", str(model_path), "--cut", cut, "--input", str(prepared),
+                          "--n", str(len(x)), "--size", str(size), "--reps", str(a.reps), "--output",
                           str(work / "features.f32")], capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"versus: bench_features failed:\n{out.stderr}")
     ms = json.loads(out.stdout)
     got = np.fromfile(work / "features.f32", dtype=np.float32).reshape(ref.shape)
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
-    return {"msaflow": ms["images_per_s"], "torch": len(x) / torch_s, "error": err, "flops": flops,
+    return {"name": name, "msaflow": ms["images_per_s"], "torch": len(x) / torch_s, "error": err, "flops": flops,
             "gflops": ms["sgemm_gflops"], "channels_last": best_format}
+
+
+def executor_settings(a, work):
+    """The executor's settings by measurement (MobileNetV2-b13, the same prepared images):
+    batch size, OpenMP thread pinning and precision. Returns rows of (batch, binding,
+    precision, images/s, largest relative difference from the f32 features)."""
+    prepared = work / "prepared-96.f32"
+    n = prepared.stat().st_size // (3 * 96 * 96 * 4)
+    ref = None
+    rows = []
+    for batch, bind, precision in [(64, "false", "f32"), (16, "false", "f32"), (32, "false", "f32"),
+                                   (128, "false", "f32"), (64, "close", "f32"), (64, "spread", "f32"),
+                                   (64, "false", "bf16")]:
+        env = dict(os.environ, OMP_PROC_BIND=bind, OMP_PLACES="cores")
+        out = subprocess.run([a.bench_features, "--model", str(MODEL), "--cut", CUT, "--input", str(prepared),
+                              "--n", str(n), "--size", "96", "--reps", str(a.reps), "--batch", str(batch),
+                              "--precision", precision, "--output", str(work / "features-setting.f32")],
+                             capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            rows.append((batch, bind, precision, None, out.stderr.strip().splitlines()[-1:]))
+            continue
+        got = np.fromfile(work / "features-setting.f32", dtype=np.float32)
+        if ref is None:
+            ref = got
+        err = float(np.abs(got - ref).max() / np.abs(ref).max())
+        rows.append((batch, bind, precision, json.loads(out.stdout)["images_per_s"], err))
+    return rows
 
 
 def nam(msaflow, uri, *args, binary=False):
@@ -207,9 +245,17 @@ def main():
     try:
         print(f"machine: {os.cpu_count()} cores; job: {a.rows} train / {a.test_rows} test Fashion-MNIST images, "
               "MobileNetV2-b13 @96x96, 8 heads a round, 2 rounds")
-        fe = features_side(a, work)
+        fes = [features_side(a, work, b) for b in BACKBONES]
+        fe = fes[0]  # MobileNetV2, the job's backbone
+        settings = executor_settings(a, work)
         run_dir, events, wall, _ = run_job(a.msaflow, work, a.rows, a.test_rows)
-        _, _, wall1, res1 = run_job(a.msaflow, work, a.rows, a.test_rows, rounds=1)
+        _, events1, wall1, res1 = run_job(a.msaflow, work, a.rows, a.test_rows, rounds=1)
+        # The same one-round job on 1/4 and 1/2 of the data: how time and memory grow to 4x.
+        scaled = {4: (events1, wall1)}
+        for part in (1, 2):
+            _, ev, w, _ = run_job(a.msaflow, work, a.rows * part // 4, a.test_rows * part // 4, rounds=1,
+                                  tag=f"-x{part}")
+            scaled[part] = (ev, w)
         import torch
         torch.set_num_threads(os.cpu_count())
         script = baseline.job(str(ROOT / "data" / "fashion-mnist"), str(MODEL), CUT, a.rows, a.test_rows,
@@ -239,13 +285,20 @@ def main():
                 print(f"  msaflow {how:<28}      {e['seconds']:8.3f} s  acc {e['test_accuracy']:.4f}")
         print()
         print(f"{'':<46} {'msaflow':>12} {'baseline':>12} {'ratio':>9}")
-        r = fe["msaflow"] / fe["torch"]
-        line("features img/s vs PyTorch (MobileNetV2-b13, " + ("channels_last" if fe["channels_last"] else "NCHW") + ")", f"{fe['msaflow']:.0f}", f"{fe['torch']:.0f}", f"{r:.2f}x",
-             ">= 2x", r >= 2)
-        bound = fe["gflops"] * 1e9 / fe["flops"]
-        line(f"  of the sgemm bound ({fe['gflops']:.0f} GFLOP/s / {fe['flops'] / 1e6:.0f} MFLOP)",
-             f"{fe['msaflow'] / bound:.0%}", f"{fe['torch'] / bound:.0%}", "", "(toward 100 %)", None)
-        line("  features' largest difference (relative)", f"{fe['error']:.1e}", "", "", "<= 1e-3", fe["error"] <= 1e-3)
+        for f in fes:
+            r = f["msaflow"] / f["torch"]
+            line(f"features img/s vs PyTorch ({f['name']}, " + ("channels_last" if f["channels_last"] else "NCHW") + ")",
+                 f"{f['msaflow']:.0f}", f"{f['torch']:.0f}", f"{r:.2f}x", ">= 2x", r >= 2)
+            bound = f["gflops"] * 1e9 / f["flops"]
+            line(f"  of the sgemm bound ({f['gflops']:.0f} GFLOP/s / {f['flops'] / 1e6:.0f} MFLOP)",
+                 f"{f['msaflow'] / bound:.0%}", f"{f['torch'] / bound:.0%}", "", "(toward 100 %)", None)
+            line("  features' largest difference (relative)", f"{f['error']:.1e}", "", "", "<= 1e-3", f["error"] <= 1e-3)
+        print("  executor settings, MobileNetV2-b13 (batch, OMP_PROC_BIND, precision: img/s, difference from f32):")
+        for batch, bind, precision, ips, err in settings:
+            if ips is None:
+                print(f"    {batch:>4} {bind:<7} {precision:<5} refused: {err}")
+            else:
+                print(f"    {batch:>4} {bind:<7} {precision:<5} {ips:8.0f} img/s  {ips / settings[0][3]:5.2f}x  {err:.1e}")
         sk_best = fastest_within(sk, target)
         ms_best = fastest_within([e for e in ms if e["what"] in ("adam", "lbfgs")], target)
         if ms_best is None:
@@ -278,6 +331,17 @@ def main():
         print(f"  champions (test accuracy): msaflow {champ['candidate']['id']} {champ['test']['accuracy']:.4f} "
               f"(validation {champ['accuracy']:.4f}); script {script['champion']} {script['test']:.4f} "
               f"(validation {script['validation']:.4f}); the script's features took {script['features_s']:.1f} s")
+        print(f"\ngrowth from 1x to 4x the data ({a.rows // 4} -> {a.rows} train images, one round): seconds "
+              "and peak RSS at 1x, 2x, 4x, and the 4x/1x ratio (linear: 4)")
+        tables = {k: step_table(ev) for k, (ev, _) in scaled.items()}
+        for task in tables[4]:
+            secs = [tables[k][task]["seconds"] for k in (1, 2, 4)]
+            rss = [tables[k][task]["max_rss_mib"] for k in (1, 2, 4)]
+            print(f"  {task[3:]:<9} {secs[0]:6.2f} {secs[1]:6.2f} {secs[2]:6.2f} s  {secs[2] / secs[0]:5.2f}x   "
+                  f"{rss[0]:7.1f} {rss[1]:7.1f} {rss[2]:7.1f} MiB  {rss[2] / max(rss[0], 1e-9):5.2f}x")
+        g = scaled[4][1] / scaled[1][1]
+        line("whole one-round job, 4x the data vs 1x", f"{scaled[4][1]:.1f} s", f"{scaled[1][1]:.1f} s", f"{g:.2f}x",
+             "<= 4x (linear or better)", g <= 4)
         print("\nper step (round 1): seconds, peak RSS of its ranks, minor page faults per training image:")
         for step, v in r1.items():
             print(f"  {step:<9} {v['seconds']:6.2f} s  {v['max_rss_mib']:8.1f} MiB  "
