@@ -13,14 +13,13 @@ accuracy within 0.5 point of f32's.
 """
 import argparse
 import json
-import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from workdir import work_directory  # noqa: E402
 
 VARIANTS = [("f32", {}, {}),
             ("bf16 executor", {"precision": "bf16"}, {}),
@@ -64,9 +63,7 @@ def main():
     ap.add_argument("--pipelines", nargs="+", default=["quickstart", "digits"])
     ap.add_argument("--keep", help="keep the work directory here")
     a = ap.parse_args()
-    work = pathlib.Path(a.keep or tempfile.mkdtemp(prefix="msaflow-precision-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with work_directory(a.keep, "msaflow-precision-") as work:
         for name in a.pipelines:
             path = ROOT / "pipelines" / f"{name}.json"
             print(f"{name} ({path.relative_to(ROOT)}):")
@@ -89,10 +86,6 @@ def main():
                       f"features {r['features_bytes'] / 2**20:7.2f} MiB ({r['features_bytes'] / base['features_bytes']:.2f}x)"
                       f"  largest accuracy change {worst * 100:.2f} pt  goal <= 0.5 pt"
                       + ("  met" if worst <= 0.005 else "  NOT met"))
-        print(f"\nwork directory: {work}" if a.keep else "")
-    finally:
-        if not a.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,9 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -41,6 +39,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import baseline  # noqa: E402
+from workdir import work_directory  # noqa: E402
 
 MODEL = ROOT / "models" / "mobilenet_v2.onnx"
 CUT = "block_13_expand_relu"
@@ -240,9 +239,7 @@ def main():
         import torch  # noqa: F401
     except ImportError as e:
         sys.exit(f"versus: {e.name} is missing: run scripts/bench-baselines.sh")
-    work = pathlib.Path(a.keep or tempfile.mkdtemp(prefix="msaflow-versus-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with work_directory(a.keep, "msaflow-versus-") as work:
         print(f"machine: {os.cpu_count()} cores; job: {a.rows} train / {a.test_rows} test Fashion-MNIST images, "
               "MobileNetV2-b13 @96x96, 8 heads a round, 2 rounds")
         fes = [features_side(a, work, b) for b in BACKBONES]
@@ -346,10 +343,6 @@ def main():
         for step, v in r1.items():
             print(f"  {step:<9} {v['seconds']:6.2f} s  {v['max_rss_mib']:8.1f} MiB  "
                   f"{v['minor_faults'] / n:8.1f} faults/image")
-        print(f"\nwork directory: {work}" if a.keep else "")
-    finally:
-        if not a.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
