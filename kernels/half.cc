@@ -3,6 +3,7 @@
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define MSAFLOW_HAVE_F16C_PATH 1
 #endif
@@ -53,8 +54,20 @@ float HalfToFloatScalar(uint16_t h) {
 #ifdef MSAFLOW_HAVE_F16C_PATH
 namespace {
 
+// CPUID leaf 1 rather than __builtin_cpu_supports("f16c"), which clang 14 does not know: F16C and
+// AVX on the CPU, and the OS saving the AVX registers (OSXSAVE, then XCR0's SSE and AVX bits).
+bool DetectF16C() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  const bool f16c = ecx & (1u << 29), avx = ecx & (1u << 28), osxsave = ecx & (1u << 27);
+  if (!f16c || !avx || !osxsave) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0x6u) == 0x6u;
+}
+
 bool HasF16C() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool has = DetectF16C();
   return has;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sourced by scripts/fuzz.sh and scripts/sanitize.sh: installs clang with its sanitizer and
 # libFuzzer runtimes (Debian 12 packages) and configures a clang build directory.
-#   clang_build DIR MESON-OPTIONS...   (configures DIR, or sets the options of an existing one; ninja is the caller's)
+#   clang_build DIR MESON-OPTIONS...   (configures DIR, or sets the options of an existing one)
+#   quiet_ninja DIR [TARGETS...]        builds quietly, but prints the compiler's errors when it fails
 source "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
 clang_packages() { ensure_packages clang libclang-rt-14-dev libomp-14-dev; }
 clang_build() {
@@ -13,4 +14,16 @@ clang_build() {
   else
     meson setup --reconfigure "$dir" "$@" >/dev/null  # an existing directory takes the options as they are now
   fi
+}
+quiet_ninja() {
+  local dir=$1 log
+  shift
+  log=$(mktemp)
+  if ! ninja -C "$dir" "$@" >"$log" 2>&1; then
+    echo "[build] ninja -C $dir $* failed:" >&2
+    grep -v '^\[[0-9]*/[0-9]*\] ' "$log" | tail -n 60 >&2
+    rm -f "$log"
+    return 1
+  fi
+  rm -f "$log"
 }

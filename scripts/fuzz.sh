@@ -24,7 +24,7 @@ fi
 source scripts/clang-build.sh
 BUILD=build-fuzz
 clang_build "$BUILD" -Dfuzz=true -Db_sanitize=address,undefined -Dbench=false
-ninja -C "$BUILD" "fuzz/fuzz_$target" >/dev/null
+quiet_ninja "$BUILD" "fuzz/fuzz_$target"
 
 corpus=$BUILD/corpus/$target findings=$BUILD/findings/$target
 mkdir -p "$corpus" "$findings"

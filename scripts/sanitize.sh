@@ -13,7 +13,7 @@ what=${1:-all}
 shift || true
 asan() {
   clang_build build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Dbench=false
-  ninja -C build-fuzz >/dev/null
+  quiet_ninja build-fuzz
   echo "[sanitize] the suite under ASan + UBSan"
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-fuzz --print-errorlogs --num-processes 3 "$@"
@@ -21,11 +21,11 @@ asan() {
 tsan() {
   clang_build build-tsan -Db_sanitize=thread -Dbench=false
   # Only common/ and nam/ (their own library) and the three tests compile.
-  ninja -C build-tsan tests/nam_test tests/nam_server_test tests/common_test >/dev/null
+  quiet_ninja build-tsan tests/nam_test tests/nam_server_test tests/common_test
   # Tests that start the server as a process use this msaflow (not instrumented; the clients are).
   if [[ -z ${MSAFLOW_BIN:-} ]]; then
     export MSAFLOW_BIN=$PWD/build-test/msaflow
-    [[ -x $MSAFLOW_BIN ]] || { ninja -C build-tsan msaflow >/dev/null; MSAFLOW_BIN=$PWD/build-tsan/msaflow; }
+    [[ -x $MSAFLOW_BIN ]] || { quiet_ninja build-tsan msaflow; MSAFLOW_BIN=$PWD/build-tsan/msaflow; }
   fi
   echo "[sanitize] NAM server and client tests, and the data manager, under TSan"
   export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
