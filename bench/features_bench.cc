@@ -2,11 +2,12 @@
 // bench/versus.py (which runs PyTorch on the same input and compares the features).
 //
 //   bench_features --model M.onnx --cut LAYER --input X.f32 --n N --channels C --size S
-//                  [--batch 64] [--reps 3] [--precision f32|bf16] [--output F.f32]
+//                  [--batch 64] [--reps 3] [--precision f32|bf16|int8] [--calibrate 256] [--output F.f32]
 //
 // X.f32 holds N prepared images (N x C x S x S float32). Prints one JSON object: images per
 // second (median over --reps passes over all N, in batches of --batch after one warm-up batch)
-// and the feature width; --output writes the features of the last pass. Beside it, this
+// and the feature width (int8: ranges calibrated first on the first --calibrate images, not
+// timed); --output writes the features of the last pass. Beside it, this
 // machine's sgemm rate through the same oneDNN (2048^3, all threads): the bound a convolution
 // network's images/s cannot pass, given its FLOPs per image.
 #include <CLI/CLI.hpp>
@@ -29,7 +30,7 @@ int main(int argc, char** argv) {
   using namespace msaflow;
   CLI::App app{"backbone features through the oneDNN executor (bench/versus.py runs it)"};
   std::string model, cut, input, output, precision = "f32";
-  int64_t n = 0, channels = 3, size = 96, batch = 64;
+  int64_t n = 0, channels = 3, size = 96, batch = 64, calibrate = 256;
   int reps = 3;
   app.add_option("--model", model)->required();
   app.add_option("--cut", cut)->required();
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch);
   app.add_option("--reps", reps);
   app.add_option("--output", output);
-  app.add_option("--precision", precision, "f32 or bf16 (the executor's activations and weights)");
+  app.add_option("--precision", precision, "f32, bf16 or int8 (the executor's activations and weights)");
+  app.add_option("--calibrate", calibrate, "int8: images its ranges are calibrated on (the first ones)");
   CLI11_PARSE(app, argc, argv);
   return bench::ReportErrors("bench_features", [&] {
     const std::string bytes = ReadFile(input);
@@ -53,6 +55,9 @@ int main(int argc, char** argv) {
     kernels::Executor ex(kernels::ImportOnnx(ReadFile(model), model, cut), kernels::ParsePrecision(precision));
     std::vector<float> out;
     int64_t dim = 0;
+    if (ex.ranges().empty() && precision == "int8")
+      for (int64_t s = 0; s < std::min(calibrate, n); s += batch)
+        ex.Calibrate(x.data() + s * per, std::min({batch, n - s, calibrate - s}), channels, size, size);
     ex.Features(x.data(), std::min(batch, n), channels, size, size);  // warm-up: primitives created
     std::vector<double> secs;
     for (int r = 0; r < reps; ++r) {

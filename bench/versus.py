@@ -129,7 +129,7 @@ def executor_settings(a, work):
     rows = []
     for batch, bind, precision in [(64, "false", "f32"), (16, "false", "f32"), (32, "false", "f32"),
                                    (128, "false", "f32"), (64, "close", "f32"), (64, "spread", "f32"),
-                                   (64, "false", "bf16")]:
+                                   (64, "false", "bf16"), (64, "false", "int8")]:
         env = dict(os.environ, OMP_PROC_BIND=bind, OMP_PLACES="cores")
         out = subprocess.run([a.bench_features, "--model", str(MODEL), "--cut", CUT, "--input", str(prepared),
                               "--n", str(n), "--size", "96", "--reps", str(a.reps), "--batch", str(batch),

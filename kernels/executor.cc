@@ -75,6 +75,13 @@ struct Executor::Plan {
     std::unordered_map<int, memory> args;
   };
   std::vector<Step> steps;
+  // Observe plans: tensor `name` is in `mem` once steps [0, after) have run.
+  struct Observation {
+    size_t after;
+    std::string name;
+    memory mem;
+  };
+  std::vector<Observation> observations;
   memory input;   // user NCHW, handle set per call
   memory output;  // [N, C, 1, 1] plain
   int64_t channels = 0;
@@ -370,12 +377,17 @@ void SpatialOut(const std::string& auto_pad, int64_t in, int64_t k, int64_t s, i
   }
 }
 
-dnnl::post_ops MakePostOps(const Executor::Op& op) {
+// The convolution's elementwise chain and residual add. dst_scale (int8 outputs): the chain runs
+// on real values, the residual is stored in the output's units (times dst_scale back to real),
+// and a last step divides by dst_scale before oneDNN rounds to 8 bits.
+dnnl::post_ops MakePostOps(const Executor::Op& op, float dst_scale = 1.f) {
   dnnl::post_ops po;
-  for (const auto& s : op.post) po.append_eltwise(1.f, s.alg, s.alpha, s.beta);
+  std::vector<EltStep> post = op.post, post_sum = op.post_sum;
+  if (dst_scale != 1.f) PushStep(op.sum_input.empty() ? post : post_sum, {algorithm::eltwise_linear, 1.f / dst_scale, 0.f});
+  for (const auto& s : post) po.append_eltwise(1.f, s.alg, s.alpha, s.beta);
   if (!op.sum_input.empty()) {
-    po.append_sum(1.f);
-    for (const auto& s : op.post_sum) po.append_eltwise(1.f, s.alg, s.alpha, s.beta);
+    po.append_sum(dst_scale);
+    for (const auto& s : post_sum) po.append_eltwise(1.f, s.alg, s.alpha, s.beta);
   }
   return po;
 }
@@ -385,16 +397,33 @@ dnnl::post_ops MakePostOps(const Executor::Op& op) {
 Precision ParsePrecision(const std::string& name) {
   if (name == "f32") return Precision::kF32;
   if (name == "bf16") return Precision::kBF16;
-  Throw(ErrorKind::kInvalidInput, "precision '" + name + "': expected \"f32\" or \"bf16\"");
+  if (name == "int8") return Precision::kInt8;
+  Throw(ErrorKind::kInvalidInput, "precision '" + name + "': expected \"f32\", \"bf16\" or \"int8\"");
 }
 
-const char* PrecisionName(Precision p) { return p == Precision::kBF16 ? "bf16" : "f32"; }
+const char* PrecisionName(Precision p) {
+  return p == Precision::kBF16 ? "bf16" : p == Precision::kInt8 ? "int8" : "f32";
+}
 
 bool PrecisionAvailable(Precision p, std::string* why) {
   if (p == Precision::kF32) return true;
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  if (p == Precision::kInt8) {
+    // Without VNNI oneDNN multiplies u8 by s8 in pairs summed into int16 (vpmaddubsw), which
+    // saturates for large weights: results would be silently wrong, not just slow.
+    switch (isa) {
+      case dnnl::cpu_isa::avx2_vnni:
+      case dnnl::cpu_isa::avx512_core_vnni:
+      case dnnl::cpu_isa::avx512_core_bf16:
+      case dnnl::cpu_isa::avx512_core_amx:
+        return true;
+      default:
+        if (why) *why = "int8 needs a CPU with VNNI (AVX512_VNNI or AVX-VNNI); without it oneDNN's int8 sums can saturate";
+        return false;
+    }
+  }
   // oneDNN runs bf16 convolutions natively from AVX512_BF16 on and emulates them on AVX-512
   // cores; below that it has only reference kernels, hundreds of times slower.
-  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   switch (isa) {
     case dnnl::cpu_isa::avx512_core:
     case dnnl::cpu_isa::avx512_core_vnni:
@@ -423,7 +452,39 @@ int64_t Executor::FeatureDim(int64_t c, int64_t h, int64_t w) {
   return PlanFor({n, c, h, w}).channels;
 }
 
+void Executor::SetRanges(Ranges ranges) {
+  ranges_ = std::move(ranges);
+  if (precision_ == Precision::kInt8) plans_.clear();
+}
+
+void Executor::Calibrate(const float* x, int64_t n, int64_t c, int64_t h, int64_t w) {
+  Plan& plan = PlanFor({n, c, h, w}, /*observe=*/true);
+  auto widen = [this](const std::string& name, const float* v, size_t count) {
+    float m = 0;
+    for (size_t i = 0; i < count; ++i) m = std::max(m, std::fabs(v[i]));
+    if (!std::isfinite(m)) Throw(ErrorKind::kInvalidInput, "executor: calibration: tensor '" + name + "' is not finite");
+    float& r = ranges_[name];
+    r = std::max(r, m);
+  };
+  widen(graph_.input, x, static_cast<size_t>(n * c * h * w));
+  plan.input.set_data_handle(const_cast<float*>(x));
+  size_t next = 0;
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    plan.steps[i].prim.execute(engine_->strm, plan.steps[i].args);
+    for (; next < plan.observations.size() && plan.observations[next].after == i + 1; ++next) {
+      engine_->strm.wait();
+      const memory& m = plan.observations[next].mem;  // f32; blocked layouts pad with zeros
+      widen(plan.observations[next].name, static_cast<const float*>(m.get_data_handle()),
+            m.get_desc().get_size() / sizeof(float));
+    }
+  }
+  engine_->strm.wait();
+  if (precision_ == Precision::kInt8) plans_.clear();
+}
+
 std::vector<float> Executor::Features(const float* x, int64_t n, int64_t c, int64_t h, int64_t w) {
+  if (precision_ == Precision::kInt8 && ranges_.empty())
+    Throw(ErrorKind::kInvalidInput, "executor: int8 needs calibration ranges first (Calibrate or SetRanges)");
   Plan& plan = PlanFor({n, c, h, w});
   plan.input.set_data_handle(const_cast<float*>(x));
   for (auto& s : plan.steps) s.prim.execute(engine_->strm, s.args);
@@ -433,9 +494,10 @@ std::vector<float> Executor::Features(const float* x, int64_t n, int64_t c, int6
   return out;
 }
 
-Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
-  auto found = plans_.find(shape);
-  if (found != plans_.end()) return *found->second;
+Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool observe) {
+  auto& cache = observe ? observe_plans_ : plans_;
+  auto found = cache.find(shape);
+  if (found != cache.end()) return *found->second;
   for (size_t i = 0; i < 4; ++i) {
     if (shape[i] <= 0) Throw(ErrorKind::kInvalidInput, "executor: input dims must be positive");
     if (graph_.input_dims[i] > 0 && graph_.input_dims[i] != shape[i])
@@ -447,8 +509,10 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
   const dnnl::engine& eng = engine_->eng;
   using tag = memory::format_tag;
   using dt = memory::data_type;
-  // Activations and weights in this type; biases, the input and the features stay f32.
-  const dt act = precision_ == Precision::kBF16 ? dt::bf16 : dt::f32;
+  const Precision precision = observe ? Precision::kF32 : precision_;
+  // Activations and weights in this type; biases, the input and the features stay f32. (int8:
+  // convolutions compute in 8 bits; the tensors they do not both write and read stay f32.)
+  const dt act = precision == Precision::kBF16 ? dt::bf16 : dt::f32;
 
   // Tensor state while planning.
   struct Value {
@@ -618,6 +682,39 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
   }
   last_use[graph_.output] = ops.size();
 
+  // int8: which tensors stay 8-bit (a convolution's output that only convolutions read, not
+  // the feature layer), their type (u8 when the chain that ends the convolution cannot go
+  // below zero) and every tensor's scale (calibrated largest magnitude / 127 or 255).
+  std::map<std::string, dt> qtype;
+  // Below this a magnitude's scale (and 1 / scale) would leave float's normal range.
+  constexpr float kTinyRange = 1e-30f;
+  auto range_of = [&](const std::string& t) {
+    auto it = ranges_.find(t);
+    if (it == ranges_.end())
+      Throw(ErrorKind::kInvalidInput, "executor: int8: no calibration range for tensor '" + t +
+                                          "' (ranges from another model or cut?)");
+    return it->second > kTinyRange ? it->second : 1.f;  // all (nearly) zero: any scale will do
+  };
+  auto scale_of = [&](const std::string& t) {
+    auto q = qtype.find(t);
+    return range_of(t) / (q != qtype.end() && q->second == dt::u8 ? 255.f : 127.f);
+  };
+  if (precision == Precision::kInt8) {
+    std::set<std::string> read_elsewhere{graph_.output};
+    for (const Op& op : ops)
+      if (op.kind != Kind::kConv) read_elsewhere.insert(op.inputs.begin(), op.inputs.end());
+    for (const Op& op : ops) {
+      if (op.kind != Kind::kConv || read_elsewhere.count(op.output)) continue;
+      const auto& chain = op.sum_input.empty() ? op.post : op.post_sum;
+      const bool nonneg = !chain.empty() && ((chain.back().alg == algorithm::eltwise_relu && chain.back().alpha == 0.f) ||
+                                             (chain.back().alg == algorithm::eltwise_clip && chain.back().alpha >= 0.f) ||
+                                             chain.back().alg == algorithm::eltwise_logistic);
+      // A residual is added in the output's type: u8 only when the residual is u8 too.
+      const bool residual_ok = op.sum_input.empty() || (qtype.count(op.sum_input) && qtype[op.sum_input] == dt::u8);
+      qtype[op.output] = nonneg && residual_ok ? dt::u8 : dt::s8;
+    }
+  }
+
   for (size_t i = 0; i < ops.size(); ++i) {
     Op& op = ops[i];
     std::vector<int> temps;
@@ -637,28 +734,67 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
           memory::dims wdims = op.group == 1
                                    ? ToDims(w.dims)
                                    : memory::dims{op.group, w.dims[0] / op.group, w.dims[1], w.dims[2], w.dims[3]};
-          memory::desc src_any(ToDims(src.dims), act, tag::any);
-          memory::desc w_any(wdims, act, tag::any);
+          const bool int8 = precision == Precision::kInt8;
+          // int8: the source as stored (8-bit) or quantized here (s8); the output 8-bit or f32.
+          const std::string& src_name = op.inputs[0];
+          const dt src_dt = !int8 ? act : qtype.count(src_name) ? qtype[src_name] : dt::s8;
+          const dt dst_dt = !int8 ? act : qtype.count(op.output) ? qtype[op.output] : dt::f32;
+          memory::desc src_any(ToDims(src.dims), src_dt, tag::any);
+          memory::desc w_any(wdims, int8 ? dt::s8 : act, tag::any);
           memory::desc b_md({w.dims[0]}, dt::f32, tag::a);
-          memory::desc dst_any(ToDims(out_dims), act, tag::any);
-          dnnl::primitive_attr attr;
-          attr.set_post_ops(MakePostOps(op));
+          memory::desc dst_any(ToDims(out_dims), dst_dt, tag::any);
+          dnnl::primitive_attr attr, w_attr;
+          float dst_scale = 1.f;
+          if (int8) {
+            // Weights per output channel; the sums scaled back by src scale x weight scale,
+            // and the bias brought into the sums' units.
+            const float s_src = scale_of(src_name);
+            const int64_t oc = w.dims[0], per = static_cast<int64_t>(w.data.size()) / oc;
+            std::vector<float> w_inv(static_cast<size_t>(oc)), out_scales(static_cast<size_t>(oc));
+            for (int64_t o = 0; o < oc; ++o) {
+              float m = 0;
+              for (int64_t k = 0; k < per; ++k) m = std::max(m, std::fabs(w.data[static_cast<size_t>(o * per + k)]));
+              const float s_w = m > kTinyRange ? m / 127.f : 1.f;  // a dead channel's denormals: 0
+              w_inv[static_cast<size_t>(o)] = 1.f / s_w;
+              out_scales[static_cast<size_t>(o)] = s_src * s_w;
+              b.data[static_cast<size_t>(o)] /= s_src * s_w;
+            }
+            w_attr.set_output_scales(op.group == 1 ? 1 : 3, w_inv);
+            attr.set_output_scales(1 << 1, out_scales);
+            if (dst_dt != dt::f32) dst_scale = scale_of(op.output);
+          }
+          attr.set_post_ops(MakePostOps(op, dst_scale));
           memory::dims dil = {op.dilations[0] - 1, op.dilations[1] - 1};
           dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
                                             src_any, w_any, b_md, dst_any, ToDims(op.strides), dil,
                                             {op.pads[0], op.pads[1]}, {op.pads[2], op.pads[3]});
           dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
-          memory s = as_format(src, pd.src_desc(), &temps);
+          memory s;
+          if (!int8 || src.mem.get_desc().data_type() == pd.src_desc().data_type()) {
+            s = as_format(src, pd.src_desc(), &temps);
+          } else {  // int8 from an f32 tensor: quantized by a reorder
+            s = temp_memory(pd.src_desc(), &temps);
+            dnnl::primitive_attr q;
+            q.set_output_scales(0, {1.f / scale_of(src_name)});
+            plan->steps.push_back({dnnl::reorder(dnnl::reorder::primitive_desc(src.mem, s, q)),
+                                   {{DNNL_ARG_FROM, src.mem}, {DNNL_ARG_TO, s}}});
+          }
           memory user_w(memory::desc(wdims, dt::f32, op.group == 1 ? tag::oihw : tag::goihw), eng, w.data.data());
           memory wm(pd.weights_desc(), eng);
-          dnnl::reorder(user_w, wm).execute(engine_->strm, user_w, wm);
+          dnnl::reorder(dnnl::reorder::primitive_desc(user_w, wm, w_attr)).execute(engine_->strm, user_w, wm);
           engine_->strm.wait();
           memory bm(b_md, eng);
           std::memcpy(bm.get_data_handle(), b.data.data(), b.data.size() * sizeof(float));
           Value& dst = new_value(op.output, pd.dst_desc(), out_dims);
           if (!op.sum_input.empty()) {
+            // The residual goes into the output first, in the output's units (the sum post-op
+            // brings it back: MakePostOps).
             const Value& res = values.at(op.sum_input);
-            plan->steps.push_back({dnnl::reorder(res.mem, dst.mem), {{DNNL_ARG_FROM, res.mem}, {DNNL_ARG_TO, dst.mem}}});
+            dnnl::primitive_attr r;
+            const float factor = (qtype.count(op.sum_input) ? scale_of(op.sum_input) : 1.f) / dst_scale;
+            if (factor != 1.f) r.set_output_scales(0, {factor});
+            plan->steps.push_back({dnnl::reorder(dnnl::reorder::primitive_desc(res.mem, dst.mem, r)),
+                                   {{DNNL_ARG_FROM, res.mem}, {DNNL_ARG_TO, dst.mem}}});
           }
           plan->steps.push_back({dnnl::convolution_forward(pd),
                                  {{DNNL_ARG_SRC, s}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}, {DNNL_ARG_DST, dst.mem}}});
@@ -745,6 +881,7 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
     } catch (const dnnl::error& e) {
       Throw(ErrorKind::kUnsupported, "node '" + op.name + "': oneDNN could not build it: " + e.what());
     }
+    if (observe) plan->observations.push_back({plan->steps.size(), op.output, values.at(op.output).mem});
     for (int t : temps) free_list.push_back(t);
     std::set<std::string> seen;
     auto release = [&](const std::string& t) {
@@ -772,7 +909,7 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape) {
     plan->steps.push_back({dnnl::reorder(pooled, plan->output), {{DNNL_ARG_FROM, pooled}, {DNNL_ARG_TO, plan->output}}});
   for (auto& b : buffers) plan->buffers.push_back(b.data);
   Plan& ref = *plan;
-  plans_[shape] = std::move(plan);
+  cache[shape] = std::move(plan);
   return ref;
 }
 

@@ -12,6 +12,13 @@
 // about 1 % relative, which the pipeline's accuracy must be measured to tolerate
 // (docs/performance.md). It needs AVX-512 at least; elsewhere the constructor refuses it.
 //
+// int8 runs every convolution on signed/unsigned 8-bit activations and per-output-channel 8-bit
+// weights with int32 sums (oneDNN's VNNI kernels), static quantization: each tensor's scale
+// comes from its largest magnitude seen by Calibrate() (or SetRanges(), for ranges saved
+// earlier) over representative images, run in f32. A convolution's output stays 8-bit when
+// only convolutions read it (u8 after a ReLU or Clip at 0); everything else, and the feature
+// layer, stays f32. It needs VNNI (AVX512_VNNI or AVX-VNNI); elsewhere the constructor refuses.
+//
 // Thread-safety: an Executor is not thread-safe; use one per thread.
 #pragma once
 
@@ -26,9 +33,9 @@
 
 namespace msaflow::kernels {
 
-enum class Precision { kF32, kBF16 };
+enum class Precision { kF32, kBF16, kInt8 };
 
-// "f32" | "bf16" (pipeline and CLI spelling); throws kInvalidInput naming the choices.
+// "f32" | "bf16" | "int8" (pipeline and CLI spelling); throws kInvalidInput naming the choices.
 Precision ParsePrecision(const std::string& name);
 const char* PrecisionName(Precision p);
 // Whether this CPU runs `p` on oneDNN's fast kernels; `why` says what is missing when not.
@@ -53,18 +60,30 @@ class Executor {
   // Number of fused operations after graph rewrites (for logs and tests).
   size_t FusedOpCount() const;
 
+  // int8 calibration: the largest magnitude of every tensor (by name; the graph input too).
+  // Calibrate() runs the graph in f32 over x and widens the ranges kept so far (call it once per
+  // batch of representative images); SetRanges() installs ranges measured before. Either drops
+  // the int8 plans compiled with the old ranges. Features() in int8 throws kInvalidInput until
+  // there are ranges. Calibrate works in every precision (it is how ranges are measured).
+  using Ranges = std::map<std::string, float>;
+  void Calibrate(const float* x, int64_t n, int64_t c, int64_t h, int64_t w);
+  const Ranges& ranges() const { return ranges_; }
+  void SetRanges(Ranges ranges);
+
   struct Op;
   struct Plan;
 
  private:
-  Plan& PlanFor(const std::array<int64_t, 4>& shape);
+  // observe: an f32 plan that records where each tensor can be read while it runs (Calibrate).
+  Plan& PlanFor(const std::array<int64_t, 4>& shape, bool observe = false);
 
   std::vector<Op> ops_;
   Graph graph_;
   Precision precision_;
   struct Engine;
   std::unique_ptr<Engine> engine_;
-  std::map<std::array<int64_t, 4>, std::unique_ptr<Plan>> plans_;
+  std::map<std::array<int64_t, 4>, std::unique_ptr<Plan>> plans_, observe_plans_;
+  Ranges ranges_;
 };
 
 }  // namespace msaflow::kernels
