@@ -4,9 +4,10 @@
     /usr/bin/python3 bench/precision.py [--pipelines quickstart digits] [--msaflow build/msaflow]
 
 Runs each pipeline end to end (`msaflow run`, the same seeds; after one discarded run that
-brings the files into the page cache) three times: as it is (f32
+brings the files into the page cache) four times: as it is (f32
 arithmetic, float32 features in the NAM); with every ONNX backbone's executor in bfloat16
-(`"precision": "bf16"`); and with the features stored as float16 (`"feature_dtype": "f16"`).
+(`"precision": "bf16"`); in int8 (`"precision": "int8"`, ranges calibrated by the load step on
+the first 256 training images); and with the features stored as float16 (`"feature_dtype": "f16"`).
 Prints per variant: the champion's test accuracy and each backbone's best, the prepare step's
 seconds (round 1) and the features' bytes in the NAM, each beside the f32 run's. The goal: every
 accuracy within 0.5 point of f32's.
@@ -23,6 +24,7 @@ from workdir import work_directory  # noqa: E402
 
 VARIANTS = [("f32", {}, {}),
             ("bf16 executor", {"precision": "bf16"}, {}),
+            ("int8 executor", {"precision": "int8"}, {}),
             ("f16 features", {"feature_dtype": "f16"}, {"feature_dtype": "f16"})]
 
 

@@ -8,6 +8,7 @@
 #include "common/files.h"
 #include "kernels/executor.h"
 #include "kernels/onnx_graph.h"
+#include "modules/calibration.h"
 #include "modules/step_context.h"
 #include "workflow/backbones.h"
 #include "workflow/objects.h"
@@ -46,11 +47,18 @@ void Load(StepContext& c) {
     } else {
       std::string model = ReadFile(bb.onnx);
       const auto& in = bb.input;
+      // int8 quantizes by ranges measured on the training images: they are part of what the
+      // backbone gives.
+      const std::string calibration =
+          bb.precision == "int8"
+              ? fmt::format(" calibrated on {} x{}", c.DatasetDigest("train"), kCalibrationImages)
+              : "";
       std::string digest = ChecksumHex(model + "\n" + bb.feature_layer + "\n" +
                                        fmt::format("{}x{}x{} {} {} {} {} {} {}", in.channels, in.height, in.width,
                                                    in.mean[0], in.mean[1], in.mean[2], in.std[0], in.std[1], in.std[2]) +
                                        (in.batch > 0 ? fmt::format(" batch {}", in.batch) : "") +
-                                       (bb.precision != "f32" ? " precision " + bb.precision : "") + StorageSuffix(bb));
+                                       (bb.precision != "f32" ? " precision " + bb.precision : "") + calibration +
+                                       StorageSuffix(bb));
       c.inputs["backbones"][bb.name] = digest;
       auto have = c.store->Stat(obj);
       if (have && have->meta.value("digest", "") == digest) {
@@ -67,6 +75,12 @@ void Load(StepContext& c) {
         Throw(e.kind(), fmt::format("backbone '{}': precision {}: {}", bb.name, bb.precision, e.what()));
       }
       kernels::Executor& ex = *made;
+      if (bb.precision == "int8") {
+        CalibrateOnTrainingImages(c, bb, ex);
+        meta["int8_ranges"] = RangesToJson(ex.ranges());
+        c.Say(fmt::format("backbone {}: int8 ranges of {} tensors measured on the first {} training images", bb.name,
+                          ex.ranges().size(), kCalibrationImages));
+      }
       int64_t dim = ex.FeatureDim(in.channels, in.height, in.width);
       // A full batch, as prepare will run it: a graph that only works for some batch sizes (a
       // Reshape to a fixed batch inside) fails here, named, not in the middle of prepare.

@@ -18,7 +18,9 @@
 #include "kernels/onnx_graph.h"
 #include "common/error.h"
 #include "workflow/datasets.h"
+#include "modules/calibration.h"
 #include "modules/features.h"
+#include "modules/prepare_images.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
@@ -41,20 +43,6 @@ struct PartWork {
   double put_s = 0;      // writing parts to the NAM
   double put_wait_s = 0; // ... the part of it the computation waited for
 };
-
-// Prepares images [s, s + n) of `ds` (whose first image is row `lo`) for the backbone on the
-// FPGA backend: one call for a run of images of the same size and channels (all of them, but
-// for an image folder).
-void PrepareImages(kernels::fpga::Device& fpga, const kernels::ImageSet& ds, int64_t lo, int64_t s, int64_t n,
-                   const kernels::InputSpec& in, float* out) {
-  const int64_t per = in.channels * in.height * in.width;
-  for (int64_t i = s - lo, end = s - lo + n; i < end;) {
-    int64_t j = ds.uniform() ? end : i + 1;
-    while (j < end && ds.Rows(j) == ds.Rows(i) && ds.Cols(j) == ds.Cols(i) && ds.Channels(j) == ds.Channels(i)) ++j;
-    fpga.Prepare({ds.Image(i), j - i, ds.Rows(i), ds.Cols(i), ds.Channels(i)}, in, out + (i - (s - lo)) * per);
-    i = j;
-  }
-}
 
 // Computes parts [p0, p1) of `idx` from `ds` (the images of those parts' rows, the first being
 // row idx.PartLo(p0)) and writes each part to the NAM as it is finished.
@@ -258,6 +246,8 @@ void Prepare(StepContext& c) {
           nam::Object o = c.store->Get(workflow::BackboneObject(bb.name));
           ex = std::make_unique<kernels::Executor>(kernels::ImportOnnx(o.bytes, "NAM " + o.info.name, bb.feature_layer),
                                                    kernels::ParsePrecision(bb.precision));
+          if (bb.precision == "int8")  // measured by the load step, the same for every rank
+            ex->SetRanges(RangesFromJson(o.info.meta.value("int8_ranges", nlohmann::json()), "NAM object '" + o.info.name + "'"));
         }
         dim = ex->FeatureDim(bb.input.channels, bb.input.height, bb.input.width);
       }

@@ -204,7 +204,7 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
     if (!v.contains(k)) r.Fail(ptr, std::string("missing required key \"") + k + "\"");
   b.onnx = r.Path(v["onnx"], ptr + "/onnx");
   b.feature_layer = r.String(v["feature_layer"], ptr + "/feature_layer");
-  if (v.contains("precision")) b.precision = r.Enum(v["precision"], ptr + "/precision", {"f32", "bf16"});
+  if (v.contains("precision")) b.precision = r.Enum(v["precision"], ptr + "/precision", {"f32", "bf16", "int8"});
   const json& in = v["input"];
   std::string ip = ptr + "/input";
   r.Object(in, ip, {"height", "width", "channels", "mean", "std", "batch"}, {"height", "width"});

@@ -35,7 +35,8 @@ struct BackboneSpec {
   std::string onnx;           // absolute path
   std::string feature_layer;
   kernels::InputSpec input;
-  // The executor's arithmetic: "f32", or "bf16" (kernels/executor.h; AVX-512 CPUs).
+  // The executor's arithmetic: "f32", "bf16" (AVX-512 CPUs) or "int8" (VNNI CPUs; calibrated on the
+  // first training images when loaded) (kernels/executor.h).
   std::string precision = "f32";
   // How prepare stores the features in the NAM: "f32", or "f16" (half the memory).
   std::string feature_dtype = "f32";

@@ -132,5 +132,41 @@ class EndToEnd(unittest.TestCase):
                 self.assertEqual(metrics, [(c["candidate"]["id"], c["accuracy"], c["loss"]) for c in b["candidates"]])
 
 
+    def test_int8_backbone_is_calibrated_when_loaded_and_trains_as_well_as_f32(self):
+        """An int8 MobileNetV2: its ranges are measured by the load step on the first training
+        images and kept with the backbone in the NAM; prepare's two ranks quantize with them;
+        the round's champion is as good as the f32 one (the same data, seeds and candidates)."""
+        doc = small_pipeline(ROOT, "int8", rounds=1)
+        doc["backbones"] = [b for b in doc["backbones"] if b["name"] == "mobilenetv2"]
+        doc["steps"]["prepare"]["ranks"] = 2
+        with tempfile.TemporaryDirectory() as d:
+            results, outs = {}, {}
+            for precision in ("f32", "int8"):
+                doc["backbones"][0]["precision"] = precision
+                p = os.path.join(d, f"{precision}.json")
+                with open(p, "w") as f:
+                    json.dump(doc, f)
+                r = subprocess.run([EXE, "run", p, "--runs", d, "--run-id", precision], capture_output=True,
+                                   text=True, timeout=600)
+                self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+                outs[precision] = r.stdout
+                with open(os.path.join(d, precision, "results.json")) as f:
+                    results[precision] = json.load(f)
+            self.assertRegex(outs["int8"], r"backbone mobilenetv2: int8 ranges of \d+ tensors measured on the "
+                                           r"first 256 training images")
+            self.assertNotIn("int8 ranges", outs["f32"])
+            stat = subprocess.run([EXE, "nam", "stat", "backbone/mobilenetv2", "--nam", "file://" + os.path.join(d, "nam")],
+                                  capture_output=True, text=True)
+            self.assertEqual(stat.returncode, 0, stat.stderr)
+            # Every tensor's range, the input's and the feature layer's among them.
+            self.assertRegex(stat.stdout, r'"int8_ranges":\s*\{[^}]*"input":')
+            self.assertRegex(stat.stdout, r'"int8_ranges":\s*\{[^}]*"block_13_expand_relu":')
+            a32 = results["f32"]["champion"]["test"]["accuracy"]
+            a8 = results["int8"]["champion"]["test"]["accuracy"]
+            print(f"champion test accuracy: f32 {a32:.4f}, int8 {a8:.4f}")
+            self.assertGreater(a32, 0.6)
+            self.assertLess(abs(a8 - a32), 0.04)  # 300 test images: 12 of them
+
+
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0], "-v"])

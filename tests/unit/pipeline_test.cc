@@ -100,7 +100,7 @@ TEST(Pipeline, BackbonePrecisionAndFeatureDtype) {
   EXPECT_EQ(p.backbones[1].precision, "f32");  // the defaults
   EXPECT_EQ(p.backbones[1].feature_dtype, "f32");
   EXPECT_EQ(ErrorOf(With("\"feature_layer\": \"x\",", "\"feature_layer\": \"x\", \"precision\": \"int4\",")),
-            "p.json: /backbones/0/precision: \"int4\" is not one of f32, bf16");
+            "p.json: /backbones/0/precision: \"int4\" is not one of f32, bf16, int8 — did you mean \"int8\"?");
   EXPECT_EQ(ErrorOf(With("\"kind\": \"pixels\"", "\"kind\": \"pixels\", \"feature_dtype\": \"f8\"")),
             "p.json: /backbones/1/feature_dtype: \"f8\" is not one of f32, f16 — did you mean \"f32\"?");
   EXPECT_EQ(ErrorOf(With("\"kind\": \"pixels\"", "\"kind\": \"pixels\", \"precision\": \"bf16\"")),
