@@ -15,6 +15,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from small_pipeline import small_pipeline  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
+with open("/proc/cpuinfo") as f:
+    HAS_VNNI = any(flag in ("avx512_vnni", "avx_vnni") for line in f if line.startswith("flags")
+                   for flag in line.split())
 
 
 class EndToEnd(unittest.TestCase):
@@ -132,6 +135,7 @@ class EndToEnd(unittest.TestCase):
                 self.assertEqual(metrics, [(c["candidate"]["id"], c["accuracy"], c["loss"]) for c in b["candidates"]])
 
 
+    @unittest.skipUnless(HAS_VNNI, "int8 needs VNNI (the load step refuses it elsewhere)")
     def test_int8_backbone_is_calibrated_when_loaded_and_trains_as_well_as_f32(self):
         """An int8 MobileNetV2: its ranges are measured by the load step on the first training
         images and kept with the backbone in the NAM; prepare's two ranks quantize with them;
