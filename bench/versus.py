@@ -20,7 +20,8 @@
    largest weight difference (must be <= 1e-5).
 4. Round 2 against round 1: prepare (every feature reused) and the whole round.
    And the whole job of one round (load .. select, 8 heads, the best picked) against the same
-   job as a PyTorch + scikit-learn script (bench/baseline.py), with the accuracy each reached.
+   job as a PyTorch + scikit-learn script (bench/baseline.py), with the accuracy each reached;
+   once more with the executor in int8 ("precision": "int8").
 5. Per step: peak resident memory of its ranks and minor page faults per training image; and the
    one-round job on 1/4, 1/2 and all of the rows: how each step's time and memory grow to 4x.
 Every line prints the figure, the baseline's, the ratio and the goal (issue 15).
@@ -45,7 +46,7 @@ MODEL = ROOT / "models" / "mobilenet_v2.onnx"
 CUT = "block_13_expand_relu"
 
 
-def pipeline(rows, test_rows, rounds=2):
+def pipeline(rows, test_rows, rounds=2, precision="f32"):
     data = ROOT / "data" / "fashion-mnist"
     return {
         "format": "msaflow.pipeline/1", "name": "versus", "machine": "local",
@@ -56,7 +57,7 @@ def pipeline(rows, test_rows, rounds=2):
                      "labels": str(data / "t10k-labels-idx1-ubyte.gz"), "limit": test_rows},
             "validation": {"from": "train", "fraction": 0.1, "seed": 1}},
         "backbones": [{"name": "mobilenetv2", "onnx": str(ROOT / "models" / "mobilenet_v2.onnx"),
-                       "feature_layer": "block_13_expand_relu",
+                       "feature_layer": "block_13_expand_relu", "precision": precision,
                        "input": {"height": 96, "width": 96, "channels": 3, "mean": [0, 0, 0], "std": [1, 1, 1]}}],
         "head": {"type": ["softmax", "mlp"], "hidden": [128], "optimizer": "adam", "lr": [0.001, 0.003],
                  "l2": [0.0001, 0.001], "epochs": [15], "batch": 64},
@@ -67,9 +68,9 @@ def pipeline(rows, test_rows, rounds=2):
         "metric": "accuracy"}
 
 
-def run_job(msaflow, work, rows, test_rows, rounds=2, tag=""):
+def run_job(msaflow, work, rows, test_rows, rounds=2, tag="", precision="f32"):
     spec = work / f"versus-{rounds}{tag}.json"
-    spec.write_text(json.dumps(pipeline(rows, test_rows, rounds), indent=1))
+    spec.write_text(json.dumps(pipeline(rows, test_rows, rounds, precision), indent=1))
     runs = work / f"runs-{rounds}{tag}"
     t0 = time.monotonic()
     out = subprocess.run([msaflow, "run", str(spec), "--runs", str(runs)], capture_output=True, text=True)
@@ -247,6 +248,8 @@ def main():
         settings = executor_settings(a, work)
         run_dir, events, wall, _ = run_job(a.msaflow, work, a.rows, a.test_rows)
         _, events1, wall1, res1 = run_job(a.msaflow, work, a.rows, a.test_rows, rounds=1)
+        # The same with the executor in int8 (ranges calibrated by the load step).
+        _, _, wall_i8, res_i8 = run_job(a.msaflow, work, a.rows, a.test_rows, rounds=1, tag="-int8", precision="int8")
         # The same one-round job on 1/4 and 1/2 of the data: how time and memory grow to 4x.
         scaled = {4: (events1, wall1)}
         for part in (1, 2):
@@ -328,6 +331,13 @@ def main():
         print(f"  champions (test accuracy): msaflow {champ['candidate']['id']} {champ['test']['accuracy']:.4f} "
               f"(validation {champ['accuracy']:.4f}); script {script['champion']} {script['test']:.4f} "
               f"(validation {script['validation']:.4f}); the script's features took {script['features_s']:.1f} s")
+        r = script["seconds"] / wall_i8
+        line("whole job, 1 round, int8 executor, vs the script", f"{wall_i8:.1f} s", f"{script['seconds']:.1f} s",
+             f"{r:.1f}x", ">= 20x", r >= 20)
+        c8 = res_i8.get("champion", {})
+        ok = abs(c8["test"]["accuracy"] - script["test"]) <= 0.005
+        print(f"  int8 champion (test accuracy): {c8['candidate']['id']} {c8['test']['accuracy']:.4f}: "
+              f"{'within' if ok else 'NOT within'} 0.5 point of the script's {script['test']:.4f}")
         print(f"\ngrowth from 1x to 4x the data ({a.rows // 4} -> {a.rows} train images, one round): seconds "
               "and peak RSS at 1x, 2x, 4x, and the 4x/1x ratio (linear: 4)")
         tables = {k: step_table(ev) for k, (ev, _) in scaled.items()}

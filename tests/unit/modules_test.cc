@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "kernels/dataset.h"
 #include "kernels/half.h"
+#include "modules/calibration.h"
 #include "modules/features.h"
 #include "modules/steps.h"
 #include "parallel/comm.h"
@@ -246,6 +247,27 @@ TEST_F(TinyRound, ASlowNamChangesNothingButTime) {
   for (const char* s : {"train", "store", "evaluate", "select"}) Step(s);
   json slow = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
   EXPECT_EQ(slow["champion"], fast["champion"]);
+}
+
+// int8 ranges travel in the backbone object's metadata: they come back as they went, and a
+// damaged or missing entry is named (prepare then stops instead of quantizing blindly).
+TEST(Calibration, RangesRoundTripAndDamagedOnesAreNamed) {
+  const kernels::Executor::Ranges ranges{{"input", 1.f}, {"block_1_add", 39.75f}};
+  EXPECT_EQ(modules::RangesFromJson(modules::RangesToJson(ranges), "o"), ranges);
+  auto error = [](const json& j) {
+    try {
+      modules::RangesFromJson(j, "NAM object 'backbone/m'");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(json()), "NAM object 'backbone/m': int8 ranges: expected an object of tensor ranges (load the backbone again)");
+  EXPECT_EQ(error(json::object()), error(json()));
+  EXPECT_EQ(error({{"input", "big"}}),
+            "NAM object 'backbone/m': int8 range of tensor 'input': expected a finite non-negative number");
+  EXPECT_EQ(error({{"input", -1.0}}), error({{"input", "big"}}));
 }
 
 }  // namespace
