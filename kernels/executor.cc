@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <set>
@@ -407,33 +408,21 @@ const char* PrecisionName(Precision p) {
 
 bool PrecisionAvailable(Precision p, std::string* why) {
   if (p == Precision::kF32) return true;
-  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  using isa = dnnl::cpu_isa;
+  const isa have = dnnl::get_effective_cpu_isa();
+  auto one_of = [have](std::initializer_list<isa> fast) { return std::find(fast.begin(), fast.end(), have) != fast.end(); };
   if (p == Precision::kInt8) {
     // Without VNNI oneDNN multiplies u8 by s8 in pairs summed into int16 (vpmaddubsw), which
     // saturates for large weights: results would be silently wrong, not just slow.
-    switch (isa) {
-      case dnnl::cpu_isa::avx2_vnni:
-      case dnnl::cpu_isa::avx512_core_vnni:
-      case dnnl::cpu_isa::avx512_core_bf16:
-      case dnnl::cpu_isa::avx512_core_amx:
-        return true;
-      default:
-        if (why) *why = "int8 needs a CPU with VNNI (AVX512_VNNI or AVX-VNNI); without it oneDNN's int8 sums can saturate";
-        return false;
-    }
+    if (one_of({isa::avx2_vnni, isa::avx512_core_vnni, isa::avx512_core_bf16, isa::avx512_core_amx})) return true;
+    if (why) *why = "int8 needs a CPU with VNNI (AVX512_VNNI or AVX-VNNI); without it oneDNN's int8 sums can saturate";
+    return false;
   }
   // oneDNN runs bf16 convolutions natively from AVX512_BF16 on and emulates them on AVX-512
   // cores; below that it has only reference kernels, hundreds of times slower.
-  switch (isa) {
-    case dnnl::cpu_isa::avx512_core:
-    case dnnl::cpu_isa::avx512_core_vnni:
-    case dnnl::cpu_isa::avx512_core_bf16:
-    case dnnl::cpu_isa::avx512_core_amx:
-      return true;
-    default:
-      if (why) *why = "bf16 needs a CPU with AVX-512 (oneDNN has only reference kernels below it)";
-      return false;
-  }
+  if (one_of({isa::avx512_core, isa::avx512_core_vnni, isa::avx512_core_bf16, isa::avx512_core_amx})) return true;
+  if (why) *why = "bf16 needs a CPU with AVX-512 (oneDNN has only reference kernels below it)";
+  return false;
 }
 
 Executor::Executor(Graph graph, Precision precision)

@@ -225,6 +225,28 @@ TEST(Executor, MatchesNaiveImplementationForAnyBatchAndSize) {
   }
 }
 
+// n values uniform in [-2, 2), from `seed`.
+std::vector<float> UniformInput(int64_t n, unsigned seed) {
+  std::vector<float> x(static_cast<size_t>(n));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-2, 2);
+  for (auto& v : x) v = u(rng);
+  return x;
+}
+
+// Reduced-precision features: as many as f32's, not all equal to them (the precision did
+// change the arithmetic), and none further from them than `fraction` of the largest.
+void ExpectNearButNotEqual(const std::vector<float>& want, const std::vector<float>& got, float fraction) {
+  ASSERT_EQ(got.size(), want.size());
+  float diff = 0, top = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    top = std::max(top, std::fabs(want[i]));
+    diff = std::max(diff, std::fabs(got[i] - want[i]));
+  }
+  EXPECT_GT(diff, 0.f);
+  EXPECT_LT(diff, fraction * top);
+}
+
 // bf16 keeps 8 bits of mantissa: the features of the same network agree with the naive f32
 // ones to about 1 % (of the largest feature), where the CPU can run it.
 TEST(Executor, Bf16FeaturesAgreeWithF32ToItsPrecision) {
@@ -237,19 +259,8 @@ TEST(Executor, Bf16FeaturesAgreeWithF32ToItsPrecision) {
   std::string bytes = SmallModel();
   Executor f32(ImportOnnx(bytes, "m", "out")), bf16(ImportOnnx(bytes, "m", "out"), Precision::kBF16);
   const int64_t n = 4, h = 9, w = 9;
-  std::vector<float> x(static_cast<size_t>(n * 2 * h * w));
-  std::mt19937 rng(8);
-  std::uniform_real_distribution<float> u(-2, 2);
-  for (auto& v : x) v = u(rng);
-  auto want = f32.Features(x.data(), n, 2, h, w), got = bf16.Features(x.data(), n, 2, h, w);
-  ASSERT_EQ(got.size(), want.size());
-  float top = 0, diff = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    top = std::max(top, std::fabs(want[i]));
-    diff = std::max(diff, std::fabs(got[i] - want[i]));
-  }
-  EXPECT_GT(diff, 0.f);  // it did run in bf16
-  EXPECT_LT(diff, 0.02f * top);
+  const std::vector<float> x = UniformInput(n * 2 * h * w, 8);
+  ExpectNearButNotEqual(f32.Features(x.data(), n, 2, h, w), bf16.Features(x.data(), n, 2, h, w), 0.02f);
   EXPECT_EQ(ParsePrecision("bf16"), Precision::kBF16);
   EXPECT_EQ(ErrorOf([] { ParsePrecision("fp8"); }), "precision 'fp8': expected \"f32\", \"bf16\" or \"int8\"");
 }
@@ -265,24 +276,14 @@ TEST(Executor, Int8FeaturesAgreeWithF32OnceCalibrated) {
   }
   Executor f32(ImportOnnx(bytes, "m", "out")), int8(ImportOnnx(bytes, "m", "out"), Precision::kInt8);
   const int64_t n = 16, h = 9, w = 9;
-  std::vector<float> x(static_cast<size_t>(n * 2 * h * w));
-  std::mt19937 rng(9);
-  std::uniform_real_distribution<float> u(-2, 2);
-  for (auto& v : x) v = u(rng);
+  const std::vector<float> x = UniformInput(n * 2 * h * w, 9);
   EXPECT_EQ(ErrorOf([&] { int8.Features(x.data(), n, 2, h, w); }),
             "executor: int8 needs calibration ranges first (Calibrate or SetRanges)");
   int8.Calibrate(x.data(), n, 2, h, w);
   EXPECT_EQ(int8.ranges().size(), 3u);  // the input and the two convolutions' outputs
   EXPECT_NEAR(int8.ranges().at("x"), 2.f, 0.01f);
-  auto want = f32.Features(x.data(), n, 2, h, w), got = int8.Features(x.data(), n, 2, h, w);
-  ASSERT_EQ(got.size(), want.size());
-  float top = 0, diff = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    top = std::max(top, std::fabs(want[i]));
-    diff = std::max(diff, std::fabs(got[i] - want[i]));
-  }
-  EXPECT_GT(diff, 0.f);  // it did run in int8
-  EXPECT_LT(diff, 0.03f * top);
+  const std::vector<float> got = int8.Features(x.data(), n, 2, h, w);
+  ExpectNearButNotEqual(f32.Features(x.data(), n, 2, h, w), got, 0.03f);
   EXPECT_EQ(int8.Features(x.data(), n, 2, h, w), got);
   Executor again(ImportOnnx(bytes, "m", "out"), Precision::kInt8);
   again.SetRanges(int8.ranges());
