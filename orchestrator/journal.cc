@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <cstdint>
+#include <stdexcept>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -80,6 +82,30 @@ void JournalWriter::Event(const std::string& event, json fields) const {
   AppendLineSynced(path_, fields.dump());
 }
 
+namespace {
+
+// Where the first non-integer number of magnitude 2^31 or more is in `v` ("/a/0"), or "" when
+// there is none; *value is that number. The journal's readers take its numbers as int where
+// they count (rounds, ranks, attempts), and converting such a float to int is undefined;
+// msaflow never writes one.
+std::string HugeFloatAt(const json& v, const std::string& at, std::string* value) {
+  if (v.is_number_float()) {
+    if (std::fabs(v.get<double>()) < 2147483648.0) return "";
+    *value = v.dump();
+    return at.empty() ? "/" : at;
+  }
+  if (v.is_object()) {
+    for (const auto& [k, x] : v.items())
+      if (std::string found = HugeFloatAt(x, at + "/" + k, value); !found.empty()) return found;
+  } else if (v.is_array()) {
+    for (size_t i = 0; i < v.size(); ++i)
+      if (std::string found = HugeFloatAt(v[i], at + "/" + std::to_string(i), value); !found.empty()) return found;
+  }
+  return "";
+}
+
+}  // namespace
+
 Journal ParseJournal(const std::string& text, const std::string& where) {
   Journal j;
   size_t start = 0, lineno = 0;
@@ -108,6 +134,10 @@ Journal ParseJournal(const std::string& text, const std::string& where) {
     }
     if (!e.contains("event") || !e["event"].is_string())
       Throw(ErrorKind::kCorrupt, at + "an event without its \"event\" name");
+    std::string value;
+    if (const std::string huge = HugeFloatAt(e, "", &value); !huge.empty())
+      Throw(ErrorKind::kCorrupt, at + "a number out of range at " + Printable(huge, 60) + " (" + Printable(value, 40) +
+                                     "): a journal's numbers are integers or below 2^31");
     j.events.push_back({lineno, e["event"].get<std::string>(), std::move(e)});
   }
   if (first) Throw(ErrorKind::kCorrupt, where + ":1: expected format " + std::string(kJournalFormat));
@@ -122,13 +152,28 @@ Coordinator ThisCoordinator() {
   return {static_cast<int64_t>(::getpid()), host};
 }
 
+namespace {
+
+// An integer field in [lo, hi]. Not get<int>(): on a float such as 1e128 that is undefined
+// behaviour (a float-to-int cast out of range), and on 2^40 it wraps.
+int64_t IntField(const json& f, const char* key, int64_t lo, int64_t hi) {
+  const json& v = f.at(key);
+  const bool fits = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX});
+  if (!fits || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    throw std::invalid_argument(fmt::format("\"{}\": expected an integer from {} to {}, got {}", key, lo, hi,
+                                            Printable(v.dump(), 40)));
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
 RunSummary Summarize(const Journal& j, const std::string& where) {
   RunSummary s;
   for (const auto& e : j.events) try {
     const json& f = e.fields;
     auto coordinator = [&] {
       if (f.contains("coordinator")) {
-        s.coordinator.pid = f["coordinator"].at("pid").get<int64_t>();
+        s.coordinator.pid = IntField(f["coordinator"], "pid", 0, INT64_MAX);
         s.coordinator.host = f["coordinator"].at("host").get<std::string>();
       }
     };
@@ -154,7 +199,7 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
       s.last_started = t;
       s.started[t] = f.value("time", "");
       s.module[t] = f.value("module", "");
-      s.ranks[t] = f.value("ranks", 1);
+      s.ranks[t] = f.contains("ranks") ? static_cast<int>(IntField(f, "ranks", 1, 1 << 24)) : 1;
     } else if (e.event == "task-retry") {
       ++s.retries[f.at("task").get<std::string>()];
     } else if (e.event == "task-end" || e.event == "task-reused") {
@@ -174,7 +219,7 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
                e.event == "slurm-reattached") {
       s.slurm_jobs.clear();
     } else if (e.event == "round-end") {
-      s.rounds_ended = std::max(s.rounds_ended, f.at("round").get<int>());
+      s.rounds_ended = std::max(s.rounds_ended, static_cast<int>(IntField(f, "round", 0, INT32_MAX)));
     } else if (e.event == "run-failed") {
       s.failed = true;
       s.error = f.value("error", "");
@@ -183,7 +228,7 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
       s.finish = fmt::format("champion {} accuracy {:.4f} ({})", f.value("champion", ""), f.value("accuracy", 0.0),
                              f.value("stop", ""));
     }
-  } catch (const json::exception& x) {
+  } catch (const std::exception& x) {  // json::exception, or IntField's
     // A field missing or of the wrong type: the journal was edited or damaged.
     Throw(ErrorKind::kCorrupt, where + ":" + std::to_string(e.line) + ": a malformed '" + Printable(e.event, 40) +
                                    "' event (" + x.what() + ")");

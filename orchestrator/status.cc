@@ -86,6 +86,12 @@ std::vector<TaskRow> TaskRows(const RunStatus& st) {
 
 namespace {
 
+// An event's retry attempt, for printing: a damaged journal's 2^31 - 1 would overflow "+ 2".
+int Attempt(const nlohmann::json& e) {
+  const int64_t a = e.value("attempt", int64_t{0});
+  return static_cast<int>(std::clamp<int64_t>(a, 0, 1 << 20));
+}
+
 void PrintTaskTable(const std::vector<TaskRow>& rows, std::FILE* out) {
   if (rows.empty()) return;
   std::fprintf(out, "\n  %-14s %-6s %5s  %-11s %7s %8s  %s\n", "task", "module", "ranks", "state", "retries", "seconds",
@@ -186,14 +192,14 @@ RunState PrintStatus(const std::string& run_dir, std::FILE* out) {
     if (ev == "round-start") std::fprintf(out, "  round %d:\n", e.at("round").get<int>());
     if (ev == "task-retry")
       std::fprintf(out, "    task %s failed (%s) and was started again (attempt %d)\n", e.value("task", "").c_str(),
-                   e.value("reason", "").c_str(), e.value("attempt", 0) + 2);
+                   e.value("reason", "").c_str(), Attempt(e) + 2);
     if (ev == "slurm-job") {
       std::string comps;
       for (const auto& c : e.at("components"))
         comps += (comps.empty() ? "" : ", ") + c.value("id", "") + " " + c.value("module", "") + "@" +
                  c.value("partition", "");
       std::fprintf(out, "    slurm %s job %s%s: %s\n", e.value("mode", "").c_str(), e.value("job", "").c_str(),
-                   e.value("attempt", 0) ? fmt::format(" (attempt {})", e.value("attempt", 0) + 1).c_str() : "",
+                   Attempt(e) ? fmt::format(" (attempt {})", Attempt(e) + 1).c_str() : "",
                    comps.c_str());
     }
     if (ev == "slurm-state")

@@ -55,8 +55,11 @@ TEST(Overlap, OffFetchesEachItemRightBeforeItsConsume) {
 
 TEST(Overlap, HidesFetchTimeBehindConsumeTime) {
   auto sleep_ms = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
-  OverlapStats on = Overlap(4, [&](int64_t) { sleep_ms(30); }, [&](int64_t) { sleep_ms(30); }, true);
-  // Only the first fetch is exposed; sleeps, not CPU, so this holds on a loaded machine.
+  // Each consume sleeps three times as long as a fetch, so the next fetch ends 60 ms before it
+  // is needed: only the first fetch is exposed, even when a loaded machine (CI's, with two
+  // sanitizer suites beside it) wakes sleepers late. With consume = fetch (30 ms each) it once
+  // failed there: 85 ms of 148 exposed.
+  OverlapStats on = Overlap(4, [&](int64_t) { sleep_ms(30); }, [&](int64_t) { sleep_ms(90); }, true);
   EXPECT_LT(on.wait_s, 0.5 * on.fetch_s);
   EXPECT_GE(on.fetch_s, 4 * 0.029);
 }

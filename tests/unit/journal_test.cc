@@ -97,6 +97,35 @@ TEST(Journal, DamageNamesTheLine) {
   }
 }
 
+// Found by the journal fuzzer (CI, a 3-second smoke run): a round-end whose "round" was
+// 1.33e128 reached nlohmann's get<int>(), a float-to-int conversion out of range (undefined
+// behaviour, a UBSan report). Such numbers are refused when the journal is read, naming the
+// line and the field; integers out of a field's range are refused by the summary.
+TEST(Journal, AFloatTooLargeForAnIntIsRefusedNotConverted) {
+  const std::string head = std::string(R"({"format":")") + kJournalFormat + "\"}\n";
+  auto error = [&](const std::string& events) {
+    try {
+      Summarize(ParseJournal(head + events, "j"), "j");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(R"({"event":"round-end","round":1.3333e128})" "\n"),
+            "j:2: a number out of range at /round (1.3333e+128): a journal's numbers are integers or below 2^31");
+  EXPECT_EQ(error(R"({"event":"task-end","task":"t","ranks":[{"cpu_s":-3e9}]})" "\n"),
+            "j:2: a number out of range at /ranks/0/cpu_s (-3000000000.0): a journal's numbers are integers or below 2^31");
+  EXPECT_EQ(error(R"({"event":"round-end","round":99999999999})" "\n"),
+            "j:2: a malformed 'round-end' event (\"round\": expected an integer from 0 to 2147483647, got 99999999999)");
+  EXPECT_EQ(error(R"({"event":"task-start","task":"t","ranks":0})" "\n"),
+            "j:2: a malformed 'task-start' event (\"ranks\": expected an integer from 1 to 16777216, got 0)");
+  EXPECT_EQ(error(R"({"event":"round-end","round":2.5})" "\n"),
+            "j:2: a malformed 'round-end' event (\"round\": expected an integer from 0 to 2147483647, got 2.5)");
+  // Seconds and accuracies are floats, and pass.
+  EXPECT_EQ(error(R"({"event":"task-end","task":"t","seconds":12.5})" "\n"), "no error");
+}
+
 TEST(Journal, AResumeClearsTheFailureItContinues) {
   const std::string head = std::string(R"({"format":")") + kJournalFormat + "\"}\n";
   RunSummary s = Summarize(ParseJournal(head +
