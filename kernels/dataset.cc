@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -18,21 +19,51 @@ namespace {
 constexpr uint32_t kImagesMagic = 0x00000803;
 constexpr uint32_t kLabelsMagic = 0x00000801;
 
-// Reads the file through zlib (which passes plain files through unchanged).
+// A file read through zlib (which passes plain files through unchanged), in pieces: a
+// dataset with a limit is read only as far as its first `limit` images.
+class GzReader {
+ public:
+  explicit GzReader(const std::string& path) : path_(path) {
+    if (!PathExists(path)) Throw(ErrorKind::kNotFound, path + ": no such file");
+    f_ = gzopen(path.c_str(), "rb");
+    if (!f_) ThrowErrno("open " + path);
+    gzbuffer(f_, 1 << 17);
+  }
+  ~GzReader() { gzclose(f_); }
+  GzReader(const GzReader&) = delete;
+  GzReader& operator=(const GzReader&) = delete;
+
+  // Appends up to `bytes` more bytes to *out: fewer only at the end of the file. The string
+  // grows a piece at a time, so a header that claims more than the file holds costs no more
+  // memory than the file.
+  void Read(size_t bytes, std::string* out) {
+    constexpr size_t kPiece = size_t{1} << 22;
+    while (bytes > 0) {
+      const size_t at = out->size(), want = std::min(bytes, kPiece);
+      out->resize(at + want);
+      const int n = gzread(f_, out->data() + at, static_cast<unsigned>(want));
+      out->resize(at + static_cast<size_t>(std::max(n, 0)));
+      if (n <= 0 || static_cast<size_t>(n) < want) {
+        int err = 0;
+        const char* msg = gzerror(f_, &err);
+        if (n < 0 || (err != Z_OK && err != Z_STREAM_END))
+          Throw(ErrorKind::kInvalidInput, path_ + ": corrupt gzip stream (" + std::string(msg ? msg : "") + ")");
+        return;
+      }
+      bytes -= want;
+    }
+  }
+  // Appends the rest of the file to *out.
+  void ReadRest(std::string* out) { Read(std::numeric_limits<size_t>::max(), out); }
+
+ private:
+  std::string path_;
+  gzFile f_ = nullptr;
+};
+
 std::string ReadMaybeGz(const std::string& path) {
-  if (!PathExists(path)) Throw(ErrorKind::kNotFound, path + ": no such file");
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) ThrowErrno("open " + path);
   std::string out;
-  char buf[1 << 16];
-  int n;
-  while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  int err = 0;
-  const char* msg = gzerror(f, &err);
-  std::string m = msg ? msg : "";
-  gzclose(f);
-  if (n < 0 || (err != Z_OK && err != Z_STREAM_END))
-    Throw(ErrorKind::kInvalidInput, path + ": corrupt gzip stream (" + m + ")");
+  GzReader(path).ReadRest(&out);
   return out;
 }
 
@@ -113,7 +144,9 @@ std::vector<bool> StratifiedSplit(const std::vector<uint8_t>& labels, double fra
 }
 
 ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path, int64_t limit) {
-  std::string img = ReadMaybeGz(images_path);
+  GzReader images(images_path);
+  std::string img;
+  images.Read(16, &img);
   if (img.size() < 16)
     Throw(ErrorKind::kInvalidInput, images_path + ": " + std::to_string(img.size()) +
                                         " bytes; an IDX image file has a 16-byte header");
@@ -129,11 +162,22 @@ ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path,
     Throw(ErrorKind::kInvalidInput, images_path + ": image size " + std::to_string(s.rows) + "x" +
                                         std::to_string(s.cols) + " out of range (1..4096)");
   int64_t px = s.rows * s.cols;
-  int64_t have = static_cast<int64_t>(img.size() - 16);
-  if (have != n * px)
-    Throw(ErrorKind::kInvalidInput, images_path + ": body has " + std::to_string(have) + " bytes, header says " +
-                                        std::to_string(n) + " images of " + std::to_string(s.rows) + "x" +
-                                        std::to_string(s.cols) + " = " + std::to_string(n * px) + " bytes");
+  s.count = limit > 0 ? std::min(n, limit) : n;
+  const std::string shape = std::to_string(n) + " images of " + std::to_string(s.rows) + "x" + std::to_string(s.cols);
+  if (s.count < n) {  // only the first images are used: the rest is neither read nor checked
+    images.Read(static_cast<size_t>(s.count * px), &img);
+    const int64_t have = static_cast<int64_t>(img.size() - 16);
+    if (have < s.count * px)
+      Throw(ErrorKind::kInvalidInput, images_path + ": body has " + std::to_string(have) + " bytes, the first " +
+                                          std::to_string(s.count) + " images (the limit) need " +
+                                          std::to_string(s.count * px) + " (header says " + shape + ")");
+  } else {
+    images.ReadRest(&img);
+    const int64_t have = static_cast<int64_t>(img.size() - 16);
+    if (have != n * px)
+      Throw(ErrorKind::kInvalidInput, images_path + ": body has " + std::to_string(have) + " bytes, header says " +
+                                          shape + " = " + std::to_string(n * px) + " bytes");
+  }
   std::string lab = ReadMaybeGz(labels_path);
   if (lab.size() < 8)
     Throw(ErrorKind::kInvalidInput, labels_path + ": " + std::to_string(lab.size()) +
@@ -149,7 +193,6 @@ ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path,
   if (nl != n)
     Throw(ErrorKind::kInvalidInput, labels_path + ": " + std::to_string(nl) + " labels for " + std::to_string(n) +
                                         " images in " + images_path);
-  s.count = limit > 0 ? std::min(n, limit) : n;
   s.pixels.assign(img.begin() + 16, img.begin() + 16 + s.count * px);
   s.labels.assign(lab.begin() + 8, lab.begin() + 8 + s.count);
   return s;

@@ -44,6 +44,8 @@ std::vector<bool> StratifiedSplit(const std::vector<uint8_t>& labels, double fra
 
 // Reads the first `limit` (0 = all) images and labels. Throws kNotFound for a missing file,
 // kInvalidInput naming the file for a wrong magic, bad dims, a short body or a count mismatch.
+// With a limit below the header's count only the images it takes are read (and decompressed):
+// the body must hold them, and what follows them is not looked at.
 ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path, int64_t limit);
 
 // Writes an IDX image or label file (uncompressed) atomically; used by the data scripts/tests.
