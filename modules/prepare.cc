@@ -214,8 +214,13 @@ void Prepare(StepContext& c) {
     for (const workflow::SplitSource& src : splits) {
       const std::string& split = src.name();
       if (!digests.count(split)) {
-        digests[split] = src.Digest();
-        c.RememberDatasetDigest(split, digests[split]);
+        // Looking for reusable features may have hashed this split already (not twice).
+        if (const std::string* known = c.KnownDatasetDigest(split)) {
+          digests[split] = *known;
+        } else {
+          digests[split] = src.Digest();
+          c.RememberDatasetDigest(split, digests[split]);
+        }
         c.inputs["datasets"][split] = digests[split];
       }
       std::string key = workflow::FeaturesObject(bb_digest, digests[split]);

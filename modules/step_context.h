@@ -36,6 +36,11 @@ struct StepContext {
   const std::string& DatasetDigest(const std::string& split);
   // A digest computed from a split the step opened itself, kept for DatasetDigest and cached.
   void RememberDatasetDigest(const std::string& split, const std::string& digest);
+  // The split's digest if this step has it already (computed or from the cache), else null.
+  const std::string* KnownDatasetDigest(const std::string& split) const {
+    auto it = digests_.find(split);
+    return it == digests_.end() ? nullptr : &it->second;
+  }
   int digest_cache_hits() const { return digest_cache_hits_; }
   // This step's FPGA backend (task.fpga), opened on first use; rank 0 says which device it is
   // (and, for "auto" without OpenCL, why it is the CPU).
