@@ -92,9 +92,10 @@ void HeadBatch::Accumulate(const float* params, const float* x, const uint8_t* y
   const float* b1 = params + W * dim_;
   float* z1 = z1_.data();
   float* dz1 = dz1_.data();
-  // Every head's first layer: z1 = x * W1t^T + b1, one GEMM.
+  // Every head's first layer, z1 = x * W1t^T + b1: a GEMM per head (see the gradient below).
   for (int64_t i = 0; i < b; ++i) std::memcpy(z1 + i * W, b1, static_cast<size_t>(W) * sizeof(float));
-  Gemm(false, true, b, W, dim_, 1.f, x, dim_, w1t, dim_, 1.f, z1, W);
+  for (const Member& m : heads_)
+    Gemm(false, true, b, m.width, dim_, 1.f, x, dim_, w1t + m.column * dim_, dim_, 1.f, z1 + m.column, W);
   for (size_t k = 0; k < heads_.size(); ++k) {
     const Member& m = heads_[k];
     float* zk = z1 + m.column;
@@ -116,8 +117,14 @@ void HeadBatch::Accumulate(const float* params, const float* x, const uint8_t* y
     for (int64_t i = 0; i < b; ++i)
       for (int64_t j = 0; j < hid; ++j) dk[i * W + j] = zk[i * W + j] > 0.f ? dk[i * W + j] : 0.f;
   }
-  // Every head's first-layer gradient: dW1t += dz1^T x, one GEMM.
-  Gemm(true, false, W, dim_, b, 1.f, dz1, W, x, dim_, 1.f, grad, dim_);
+  // Every head's first-layer gradient, dW1t += dz1^T x: one GEMM per head. One GEMM over all W
+  // columns (here) or rows (above) does not sum every head's share in the order the head's own
+  // GEMM does on every CPU (oneDNN's AVX2 sgemm blocks a 552-wide product differently from a
+  // 128-wide one; its AVX-512 sgemm happened not to), and Adam turns such last-bit differences
+  // of near-zero gradients into whole steps: an MLP head's weights drifted 0.2 from the ones
+  // it gets alone. The heads still share the batch, its buffers and one optimiser pass.
+  for (const Member& m : heads_)
+    Gemm(true, false, m.width, dim_, b, 1.f, dz1 + m.column, W, x, dim_, 1.f, grad + m.column * dim_, dim_);
   AddColumnSums(dz1, b, W, W, grad + W * dim_);
 }
 

@@ -1,8 +1,10 @@
 // Heads trained together on the same batches (parallel/train_sync.cc): their first layers
-// stacked into one matrix, so that one GEMM computes every head's first layer for a batch and
-// one GEMM every head's first-layer gradient; the second layers of MLP heads (hidden x classes)
-// are small and go one head at a time. The heads share in_dim and classes (the same
-// backbone's features).
+// stacked into one matrix and one parameter vector, so that they share the batch, its buffers
+// and one optimiser pass per step; each head's first layer and its gradient are each one GEMM
+// of the head's own shape on the shared buffers (not one GEMM over all heads: its sums are not
+// every head's own on every CPU, see head_batch.cc), so every head gets bit for bit the
+// gradient it gets alone. The second layers of MLP heads (hidden x classes) go one head at a
+// time too. The heads share in_dim and classes (the same backbone's features).
 //
 // The batch's parameter vector, for heads k = 0..K-1 with first-layer widths w_k (classes for
 // softmax, hidden for mlp) and W = sum w_k:
