@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "common/error.h"
@@ -215,10 +216,40 @@ ExitStatus ChildProcess::Stop(int sig, double grace_s) {
   return Wait();
 }
 
+namespace {
+
+std::mutex released_mu;
+std::vector<pid_t>& Released() {
+  static std::vector<pid_t> pids;
+  return pids;
+}
+
+}  // namespace
+
 void ChildProcess::Release() {
   CloseOutput();
+  if (pid_ > 0 && !status_) {
+    std::lock_guard<std::mutex> lock(released_mu);
+    Released().push_back(pid_);
+  }
   pid_ = -1;
   status_.reset();
+}
+
+size_t ReapReleasedChildren() {
+  std::lock_guard<std::mutex> lock(released_mu);
+  auto& pids = Released();
+  std::vector<pid_t> running;
+  for (pid_t pid : pids) {
+    int st = 0;
+    pid_t r;
+    do {
+      r = ::waitpid(pid, &st, WNOHANG);
+    } while (r < 0 && errno == EINTR);
+    if (r == 0) running.push_back(pid);  // still running; ended (r == pid) or not ours any more (ECHILD): dropped
+  }
+  pids.swap(running);
+  return pids.size();
 }
 
 Captured RunCaptured(const std::vector<std::string>& argv, SpawnOptions opt, double timeout_s) {

@@ -61,7 +61,8 @@ class ChildProcess {
   void Signal(int sig);  // nothing once it has been reaped
   // Sends `sig`, waits up to `grace_s`, then SIGKILL; returns how it ended.
   ExitStatus Stop(int sig, double grace_s);
-  // Forgets the child: it runs on (a detached server); this object no longer reaps it.
+  // Forgets the child: it runs on (a detached server); this object no longer reaps it, and
+  // ReapReleasedChildren() does once it has ended.
   void Release();
 
  private:
@@ -70,6 +71,12 @@ class ChildProcess {
   int out_fd_ = -1, err_fd_ = -1;
   std::optional<ExitStatus> status_;
 };
+
+// Reaps the Release()d children that have ended, without blocking, so that a long-lived
+// process (a scaling study's runs, each starting a shared NAM server that stops on its own
+// later) leaves no zombies, and a zombie's pid never passes for a live server. Returns how
+// many released children are still running.
+size_t ReapReleasedChildren();
 
 // Runs argv to its end and returns its status and output. A program not on PATH gives exit
 // status 127 and says so in `err`, as a shell would; after `timeout_s` it is killed.

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/child_process.h"
 #include "common/error.h"
 #include "common/files.h"
 
@@ -41,6 +42,7 @@ SharedNamServer::SharedNamServer(const std::string& exe, const NamSpec& spec, co
   const int start_fd = LockFile(runs + "/nam-server.start", LOCK_EX);
   try {
     users_fd_ = LockFile(runs + "/nam-server.users", LOCK_SH);
+    ReapReleasedChildren();  // a server this process started for an earlier run may have stopped since
     nlohmann::json j;
     if (PathExists(ready)) j = nlohmann::json::parse(ReadFile(ready), nullptr, false);
     const bool serving = j.is_object() && j.contains("uri") && j["uri"].is_string() && j.contains("pid") &&
@@ -71,6 +73,7 @@ SharedNamServer::~SharedNamServer() {
 
 std::string SharedNamServer::Exited() {
   if (started_) return started_->Exited();
+  ReapReleasedChildren();  // else an ended server this process started stays a zombie, "alive" to kill()
   if (::kill(pid_, 0) == 0 || errno == EPERM) return "";
   return "is gone";
 }

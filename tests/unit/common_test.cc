@@ -13,6 +13,7 @@
 
 #include "common/child_process.h"
 #include "common/error.h"
+#include "common/files.h"
 #include "common/overlap.h"
 
 namespace msaflow {
@@ -173,8 +174,33 @@ TEST(ChildProcess, ADestroyedChildIsKilledAndReapedAReleasedOneRunsOn) {
   pid = r.pid();
   r.Release();
   EXPECT_EQ(::kill(pid, 0), 0);
+  EXPECT_EQ(ReapReleasedChildren(), 1u);  // running: left alone
+  EXPECT_EQ(::kill(pid, 0), 0);
   ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
+  for (int i = 0; i < 500 && ReapReleasedChildren() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_NE(::kill(pid, 0), 0);  // reaped: no zombie left behind
+}
+
+// What a scaling study does many times: a detached server that stops on its own later. Once
+// it has ended it is a zombie of this process (alive to kill(pid, 0)) until reaped.
+TEST(ChildProcess, AReleasedChildThatEndsIsReapedNotLeftAZombie) {
+  ChildProcess c = ChildProcess::Start({"true"});
+  const pid_t pid = c.pid();
+  c.Release();
+  auto state = [pid] {
+    try {
+      const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+      return stat.substr(stat.rfind(')') + 2, 1);
+    } catch (const Error&) {
+      return std::string("gone");
+    }
+  };
+  for (int i = 0; i < 500 && state() != "Z"; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(state(), "Z");
+  EXPECT_EQ(::kill(pid, 0), 0);  // why a zombie would pass for a live server
+  EXPECT_EQ(ReapReleasedChildren(), 0u);
+  EXPECT_EQ(state(), "gone");
+  EXPECT_NE(::kill(pid, 0), 0);
 }
 
 TEST(ChildProcess, TheDeathSignalEndsTheChildWithItsParent) {
