@@ -2,6 +2,7 @@
 #include <onnx/onnx_pb.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <omp.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -526,6 +527,34 @@ TEST(Head, LearnsAndIsDeterministic) {
     Head back = Head::Deserialize(a.config, 12, 3, a.Serialize());
     EXPECT_EQ(back.Logits(xt.data(), 5), a.Logits(xt.data(), 5));
     EXPECT_EQ(ErrorOf([&] { Head::Deserialize(a.config, 12, 3, a.Serialize().substr(4)); }).rfind("head weights: ", 0), 0u);
+  }
+}
+
+// An evaluate farm's rank runs with fewer threads than one rank alone: its logits, and so its
+// losses, must not depend on the thread count, nor on which rows share a call beyond its blocks.
+TEST(Head, LogitsDoNotDependOnTheThreadCount) {
+  const int64_t n = 1000, dim = 1280, classes = 10;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(static_cast<size_t>(n * dim));
+  for (auto& v : x) v = std::max(normal(rng), 0.f);  // post-ReLU features, as a backbone gives
+  std::vector<uint8_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) y[static_cast<size_t>(i)] = static_cast<uint8_t>(i % classes);
+  const int threads = omp_get_max_threads();
+  for (std::string type : {"softmax", "mlp"}) {
+    HeadConfig cfg;
+    cfg.type = type;
+    cfg.hidden = 128;
+    const Head h = InitHead(cfg, x.data(), y.data(), n, dim, classes);
+    omp_set_num_threads(1);
+    const auto one = h.Logits(x.data(), n);
+    omp_set_num_threads(2);
+    const auto two = h.Logits(x.data(), n);
+    omp_set_num_threads(threads);
+    EXPECT_EQ(one, two) << type;
+    const auto head = h.Logits(x.data(), 64), tail = h.Logits(x.data() + 64 * dim, n - 64);
+    EXPECT_TRUE(std::equal(head.begin(), head.end(), one.begin())) << type;
+    EXPECT_TRUE(std::equal(tail.begin(), tail.end(), one.begin() + 64 * classes)) << type;
   }
 }
 
