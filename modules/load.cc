@@ -44,6 +44,7 @@ void Load(StepContext& c) {
         c.Say(fmt::format("backbone {}: already in NAM ({})", bb.name, obj));
         continue;
       }
+      c.WorkAhead();
     } else {
       std::string model = ReadFile(bb.onnx);
       const auto& in = bb.input;
@@ -65,6 +66,7 @@ void Load(StepContext& c) {
         c.Say(fmt::format("backbone {}: already in NAM ({}, digest {})", bb.name, obj, digest));
         continue;
       }
+      c.WorkAhead();
       // Import, check every operator, cut at the feature layer, and dry-run one image.
       kernels::Graph g = kernels::ImportOnnx(model, bb.onnx, bb.feature_layer);
       workflow::CheckBackboneInput(g, bb);

@@ -202,6 +202,7 @@ void Prepare(StepContext& c) {
     c.comm->Barrier();
     return;
   }
+  c.WorkAhead();
   const int64_t part_bytes = FeaturesPartBytes();
   // Every split's labels, checked before anything is computed; the pixels are read per rank.
   const std::vector<workflow::SplitSource> splits = workflow::OpenSplits(c.pipeline());

@@ -16,6 +16,9 @@
 
 namespace msaflow::modules {
 
+// Thrown by StepContext::WorkAhead in a settled-only run; RunStepIfSettled catches it.
+struct Unsettled {};
+
 struct StepContext {
   workflow::TaskSpec task;
   std::unique_ptr<nam::Store> store;
@@ -25,6 +28,8 @@ struct StepContext {
   // The content keys of what the step read (rank 0's: {"backbones": {name: digest},
   // "datasets": {split: digest}}); its done object records them, and `msaflow why` compares them.
   nlohmann::json inputs = nlohmann::json::object();
+  // Set by RunStepIfSettled: the step may only finish what needs no computing (WorkAhead).
+  bool settled_only = false;
 
   const workflow::Pipeline& pipeline() const { return task.pipeline; }
   bool root() const { return comm->rank() == 0; }
@@ -42,6 +47,10 @@ struct StepContext {
     return it == digests_.end() ? nullptr : &it->second;
   }
   int digest_cache_hits() const { return digest_cache_hits_; }
+  // Called where the step is about to compute something (read images, import or run a
+  // backbone) or to write what it computed. In a settled-only run it throws Unsettled, before the step has
+  // written anything; otherwise it does nothing.
+  void WorkAhead() const;
   // This step's FPGA backend (task.fpga), opened on first use; rank 0 says which device it is
   // (and, for "auto" without OpenCL, why it is the CPU).
   kernels::fpga::Device& Fpga();

@@ -47,6 +47,7 @@ const std::string& StepContext::DatasetDigest(const std::string& split) {
       return digests_[split] = info->meta["digest"].get<std::string>();
     }
   }
+  WorkAhead();
   RememberDatasetDigest(split, workflow::OpenSplit(pipeline(), split).Digest());
   return digests_[split];
 }
@@ -57,6 +58,10 @@ void StepContext::RememberDatasetDigest(const std::string& split, const std::str
   const std::string stamp = workflow::SplitStamp(pipeline(), split);
   store->Put(workflow::DatasetDigestObject(stamp), stamp,
              {{"kind", "dataset-digest"}, {"split", split}, {"digest", digest}, {"stamp_size", stamp.size()}});
+}
+
+void StepContext::WorkAhead() const {
+  if (settled_only) throw Unsettled{};
 }
 
 kernels::fpga::Device& StepContext::Fpga() {
@@ -123,17 +128,9 @@ void CommitDone(StepContext& c, const std::string& step, const std::string& key,
 
 }  // namespace
 
-void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {
-  if (task.is_object() && task.contains("step") && task["step"].is_string() && task["step"] != step)
-    Throw(ErrorKind::kInvalidInput, "task is for step '" + task["step"].get<std::string>() + "', not '" + step + "'");
-  StepContext c;
-  c.task = workflow::ParseTask(task, "task");
-  auto recording = std::make_unique<nam::RecordingStore>(nam::OpenStore(c.task.nam));
-  nam::RecordingStore* recorded = recording.get();
-  c.store = std::move(recording);
-  c.comm = &comm;
-  c.out = out;
-  c.overlap = OverlapEnabled();
+namespace {
+
+void Dispatch(const std::string& step, StepContext& c) {
   if (step == "load") {
     Load(c);
   } else if (step == "prepare") {
@@ -149,7 +146,50 @@ void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm
   } else {
     Throw(ErrorKind::kInvalidInput, "unknown step '" + step + "' (expected load, prepare, train, store, evaluate, select)");
   }
+}
+
+void CheckTaskStep(const std::string& step, const nlohmann::json& task) {
+  if (task.is_object() && task.contains("step") && task["step"].is_string() && task["step"] != step)
+    Throw(ErrorKind::kInvalidInput, "task is for step '" + task["step"].get<std::string>() + "', not '" + step + "'");
+}
+
+}  // namespace
+
+void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {
+  CheckTaskStep(step, task);
+  StepContext c;
+  c.task = workflow::ParseTask(task, "task");
+  auto recording = std::make_unique<nam::RecordingStore>(nam::OpenStore(c.task.nam));
+  nam::RecordingStore* recorded = recording.get();
+  c.store = std::move(recording);
+  c.comm = &comm;
+  c.out = out;
+  c.overlap = OverlapEnabled();
+  Dispatch(step, c);
   CommitDone(c, step, workflow::TaskKey(task), *recorded);
+}
+
+bool RunStepIfSettled(const std::string& step, const nlohmann::json& task, nam::Store& store, std::FILE* out) {
+  if (step != "load" && step != "prepare") return false;
+  try {
+    CheckTaskStep(step, task);
+    parallel::SelfComm self;
+    StepContext c;
+    c.task = workflow::ParseTask(task, "task");
+    auto recording = std::make_unique<nam::RecordingStore>(store);
+    nam::RecordingStore* recorded = recording.get();
+    c.store = std::move(recording);
+    c.comm = &self;
+    c.out = out;
+    c.settled_only = true;
+    Dispatch(step, c);
+    CommitDone(c, step, workflow::TaskKey(task), *recorded);
+    return true;
+  } catch (const Unsettled&) {
+    return false;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 }  // namespace msaflow::modules

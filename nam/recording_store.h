@@ -14,7 +14,9 @@ namespace msaflow::nam {
 
 class RecordingStore : public Store {
  public:
-  explicit RecordingStore(std::unique_ptr<Store> inner) : inner_(std::move(inner)) {}
+  explicit RecordingStore(std::unique_ptr<Store> inner) : owned_(std::move(inner)), inner_(owned_.get()) {}
+  // Over a store the caller keeps (and keeps alive while this one is used).
+  explicit RecordingStore(Store& inner) : inner_(&inner) {}
   ObjectInfo Put(const std::string& name, std::string_view bytes, const nlohmann::json& meta) override {
     ObjectInfo info = inner_->Put(name, bytes, meta);
     std::lock_guard<std::mutex> lock(mu_);
@@ -53,7 +55,8 @@ class RecordingStore : public Store {
   uint64_t got_bytes() const { return got_bytes_; }
 
  private:
-  std::unique_ptr<Store> inner_;
+  std::unique_ptr<Store> owned_;
+  Store* inner_;
   mutable std::mutex mu_;
   std::vector<ObjectInfo> puts_;
   std::atomic<uint64_t> put_bytes_{0}, got_bytes_{0};

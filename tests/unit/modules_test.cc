@@ -22,6 +22,8 @@
 #include "parallel/comm.h"
 #include "nam/store.h"
 #include "workflow/candidates.h"
+#include "workflow/objects.h"
+#include "workflow/task.h"
 #include "orchestrator/machine.h"
 #include "workflow/pipeline.h"
 #include "orchestrator/planner.h"
@@ -112,6 +114,49 @@ TEST_F(TinyRound, RunsAllSteps) {
   for (const char* s : {"load", "prepare", "train", "store", "evaluate", "select"}) Step(s);
   json best = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
   EXPECT_GT(best["champion"]["accuracy"].get<double>(), 0.9);  // an easy problem
+}
+
+// The coordinator's shortcut: load and prepare run in-process only when they have nothing to
+// compute, and then write what the step's process would (summary, done object); otherwise
+// they write nothing at all.
+TEST_F(TinyRound, OnlyASettledStepRunsInTheCoordinator) {
+  std::FILE* sink = std::fopen("/dev/null", "w");
+  auto settled = [&](const orchestrator::RoundPlan& plan, const std::string& step) {
+    for (const auto& t : plan.tasks)
+      if (t.step == step) return modules::RunStepIfSettled(step, t.body, *store_, sink);
+    ADD_FAILURE() << "no task for " << step;
+    return false;
+  };
+  EXPECT_FALSE(settled(plan_, "load"));  // a fresh NAM: the backbone must be stored
+  EXPECT_TRUE(store_->List("").empty());
+  Step("load");
+  const size_t after_load = store_->List("").size();
+  EXPECT_FALSE(settled(plan_, "prepare"));  // no features yet, no cached dataset digest
+  EXPECT_EQ(store_->List("").size(), after_load);
+  Step("prepare");
+  EXPECT_FALSE(settled(plan_, "train"));  // training always computes
+  const auto round2 = orchestrator::PlanRound(pipeline_, machine_, "run1", nam_, 2, workflow::FirstRound(pipeline_), {});
+  EXPECT_TRUE(settled(round2, "load"));
+  EXPECT_TRUE(settled(round2, "prepare"));
+  for (const char* step : {"load", "prepare"}) {
+    const auto done = store_->Stat(workflow::TaskDoneObject("run1", 2, step));
+    ASSERT_TRUE(done) << step;
+    EXPECT_EQ(done->meta.value("key", ""), workflow::TaskKey(round2.tasks[step == std::string("load") ? 0 : 1].body));
+  }
+  const json summary = json::parse(store_->Get(workflow::PreparedObject("run1", 2)).bytes);
+  EXPECT_EQ(summary["computed"].size(), 0u);
+  EXPECT_EQ(summary["reused"].size(), 3u);  // pixels x train, validation, test
+  // A training file changed since its digest was cached: prepare must read it again.
+  std::vector<uint8_t> px(90 * 64, 7);
+  kernels::WriteIdxImages(dir_ + "/train-images", 90, 8, 8, px.data());
+  const auto round3 = orchestrator::PlanRound(pipeline_, machine_, "run1", nam_, 3, workflow::FirstRound(pipeline_), {});
+  const size_t before = store_->List("").size();
+  EXPECT_TRUE(settled(round3, "load"));
+  EXPECT_FALSE(settled(round3, "prepare"));
+  EXPECT_FALSE(store_->Stat(workflow::PreparedObject("run1", 3)));
+  EXPECT_FALSE(store_->Stat(workflow::TaskDoneObject("run1", 3, "prepare")));
+  EXPECT_EQ(store_->List("").size(), before + 1);  // round 3's load done object, nothing else
+  std::fclose(sink);
 }
 
 // Features stored as float16: half the NAM bytes, the same values to half precision, and a
