@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "common/files.h"
+#include "modules/steps.h"
 #include "orchestrator/fpga_preflight.h"
 #include "orchestrator/journal.h"
 #include "orchestrator/launcher.h"
@@ -135,6 +136,7 @@ int PlanOrRun(Options& o, bool plan) {
   opt.runs_dir = o.runs_dir;
   opt.run_id = o.run_id;
   opt.msaflow_exe = SelfExe();
+  opt.run_settled = modules::RunStepIfSettled;
   orchestrator::InstallInterruptHandlers();  // Ctrl-C / scancel of the coordinator: end what it started
   orchestrator::RunPipeline(p, m, opt, stdout);
   return 0;
@@ -268,6 +270,7 @@ int Why(Options& o) {
 int Resume(Options& o) {
   orchestrator::RunOptions opt;
   opt.msaflow_exe = SelfExe();
+  opt.run_settled = modules::RunStepIfSettled;
   orchestrator::InstallInterruptHandlers();
   orchestrator::ResumeRun(o.run_dir, opt, stdout);
   return 0;

@@ -15,6 +15,11 @@ void ProgressPrinter::RoundStart(int round, int64_t max_rounds, size_t fresh, si
 }
 
 void ProgressPrinter::TaskStart(const Task& t) {
+  if (t.module == "coordinator") {  // orchestrator/settled_tasks.h
+    bar_.Print(fmt::format("  {:<8} in the coordinator: nothing to compute, its outputs are in the NAM", t.step));
+    bar_.Start(t.step + " in the coordinator");
+    return;
+  }
   bar_.Print(fmt::format("  {:<8} on {:<3} ({} rank{}) ...", t.step, t.module, t.ranks, t.ranks > 1 ? "s" : ""));
   bar_.Start(t.step + " on " + t.module);
 }

@@ -272,7 +272,9 @@ class RunDriver {
                                   : before_.started.count(t.id) ? before_.started.at(t.id)
                                                                 : "";
       tasks.push_back(ProvenanceTask(t, done.is_object() ? done : json::object(),
-                                     skipped.count(t.id) ? "done by an earlier coordinator of the run" : "ran",
+                                     skipped.count(t.id) ? "done by an earlier coordinator of the run"
+                                     : here_.count(t.id) ? "ran in the coordinator: nothing to compute"
+                                                         : "ran",
                                      step_seconds.value(t.step, 0.0), started));
     }
     std::map<std::string, json> curves;  // the training curves of the candidates this round trained
@@ -333,7 +335,10 @@ class RunDriver {
       progress_.Tick();
       return NamServerGone();
     };
-    launcher.RunRound(todo, files, dir_ + "/logs", obs);
+    // Under Slurm every step runs in the round's job(s); locally, what has nothing to compute
+    // runs here without a process of its own.
+    const RoundPlan rest = m_.launcher == "slurm" ? todo : RunSettledTasks(todo, opt_.run_settled, *store_, dir_ + "/logs", obs, &here_);
+    if (!rest.tasks.empty()) launcher.RunRound(rest, files, dir_ + "/logs", obs);
     if (m_.launcher == "slurm" && first_start) {
       const double round_s = std::chrono::duration<double>(last_end - *first_start).count();
       const double queue_s = submitted ? std::chrono::duration<double>(*first_start - *submitted).count() : 0;
@@ -360,6 +365,7 @@ class RunDriver {
   std::unique_ptr<NamServerProcess> nam_server_;  // this run's own (under Slurm, or off loopback)
   std::unique_ptr<SharedNamServer> shared_nam_;   // or the runs directory's
   std::unique_ptr<nam::Store> store_;
+  std::set<std::string> here_;  // tasks the coordinator ran itself (RunSettledTasks)
   int round_ = 0;
   json slurm_times_;
   json provenance_ = json::array();             // one entry per round (orchestrator/provenance.h)

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "orchestrator/launcher.h"
+#include "orchestrator/settled_tasks.h"
 #include "orchestrator/machine.h"
 #include "orchestrator/nam_process.h"
 #include "orchestrator/rounds.h"
@@ -19,6 +20,9 @@ struct RunOptions {
   std::string msaflow_exe;  // started as `msaflow nam serve` when the run needs a NAM server
   std::string run_id;  // "" = <name>-<timestamp>-<random>
   bool verbose = false;
+  // Runs a step that has nothing to compute in the coordinator (orchestrator/settled_tasks.h);
+  // empty: every step is a process.
+  SettledRunner run_settled;
 };
 
 // Runs the pipeline to the end; returns the run directory. Progress goes to `out`.

@@ -94,12 +94,12 @@ int Attempt(const nlohmann::json& e) {
 
 void PrintTaskTable(const std::vector<TaskRow>& rows, std::FILE* out) {
   if (rows.empty()) return;
-  std::fprintf(out, "\n  %-14s %-6s %5s  %-11s %7s %8s  %s\n", "task", "module", "ranks", "state", "retries", "seconds",
+  std::fprintf(out, "\n  %-14s %-11s %5s  %-11s %7s %8s  %s\n", "task", "module", "ranks", "state", "retries", "seconds",
                "started (UTC)");
   for (const TaskRow& r : rows) {
     const std::string secs = r.seconds >= 0 ? fmt::format("{:.1f}", r.seconds) : "-";
     const std::string when = r.started.size() >= 19 ? r.started.substr(11, 8) : "-";
-    std::fprintf(out, "  %-14s %-6s %5d  %-11s %7d %8s  %s\n", r.task.c_str(), r.module.c_str(), r.ranks,
+    std::fprintf(out, "  %-14s %-11s %5d  %-11s %7d %8s  %s\n", r.task.c_str(), r.module.c_str(), r.ranks,
                  r.state.c_str(), r.retries, secs.c_str(), when.c_str());
   }
   std::fprintf(out, "\n");

@@ -101,6 +101,19 @@ class EndToEnd(unittest.TestCase):
                 lines = [json.loads(line) for line in f]
             self.assertEqual(lines[0]["format"], "msaflow.journal/1")
             self.assertEqual(lines[-1]["event"], "run-end")
+            # Round 2's load and prepare had nothing to compute: the coordinator ran them, no
+            # process was started for them, and they left their log and done object as usual.
+            here = [e["task"] for e in lines if e.get("event") == "task-in-coordinator"]
+            self.assertEqual(here, ["r2-load", "r2-prepare"])
+            starts = {e["task"]: e["module"] for e in lines if e.get("event") == "task-start"}
+            self.assertEqual(starts["r2-prepare"], "coordinator")
+            self.assertNotEqual(starts["r1-prepare"], "coordinator")
+            ends = {e["task"]: e for e in lines if e.get("event") == "task-end"}
+            self.assertTrue(ends["r2-prepare"]["key"])
+            self.assertEqual(ends["r2-prepare"]["ranks"][0]["rank"], 0)
+            with open(os.path.join(d, "e2e", "logs", "r2-prepare.log")) as f:
+                self.assertIn("every features object was there: no image read", f.read())
+            self.assertIn("prepare  in the coordinator: nothing to compute, its outputs are in the NAM", r.stdout)
             s = subprocess.run([EXE, "status", os.path.join(d, "e2e")], capture_output=True, text=True)
             self.assertEqual(s.returncode, 0)
             self.assertIn("state: finished: champion " + expect, s.stdout)
@@ -111,6 +124,9 @@ class EndToEnd(unittest.TestCase):
             with open(os.path.join(d, "e2e-again", "results.json")) as f:
                 again = json.load(f)
             self.assertEqual(again["rounds"][0]["features_computed"], 0)
+            with open(os.path.join(d, "e2e-again", "journal.jsonl")) as f:
+                here = [json.loads(line).get("task") for line in f if '"task-in-coordinator"' in line]
+            self.assertEqual(here, ["r1-load", "r1-prepare", "r2-load", "r2-prepare"])
             # Same pipeline, same seeds: the same champion configuration and accuracy.
             self.assertAlmostEqual(again["champion"]["accuracy"], res["champion"]["accuracy"])
             self.assertEqual(again["champion"]["candidate"]["id"], res["champion"]["candidate"]["id"])
