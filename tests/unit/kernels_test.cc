@@ -658,21 +658,41 @@ std::vector<Head> MixedHeads(const std::vector<float>& x, const std::vector<uint
   return heads;
 }
 
+// `heads` side by side on n rows of x (standardised by the first head's statistics): the
+// packed parameters and one Accumulate's gradient, losses and correct counts.
+struct AccumulatedBatch {
+  std::vector<float> xs, p, g;
+  std::unique_ptr<HeadBatch> batch;
+  std::vector<double> loss;
+  std::vector<int64_t> correct;
+};
+AccumulatedBatch Accumulate(const std::vector<Head>& heads, const std::vector<float>& x, const std::vector<uint8_t>& y,
+                            int64_t n, float scale) {
+  AccumulatedBatch a;
+  a.xs.resize(x.size());
+  heads[0].Standardize(x.data(), n, a.xs.data());
+  std::vector<const Head*> members;
+  for (const Head& h : heads) members.push_back(&h);
+  a.batch = std::make_unique<HeadBatch>(members, n);
+  a.p.resize(a.batch->size());
+  a.g.assign(a.batch->size(), 0.f);
+  a.batch->Pack(members, a.p.data());
+  a.loss.assign(heads.size(), 0.0);
+  a.correct.assign(heads.size(), 0);
+  a.batch->Accumulate(a.p.data(), a.xs.data(), y.data(), n, scale, a.g.data(), a.loss.data(), a.correct.data());
+  return a;
+}
+
 TEST(HeadBatch, GradientOfEveryHeadIsItsOwnAndMatchesFiniteDifferences) {
   std::vector<float> x;
   std::vector<uint8_t> y;
   Blobs(40, 9, 3, 3, &x, &y);
   std::vector<Head> heads = MixedHeads(x, y, 9, 1);
-  std::vector<float> xs(x.size());
-  heads[0].Standardize(x.data(), 40, xs.data());
-  std::vector<const Head*> members;
-  for (const Head& h : heads) members.push_back(&h);
-  HeadBatch batch(members, 40);
-  std::vector<float> p(batch.size()), g(batch.size(), 0.f);
-  batch.Pack(members, p.data());
-  std::vector<double> loss(4, 0.0);
-  std::vector<int64_t> correct(4, 0);
-  batch.Accumulate(p.data(), xs.data(), y.data(), 40, 1.f, g.data(), loss.data(), correct.data());
+  AccumulatedBatch a = Accumulate(heads, x, y, 40, 1.f);
+  HeadBatch& batch = *a.batch;
+  const std::vector<float>&xs = a.xs, &p = a.p, &g = a.g;
+  const std::vector<double>& loss = a.loss;
+  const std::vector<int64_t>& correct = a.correct;
   for (size_t k = 0; k < heads.size(); ++k) {
     // The head's own kernel (a batch of one, in Head::params order) gives the same gradient.
     GradientKernel one(heads[k], 40);
@@ -726,25 +746,16 @@ TEST(HeadBatch, ARoundsWideHeadsGetBitForBitTheGradientTheyGetAlone) {
     cfg.seed = static_cast<uint64_t>(k + 1);
     heads.push_back(InitHead(cfg, x.data(), y.data(), 64, 576, 10));
   }
-  std::vector<float> xs(x.size());
-  heads[0].Standardize(x.data(), 64, xs.data());
-  std::vector<const Head*> members;
-  for (const Head& h : heads) members.push_back(&h);
-  HeadBatch batch(members, 64);
-  std::vector<float> p(batch.size()), g(batch.size(), 0.f);
-  batch.Pack(members, p.data());
-  std::vector<double> loss(8, 0.0);
-  std::vector<int64_t> correct(8, 0);
-  batch.Accumulate(p.data(), xs.data(), y.data(), 64, 1.f / 64, g.data(), loss.data(), correct.data());
+  const AccumulatedBatch a = Accumulate(heads, x, y, 64, 1.f / 64);
   for (size_t k = 0; k < heads.size(); ++k) {
     GradientKernel one(heads[k], 64);
     std::vector<float> gk(heads[k].params.size(), 0.f);
     int64_t ck = 0;
-    EXPECT_EQ(one.Accumulate(heads[k], xs.data(), y.data(), 64, 1.f / 64, gk.data(), &ck), loss[k]) << "head " << k;
-    EXPECT_EQ(ck, correct[k]);
+    EXPECT_EQ(one.Accumulate(heads[k], a.xs.data(), y.data(), 64, 1.f / 64, gk.data(), &ck), a.loss[k]) << "head " << k;
+    EXPECT_EQ(ck, a.correct[k]);
     size_t from = 0, differ = 0;
-    for (const ParamBlock& blk : batch.Blocks(k))
-      for (size_t i = 0; i < blk.size; ++i, ++from) differ += g[blk.offset + i] != gk[from];
+    for (const ParamBlock& blk : a.batch->Blocks(k))
+      for (size_t i = 0; i < blk.size; ++i, ++from) differ += a.g[blk.offset + i] != gk[from];
     EXPECT_EQ(differ, 0u) << "head " << k << ": gradient entries not bit for bit its own";
   }
 }
