@@ -10,6 +10,7 @@
 // scikit-learn's side includes its StandardScaler.
 //
 //   bench_heads --data DIR [--reps 3] [--epochs 1,2,3,5,8,12,20] [--iterations 25,50,100]
+//               [--what adam,lbfgs,together]
 //
 // Adam runs at batch 64 / lr 1e-3 (the pipelines' default) and at larger batches with the
 // learning rate scaled with them (fewer, bigger GEMMs per epoch).
@@ -20,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -75,9 +77,9 @@ Trained TrainHeads(const std::vector<kernels::HeadConfig>& cfgs, const Split& tr
   parallel::SelfComm self;
   const auto t0 = Clock::now();
   for (const auto& cfg : cfgs) t.heads.push_back(kernels::InitHead(cfg, tr.x.data(), tr.y.data(), tr.n, dim, classes));
-  std::vector<float> xs(tr.x.size());
-  t.heads[0].Standardize(tr.x.data(), tr.n, xs.data());
-  const parallel::TrainData data{xs.data(), tr.y.data(), tr.n};
+  auto xs = std::make_unique_for_overwrite<float[]>(tr.x.size());  // written once, by Standardize
+  t.heads[0].Standardize(tr.x.data(), tr.n, xs.get());
+  const parallel::TrainData data{xs.get(), tr.y.data(), tr.n};
   if (together) {
     std::vector<kernels::Head*> members;
     for (auto& h : t.heads) members.push_back(&h);
@@ -99,11 +101,13 @@ double TestAccuracy(const kernels::Head& h, const Split& te) {
 int main(int argc, char** argv) {
   CLI::App app{"head training on real features (bench/versus.py runs it)"};
   std::string dir, epochs_list = "1,2,3,5,8,12,20", iters_list = "25,50,100";
+  std::string what = "adam,lbfgs,together";
   int reps = 3;
   app.add_option("--data", dir, "directory of meta.json and the raw features")->required();
   app.add_option("--reps", reps, "repetitions (median)");
   app.add_option("--epochs", epochs_list, "Adam epoch counts to try");
   app.add_option("--iterations", iters_list, "L-BFGS iteration caps to try");
+  app.add_option("--what", what, "which measurements, of adam,lbfgs,together (for profiling one)");
   CLI11_PARSE(app, argc, argv);
   return bench::ReportErrors("bench_heads", [&] {
     const auto meta = nlohmann::json::parse(ReadFile(dir + "/meta.json"));
@@ -131,24 +135,30 @@ int main(int argc, char** argv) {
     soft.batch = 64;
     soft.seed = 1;
     soft.data_seed = 1;
-    for (const auto& [batch, lr] : std::vector<std::pair<int64_t, double>>{{64, 1e-3}, {256, 4e-3}, {1024, 1e-2}})
-      for (int64_t e : Ints(epochs_list)) {
-        kernels::HeadConfig cfg = soft;
-        cfg.epochs = e;
-        cfg.batch = batch;
-        cfg.lr = lr;
-        Trained t = median_run({cfg}, false);
-        bench::PrintJsonLine({{"what", "adam"}, {"batch", batch}, {"lr", lr}, {"epochs", e},
-                                            {"seconds", t.seconds}, {"test_accuracy", TestAccuracy(t.heads[0], te)}});
-      }
-    for (int64_t it : Ints(iters_list)) {
-      kernels::HeadConfig cfg = soft;
-      cfg.optimizer = "lbfgs";
-      cfg.epochs = it;
-      Trained t = median_run({cfg}, false);
-      bench::PrintJsonLine({{"what", "lbfgs"}, {"iterations", it}, {"seconds", t.seconds},
-                                          {"test_accuracy", TestAccuracy(t.heads[0], te)}});
+    auto wanted = [&](const std::string& part) { return ("," + what + ",").find("," + part + ",") != std::string::npos; };
+    if (wanted("adam")) {
+      for (const auto& [batch, lr] : std::vector<std::pair<int64_t, double>>{{64, 1e-3}, {256, 4e-3}, {1024, 1e-2}})
+        for (int64_t e : Ints(epochs_list)) {
+          kernels::HeadConfig cfg = soft;
+          cfg.epochs = e;
+          cfg.batch = batch;
+          cfg.lr = lr;
+          Trained t = median_run({cfg}, false);
+          bench::PrintJsonLine({{"what", "adam"}, {"batch", batch}, {"lr", lr}, {"epochs", e},
+                                              {"seconds", t.seconds}, {"test_accuracy", TestAccuracy(t.heads[0], te)}});
+        }
     }
+    if (wanted("lbfgs")) {
+      for (int64_t it : Ints(iters_list)) {
+        kernels::HeadConfig cfg = soft;
+        cfg.optimizer = "lbfgs";
+        cfg.epochs = it;
+        Trained t = median_run({cfg}, false);
+        bench::PrintJsonLine({{"what", "lbfgs"}, {"iterations", it}, {"seconds", t.seconds},
+                                            {"test_accuracy", TestAccuracy(t.heads[0], te)}});
+      }
+    }
+    if (!wanted("together")) return;
     // A round's heads (the quickstart's grid: softmax and MLP-128, two learning rates, two l2).
     std::vector<kernels::HeadConfig> round;
     for (const char* type : {"softmax", "mlp"})

@@ -12,10 +12,18 @@
 #include "kernels/head_batch.h"
 
 namespace msaflow::kernels {
+namespace {
+// Below this many values a pass over features stays on the calling thread (Head::Logits calls
+// Standardize on 64-row blocks from its own threads).
+constexpr int64_t kParallelValues = int64_t{1} << 16;
+}  // namespace
+
 void Head::Standardize(const float* x, int64_t n, float* out) const {
+  const float* mu = mean.data();
+  const float* is = inv_std.data();
+#pragma omp parallel for schedule(static) if (n * in_dim >= kParallelValues)
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < in_dim; ++j)
-      out[i * in_dim + j] = (x[i * in_dim + j] - mean[static_cast<size_t>(j)]) * inv_std[static_cast<size_t>(j)];
+    for (int64_t j = 0; j < in_dim; ++j) out[i * in_dim + j] = (x[i * in_dim + j] - mu[j]) * is[j];
 }
 
 std::vector<ParamBlock> ParamLayout(const HeadConfig& cfg, int64_t in_dim, int64_t classes) {
@@ -143,16 +151,30 @@ Head InitHead(const HeadConfig& cfg, const float* x, const uint8_t* y, int64_t n
     h.params = init->params;
     return h;
   }
-  // Column means and variances in double, the rows read in order.
-  std::vector<double> s1(static_cast<size_t>(dim), 0.0), s2(static_cast<size_t>(dim), 0.0);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* xi = x + i * dim;
-    for (int64_t j = 0; j < dim; ++j) {
-      const double v = xi[j];
-      s1[static_cast<size_t>(j)] += v;
-      s2[static_cast<size_t>(j)] += v * v;
+  // Column means and variances in double: partial sums over fixed chunks of rows (the threads
+  // share out the chunks), added up in chunk order, so the sums do not depend on the threads.
+  constexpr int64_t kChunkRows = 512;
+  const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
+  std::vector<double> part(static_cast<size_t>(chunks * 2 * dim), 0.0);
+#pragma omp parallel for schedule(static) if (n * dim >= kParallelValues)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double* a = part.data() + c * 2 * dim;
+    double* q = a + dim;
+    for (int64_t i = c * kChunkRows; i < std::min(n, (c + 1) * kChunkRows); ++i) {
+      const float* xi = x + i * dim;
+      for (int64_t j = 0; j < dim; ++j) {
+        const double v = xi[j];
+        a[j] += v;
+        q[j] += v * v;
+      }
     }
   }
+  std::vector<double> s1(static_cast<size_t>(dim), 0.0), s2(static_cast<size_t>(dim), 0.0);
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t j = 0; j < dim; ++j) {
+      s1[static_cast<size_t>(j)] += part[static_cast<size_t>(c * 2 * dim + j)];
+      s2[static_cast<size_t>(j)] += part[static_cast<size_t>(c * 2 * dim + dim + j)];
+    }
   h.mean.assign(static_cast<size_t>(dim), 0.f);
   h.inv_std.assign(static_cast<size_t>(dim), 0.f);
   for (size_t j = 0; j < static_cast<size_t>(dim); ++j) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <memory>
 
 #include "common/error.h"
 #include "modules/features.h"
@@ -139,10 +140,10 @@ void Train(StepContext& c) {
       if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
       const Features& f = cache[cand.backbone];
       kernels::Head h = StartingHead(c, cand, f);
-      std::vector<float> xs(f.x.size());
-      h.Standardize(f.x.data(), f.n, xs.data());
+      auto xs = std::make_unique_for_overwrite<float[]>(f.x.size());  // written once, by Standardize
+      h.Standardize(f.x.data(), f.n, xs.get());
       parallel::PsOptions opt{layout.servers, mode == "hybrid" ? layout.groups : 0, layout.max_staleness, straggler};
-      const parallel::TrainStats st = parallel::TrainParameterServer(world, {xs.data(), f.labels.data(), f.n}, &h, opt);
+      const parallel::TrainStats st = parallel::TrainParameterServer(world, {xs.get(), f.labels.data(), f.n}, &h, opt);
       if (world.rank() == 0) staged(cand, f, h, st);
     }
   } else {
@@ -171,9 +172,9 @@ void Train(StepContext& c) {
                                                                       : parallel::Straggler{};
     for (const std::vector<size_t>& b : batches) {
       const Features& f = cache[cands[mine[b[0]]].backbone];
-      std::vector<float> xs(f.x.size());
-      heads[b[0]].Standardize(f.x.data(), f.n, xs.data());
-      const parallel::TrainData data{xs.data(), f.labels.data(), f.n};
+      auto xs = std::make_unique_for_overwrite<float[]>(f.x.size());  // written once, by Standardize
+      heads[b[0]].Standardize(f.x.data(), f.n, xs.get());
+      const parallel::TrainData data{xs.get(), f.labels.data(), f.n};
       std::vector<kernels::Head*> members;
       for (size_t k : b) members.push_back(&heads[k]);
       std::vector<parallel::TrainStats> stats;

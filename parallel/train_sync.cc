@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "kernels/head_batch.h"
+#include "parallel/sync_batches.h"
 #include "parallel/train.h"
 #include "parallel/train_util.h"
 
@@ -96,17 +97,16 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
   const size_t K = heads.size();
   const int N = comm.size(), r = comm.rank();
   Clock clock;
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 rng(ShuffleSeed(cfg.data_seed, 0));
-  const int64_t max_rows = (std::min(B, n) + N - 1) / N;
-  const int64_t per_epoch = (n + B - 1) / B;
+  SyncBatches batches(data, dim, B, cfg.epochs, cfg.data_seed, r, N);
+  const int64_t max_rows = batches.max_rows();
+  const int64_t per_epoch = batches.per_epoch();
   // The rank's threads share out the heads, each thread running its heads' GEMMs on its own:
   // a batch's GEMMs (tens of rows) are too small to split between threads (measured: 2
   // threads on one such GEMM are slower than 1), whole heads are not.
   // Every rank must split the heads alike (one allreduce per part), so rank 0's thread count
   // decides: ranks on nodes with other core counts or rank placements follow it.
-  int threads = std::max(1, omp_get_max_threads());
+  const int local_threads = std::max(1, omp_get_max_threads());
+  int threads = local_threads;
   if (N > 1) comm.Bcast(&threads, sizeof threads, 0);
   const size_t T = std::min(K, static_cast<size_t>(threads));
   OmpThreads single(1);
@@ -130,38 +130,48 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
     q.loss.resize(hs.size());
     q.correct.resize(hs.size());
   }
-  // Runs f on every part, a thread each; the first error is rethrown here.
-  auto each_part = [&](auto&& f) {
-#pragma omp parallel for num_threads(static_cast<int>(T)) schedule(static, 1)
-    for (size_t p = 0; p < T; ++p) {
+  // Runs f on every part and `beside` (if any) as one more piece of work, on a thread each
+  // where the rank has one to spare (else `beside` goes to the first thread done with its
+  // part); the first error is rethrown here. Which thread runs a part does not change its
+  // result: its GEMMs run on that one thread.
+  std::exception_ptr beside_error;
+  auto each_part = [&](auto&& f, auto* beside) {
+    const size_t work = T + (beside ? 1 : 0);
+    const int threads_here = static_cast<int>(std::min(work, static_cast<size_t>(std::max<int>(local_threads, T))));
+#pragma omp parallel for num_threads(threads_here) schedule(dynamic, 1)
+    for (size_t p = 0; p < work; ++p) {
       try {
-        f(parts[p]);
+        if (p < T) f(parts[p]);
+        else (*beside)();
       } catch (...) {
-        parts[p].error = std::current_exception();
+        (p < T ? parts[p].error : beside_error) = std::current_exception();
       }
     }
+    if (beside_error) std::rethrow_exception(beside_error);
     for (Part& q : parts)
       if (q.error) std::rethrow_exception(q.error);
   };
-  BatchBuffer batch(max_rows, dim);
   const bool slow = straggler.rank == r && straggler.factor > 1;
   int64_t updates = 0;
   std::vector<double> sums(2 * K);  // per head: loss, correct
+  if (batches.steps() > 0) batches.Gather(0);
   for (int64_t e = 0; e < cfg.epochs; ++e) {
-    std::shuffle(order.begin(), order.end(), rng);
     std::fill(sums.begin(), sums.end(), 0.0);
-    for (int64_t s = 0; s < n; s += B) {
+    for (int64_t t = e * per_epoch; t < (e + 1) * per_epoch; ++t) {
       auto t0 = std::chrono::steady_clock::now();
-      int64_t b = std::min(B, n - s);
-      int64_t lo = s + b * r / N, hi = s + b * (r + 1) / N;
-      batch.Gather(data, order.data() + lo, hi - lo, dim);
-      each_part([&](Part& q) {
+      const int64_t b = batches.Whole(t), rows = batches.Rows(t);
+      const BatchBuffer& batch = batches.Buffer(t);
+      auto gather_next = [&] {
+        if (t + 1 < batches.steps()) batches.Gather(t + 1);
+      };
+      auto accumulate = [&](Part& q) {
         std::fill(q.grad.begin(), q.grad.end(), 0.f);
         std::fill(q.loss.begin(), q.loss.end(), 0.0);
         std::fill(q.correct.begin(), q.correct.end(), 0);
-        q.kernel->Accumulate(q.params.data(), batch.x.data(), batch.y.data(), hi - lo, 1.f / static_cast<float>(b),
+        q.kernel->Accumulate(q.params.data(), batch.x.data(), batch.y.data(), rows, 1.f / static_cast<float>(b),
                              q.grad.data(), q.loss.data(), q.correct.data());
-      });
+      };
+      each_part(accumulate, &gather_next);  // the next batch is gathered while this one trains
       for (const Part& q : parts)
         for (size_t m = 0; m < q.members.size(); ++m) {
           sums[2 * q.members[m]] += q.loss[m];
@@ -170,11 +180,12 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
       if (slow && updates > 0) Straggle(t0, straggler.factor);  // not the warm-up step (train_ps.cc)
       for (Part& q : parts) comm.AllreduceSum(q.grad.data(), q.grad.size());  // MPI from this thread only
       ++updates;
-      each_part([&](Part& q) {
+      auto step = [&](Part& q) {
         for (auto& per_head : q.opts)
           for (kernels::Optimizer& o : per_head) o.Step(q.params.data() + o.lo(), q.grad.data() + o.lo());
         q.tail->Add(updates, q.params.data(), q.params.size());
-      });
+      };
+      each_part(step, static_cast<decltype(gather_next)*>(nullptr));
     }
     comm.AllreduceSum(sums.data(), sums.size());
     for (size_t k = 0; k < K; ++k)

@@ -5,8 +5,10 @@
 #include <omp.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include "common/error.h"
@@ -17,6 +19,7 @@
 #include "kernels/head.h"
 #include "kernels/head_batch.h"
 #include "kernels/lbfgs.h"
+#include "parallel/sync_batches.h"
 #include "parallel/train.h"
 #include "kernels/metrics.h"
 #include "kernels/onnx_graph.h"
@@ -787,6 +790,68 @@ TEST(HeadBatch, TrainingTogetherGivesEachHeadTheWeightsItGetsAlone) {
     EXPECT_GT(together[k].curve.back().accuracy, 0.9) << "head " << k;
   }
   EXPECT_NE(together[0].params, together[1].params);
+}
+
+// Sync training's batches: every epoch a fresh permutation of the rows, each batch shared out
+// between the ranks without overlap, the same for a seed whoever gathers them.
+TEST(SyncBatches, EveryEpochIsAPermutationSharedOutByTheRanks) {
+  const int64_t n = 103, dim = 3, B = 16, epochs = 2;
+  std::vector<float> x(static_cast<size_t>(n * dim));
+  std::vector<uint8_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i * dim)] = static_cast<float>(i);  // a row's own number
+  const parallel::TrainData data{x.data(), y.data(), n};
+  const int ranks = 3;
+  std::vector<parallel::SyncBatches> per_rank;
+  for (int r = 0; r < ranks; ++r) per_rank.emplace_back(data, dim, B, epochs, 7, r, ranks);
+  ASSERT_EQ(per_rank[0].steps(), epochs * 7);
+  EXPECT_EQ(per_rank[0].max_rows(), 6);  // 16 rows over 3 ranks
+  std::vector<std::vector<int64_t>> epoch_rows(epochs);
+  for (int64_t t = 0; t < per_rank[0].steps(); ++t) {
+    int64_t shared = 0;
+    for (auto& b : per_rank) {
+      b.Gather(t);
+      for (int64_t i = 0; i < b.Rows(t); ++i)
+        epoch_rows[static_cast<size_t>(t / 7)].push_back(static_cast<int64_t>(b.Buffer(t).x[static_cast<size_t>(i * dim)]));
+      shared += b.Rows(t);
+    }
+    EXPECT_EQ(shared, per_rank[0].Whole(t)) << "step " << t;
+    EXPECT_EQ(per_rank[0].Whole(t), t % 7 == 6 ? n - 6 * B : B);
+  }
+  for (auto rows : epoch_rows) {
+    std::sort(rows.begin(), rows.end());
+    std::vector<int64_t> all(static_cast<size_t>(n));
+    std::iota(all.begin(), all.end(), 0);
+    EXPECT_EQ(rows, all);
+  }
+  EXPECT_NE(epoch_rows[0], epoch_rows[1]);
+  parallel::SyncBatches again(data, dim, B, epochs, 7, 0, ranks);
+  EXPECT_EQ(ErrorOf([&] { again.Gather(1); }), "sync batches gathered out of order");
+}
+
+// The next batch is gathered on a spare thread while this one trains, and the feature
+// statistics are summed by threads: none of it may change a bit of the weights.
+TEST(TrainSync, OneThreadAndTwoGiveTheSameWeights) {
+  std::vector<float> x;
+  std::vector<uint8_t> y;
+  Blobs(2000, 64, 3, 12, &x, &y);  // 128,000 values: the statistics' threads share them out
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<Head>> trained;
+  for (int t : {1, 2}) {
+    omp_set_num_threads(t);
+    std::vector<Head> heads = MixedHeads(x, y, 64, 2);
+    std::vector<float> xs(x.size());
+    heads[0].Standardize(x.data(), 2000, xs.data());
+    parallel::SelfComm self;
+    for (Head& h : heads) parallel::TrainSync(self, {xs.data(), y.data(), 2000}, &h);
+    trained.push_back(std::move(heads));
+  }
+  omp_set_num_threads(threads);
+  for (size_t k = 0; k < trained[0].size(); ++k) {
+    EXPECT_EQ(trained[0][k].mean, trained[1][k].mean) << "head " << k;
+    EXPECT_EQ(trained[0][k].inv_std, trained[1][k].inv_std) << "head " << k;
+    EXPECT_EQ(trained[0][k].params, trained[1][k].params) << "head " << k;
+    EXPECT_GT(trained[0][k].curve.back().accuracy, 0.9) << "head " << k;
+  }
 }
 
 TEST(HeadBatch, OnlyHeadsOnTheSameBatchesTrainTogether) {
