@@ -20,6 +20,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+import cpu  # noqa: E402
 from workdir import work_directory  # noqa: E402
 
 VARIANTS = [("f32", {}, {}),
@@ -74,6 +75,10 @@ def main():
             # the f32 run's prepare is not the only one reading them from disk.
             run(a.msaflow, work, f"{name}-warmup", absolute(json.loads(path.read_text()), path.parent))
             for label, onnx_change, pixels_change in VARIANTS:
+                why = cpu.missing_for(onnx_change.get("precision", "f32"))
+                if why:
+                    print(f"  {label:<14} not run: {why}")
+                    continue
                 doc = absolute(json.loads(path.read_text()), path.parent)
                 for bb in doc["backbones"]:
                     bb.update(pixels_change if bb.get("kind") == "pixels" else onnx_change)

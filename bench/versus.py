@@ -40,6 +40,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 import baseline  # noqa: E402
+import cpu  # noqa: E402
 from workdir import work_directory  # noqa: E402
 
 MODEL = ROOT / "models" / "mobilenet_v2.onnx"
@@ -118,15 +119,6 @@ def features_side(a, work, backbone):
     err = float(np.abs(got - ref).max() / np.abs(ref).max())
     return {"name": name, "msaflow": ms["images_per_s"], "torch": len(x) / torch_s, "error": err, "flops": flops,
             "gflops": ms["sgemm_gflops"], "channels_last": best_format}
-
-
-def has_vnni():
-    """Whether this CPU has the VNNI instructions the int8 executor needs (Linux: /proc/cpuinfo)."""
-    try:
-        flags = pathlib.Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 def executor_settings(a, work):
@@ -260,7 +252,7 @@ def main():
         # The same with the executor in int8 (ranges calibrated by the load step), where the CPU
         # has the VNNI instructions msaflow's int8 path needs (its load step refuses it elsewhere).
         wall_i8 = res_i8 = None
-        if has_vnni():
+        if cpu.missing_for("int8") is None:
             _, _, wall_i8, res_i8 = run_job(a.msaflow, work, a.rows, a.test_rows, rounds=1, tag="-int8",
                                             precision="int8")
         # The same one-round job on 1/4 and 1/2 of the data: how time and memory grow to 4x.
@@ -345,7 +337,7 @@ def main():
               f"(validation {champ['accuracy']:.4f}); script {script['champion']} {script['test']:.4f} "
               f"(validation {script['validation']:.4f}); the script's features took {script['features_s']:.1f} s")
         if wall_i8 is None:
-            print("  whole job with the int8 executor: not run, this CPU has no VNNI (AVX512_VNNI or AVX-VNNI)")
+            print(f"  whole job with the int8 executor: not run, {cpu.missing_for('int8')}")
         else:
             r = script["seconds"] / wall_i8
             line("whole job, 1 round, int8 executor, vs the script", f"{wall_i8:.1f} s",
