@@ -13,17 +13,22 @@
 
 namespace msaflow::kernels {
 namespace {
-// Below this many values a pass over features stays on the calling thread (Head::Logits calls
-// Standardize on 64-row blocks from its own threads).
+// Below this many values a pass over features stays on the calling thread.
 constexpr int64_t kParallelValues = int64_t{1} << 16;
+
+// Rows [lo, hi) of x standardised into out, on the calling thread.
+void StandardizeRows(const Head& h, const float* x, int64_t lo, int64_t hi, float* out) {
+  const int64_t d = h.in_dim;
+  const float* mu = h.mean.data();
+  const float* is = h.inv_std.data();
+  for (int64_t i = lo; i < hi; ++i)
+    for (int64_t j = 0; j < d; ++j) out[i * d + j] = (x[i * d + j] - mu[j]) * is[j];
+}
 }  // namespace
 
 void Head::Standardize(const float* x, int64_t n, float* out) const {
-  const float* mu = mean.data();
-  const float* is = inv_std.data();
 #pragma omp parallel for schedule(static) if (n * in_dim >= kParallelValues)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < in_dim; ++j) out[i * in_dim + j] = (x[i * in_dim + j] - mu[j]) * is[j];
+  for (int64_t i = 0; i < n; ++i) StandardizeRows(*this, x, i, i + 1, out);
 }
 
 std::vector<ParamBlock> ParamLayout(const HeadConfig& cfg, int64_t in_dim, int64_t classes) {
@@ -74,7 +79,7 @@ std::vector<float> Head::Logits(const float* x, int64_t n) const {
       try {
         const int64_t lo = blk * kLogitsBlock, b = std::min(kLogitsBlock, n - lo);
         float* y = out.data() + lo * classes;
-        Standardize(x + lo * in_dim, b, xs.data());
+        StandardizeRows(*this, x + lo * in_dim, 0, b, xs.data());  // this thread's block: no nested team
         if (!mlp) {
           dense_t(xs.data(), b, in_dim, at(0), at(1), classes, y);
           continue;

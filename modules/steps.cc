@@ -153,37 +153,36 @@ void CheckTaskStep(const std::string& step, const nlohmann::json& task) {
     Throw(ErrorKind::kInvalidInput, "task is for step '" + task["step"].get<std::string>() + "', not '" + step + "'");
 }
 
-}  // namespace
-
-void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {
+// Runs the step as this rank of `comm`, over `store` when given (else the task's NAM), and
+// commits its done object; settled_only as in StepContext.
+void Execute(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out,
+             nam::Store* store, bool settled_only) {
   CheckTaskStep(step, task);
   StepContext c;
   c.task = workflow::ParseTask(task, "task");
-  auto recording = std::make_unique<nam::RecordingStore>(nam::OpenStore(c.task.nam));
+  auto recording = store ? std::make_unique<nam::RecordingStore>(*store)
+                         : std::make_unique<nam::RecordingStore>(nam::OpenStore(c.task.nam));
   nam::RecordingStore* recorded = recording.get();
   c.store = std::move(recording);
   c.comm = &comm;
   c.out = out;
   c.overlap = OverlapEnabled();
+  c.settled_only = settled_only;
   Dispatch(step, c);
   CommitDone(c, step, workflow::TaskKey(task), *recorded);
+}
+
+}  // namespace
+
+void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {
+  Execute(step, task, comm, out, nullptr, false);
 }
 
 bool RunStepIfSettled(const std::string& step, const nlohmann::json& task, nam::Store& store, std::FILE* out) {
   if (step != "load" && step != "prepare") return false;
   try {
-    CheckTaskStep(step, task);
     parallel::SelfComm self;
-    StepContext c;
-    c.task = workflow::ParseTask(task, "task");
-    auto recording = std::make_unique<nam::RecordingStore>(store);
-    nam::RecordingStore* recorded = recording.get();
-    c.store = std::move(recording);
-    c.comm = &self;
-    c.out = out;
-    c.settled_only = true;
-    Dispatch(step, c);
-    CommitDone(c, step, workflow::TaskKey(task), *recorded);
+    Execute(step, task, self, out, &store, true);
     return true;
   } catch (const Unsettled&) {
     return false;

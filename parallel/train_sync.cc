@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <chrono>
 #include <numeric>
@@ -130,19 +131,19 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
     q.loss.resize(hs.size());
     q.correct.resize(hs.size());
   }
-  // Runs f on every part and `beside` (if any) as one more piece of work, on a thread each
+  // Runs f on every part and `beside` (if given) as one more piece of work, on a thread each
   // where the rank has one to spare (else `beside` goes to the first thread done with its
   // part); the first error is rethrown here. Which thread runs a part does not change its
   // result: its GEMMs run on that one thread.
   std::exception_ptr beside_error;
-  auto each_part = [&](auto&& f, auto* beside) {
+  auto each_part = [&](auto&& f, const std::function<void()>& beside = {}) {
     const size_t work = T + (beside ? 1 : 0);
     const int threads_here = static_cast<int>(std::min(work, static_cast<size_t>(std::max<int>(local_threads, T))));
 #pragma omp parallel for num_threads(threads_here) schedule(dynamic, 1)
     for (size_t p = 0; p < work; ++p) {
       try {
         if (p < T) f(parts[p]);
-        else (*beside)();
+        else beside();
       } catch (...) {
         (p < T ? parts[p].error : beside_error) = std::current_exception();
       }
@@ -161,7 +162,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
       auto t0 = std::chrono::steady_clock::now();
       const int64_t b = batches.Whole(t), rows = batches.Rows(t);
       const BatchBuffer& batch = batches.Buffer(t);
-      auto gather_next = [&] {
+      const std::function<void()> gather_next = [&] {
         if (t + 1 < batches.steps()) batches.Gather(t + 1);
       };
       auto accumulate = [&](Part& q) {
@@ -171,7 +172,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
         q.kernel->Accumulate(q.params.data(), batch.x.data(), batch.y.data(), rows, 1.f / static_cast<float>(b),
                              q.grad.data(), q.loss.data(), q.correct.data());
       };
-      each_part(accumulate, &gather_next);  // the next batch is gathered while this one trains
+      each_part(accumulate, gather_next);  // the next batch is gathered while this one trains
       for (const Part& q : parts)
         for (size_t m = 0; m < q.members.size(); ++m) {
           sums[2 * q.members[m]] += q.loss[m];
@@ -185,7 +186,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
           for (kernels::Optimizer& o : per_head) o.Step(q.params.data() + o.lo(), q.grad.data() + o.lo());
         q.tail->Add(updates, q.params.data(), q.params.size());
       };
-      each_part(step, static_cast<decltype(gather_next)*>(nullptr));
+      each_part(step);
     }
     comm.AllreduceSum(sums.data(), sums.size());
     for (size_t k = 0; k < K; ++k)
