@@ -6,8 +6,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -26,6 +28,22 @@ std::string Tail(const std::string& path) {
     return s;
   } catch (const Error&) {
     return "(no log)";
+  }
+}
+
+// Waits (at most timeout_s) until Slurm is done with the job: not queued, running or still
+// cleaning up (COMPLETING) once its srun has ended, so that the coordinator leaves nothing of
+// its run in the queue (as slurm.cc does for a round's jobs when interrupted).
+void WaitUntilOutOfQueue(const std::string& job, double timeout_s) {
+  static const std::set<std::string> kActive = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING",
+                                                "SIGNALING", "STAGE_OUT",  "SUSPENDED"};
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < give_up) {
+    const Captured q = RunCaptured({"squeue", "-h", "-j", job, "-o", "%T"}, {}, 5);
+    std::string state = q.out;
+    while (!state.empty() && (state.back() == '\n' || state.back() == ' ')) state.pop_back();
+    if (q.timed_out || !kActive.count(state)) return;  // ended, purged (no state) or squeue unusable
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
@@ -109,7 +127,10 @@ NamServerProcess::~NamServerProcess() {
     // Under Slurm, SIGTERM to srun would kill the step outright; signal the server itself,
     // so that it stops cleanly and its step, then srun, end.
     RunCaptured({"scancel", "--signal=TERM", slurm_job_}, {}, 10);
-    if (child_.WaitFor(10)) return;
+    if (child_.WaitFor(10)) {
+      WaitUntilOutOfQueue(slurm_job_, 10);
+      return;
+    }
   }
   child_.Stop(SIGTERM, 10);
 }
