@@ -139,7 +139,8 @@ class KillChain(RunChecks):
                     break
                 try:
                     proc.wait(timeout=rng.uniform(0.2, 4.0))
-                    self.assertEqual(proc.returncode, 0, f"chain {chains} failed; see {log}")
+                    with open(log) as f:
+                        self.assertEqual(proc.returncode, 0, f"chain {chains} failed:\n{f.read()[-3000:]}")
                     break  # it finished before the kill
                 except subprocess.TimeoutExpired:
                     pass
