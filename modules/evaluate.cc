@@ -150,6 +150,7 @@ void Evaluate(StepContext& c) {
                               {"ranks", comm.size()},
                               {"workers", workers},
                               {"tasks", n_tasks},
+                              {"shards", shards},  // per candidate: what select merges
                               {"wall_s", wall_max},
                               {"utilisation", held > 0 ? busy_sum / held : 0.0},
                               {"overhead_per_task_ms", n_tasks ? 1e3 * (held - busy_sum) / static_cast<double>(n_tasks) : 0.0},

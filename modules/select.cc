@@ -22,18 +22,47 @@ namespace {
 
 using nlohmann::json;
 
-// One candidate's merged result, written to the NAM.
-json MergeCandidate(StepContext& c, const workflow::Candidate& cand) {
+// How many shards evaluate wrote per candidate, from its summary (summaries written before
+// they said so give it as tasks / candidates). Select merges exactly those: never the shards
+// of an earlier evaluate that split the test set otherwise.
+int64_t EvaluatedShards(StepContext& c) {
+  const auto& t = c.task;
+  const std::string name = workflow::EvaluatedObject(t.run, t.round);
+  json s = json::parse(c.store->Get(name).bytes, nullptr, false);
+  const std::string where = "NAM object '" + name + "'";
+  if (s.is_object() && s.contains("shards")) {
+    if (!s["shards"].is_number_integer() || s["shards"].get<int64_t>() < 1)
+      Throw(ErrorKind::kCorrupt, where + ": 'shards' is not a count of at least 1");
+    return s["shards"].get<int64_t>();
+  }
+  if (!s.is_object() || !s.contains("tasks") || !s["tasks"].is_number_integer() || t.candidates.empty() ||
+      s["tasks"].get<int64_t>() % static_cast<int64_t>(t.candidates.size()) != 0)
+    Throw(ErrorKind::kCorrupt, where + ": not an evaluate summary of these " + std::to_string(t.candidates.size()) +
+                                   " candidates (expected 'shards', or 'tasks' a multiple of them)");
+  return s["tasks"].get<int64_t>() / static_cast<int64_t>(t.candidates.size());
+}
+
+// One candidate's merged result, written to the NAM. Its shards are removed only once select's
+// done object is committed, so a select killed half-way finds them all when it runs again.
+json MergeCandidate(StepContext& c, const workflow::Candidate& cand, int64_t shards) {
   const auto& t = c.task;
   kernels::Metrics total, test;
   bool has_test = false;
   std::string split = "test";
-  auto parts = c.store->List(workflow::EvalPrefix(t.run, t.round, cand.id));
-  if (parts.empty()) Throw(ErrorKind::kNotFound, "select: no evaluation results for candidate " + cand.id);
+  std::vector<std::string> parts;
+  for (int64_t s = 0; s < shards; ++s) parts.push_back(workflow::EvalObject(t.run, t.round, cand.id, s));
   for (const auto& part : parts) {
-    nam::Object o = c.store->Get(part.name);
+    nam::Object o;
+    try {
+      o = c.store->Get(part);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kNotFound) throw;
+      Throw(ErrorKind::kNotFound, "select: no evaluation result for candidate " + cand.id + " (NAM object '" + part +
+                                      "', shard " + part.substr(part.rfind('/') + 1) + " of " +
+                                      std::to_string(shards) + ")");
+    }
     json j = json::parse(o.bytes, nullptr, false);
-    const std::string where = "NAM object '" + part.name + "'";
+    const std::string where = "NAM object '" + part + "'";
     total.Merge(MetricsFromJson(j, where));
     if (j.is_object() && j.contains("split") && j["split"].is_string()) split = j["split"];
     if (j.is_object() && j.contains("test")) {
@@ -51,7 +80,7 @@ json MergeCandidate(StepContext& c, const workflow::Candidate& cand) {
   res["shards"] = parts.size();
   std::string rname = workflow::ResultObject(t.run, t.round, cand.id);
   c.store->Put(rname, res.dump(), {{"kind", "result"}});
-  for (const auto& part : parts) c.store->Remove(part.name);
+  for (const auto& part : parts) c.RemoveOnceDone(part);
   json entry = {{"candidate", workflow::ToJson(cand)}, {"model", model}, {"result", rname},
                 {"accuracy", total.accuracy()},        {"loss", total.loss()}, {"round", t.round}, {"split", split}};
   if (has_test) entry["test"] = {{"accuracy", test.accuracy()}, {"loss", test.loss()}};
@@ -85,9 +114,10 @@ void Select(StepContext& c) {
     return static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), id) - sorted.begin());
   };
   json mine = json::array();
+  const int64_t shards = t.candidates.empty() ? 0 : EvaluatedShards(c);
   for (size_t i = 0; i < t.candidates.size(); ++i)
     if (static_cast<int>(i % static_cast<size_t>(comm.size())) == comm.rank())
-      mine.push_back(MergeCandidate(c, t.candidates[i]));
+      mine.push_back(MergeCandidate(c, t.candidates[i], shards));
   if (c.root())
     for (const auto& k : t.kept) mine.push_back(KeptEntry(c, k));
   parallel::ArgMax best_here;

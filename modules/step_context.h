@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/fpga/cost_model.h"
 #include "kernels/fpga/device.h"
@@ -58,12 +59,19 @@ struct StepContext {
   // What the results say about the FPGA: backend asked for, device used, the fallback notice,
   // the Slurm job and node it ran on.
   nlohmann::json FpgaReport() const;
+  // Removes `name` from the NAM once the step's done object is committed, not before: a step
+  // that consumes its inputs (select merging the evaluation shards) can then be killed at any
+  // moment and simply run again. A kill between the commit and the removal leaves the object
+  // behind, unread.
+  void RemoveOnceDone(std::string name) { remove_once_done_.push_back(std::move(name)); }
+  const std::vector<std::string>& remove_once_done() const { return remove_once_done_; }
 
  private:
   std::map<std::string, std::string> digests_;
   int digest_cache_hits_ = 0;
   std::unique_ptr<kernels::fpga::Device> fpga_;
   std::string fpga_notice_;
+  std::vector<std::string> remove_once_done_;
 };
 
 void Load(StepContext& c);

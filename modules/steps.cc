@@ -95,7 +95,8 @@ namespace {
 
 // The step's last commit: every rank's outputs, gathered to rank 0, which puts the done object.
 // Until it exists the task counts as not done, so a step killed at any moment runs again on
-// resume, and one that got this far never does.
+// resume, and one that got this far never does. What the ranks consumed (RemoveOnceDone) is
+// removed after it, so a step run again still finds its inputs.
 void CommitDone(StepContext& c, const std::string& step, const std::string& key, const nam::RecordingStore& rec) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
@@ -107,15 +108,19 @@ void CommitDone(StepContext& c, const std::string& step, const std::string& key,
   nlohmann::json mine = {{"rank", c.comm->rank()},       {"host", host},
                          {"put_bytes", rec.put_bytes()}, {"got_bytes", rec.got_bytes()},
                          {"max_rss_kib", ru.ru_maxrss},  {"minor_faults", ru.ru_minflt},
-                         {"cpu_s", cpu_s},               {"puts", nlohmann::json::array()}};
+                         {"cpu_s", cpu_s},               {"puts", nlohmann::json::array()},
+                         {"remove", c.remove_once_done()}};
   for (const auto& i : rec.Puts()) mine["puts"].push_back({{"name", i.name}, {"size", i.size}, {"checksum", i.checksum}});
   std::vector<std::string> all = c.comm->Gather(mine.dump(), 0);
   if (!c.root()) return;
   nlohmann::json outputs = nlohmann::json::array(), ranks = nlohmann::json::array();
+  std::vector<std::string> consumed;
   for (const auto& text : all) {
     nlohmann::json r = nlohmann::json::parse(text);
     for (auto& o : r["puts"]) outputs.push_back(std::move(o));
+    for (const auto& n : r["remove"]) consumed.push_back(n.get<std::string>());
     r.erase("puts");
+    r.erase("remove");
     ranks.push_back(std::move(r));
   }
   const std::string id = "r" + std::to_string(c.task.round) + "-" + step;
@@ -124,6 +129,7 @@ void CommitDone(StepContext& c, const std::string& step, const std::string& key,
                               {"ranks", ranks}, {"outputs", outputs}}
                    .dump(),
                {{"task", id}, {"step", step}, {"key", key}, {"outputs", outputs.size()}});
+  for (const auto& n : consumed) c.store->Remove(n);
 }
 
 }  // namespace

@@ -278,6 +278,45 @@ TEST_F(TinyRound, AFailedPutLeavesNoModelAndTheStepCanBeRetried) {
   EXPECT_EQ(store_->List("model/").size(), 2u);
 }
 
+// Select consumes the evaluation shards; a select that fails (or is killed) after merging them
+// must find them all when it runs again, and they go only once it is done.
+TEST_F(TinyRound, ASelectFailedAfterMergingRunsAgainToTheSameChampion) {
+  for (const char* s : {"load", "prepare", "train", "store", "evaluate"}) Step(s);
+  const size_t shards = store_->List("eval/").size();
+  ASSERT_GE(shards, 2u);
+  Faults(R"([{"op": "put", "prefix": "best/", "action": "fail", "nth": 1}])");
+  std::string what;
+  EXPECT_EQ(StepFails("select", &what), ErrorKind::kUnavailable) << what;
+  EXPECT_FALSE(store_->Stat(workflow::TaskDoneObject("run1", 1, "select")));
+  EXPECT_EQ(store_->List("result/").size(), 2u);     // it got as far as the merged results
+  EXPECT_EQ(store_->List("eval/").size(), shards);   // and consumed none of the shards
+  ::unsetenv("MSAFLOW_NAM_FAULTS");
+  Step("select");
+  json best = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
+  EXPECT_GT(best["champion"]["accuracy"].get<double>(), 0.9);
+  EXPECT_EQ(best["champion"]["round"], 1);
+  EXPECT_TRUE(store_->List("eval/").empty());  // consumed once select was done
+  EXPECT_TRUE(store_->Stat(workflow::TaskDoneObject("run1", 1, "select")));
+}
+
+// Shards left by an earlier evaluate that split the test set more finely are not merged.
+TEST_F(TinyRound, SelectMergesOnlyTheShardsEvaluateWrote) {
+  for (const char* s : {"load", "prepare", "train", "store", "evaluate"}) Step(s);
+  json summary = json::parse(store_->Get(workflow::EvaluatedObject("run1", 1)).bytes);
+  const int64_t shards = summary["shards"].get<int64_t>();
+  const std::string cand = plan_.tasks.back().body["candidates"][0]["id"];
+  int64_t count = 0;  // the images evaluate's shards hold between them
+  for (int64_t s = 0; s < shards; ++s)
+    count += json::parse(store_->Get(workflow::EvalObject("run1", 1, cand, s)).bytes)["count"].get<int64_t>();
+  ASSERT_GT(count, 0);
+  std::string stale = store_->Get(workflow::EvalObject("run1", 1, cand, 0)).bytes;
+  store_->Put(workflow::EvalObject("run1", 1, cand, shards), stale, {{"kind", "eval-shard"}});
+  Step("select");
+  json result = json::parse(store_->Get(workflow::ResultObject("run1", 1, cand)).bytes);
+  EXPECT_EQ(result["shards"].get<int64_t>(), shards);
+  EXPECT_EQ(result["count"].get<int64_t>(), count) << result.dump();
+}
+
 TEST_F(TinyRound, AnUnreachableNamFailsTheStepWithItsName) {
   Faults(R"([{"op": "any", "action": "fail", "kind": "unavailable", "count": 0}])");
   std::string what;
