@@ -80,9 +80,8 @@ Trained TrainHeads(const std::vector<kernels::HeadConfig>& cfgs, const Split& tr
   parallel::SelfComm self;
   const auto t0 = Clock::now();
   for (const auto& cfg : cfgs) t.heads.push_back(kernels::InitHead(cfg, tr.x.data(), tr.y.data(), tr.n, dim, classes));
-  auto xs = std::make_unique_for_overwrite<float[]>(tr.x.size());  // written once, by Standardize
-  t.heads[0].Standardize(tr.x.data(), tr.n, xs.get());
-  const parallel::TrainData data{xs.get(), tr.y.data(), tr.n};
+  // As the train step does it: raw rows, standardised as the batches are gathered.
+  const parallel::TrainData data{tr.x.data(), tr.y.data(), tr.n, t.heads[0].mean.data(), t.heads[0].inv_std.data()};
   if (together) {
     std::vector<kernels::Head*> members;
     for (auto& h : t.heads) members.push_back(&h);

@@ -140,10 +140,10 @@ void Train(StepContext& c) {
       if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
       const Features& f = cache[cand.backbone];
       kernels::Head h = StartingHead(c, cand, f);
-      auto xs = std::make_unique_for_overwrite<float[]>(f.x.size());  // written once, by Standardize
-      h.Standardize(f.x.data(), f.n, xs.get());
       parallel::PsOptions opt{layout.servers, mode == "hybrid" ? layout.groups : 0, layout.max_staleness, straggler};
-      const parallel::TrainStats st = parallel::TrainParameterServer(world, {xs.get(), f.labels.data(), f.n}, &h, opt);
+      // Raw features, standardised as the batches are gathered (no standardised copy).
+      const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, h.mean.data(), h.inv_std.data()};
+      const parallel::TrainStats st = parallel::TrainParameterServer(world, data, &h, opt);
       if (world.rank() == 0) staged(cand, f, h, st);
     }
   } else {
@@ -172,9 +172,10 @@ void Train(StepContext& c) {
                                                                       : parallel::Straggler{};
     for (const std::vector<size_t>& b : batches) {
       const Features& f = cache[cands[mine[b[0]]].backbone];
-      auto xs = std::make_unique_for_overwrite<float[]>(f.x.size());  // written once, by Standardize
-      heads[b[0]].Standardize(f.x.data(), f.n, xs.get());
-      const parallel::TrainData data{xs.get(), f.labels.data(), f.n};
+      // Raw features, standardised as the batches are gathered (no standardised copy); the heads
+      // of a batch share their standardisation (CanTrainTogether).
+      const kernels::Head& first = heads[b[0]];
+      const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, first.mean.data(), first.inv_std.data()};
       std::vector<kernels::Head*> members;
       for (size_t k : b) members.push_back(&heads[k]);
       std::vector<parallel::TrainStats> stats;

@@ -52,11 +52,20 @@ struct TrainStats {
   nlohmann::json ToJson() const;
 };
 
-// The rows a training run sees: standardised features (n x dim, dim = head's in_dim) and labels.
+// The rows a training run sees: features (n x dim, dim = head's in_dim) and labels. With mean
+// and inv_std (dim each, a head's standardisation) x is raw and each row is standardised as it
+// is read, (x - mean) * inv_std exactly as kernels::Head::Standardize computes it, so training
+// needs no standardised copy of the whole set; without them x is standardised already.
 struct TrainData {
   const float* x = nullptr;
   const uint8_t* y = nullptr;
   int64_t n = 0;
+  const float* mean = nullptr;
+  const float* inv_std = nullptr;
+  // Rows [lo, hi) into out ((hi - lo) x dim), standardised.
+  void Rows(int64_t lo, int64_t hi, int64_t dim, float* out) const;
+  // Row `row` into out (dim floats), standardised.
+  void Row(int64_t row, int64_t dim, float* out) const;
 };
 
 // Sync mode over every rank of `comm` (one rank: plain minibatch training). `h` comes from

@@ -21,6 +21,8 @@ TrainStats TrainLbfgs(Comm& comm, const TrainData& data, kernels::Head* h) {
   kernels::GradientKernel kernel(*h, std::max<int64_t>(1, std::min(kChunk, hi - lo)));
   const auto layout = kernels::ParamLayout(cfg, dim, h->classes);
   std::vector<float> grad(h->params.size());
+  // Raw rows are standardised a chunk at a time (TrainData); standardised ones are read in place.
+  std::vector<float> chunk(data.mean ? static_cast<size_t>(std::min(kChunk, hi - lo) * dim) : 0);
   double last[2] = {0, 0};  // the data loss and accuracy at the last point evaluated
   auto objective = [&](const std::vector<double>& w, std::vector<double>& g) {
     for (size_t i = 0; i < w.size(); ++i) h->params[i] = static_cast<float>(w[i]);
@@ -29,8 +31,12 @@ TrainStats TrainLbfgs(Comm& comm, const TrainData& data, kernels::Head* h) {
     for (int64_t s = lo; s < hi; s += kChunk) {
       const int64_t b = std::min(kChunk, hi - s);
       int64_t correct = 0;
-      sums[0] += kernel.Accumulate(*h, data.x + s * dim, data.y + s, b, 1.f / static_cast<float>(n), grad.data(),
-                                   &correct);
+      const float* rows = data.x + s * dim;
+      if (data.mean) {
+        data.Rows(s, s + b, dim, chunk.data());
+        rows = chunk.data();
+      }
+      sums[0] += kernel.Accumulate(*h, rows, data.y + s, b, 1.f / static_cast<float>(n), grad.data(), &correct);
       sums[1] += static_cast<double>(correct);
     }
     comm.AllreduceSum(grad.data(), grad.size());

@@ -26,7 +26,7 @@ struct BatchBuffer {
   BatchBuffer(int64_t rows, int64_t dim) : x(static_cast<size_t>(rows * dim)), y(static_cast<size_t>(rows)) {}
   void Gather(const TrainData& d, const int64_t* rows, int64_t count, int64_t dim) {
     for (int64_t i = 0; i < count; ++i) {
-      std::memcpy(&x[static_cast<size_t>(i * dim)], d.x + rows[i] * dim, static_cast<size_t>(dim) * sizeof(float));
+      d.Row(rows[i], dim, &x[static_cast<size_t>(i * dim)]);
       y[static_cast<size_t>(i)] = d.y[rows[i]];
     }
   }

@@ -854,6 +854,49 @@ TEST(TrainSync, OneThreadAndTwoGiveTheSameWeights) {
   }
 }
 
+// The train step hands training raw features and the heads' standardisation, and each row is
+// standardised as it is read: the weights must be those of training on a standardised copy,
+// bit for bit, for minibatch heads alone and together and for L-BFGS.
+TEST(TrainData, RowsStandardisedAsTheyAreReadTrainTheSameWeights) {
+  std::vector<float> x;
+  std::vector<uint8_t> y;
+  Blobs(1500, 24, 3, 21, &x, &y);
+  const int64_t n = 1500;
+  parallel::SelfComm self;
+  auto both = [&](std::vector<Head> heads, bool together) {
+    std::vector<Head> raw = heads;
+    std::vector<float> xs(x.size());
+    heads[0].Standardize(x.data(), n, xs.data());
+    const parallel::TrainData copied{xs.data(), y.data(), n};
+    const parallel::TrainData as_read{x.data(), y.data(), n, raw[0].mean.data(), raw[0].inv_std.data()};
+    std::vector<Head*> a, b;
+    for (size_t k = 0; k < heads.size(); ++k) {
+      a.push_back(&heads[k]);
+      b.push_back(&raw[k]);
+    }
+    if (together) {
+      parallel::TrainSyncTogether(self, copied, a);
+      parallel::TrainSyncTogether(self, as_read, b);
+    } else {
+      for (size_t k = 0; k < heads.size(); ++k) {
+        parallel::TrainSync(self, copied, a[k]);
+        parallel::TrainSync(self, as_read, b[k]);
+      }
+    }
+    for (size_t k = 0; k < heads.size(); ++k) {
+      EXPECT_EQ(heads[k].params, raw[k].params) << "head " << k << (together ? " together" : " alone");
+      EXPECT_GT(raw[k].curve.back().accuracy, 0.9) << "head " << k;
+    }
+  };
+  both(MixedHeads(x, y, 24, 3), true);
+  both(MixedHeads(x, y, 24, 3), false);
+  HeadConfig lbfgs;
+  lbfgs.optimizer = "lbfgs";
+  lbfgs.epochs = 30;
+  lbfgs.l2 = 1e-3;
+  both({InitHead(lbfgs, x.data(), y.data(), n, 24, 3)}, false);
+}
+
 TEST(HeadBatch, OnlyHeadsOnTheSameBatchesTrainTogether) {
   std::vector<float> x;
   std::vector<uint8_t> y;

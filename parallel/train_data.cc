@@ -1,0 +1,20 @@
+#include <cstring>
+
+#include "parallel/train.h"
+
+namespace msaflow::parallel {
+
+void TrainData::Row(int64_t row, int64_t dim, float* out) const {
+  const float* in = x + row * dim;
+  if (!mean) {
+    std::memcpy(out, in, static_cast<size_t>(dim) * sizeof(float));
+    return;
+  }
+  for (int64_t j = 0; j < dim; ++j) out[j] = (in[j] - mean[j]) * inv_std[j];
+}
+
+void TrainData::Rows(int64_t lo, int64_t hi, int64_t dim, float* out) const {
+  for (int64_t i = lo; i < hi; ++i) Row(i, dim, out + (i - lo) * dim);
+}
+
+}  // namespace msaflow::parallel
