@@ -217,6 +217,14 @@ def step_table(events):
     return rows
 
 
+_START = time.monotonic()
+
+
+def progress(what):
+    """One line on stderr as each part starts (the table comes at the end, ~12 minutes in)."""
+    print(f"versus: [{time.monotonic() - _START:6.0f} s] {what}", file=sys.stderr, flush=True)
+
+
 def line(what, value, baseline, ratio, goal, ok):
     mark = "" if ok is None else ("  met" if ok else "  NOT met")
     print(f"{what:<46} {value:>12} {baseline:>12} {ratio:>9}   goal {goal}{mark}")
@@ -244,10 +252,16 @@ def main():
     with work_directory(a.keep, "msaflow-versus-") as work:
         print(f"machine: {os.cpu_count()} cores; job: {a.rows} train / {a.test_rows} test Fashion-MNIST images, "
               "MobileNetV2-b13 @96x96, 8 heads a round, 2 rounds")
-        fes = [features_side(a, work, b) for b in BACKBONES]
+        fes = []
+        for b in BACKBONES:
+            progress(f"features, msaflow and PyTorch: {b[0]}")
+            fes.append(features_side(a, work, b))
         fe = fes[0]  # MobileNetV2, the job's backbone
+        progress("the executor's settings (batch size, thread binding, precision)")
         settings = executor_settings(a, work)
+        progress("the two-round job (msaflow run)")
         run_dir, events, wall, _ = run_job(a.msaflow, work, a.rows, a.test_rows)
+        progress("the one-round job (msaflow run)")
         _, events1, wall1, res1 = run_job(a.msaflow, work, a.rows, a.test_rows, rounds=1)
         # The same with the executor in int8 (ranges calibrated by the load step), where the CPU
         # has the VNNI instructions msaflow's int8 path needs (its load step refuses it elsewhere).
@@ -258,11 +272,13 @@ def main():
         # The same one-round job on 1/4 and 1/2 of the data: how time and memory grow to 4x.
         scaled = {4: (events1, wall1)}
         for part in (1, 2):
+            progress(f"the one-round job on {part}/4 of the data")
             _, ev, w, _ = run_job(a.msaflow, work, a.rows * part // 4, a.test_rows * part // 4, rounds=1,
                                   tag=f"-x{part}")
             scaled[part] = (ev, w)
         import torch
         torch.set_num_threads(os.cpu_count())
+        progress("the same job as a PyTorch + scikit-learn script")
         script = baseline.job(str(ROOT / "data" / "fashion-mnist"), str(MODEL), CUT, a.rows, a.test_rows,
                               fe["channels_last"])
         steps = step_table(events)
@@ -272,6 +288,7 @@ def main():
         n, dim = arrays["train"][0].shape
         print(f"features: {n} x {dim} train, {arrays['test'][0].shape[0]} test (from the run's NAM)\n")
 
+        progress("head training: scikit-learn, then bench_heads")
         sk = sklearn_side(arrays, 1e-4, a.reps, [25, 50, 100, 200, 1000])
         heads = subprocess.run([a.bench_heads, "--data", str(feats), "--reps", str(a.reps)], capture_output=True,
                                text=True)
