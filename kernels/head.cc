@@ -19,12 +19,13 @@ constexpr int64_t kParallelValues = int64_t{1} << 16;
 // Rows [lo, hi) of x standardised into out, on the calling thread.
 void StandardizeRows(const Head& h, const float* x, int64_t lo, int64_t hi, float* out) {
   const int64_t d = h.in_dim;
-  const float* mu = h.mean.data();
-  const float* is = h.inv_std.data();
-  for (int64_t i = lo; i < hi; ++i)
-    for (int64_t j = 0; j < d; ++j) out[i * d + j] = (x[i * d + j] - mu[j]) * is[j];
+  for (int64_t i = lo; i < hi; ++i) StandardizeRow(x + i * d, h.mean.data(), h.inv_std.data(), d, out + i * d);
 }
 }  // namespace
+
+void StandardizeRow(const float* x, const float* mean, const float* inv_std, int64_t dim, float* out) {
+  for (int64_t j = 0; j < dim; ++j) out[j] = (x[j] - mean[j]) * inv_std[j];
+}
 
 void Head::Standardize(const float* x, int64_t n, float* out) const {
 #pragma omp parallel for schedule(static) if (n * in_dim >= kParallelValues)

@@ -43,6 +43,11 @@ struct CurvePoint {
   double loss = 0, accuracy = 0;  // on the training rows seen since the previous point
 };
 
+// One row of dim features standardised: out[j] = (x[j] - mean[j]) * inv_std[j]. The one place
+// the formula is written: Head::Standardize, Head::Logits and training's batch gathering
+// (parallel::TrainData) all call it, so they agree bit for bit.
+void StandardizeRow(const float* x, const float* mean, const float* inv_std, int64_t dim, float* out);
+
 // A trained head. Features are standardised with the training set's mean/std first.
 struct Head {
   HeadConfig config;

@@ -54,7 +54,7 @@ struct TrainStats {
 
 // The rows a training run sees: features (n x dim, dim = head's in_dim) and labels. With mean
 // and inv_std (dim each, a head's standardisation) x is raw and each row is standardised as it
-// is read, (x - mean) * inv_std exactly as kernels::Head::Standardize computes it, so training
+// is read (kernels::StandardizeRow, as kernels::Head::Standardize does it), so training
 // needs no standardised copy of the whole set; without them x is standardised already.
 struct TrainData {
   const float* x = nullptr;

@@ -10,7 +10,7 @@ void TrainData::Row(int64_t row, int64_t dim, float* out) const {
     std::memcpy(out, in, static_cast<size_t>(dim) * sizeof(float));
     return;
   }
-  for (int64_t j = 0; j < dim; ++j) out[j] = (in[j] - mean[j]) * inv_std[j];
+  kernels::StandardizeRow(in, mean, inv_std, dim, out);
 }
 
 void TrainData::Rows(int64_t lo, int64_t hi, int64_t dim, float* out) const {
