@@ -50,16 +50,15 @@ json MergeCandidate(StepContext& c, const workflow::Candidate& cand, int64_t sha
   bool has_test = false;
   std::string split = "test";
   std::vector<std::string> parts;
-  for (int64_t s = 0; s < shards; ++s) parts.push_back(workflow::EvalObject(t.run, t.round, cand.id, s));
-  for (const auto& part : parts) {
+  for (int64_t shard = 0; shard < shards; ++shard) {
+    const std::string& part = parts.emplace_back(workflow::EvalObject(t.run, t.round, cand.id, shard));
     nam::Object o;
     try {
       o = c.store->Get(part);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kNotFound) throw;
       Throw(ErrorKind::kNotFound, "select: no evaluation result for candidate " + cand.id + " (NAM object '" + part +
-                                      "', shard " + part.substr(part.rfind('/') + 1) + " of " +
-                                      std::to_string(shards) + ")");
+                                      "', shard " + std::to_string(shard) + " of " + std::to_string(shards) + ")");
     }
     json j = json::parse(o.bytes, nullptr, false);
     const std::string where = "NAM object '" + part + "'";
