@@ -18,7 +18,7 @@
 #include "bench/bench_util.h"
 #include "kernels/fpga/cost_model.h"
 #include "kernels/fpga/device.h"
-#include "orchestrator/machine.h"
+#include "workflow/machine.h"
 
 namespace {
 
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     auto cl = fpga::OpenOpenCl(oc);
     // The board's figures as the DEEP-EST machine file gives them.
     const fpga::Target board =
-        orchestrator::LoadMachine(std::string(MSAFLOW_SOURCE_DIR) + "/configs/machines/deep-est.json").modules.at("dam").fpga.target;
+        workflow::LoadMachine(std::string(MSAFLOW_SOURCE_DIR) + "/configs/machines/deep-est.json").modules.at("dam").fpga.target;
     if (!board.given()) Throw(ErrorKind::kInvalidInput, "configs/machines/deep-est.json: the dam's fpga has no target figures");
     std::printf("C++ path vs %s, %lld images, batches of %lld, median of %d (interleaved)\n", cl->Name().c_str(),
                 static_cast<long long>(images), static_cast<long long>(kBatch), reps);

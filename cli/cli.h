@@ -38,6 +38,7 @@ int Status(Options& o);
 int Why(Options& o);
 int Report(Options& o);
 int Resume(Options& o);
+int Cancel(Options& o);
 // The NAM by hand (cli/nam_commands.cc).
 int NamServe(Options& o);
 int NamPut(Options& o);

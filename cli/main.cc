@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
                                               "reused, the rest runs");
   resume->add_option("run_dir", o.run_dir, "runs/<id>")->required();
 
+  auto* cancel = app.add_subcommand("cancel", "Stop a running run: its coordinator ends the run's tasks and Slurm "
+                                              "jobs and records it as interrupted (`resume` continues it)");
+  cancel->add_option("run_dir", o.run_dir, "runs/<id>")->required();
+
   auto* module = app.add_subcommand("module", "Run one step of a round as a module process (what launchers start)");
   module->add_option("step", o.step, "load | prepare | train | store | evaluate | select")
       ->required()
@@ -141,7 +145,7 @@ int main(int argc, char** argv) {
     if (*plan || *run) return cli::PlanOrRun(o, plan->parsed());
     const std::pair<CLI::App*, int (*)(cli::Options&)> commands[] = {
         {validate, cli::Validate}, {scaling, cli::Scaling}, {submit, cli::Submit}, {status, cli::Status},
-        {report, cli::Report},     {why, cli::Why},           {resume, cli::Resume},   {serve, cli::NamServe}, {nput, cli::NamPut},
+        {report, cli::Report},     {why, cli::Why},           {resume, cli::Resume},   {cancel, cli::Cancel},   {serve, cli::NamServe}, {nput, cli::NamPut},
         {nget, cli::NamGet},       {nstat, cli::NamStat},   {nls, cli::NamLs},      {nrm, cli::NamRm},
         {nverify, cli::NamVerify}, {ndf, cli::NamDf}};
     for (const auto& [command, handler] : commands)

@@ -1,4 +1,6 @@
-// The commands on pipelines and runs: validate, plan, run, scaling, submit, status, report, why, resume.
+// The commands on pipelines and runs: validate, plan, run, scaling, submit, status, report, why, resume,
+// cancel. Each parses nothing itself (cli/main.cc binds the options) and prints; the work is the
+// run library's (orchestrator/runs.h).
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -9,28 +11,48 @@
 
 #include "cli/cli.h"
 #include "common/files.h"
+#include "launch/launcher.h"
 #include "modules/steps.h"
 #include "orchestrator/fpga_preflight.h"
-#include "orchestrator/journal.h"
-#include "orchestrator/launcher.h"
-#include "orchestrator/machine.h"
 #include "orchestrator/placement.h"
 #include "orchestrator/planner.h"
-#include "orchestrator/run.h"
+#include "orchestrator/runs.h"
 #include "orchestrator/scaling.h"
-#include "orchestrator/slurm.h"
-#include "orchestrator/progress_bar.h"
-#include "orchestrator/report.h"
-#include "orchestrator/status.h"
-#include "orchestrator/why.h"
+#include "record/journal.h"
+#include "record/status.h"
+#include "record/why.h"
+#include "report/progress.h"
+#include "report/progress_bar.h"
+#include "report/report.h"
 #include "workflow/backbones.h"
 #include "workflow/datasets.h"
+#include "workflow/machine.h"
 
 namespace msaflow::cli {
+namespace {
+
+// The run library as this process's commands use it: the runs directory, and this binary for
+// tasks and NAM servers.
+orchestrator::Runs RunsOf(const Options& o) {
+  orchestrator::RunsConfig c;
+  c.runs_dir = o.runs_dir;
+  c.msaflow_exe = SelfExe();
+  c.run_settled = modules::RunStepIfSettled;
+  return orchestrator::Runs(std::move(c));
+}
+
+workflow::Machine MachineOf(const Options& o, const workflow::Pipeline& p) {
+  workflow::Machine m = workflow::LoadMachine(o.machine_override.empty() ? p.machine : o.machine_override);
+  if (!o.launcher_override.empty() && !workflow::ParseLauncherKind(o.launcher_override, &m.launcher))
+    Throw(ErrorKind::kInvalidInput, "--launcher: '" + o.launcher_override + "' is not a launcher (expected local or slurm)");
+  return m;
+}
+
+}  // namespace
 
 int Validate(Options& o) {
   workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
-  orchestrator::Machine m = orchestrator::LoadMachine(p.machine);
+  workflow::Machine m = workflow::LoadMachine(p.machine);
   for (const auto& s : workflow::StepNames()) m.Module(p.steps.at(s).module, o.pipeline_path + ": /steps/" + s + "/module");
   for (const auto& b : p.backbones)
     if (b.kind == "onnx" && !PathExists(b.onnx))
@@ -58,9 +80,9 @@ int Validate(Options& o) {
 
 int PlanOrRun(Options& o, bool plan) {
   workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
-  orchestrator::Machine m = orchestrator::LoadMachine(o.machine_override.empty() ? p.machine : o.machine_override);
-  orchestrator::LocalLauncher launcher(SelfExe());
-  if (!o.launcher_override.empty()) m.launcher = o.launcher_override;
+  const workflow::Machine m = MachineOf(o, p);
+  const orchestrator::Runs runs = RunsOf(o);
+  const std::string comment = plan && runs.PlanIsScript(p, m) ? "# " : "";
   if (o.ranks_choice == "auto") {
     // A user who knows nothing of parallel computing: ranks from what the last run measured.
     const unsigned cores = std::thread::hardware_concurrency();
@@ -73,80 +95,26 @@ int PlanOrRun(Options& o, bool plan) {
       if (results.is_discarded()) Throw(ErrorKind::kCorrupt, last + ": not JSON");
       pl = orchestrator::PlaceFromCosts(p, m, results, last, cores);
     }
-    std::printf("%sranks from measured costs: %s\n", m.launcher == "slurm" && plan ? "# " : "", pl.source.c_str());
-    for (const auto& line : pl.why) std::printf("%s  %s\n", m.launcher == "slurm" && plan ? "# " : "", line.c_str());
+    std::printf("%sranks from measured costs: %s\n", comment.c_str(), pl.source.c_str());
+    for (const auto& line : pl.why) std::printf("%s  %s\n", comment.c_str(), line.c_str());
     p = orchestrator::ApplyPlacement(std::move(p), pl);
   }
-  if (plan && m.launcher == "slurm") {
-    std::string nam = orchestrator::NamFor(p, m, o.runs_dir);
-    if (nam == "serve") {
-      nam = "fabric://<NAM server started for the run>";
-      if (!m.nam.module.empty())
-        std::printf("# NAM server: srun msaflow nam serve on module %s (partition %s), a job of its own under "
-                    "`msaflow run`, a component of the coordinator's job under `msaflow submit`\n",
-                    m.nam.module.c_str(), m.Module(m.nam.module, "nam").partition.c_str());
-      else
-        std::printf("# NAM server: msaflow nam serve, started by the coordinator where it runs\n");
-    }
-    std::string runs_abs = std::filesystem::absolute(o.runs_dir).lexically_normal().string();
-    std::string rd = runs_abs + "/<run-id>";
-    auto rp = orchestrator::PlanRound(p, m, "<run-id>", nam, 1, workflow::FirstRound(p), {});
-    std::map<std::string, std::string> files;
-    for (const auto& t : rp.tasks) files[t.id] = rd + "/tasks/" + t.id + ".json";
-    orchestrator::SlurmScriptParams sp{"<run-id>", rd, rd + "/logs", rd + "/slurm/round-1.0.progress", SelfExe(), 1};
-    if (m.slurm.mode == "chained") {
-      for (const auto& t : rp.tasks) {
-        std::printf("# --- job for %s%s\n", t.id.c_str(),
-                    t.after.empty() ? "" : " (sbatch --dependency=afterok:<previous> --kill-on-invalid-dep=yes)");
-        std::printf("%s", orchestrator::ChainedScript(t, m, files, sp).c_str());
-      }
-    } else if (m.slurm.mode == "single") {
-      std::printf("%s", orchestrator::SingleScript(rp.tasks, m, files, sp).c_str());
-    } else {
-      std::printf("%s", orchestrator::HetjobScript(rp.tasks, m, files, sp).c_str());
-    }
-    return 0;
-  }
   if (plan) {
-    std::string nam = orchestrator::NamFor(p, m, o.runs_dir);
-    if (nam == "serve")
-      nam = "fabric://<started for the run: " + m.nam.provider + " on " + m.nam.listen + ", " + m.nam.capacity +
-            ", persisting to " + std::filesystem::absolute(o.runs_dir + "/nam").lexically_normal().string() + ">";
-    auto rp = orchestrator::PlanRound(p, m, "<run-id>", nam, 1, workflow::FirstRound(p), {});
-    std::printf("plan for %s on machine %s (launcher %s), NAM %s\n", p.name.c_str(), m.name.c_str(),
-                m.launcher.c_str(), nam.c_str());
-    std::printf("round 1 of up to %lld; later rounds: %lld candidates by strategy '%s', top %lld kept\n",
-                static_cast<long long>(p.rounds.max), static_cast<long long>(p.rounds.candidates),
-                p.rounds.strategy.c_str(), static_cast<long long>(p.rounds.top_k));
-    for (const auto& t : rp.tasks) {
-      std::printf("  %-12s module %-3s ranks %lld%s\n", t.id.c_str(), t.module.c_str(), static_cast<long long>(t.ranks),
-                  t.after.empty() ? "" : ("  after " + t.after[0]).c_str());
-      auto cmd = launcher.Command(t, "runs/<run-id>/tasks/" + t.id + ".json");
-      std::string line;
-      for (const auto& a : cmd) line += (line.empty() ? "" : " ") + a;
-      std::printf("      %s%s\n", t.ranks > 1 ? fmt::format("{} x ", t.ranks).c_str() : "", line.c_str());
-    }
-    std::printf("candidates of round 1:\n");
-    for (const auto& c : workflow::FirstRound(p))
-      std::printf("  %-8s %-12s %s seed %llu\n", c.id.c_str(), c.backbone.c_str(),
-                  workflow::HeadLabel(c.head).c_str(), static_cast<unsigned long long>(c.head.seed));
+    std::printf("%s", runs.Plan(p, m).c_str());
     return 0;
   }
-  orchestrator::RunOptions opt;
-  opt.runs_dir = o.runs_dir;
-  opt.run_id = o.run_id;
-  opt.msaflow_exe = SelfExe();
-  opt.run_settled = modules::RunStepIfSettled;
-  orchestrator::InstallInterruptHandlers();  // Ctrl-C / scancel of the coordinator: end what it started
-  orchestrator::RunPipeline(p, m, opt, stdout);
+  launch::InstallInterruptHandlers();  // Ctrl-C / scancel of the coordinator: end what it started
+  report::ProgressPrinter progress(stdout);
+  runs.Start(p, m, o.run_id, progress);
   return 0;
 }
 
 int Scaling(Options& o) {
   workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
-  orchestrator::Machine m = orchestrator::LoadMachine(o.machine_override.empty() ? p.machine : o.machine_override);
-  if (m.launcher != "local")
-    Throw(ErrorKind::kUnsupported, "scaling: machine '" + m.name + "' has launcher '" + m.launcher +
+  const workflow::Machine m = workflow::LoadMachine(o.machine_override.empty() ? p.machine : o.machine_override);
+  if (!m.OnThisHost())
+    Throw(ErrorKind::kUnsupported, "scaling: machine '" + m.name + "' has launcher '" +
+                                       workflow::LauncherName(m.launcher) +
                                        "'; scaling studies run on the local launcher");
   o.scaling_opt.ranks.clear();
   for (const auto& r : SplitList(o.scaling_ranks, "--ranks")) {
@@ -160,62 +128,32 @@ int Scaling(Options& o) {
   if (!o.scaling_modes.empty()) o.scaling_opt.modes = SplitList(o.scaling_modes, "--modes");
   o.scaling_opt.runs_dir = o.runs_dir;
   o.scaling_opt.msaflow_exe = SelfExe();
-  orchestrator::InstallInterruptHandlers();
+  o.scaling_opt.observe = [](std::FILE* log) { return std::make_unique<report::ProgressPrinter>(log); };
+  launch::InstallInterruptHandlers();
   orchestrator::RunScaling(p, m, o.scaling_opt, stdout);
   return 0;
 }
 
 int Submit(Options& o) {
   workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
-  std::string machine_arg = o.machine_override.empty() ? p.machine : o.machine_override;
-  orchestrator::Machine m = orchestrator::LoadMachine(machine_arg);
-  if (m.launcher != "slurm")
-    Throw(ErrorKind::kInvalidInput, "submit: machine '" + m.name + "' has launcher '" + m.launcher +
-                                        "'; submit needs a Slurm machine file (configs/machines/slurm-local.json) "
-                                        "or use `msaflow run`");
-  std::string id = o.run_id.empty() ? orchestrator::NewRunId(p.name) : o.run_id;
-  nam::ValidateObjectName(id);
-  std::string runs_abs = std::filesystem::absolute(o.runs_dir).lexically_normal().string();
-  std::string rd = runs_abs + "/" + id;
-  if (PathExists(rd + "/journal.jsonl") || PathExists(rd + "/submitted.json"))
-    Throw(ErrorKind::kInvalidInput, "run directory " + rd + " already holds a run; choose another --run-id");
-  MakeDirs(rd);
-  const auto& cm = m.Module("cm", "submit: the coordinator");
-  std::string machine_abs = machine_arg == "local" ? machine_arg : std::filesystem::absolute(machine_arg).string();
-  // With a NAM module, the NAM server is component 1 of the coordinator's job: it lives
-  // exactly as long as the run.
-  bool nam_component = p.nam.empty() && m.nam.uri.empty() && m.nam.serve && !m.nam.module.empty();
-  std::string nam_part;
-  if (nam_component) {
-    const auto& nm = m.Module(m.nam.module, "submit: the NAM server");
-    nam_part = "#SBATCH hetjob\n#SBATCH --partition=" + nm.partition + " --nodes=1 --ntasks=1 --time=" + nm.time +
-               (nm.constraint.empty() ? "" : " --constraint=" + nm.constraint) +
-               "\n# component 1: the run's NAM server (module " + m.nam.module + ")\nexport MSAFLOW_NAM_HET_GROUP=1\n";
-  }
-  std::string script = "#!/bin/bash\n#SBATCH --job-name=msaflow-" + id + "\n#SBATCH --output=" + rd +
-                       "/coordinator.out\n#SBATCH --partition=" + cm.partition +
-                       " --nodes=1 --ntasks=1 --time=" + cm.time + "\n" + nam_part + "# the coordinator of run " + id +
-                       ": it submits one job per round\nexec " + orchestrator::ShellQuote(SelfExe()) + " run " +
-                       orchestrator::ShellQuote(std::filesystem::absolute(o.pipeline_path).string()) + " --runs " +
-                       orchestrator::ShellQuote(runs_abs) + " --run-id " + id + " --machine " +
-                       orchestrator::ShellQuote(machine_abs) + "\n";
-  WriteFileAtomic(rd + "/coordinator.sh", script);
-  orchestrator::SlurmCli cli(m.slurm.conf);
-  std::string job = cli.Submit(rd + "/coordinator.sh", {});
-  WriteFileAtomic(rd + "/submitted.json",
-                  nlohmann::json{{"run", id}, {"job", job}, {"slurm_conf", m.slurm.conf}}.dump() + "\n");
+  const std::string machine_arg = o.machine_override.empty() ? p.machine : o.machine_override;
+  const workflow::Machine m = workflow::LoadMachine(machine_arg);
+  const orchestrator::Runs runs = RunsOf(o);
+  const orchestrator::SubmittedRun sub = runs.Submit(p, m, o.pipeline_path, machine_arg, o.run_id);
+  const std::string& rd = sub.run_dir;
+  const std::string& job = sub.job;
   std::printf("run %s submitted as Slurm job %s (its coordinator runs on %s)\n  follow it: msaflow status %s\n",
-              id.c_str(), job.c_str(), cm.partition.c_str(), rd.c_str());
+              sub.run_id.c_str(), job.c_str(), sub.where.c_str(), rd.c_str());
   std::fflush(stdout);
   if (!o.wait) return 0;
   size_t shown = 0;
   std::string end;
-  orchestrator::ProgressBar bar(stdout);  // on a terminal; plain lines otherwise
+  report::ProgressBar bar(stdout);  // on a terminal; plain lines otherwise
   int round = 0;
   for (;;) {
     // Progress: the run's journal as it grows (a line being written is read next time).
     if (PathExists(rd + "/journal.jsonl")) {
-      const auto journal = orchestrator::ReadJournal(rd + "/journal.jsonl");
+      const auto journal = record::ReadJournal(rd + "/journal.jsonl");
       for (; shown < journal.events.size(); ++shown) {
         const auto& e = journal.events[shown];
         const auto& f = e.fields;
@@ -238,41 +176,43 @@ int Submit(Options& o) {
       std::fflush(stdout);
     }
     bar.Tick();
-    auto comps = orchestrator::ParseShowJob(cli.Show(job));
-    end = comps.empty() ? "FAILED" : orchestrator::EndState(comps);
+    end = runs.SubmittedEnd(p, m, job);
     if (!end.empty()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   bar.Clear();
-  std::printf("coordinator job %s ended %s\n", job.c_str(), orchestrator::DescribeState(end).c_str());
-  orchestrator::PrintStatus(rd, stdout);
+  std::printf("coordinator job %s ended %s\n", job.c_str(), launch::DescribeState(end).c_str());
+  record::PrintStatus(rd, stdout);
   return end == "COMPLETED" ? 0 : 1;
 }
 
 int Status(Options& o) {
-  switch (orchestrator::PrintStatus(o.run_dir, stdout)) {
-    case orchestrator::RunState::kFinished: return 0;
-    case orchestrator::RunState::kRunning: return 75;  // EX_TEMPFAIL: ask again later
+  switch (record::PrintStatus(o.run_dir, stdout)) {
+    case record::RunState::kFinished: return 0;
+    case record::RunState::kRunning: return 75;  // EX_TEMPFAIL: ask again later
     default: return 1;
   }
 }
 
 int Report(Options& o) {
-  std::printf("%s\n", orchestrator::WriteReport(o.run_dir, o.out_file).c_str());
+  std::printf("%s\n", report::WriteReport(o.run_dir, o.out_file).c_str());
   return 0;
 }
 
 int Why(Options& o) {
-  orchestrator::ExplainTask(o.run_dir, o.why_task, stdout);
+  record::ExplainTask(o.run_dir, o.why_task, stdout);
   return 0;
 }
 
 int Resume(Options& o) {
-  orchestrator::RunOptions opt;
-  opt.msaflow_exe = SelfExe();
-  opt.run_settled = modules::RunStepIfSettled;
-  orchestrator::InstallInterruptHandlers();
-  orchestrator::ResumeRun(o.run_dir, opt, stdout);
+  launch::InstallInterruptHandlers();
+  report::ProgressPrinter progress(stdout);
+  RunsOf(o).Resume(o.run_dir, progress);
+  return 0;
+}
+
+int Cancel(Options& o) {
+  std::printf("%s\n", RunsOf(o).Cancel(o.run_dir).c_str());
   return 0;
 }
 

@@ -9,7 +9,7 @@
 
 #include "common/files.h"
 #include "fuzz/fuzz_util.h"
-#include "orchestrator/status.h"
+#include "record/status.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

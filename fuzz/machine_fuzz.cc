@@ -1,6 +1,6 @@
-// The machine-file parser (orchestrator/machine.h) on arbitrary bytes.
+// The machine-file parser (workflow/machine.h) on arbitrary bytes.
 #include "fuzz/fuzz_util.h"
-#include "orchestrator/machine.h"
+#include "workflow/machine.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   msaflow::fuzz::Expect([&] {

@@ -1,5 +1,6 @@
 // Module entries: `msaflow module <step> --task FILE`. Each step reads its inputs from the NAM
-// named in the task and writes its outputs there (docs/modules.md lists them). A step runs on
+// named in the task and writes its outputs there (workflow/objects.h names every object; docs/nam.md
+// describes them). A step runs on
 // the ranks of `comm` (MPI ranks under mpirun or srun --mpi=pmix; one rank when started by
 // hand); docs/parallel.md says what each rank of each step does.
 #pragma once

@@ -11,7 +11,7 @@ kernels::fpga::Config FpgaFor(const workflow::Pipeline& p, const ModuleSpec& mod
 }
 
 void FpgaPreflight(const workflow::Pipeline& p, const Machine& m) {
-  if (m.launcher != "local") return;
+  if (!m.OnThisHost()) return;
   for (const char* step : {"prepare", "select"}) {
     const ModuleSpec& mod = m.Module(p.steps.at(step).module, "/steps/" + std::string(step) + "/module");
     const kernels::fpga::Config c = FpgaFor(p, mod);

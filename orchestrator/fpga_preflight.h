@@ -4,10 +4,13 @@
 // with a notice. Under Slurm the FPGA is on the module's nodes, not here: the steps find it there.
 #pragma once
 
-#include "orchestrator/machine.h"
+#include "workflow/machine.h"
 #include "workflow/pipeline.h"
 
 namespace msaflow::orchestrator {
+
+using workflow::Machine;
+using workflow::ModuleSpec;
 
 // The FPGA settings a step gets: its module's, with the pipeline's backend override.
 kernels::fpga::Config FpgaFor(const workflow::Pipeline& p, const ModuleSpec& mod);

@@ -1,6 +1,6 @@
 // Placement from measured costs: what each step cost in a run (work that ranks share, work
-// they do not, the cost of starting a process), ranks per step chosen from those figures and
-// the machine's limits with the reason for each, and node-seconds held and used under Slurm.
+// they do not, the cost of starting a process), and ranks per step chosen from those figures and
+// the machine's limits with the reason for each.
 // Pure: results JSON in, figures and decisions out (the CLI reads and prints them).
 #pragma once
 
@@ -10,10 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/machine.h"
+#include "workflow/machine.h"
 #include "workflow/pipeline.h"
 
 namespace msaflow::orchestrator {
+
+using workflow::Machine;
+using workflow::ModuleSpec;
 
 // One step's measured cost in one round.
 struct StepCost {
@@ -51,21 +54,5 @@ Placement PlaceFromCosts(const workflow::Pipeline& p, const Machine& m, const nl
 Placement PlaceWithoutCosts(const workflow::Pipeline& p, const Machine& m, unsigned cores);
 // The pipeline with the placement's ranks (train's mode auto re-resolved by the planner).
 workflow::Pipeline ApplyPlacement(workflow::Pipeline p, const Placement& pl);
-
-// Node-seconds held and used per module in a round under Slurm. hetjob/single hold every
-// module of the round for the whole round; chained jobs hold a module only while its step
-// runs. `chained_s` is what chained jobs would have held (the steps' own node-seconds).
-struct NodeSeconds {
-  std::string module;
-  int64_t nodes = 1;
-  double held_s = 0, used_s = 0;
-};
-std::vector<NodeSeconds> MeasureNodeSeconds(const std::map<std::string, double>& step_seconds,
-                                            const workflow::Pipeline& p, const Machine& m, const std::string& mode,
-                                            double round_s);
-// One line: held vs used, and whether chained jobs would hold fewer node-seconds (they pay a
-// queue wait per step instead, `job_start_s` each, measured or assumed).
-std::string NodeSecondsSummary(const std::vector<NodeSeconds>& ns, const std::string& mode, size_t steps,
-                               double job_start_s);
 
 }  // namespace msaflow::orchestrator

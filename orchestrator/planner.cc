@@ -73,7 +73,7 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
     }
     if (step == "prepare" || step == "select") {  // the steps the DAM's FPGA serves
       t.body["fpga"] = workflow::FpgaConfigToJson(FpgaFor(p, mod));
-      if (m.launcher == "slurm" && !mod.gres.empty()) t.body["gres"] = mod.gres;
+      if (!m.OnThisHost() && !mod.gres.empty()) t.body["gres"] = mod.gres;  // a job component's GRES
     }
     if (step == "select") {
       t.body["kept"] = kept_json;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/machine.h"
+#include "workflow/machine.h"
 #include "workflow/candidates.h"
 #include "workflow/objects.h"
 #include "workflow/pipeline.h"
@@ -17,6 +17,10 @@ namespace msaflow::orchestrator {
 
 // The orchestrator plans with the workflow's types.
 using workflow::BackboneSpec;
+using workflow::Machine;
+using workflow::ModuleSpec;
+using workflow::RoundPlan;
+using workflow::Task;
 using workflow::Candidate;
 using workflow::Pipeline;
 using workflow::Ranked;
@@ -34,20 +38,6 @@ using workflow::FirstRound;
 using workflow::HeadLabel;
 using workflow::NextRound;
 using workflow::ToJson;
-
-struct Task {
-  std::string id;      // "r<round>-<step>"
-  std::string step;
-  std::string module;  // cm | esb | dam
-  int64_t ranks = 1;  // processes started (for train: gradient ranks + parameter servers)
-  std::vector<std::string> after;  // task ids that must finish first
-  nlohmann::json body;             // the task file given to `msaflow module <step> --task`
-};
-
-struct RoundPlan {
-  int round = 0;
-  std::vector<Task> tasks;
-};
 
 struct KeptCandidate {
   Candidate candidate;

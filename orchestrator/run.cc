@@ -11,28 +11,30 @@
 #include <filesystem>
 #include <optional>
 #include <random>
-#include <thread>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
 #include "nam/fabric_store.h"
-#include "nam/server.h"
 #include "nam/store.h"
-#include "orchestrator/coordinator_lock.h"
+#include "record/coordinator_lock.h"
 #include "orchestrator/fpga_preflight.h"
-#include "orchestrator/journal.h"
-#include "orchestrator/progress.h"
-#include "orchestrator/provenance.h"
-#include "orchestrator/shared_nam.h"
+#include "record/journal.h"
+#include "record/provenance.h"
+#include "launch/shared_nam.h"
 #include "workflow/backbones.h"
 #include "workflow/datasets.h"
-#include "orchestrator/nam_process.h"
-#include "orchestrator/placement.h"
-#include "orchestrator/slurm.h"
+#include "launch/nam_process.h"
 
 namespace msaflow::orchestrator {
+using launch::Launcher;
+using launch::LaunchObserver;
+using launch::NamLaunch;
+using launch::NamServerProcess;
+using launch::SharedNamServer;
 using nlohmann::json;
+using record::JournalWriter;
+using record::RunSummary;
 
 std::string NewRunId(const std::string& name) {
   std::time_t t = std::time(nullptr);
@@ -49,28 +51,27 @@ namespace {
 // One coordinator's hold on a run: its NAM, its launcher, its journal, and the round loop.
 class RunDriver {
  public:
-  RunDriver(const Pipeline& p, const Machine& m, const RunOptions& opt, std::FILE* out, std::string id,
+  RunDriver(const Pipeline& p, const Machine& m, const RunOptions& opt, RunObserver& obs, std::string id,
             std::string dir, JournalWriter journal, RunSummary before)
-      : p_(p), m_(m), opt_(opt), progress_(out), id_(std::move(id)), dir_(std::move(dir)),
+      : p_(p), m_(m), opt_(opt), progress_(obs), id_(std::move(id)), dir_(std::move(dir)),
         journal_(std::move(journal)), before_(std::move(before)), loop_(p) {}
 
-  void Drive(Launcher* given) {
-    if (m_.launcher == "slurm" && !m_.slurm.conf.empty())
-      ::setenv("SLURM_CONF", m_.slurm.conf.c_str(), 1);  // for the jobs' own srun, and the NAM's
+  void Drive() {
     try {
+      launch::LaunchContext ctx{id_, dir_, opt_.msaflow_exe, opt_.clock, nullptr};
+      launcher_ = opt_.make_launcher ? opt_.make_launcher(p_, m_, ctx) : launch::MakeLauncher(p_, m_, ctx);
+      Launcher& launcher = *launcher_;
+      launcher.SetUpEnvironment();
       nam_uri_ = NamFor(p_, m_, opt_.runs_dir);
       if (nam_uri_ == "serve") StartNamServer();
       store_ = nam::OpenStore(nam_uri_);
-      std::unique_ptr<Launcher> own;
-      if (!given) own = MakeLauncher();
-      Launcher& launcher = given ? *given : *own;
       progress_.Line(fmt::format("run {}: pipeline {} on machine {}, NAM {}\n  run directory {}", id_, p_.name, m_.name,
                                  nam_uri_, dir_));
-      ReattachSlurmJobs();
-      const auto start = std::chrono::steady_clock::now();
+      Reattach(launcher);
+      const auto start = opt_.clock->Now();
       for (int round = 1; round <= p_.rounds.max; ++round)
         if (Round(round, launcher)) break;
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double secs = opt_.clock->SecondsSince(start);
       WriteFileAtomic(dir_ + "/results.json", loop_.Results(id_, nam_uri_, secs).dump(2) + "\n");
       WriteProvenance(true);
       const Ranked& champ = loop_.champion();
@@ -98,10 +99,10 @@ class RunDriver {
       for (const json& e : r.at("candidates"))
         if (e.at("candidate") == champ.candidate.id) result = e.value("result", "");
     if (final && !result.empty())
-      c["confusion"] = ConfusionOf(json::parse(store_->Get(result).bytes, nullptr, false));
+      c["confusion"] = record::ConfusionOf(json::parse(store_->Get(result).bytes, nullptr, false));
     WriteFileAtomic(dir_ + "/provenance.json",
-                    json{{"format", kProvenanceFormat}, {"run", id_}, {"pipeline", p_.name}, {"machine", m_.name},
-                         {"launcher", m_.launcher}, {"nam", nam_uri_}, {"coordinator", ThisCoordinator().ToJson()},
+                    json{{"format", record::kProvenanceFormat}, {"run", id_}, {"pipeline", p_.name}, {"machine", m_.name},
+                         {"launcher", workflow::LauncherName(m_.launcher)}, {"nam", nam_uri_}, {"coordinator", record::ThisCoordinator().ToJson()},
                          {"resumes", before_.resumes + (before_.run.empty() ? 0 : 1)}, {"finished", final},
                          {"rounds", provenance_}, {"champion", c}}
                             .dump(2) +
@@ -111,14 +112,14 @@ class RunDriver {
   void StartNamServer() {
     if (opt_.msaflow_exe.empty()) Throw(ErrorKind::kInternal, "RunPipeline: no msaflow binary to start the NAM server");
     std::string persist = std::filesystem::absolute(opt_.runs_dir + "/nam").lexically_normal().string();
-    NamLaunch launch = NamLaunchFor(m_, id_, dir_);
+    NamLaunch launch = launcher_->NamServerLaunch();
     // A resumed run's server persists where its dead coordinator's did, and that one may take
     // a moment to stop; so may a shared server whose last run just ended.
     launch.lock_wait_s = 15;
     json event;
     try {
       if (launch.prefix.empty() && launch.token_file.empty()) {
-        // On this node, on loopback: the runs directory's shared server (orchestrator/shared_nam.h).
+        // On this node, on loopback: the runs directory's shared server (launch/shared_nam.h).
         shared_nam_ = std::make_unique<SharedNamServer>(opt_.msaflow_exe, m_.nam, opt_.runs_dir, launch.lock_wait_s);
         nam_uri_ = shared_nam_->uri();
         progress_.Line(fmt::format("NAM server of {}: {} (pid {}, {}; {}, persisting to {})", opt_.runs_dir, nam_uri_,
@@ -164,54 +165,12 @@ class RunDriver {
     return fmt::format("the run's NAM server ({}, {}) {}; its log: {}", nam_uri_, which, how, log);
   }
 
-  // Slurm jobs the dead coordinator submitted run on without it: wait for them to end rather
-  // than submit their tasks again; their done objects then say what they finished. When the
-  // NAM server they use was the dead coordinator's own Slurm job and it has ended, they cannot
-  // finish: they are cancelled instead of waited for.
-  void ReattachSlurmJobs() {
-    if (m_.launcher != "slurm" || before_.slurm_jobs.empty()) return;
-    SlurmCli cli(m_.slurm.conf);
-    json states = json::array();
-    if (!before_.nam_slurm_job.empty()) {
-      const auto nam = ParseShowJob(cli.Show(before_.nam_slurm_job));
-      if (nam.empty() || !EndState(nam).empty()) {
-        for (const std::string& job : before_.slurm_jobs) cli.Cancel(job);
-        progress_.Line(fmt::format("the previous coordinator's NAM server (Slurm job {}) has ended, so its round's "
-                                   "job(s) cannot finish: cancelled them",
-                                   before_.nam_slurm_job));
-      }
-    }
-    for (const std::string& job : before_.slurm_jobs) {
-      bool said = false;
-      for (;;) {
-        const auto comps = ParseShowJob(cli.Show(job));
-        const std::string end = comps.empty() ? "gone" : EndState(comps);
-        if (!end.empty()) {
-          states.push_back({{"job", job}, {"state", end}});
-          break;
-        }
-        if (!said) {
-          progress_.Line(fmt::format("re-attached to Slurm job {} ({}), which the previous coordinator submitted; "
-                                     "waiting for it to end",
-                                     job, comps.front().state));
-          said = true;
-        }
-        if (int sig = InterruptSignal()) {
-          cli.Cancel(job);
-          Throw(ErrorKind::kTaskFailed, fmt::format("interrupted by signal {} while waiting for Slurm job {}; cancelled it",
-                                                    sig, job));
-        }
-        std::this_thread::sleep_for(std::chrono::duration<double>(m_.slurm.poll_s));
-      }
-    }
-    journal_.Event("slurm-reattached", {{"jobs", states}});
-  }
-
-  std::unique_ptr<Launcher> MakeLauncher() const {
-    if (m_.launcher == "slurm")
-      return std::make_unique<SlurmLauncher>(m_, opt_.msaflow_exe, id_, dir_, std::make_unique<SlurmCli>(m_.slurm.conf),
-                                             static_cast<int>(p_.retries.max), p_.retries.on);
-    return std::make_unique<LocalLauncher>(opt_.msaflow_exe, static_cast<int>(p_.retries.max), p_.retries.on);
+  // What a dead coordinator of the run left running (its last round's Slurm jobs): the
+  // launcher waits for it or cancels it, and the journal says which.
+  void Reattach(Launcher& launcher) {
+    json fields = launcher.Reattach({before_.slurm_jobs, before_.nam_slurm_job},
+                                    [&](const std::string& line) { progress_.Line(line); });
+    if (!fields.is_null()) journal_.Event("slurm-reattached", std::move(fields));
   }
 
   // The task's done object, when its step committed everything for this very task (same key).
@@ -224,7 +183,7 @@ class RunDriver {
   // Runs (or replays) one round; true when the stop rule ends the run after it.
   bool Round(int round, Launcher& launcher) {
     round_ = round;
-    slurm_times_ = json();
+    round_account_ = json();
     const std::vector<Candidate> fresh = loop_.Candidates(round);
     RoundPlan plan = PlanRound(p_, m_, id_, nam_uri_, round, fresh, loop_.kept());
     json step_seconds = json::object();
@@ -271,7 +230,7 @@ class RunDriver {
       const std::string started = started_.count(t.id)         ? started_.at(t.id)
                                   : before_.started.count(t.id) ? before_.started.at(t.id)
                                                                 : "";
-      tasks.push_back(ProvenanceTask(t, done.is_object() ? done : json::object(),
+      tasks.push_back(record::ProvenanceTask(t, done.is_object() ? done : json::object(),
                                      skipped.count(t.id) ? "done by an earlier coordinator of the run"
                                      : here_.count(t.id) ? "ran in the coordinator: nothing to compute"
                                                          : "ran",
@@ -282,9 +241,9 @@ class RunDriver {
       if (e.value("round", 0) == round && !e.value("model", "").empty())
         if (auto info = store_->Stat(e["model"].get<std::string>()); info && info->meta.contains("curve"))
           curves[info->name] = info->meta["curve"];
-    provenance_.push_back(ProvenanceRound(round, std::move(tasks), outcome, curves));
+    provenance_.push_back(record::ProvenanceRound(round, std::move(tasks), outcome.best, curves));
     json entry = RoundEntry(p_, round, outcome, step_seconds);
-    if (!slurm_times_.empty()) entry["node_seconds"] = slurm_times_;
+    if (!round_account_.is_null() && !round_account_.empty()) entry["node_seconds"] = round_account_;
     if (!ended_before || !replayed) {
       progress_.RoundTable(p_, round, outcome);
       journal_.Event("round-end", {{"round", round}, {"champion", outcome.best.at("champion").at("candidate").at("id")},
@@ -297,24 +256,14 @@ class RunDriver {
 
   void RunTasks(const RoundPlan& todo, const std::map<std::string, std::string>& files, Launcher& launcher,
                 json& step_seconds) {
-    // For node-seconds under Slurm: the mode the round's job(s) ran in, when they were
-    // submitted, and the first step's start and the last step's end.
-    std::string slurm_mode;
-    std::optional<std::chrono::steady_clock::time_point> submitted, first_start;
-    std::chrono::steady_clock::time_point last_end{};
     LaunchObserver obs;
     obs.on_start = [&](const Task& t) {
-      if (!first_start) first_start = std::chrono::steady_clock::now();
-      started_[t.id] = JournalTime();
+      started_[t.id] = record::JournalTime();
       progress_.TaskStart(t);
       journal_.Event("task-start", {{"task", t.id}, {"module", t.module}, {"ranks", t.ranks}});
     };
     obs.on_line = [&](const Task& t, const std::string& line) { progress_.TaskOutput(t, line); };
     obs.on_event = [&](const std::string& ev, json fields) {
-      if (ev == "slurm-job" && slurm_mode.empty()) {
-        slurm_mode = fields.value("mode", "");
-        submitted = std::chrono::steady_clock::now();
-      }
       progress_.LauncherEvent(ev, fields);
       journal_.Event(ev, std::move(fields));
     };
@@ -329,35 +278,32 @@ class RunDriver {
       }
       journal_.Event("task-end", std::move(end));
       step_seconds[t.step] = secs;
-      last_end = std::chrono::steady_clock::now();
     };
     obs.check = [&] {
       progress_.Tick();
       return NamServerGone();
     };
-    // Under Slurm every step runs in the round's job(s); locally, what has nothing to compute
-    // runs here without a process of its own.
-    const RoundPlan rest = m_.launcher == "slurm" ? todo : RunSettledTasks(todo, opt_.run_settled, *store_, dir_ + "/logs", obs, &here_);
-    if (!rest.tasks.empty()) launcher.RunRound(rest, files, dir_ + "/logs", obs);
-    if (m_.launcher == "slurm" && first_start) {
-      const double round_s = std::chrono::duration<double>(last_end - *first_start).count();
-      const double queue_s = submitted ? std::chrono::duration<double>(*first_start - *submitted).count() : 0;
-      std::map<std::string, double> secs;
-      for (const auto& [k, v] : step_seconds.items()) secs[k] = v.get<double>();
-      const std::string mode = slurm_mode.empty() ? m_.slurm.mode : slurm_mode;
-      json ns = json::array();
-      auto measured = MeasureNodeSeconds(secs, p_, m_, mode, round_s);
-      for (const auto& n : measured)
-        ns.push_back({{"module", n.module}, {"nodes", n.nodes}, {"held_s", n.held_s}, {"used_s", n.used_s}});
-      slurm_times_ = {{"mode", mode}, {"round_s", round_s}, {"queue_s", queue_s}, {"modules", ns}};
-      progress_.Line("  " + NodeSecondsSummary(measured, mode, todo.tasks.size(), std::max(queue_s, 0.5)));
-    }
+    // What has nothing to compute runs here without a process of its own, where the launcher
+    // allows it.
+    const RoundPlan rest = launcher.RunsSettledStepsInCoordinator()
+                               ? RunSettledTasks(todo, opt_.run_settled, *store_, dir_ + "/logs", obs, &here_, *opt_.clock)
+                               : todo;
+    if (rest.tasks.empty()) return;
+    launcher.RunRound(rest, files, dir_ + "/logs", obs);
+    std::map<std::string, double> secs;
+    for (const auto& [k, v] : step_seconds.items()) secs[k] = v.get<double>();
+    std::string summary;
+    round_account_ = launcher.RoundAccount(secs, &summary);
+    if (!summary.empty()) progress_.Line("  " + summary);
   }
 
   const Pipeline& p_;
   const Machine& m_;
   const RunOptions& opt_;
-  ProgressPrinter progress_;
+  RunObserver& progress_;
+  // Declared before the NAM server, which may reach Slurm through the launcher's JobRunner:
+  // members end in reverse order, so the launcher outlives it.
+  std::unique_ptr<Launcher> launcher_;
   std::string id_, dir_, nam_uri_;
   JournalWriter journal_;
   RunSummary before_;
@@ -367,14 +313,13 @@ class RunDriver {
   std::unique_ptr<nam::Store> store_;
   std::set<std::string> here_;  // tasks the coordinator ran itself (RunSettledTasks)
   int round_ = 0;
-  json slurm_times_;
-  json provenance_ = json::array();             // one entry per round (orchestrator/provenance.h)
+  json round_account_;  // what the launcher says the round cost (Slurm: node-seconds)
+  json provenance_ = json::array();             // one entry per round (record/provenance.h)
   std::map<std::string, std::string> started_;  // task id -> when this coordinator started it
 };
 
-// The checks a run makes before it writes anything: the NAM URI, fpga "opencl" with no OpenCL
-// device here, labels or splits no model can be trained on, models prepare could not feed.
-// Returns the NAM the run will use (NamFor).
+}  // namespace
+
 std::string PreRunChecks(const Pipeline& p, const Machine& m, const std::string& runs_dir) {
   std::string nam = NamFor(p, m, runs_dir);
   FpgaPreflight(p, m);
@@ -383,10 +328,7 @@ std::string PreRunChecks(const Pipeline& p, const Machine& m, const std::string&
   return nam;
 }
 
-}  // namespace
-
-std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& opt, std::FILE* out,
-                        Launcher* given_launcher) {
+std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& opt, RunObserver& obs) {
   std::string id = opt.run_id.empty() ? NewRunId(p.name) : opt.run_id;
   nam::ValidateObjectName(id);
   std::string dir = std::filesystem::absolute(opt.runs_dir + "/" + id).lexically_normal().string();
@@ -401,10 +343,11 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   MakeDirs(staging + "/tasks");
   MakeDirs(staging + "/logs");
   WriteFileAtomic(staging + "/pipeline.json", p.source.dump(2) + "\n");
-  CoordinatorLock lock(staging);  // the lock is on the file, which the rename keeps
+  record::CoordinatorLock lock(staging);  // the lock is on the file, which the rename keeps
   JournalWriter staged = JournalWriter::Create(staging + "/journal.jsonl");
   staged.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"machine_source", m.source},
-                             {"launcher", m.launcher}, {"coordinator", ThisCoordinator().ToJson()},
+                             {"launcher", workflow::LauncherName(m.launcher)},
+                             {"coordinator", record::ThisCoordinator().ToJson()},
                              {"nam", nam == "serve" ? std::string("a NAM server started for the run") : nam}});
   if (!PathExists(dir)) {
     if (::rename(staging.c_str(), dir.c_str()) != 0) {
@@ -422,20 +365,20 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     }
     std::filesystem::remove_all(staging);
   }
-  RunDriver(p, m, opt, out, id, dir, JournalWriter::Append(dir + "/journal.jsonl"), RunSummary{}).Drive(given_launcher);
+  RunDriver(p, m, opt, obs, id, dir, JournalWriter::Append(dir + "/journal.jsonl"), RunSummary{}).Drive();
   return dir;
 }
 
-bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, std::FILE* out, Launcher* given_launcher) {
+bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObserver& obs) {
   const std::string dir = std::filesystem::absolute(run_dir_arg).lexically_normal().string();
   const std::string journal_path = dir + "/journal.jsonl";
   if (!PathExists(journal_path))
     Throw(ErrorKind::kNotFound, dir + ": no journal.jsonl (not a run directory, or a run submitted to Slurm whose "
                                       "coordinator never started)");
-  CoordinatorLock lock(dir);
-  RunSummary before = Summarize(ReadJournal(journal_path), journal_path);
+  record::CoordinatorLock lock(dir);
+  RunSummary before = record::Summarize(record::ReadJournal(journal_path), journal_path);
   if (before.finished) {
-    std::fprintf(out, "run %s finished already: %s\n", before.run.c_str(), before.finish.c_str());
+    obs.Line(fmt::format("run {} finished already: {}", before.run, before.finish));
     return false;
   }
   if (before.machine_source.empty())
@@ -444,19 +387,19 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, std::FI
   json source = json::parse(ReadFile(dir + "/pipeline.json"), nullptr, false);
   if (source.is_discarded()) Throw(ErrorKind::kCorrupt, dir + "/pipeline.json: not JSON");
   const Pipeline p = workflow::PipelineFromSource(source);
-  const Machine m = LoadMachine(before.machine_source);
+  const Machine m = workflow::LoadMachine(before.machine_source);
   RunOptions opt = opt_in;
   opt.runs_dir = std::filesystem::path(dir).parent_path().string();
   PreRunChecks(p, m, opt.runs_dir);
   JournalWriter journal = JournalWriter::Append(journal_path);
-  journal.Event("resume", {{"coordinator", ThisCoordinator().ToJson()}, {"resume", before.resumes + 1},
+  journal.Event("resume", {{"coordinator", record::ThisCoordinator().ToJson()}, {"resume", before.resumes + 1},
                            {"was", before.failed ? "failed: " + before.error : "interrupted"},
                            {"tasks_done", before.tasks_done.size()}, {"rounds_ended", before.rounds_ended}});
-  std::fprintf(out, "resuming run %s (%s; %zu task(s) done, %d round(s) ended)\n", before.run.c_str(),
-               before.failed ? ("it failed: " + Printable(before.error, 200)).c_str() : "its coordinator died",
-               before.tasks_done.size(), before.rounds_ended);
+  obs.Line(fmt::format("resuming run {} ({}; {} task(s) done, {} round(s) ended)", before.run,
+                       before.failed ? "it failed: " + Printable(before.error, 200) : "its coordinator died",
+                       before.tasks_done.size(), before.rounds_ended));
   const std::string id = before.run;  // not read from `before` in the call that moves it
-  RunDriver(p, m, opt, out, id, dir, std::move(journal), std::move(before)).Drive(given_launcher);
+  RunDriver(p, m, opt, obs, id, dir, std::move(journal), std::move(before)).Drive();
   return true;
 }
 
@@ -477,37 +420,6 @@ std::string LastResults(const std::string& runs_dir, const std::string& name) {
     best_time = t;
   }
   return best;
-}
-
-NamLaunch NamLaunchFor(const Machine& m, const std::string& run_id, const std::string& run_dir) {
-  NamLaunch l;
-  std::string host, port;
-  nam::SplitHostPort(m.nam.listen, "machine " + m.name + ": /nam/listen", &host, &port);
-  if (!nam::IsLoopbackHost(host)) {
-    // Off loopback the server needs a token; the run directory is on the file system the
-    // modules share, and only this user may read it.
-    l.token_file = run_dir + "/nam-token";
-    std::random_device rd;
-    std::string token;
-    for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", rd());
-    WriteFileAtomic(l.token_file, token + "\n");
-    if (::chmod(l.token_file.c_str(), 0600) != 0) ThrowErrno("chmod " + l.token_file);
-  }
-  if (m.nam.module.empty() || m.launcher != "slurm") return l;
-  const ModuleSpec& s = m.Module(m.nam.module, "machine " + m.name + ": /nam/module");
-  if (const char* group = std::getenv("MSAFLOW_NAM_HET_GROUP")) {
-    // The coordinator was submitted with the NAM as a component of its own job.
-    l.prefix = {"srun", std::string("--het-group=") + group, "--nodes=1", "--ntasks=1", "--mpi=none",
-                "--kill-on-bad-exit=1"};
-  } else {
-    // Its own job on the module's nodes, for as long as this run lasts.
-    l.prefix = {"srun", "--job-name=msaflow-" + run_id + "-nam", "--partition=" + s.partition, "--nodes=1",
-                "--ntasks=1", "--time=" + s.time, "--mpi=none", "--kill-on-bad-exit=1"};
-    if (!s.constraint.empty()) l.prefix.push_back("--constraint=" + s.constraint);
-    l.own_allocation = true;
-  }
-  l.start_timeout_s = 300;  // an allocation may have to wait
-  return l;
 }
 
 std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir) {

@@ -1,51 +1,59 @@
 // A run: rounds of the five steps until the stop rule, recorded in runs/<id>/ (docs/formats.md):
-// pipeline.json, journal.jsonl (orchestrator/journal.h), coordinator.lock
-// (orchestrator/coordinator_lock.h), tasks/*.json, logs/*.log, results.json.
+// pipeline.json, journal.jsonl (record/journal.h), coordinator.lock (record/coordinator_lock.h),
+// tasks/*.json, logs/*.log, results.json, provenance.json. The round loop is here; how its tasks
+// run is the launcher's (launch/launcher.h); what it shows goes to a RunObserver. Most callers
+// want the Runs API (orchestrator/runs.h) around these.
 #pragma once
 
-#include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 
-#include "orchestrator/launcher.h"
-#include "orchestrator/settled_tasks.h"
-#include "orchestrator/machine.h"
-#include "orchestrator/nam_process.h"
+#include "common/clock.h"
+#include "launch/launcher.h"
+#include "launch/settled_tasks.h"
 #include "orchestrator/rounds.h"
+#include "orchestrator/run_observer.h"
+#include "workflow/machine.h"
 #include "workflow/pipeline.h"
 
 namespace msaflow::orchestrator {
 
+using LauncherFactory =
+    std::function<std::unique_ptr<launch::Launcher>(const Pipeline&, const Machine&, launch::LaunchContext)>;
+
 struct RunOptions {
   std::string runs_dir = "runs";
-  std::string msaflow_exe;  // started as `msaflow nam serve` when the run needs a NAM server
+  std::string msaflow_exe;  // what tasks run as, and what is started as `msaflow nam serve`
   std::string run_id;  // "" = <name>-<timestamp>-<random>
-  bool verbose = false;
-  // Runs a step that has nothing to compute in the coordinator (orchestrator/settled_tasks.h);
-  // empty: every step is a process.
-  SettledRunner run_settled;
+  // Runs a step that has nothing to compute in the coordinator (launch/settled_tasks.h), where
+  // the launcher allows it; empty: every step is a task.
+  launch::SettledRunner run_settled;
+  Clock* clock = &SystemClock();
+  // The launcher; empty: the machine's (launch::MakeLauncher). Tests give a fake.
+  LauncherFactory make_launcher;
 };
 
-// Runs the pipeline to the end; returns the run directory. Progress goes to `out`.
-// Throws Error (kTaskFailed when a task fails, kUnavailable when the NAM server dies; the
-// journal records it). The launcher is the machine's (local processes, or Slurm jobs) unless
-// one is given. The run directory appears whole (journal, pipeline) or not at all.
-std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& opt, std::FILE* out,
-                        Launcher* launcher = nullptr);
+// Runs the pipeline to the end; returns the run directory. Throws Error (kTaskFailed when a task
+// fails, kUnavailable when the NAM server dies; the journal records it). The run directory
+// appears whole (journal, pipeline) or not at all.
+std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& opt, RunObserver& obs);
 
 // Finishes a run whose coordinator died or failed (`msaflow resume`): the same pipeline and
 // machine, rounds replayed from the NAM, and every task whose done object is in the NAM
 // reused, not run again; the rest run as they would have. Throws kInvalidInput while the run's
-// coordinator is alive. A finished run is left as it is (returns false).
-bool ResumeRun(const std::string& run_dir, const RunOptions& opt, std::FILE* out, Launcher* launcher = nullptr);
+// coordinator is alive. A finished run is left as it is (returns false). `opt.runs_dir` is
+// the run directory's parent.
+bool ResumeRun(const std::string& run_dir, const RunOptions& opt, RunObserver& obs);
+
+// The checks a run makes before it writes anything: the NAM URI, fpga "opencl" with no OpenCL
+// device here, labels or splits no model can be trained on, models prepare could not feed.
+// Returns the NAM the run will use (NamFor).
+std::string PreRunChecks(const Pipeline& p, const Machine& m, const std::string& runs_dir);
 
 // The NAM a run uses: the pipeline's URI, else the machine's, else "serve" (a server the run
 // starts, persisting to <runs>/nam) when the machine asks for one, else file://<runs>/nam.
 std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir);
-
-// How a run starts its NAM server: a child process, or under Slurm (machine nam.module) an
-// srun into the coordinator's NAM component (MSAFLOW_NAM_HET_GROUP, set by `submit`) or into a
-// job of its own. Off loopback it writes a token file into `run_dir`.
-NamLaunch NamLaunchFor(const Machine& m, const std::string& run_id, const std::string& run_dir);
 
 // "<name>-<UTC time>-<4 hex digits>".
 std::string NewRunId(const std::string& name);
@@ -53,6 +61,5 @@ std::string NewRunId(const std::string& name);
 // The results.json of the latest finished run of pipeline `name` under `runs_dir` (by the
 // file's modification time), or "" when there is none. Unreadable results files are skipped.
 std::string LastResults(const std::string& runs_dir, const std::string& name);
-
 
 }  // namespace msaflow::orchestrator

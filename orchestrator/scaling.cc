@@ -119,7 +119,8 @@ std::string RunScaling(const workflow::Pipeline& p, const Machine& m, const Scal
       std::FILE* log = std::fopen(log_path.c_str(), "w");
       if (!log) ThrowErrno("open " + log_path);
       try {
-        RunPipeline(q, m, ro, log);
+        std::unique_ptr<RunObserver> watcher = opt.observe ? opt.observe(log) : std::make_unique<RunObserver>();
+        RunPipeline(q, m, ro, *watcher);
       } catch (...) {
         std::fclose(log);
         throw;

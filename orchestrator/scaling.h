@@ -7,7 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "orchestrator/machine.h"
+#include <functional>
+#include <memory>
+
+#include "orchestrator/run_observer.h"
+#include "workflow/machine.h"
 #include "workflow/pipeline.h"
 
 namespace msaflow::orchestrator {
@@ -20,6 +24,9 @@ struct ScalingOptions {
   std::string runs_dir = "runs";
   std::string msaflow_exe;
   std::string id;  // "" = scaling-<name>-<time>-<random>
+  // What watches each run, given the run's log file (the CLI: its progress printer, no bar).
+  // Empty: nobody.
+  std::function<std::unique_ptr<RunObserver>(std::FILE* log)> observe;
 };
 
 // Runs every configuration, prints the table to `out` and returns the directory holding

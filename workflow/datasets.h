@@ -45,7 +45,7 @@ SplitSource OpenSplit(const Pipeline& p, const std::string& split);
 // What a split's content digest (SplitSource::Digest) depends on, found without reading any
 // image: the split's spec (format, files, limit, the validation carve) and every file's path,
 // size, inode and modification time (an image folder is listed, not decoded). Steps cache the
-// digest under it (modules/dataset_digest.h).
+// digest under it (StepContext::DatasetDigest, modules/step_context.h).
 std::string SplitStamp(const Pipeline& p, const std::string& split);
 // Every split of `p` (SplitNames order); a validation split taken from train shares the one
 // read of the training file.

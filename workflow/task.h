@@ -49,6 +49,23 @@ struct TaskSpec {
   std::string gres;                   // under Slurm: the GRES the step's job component asked for ("fpga:1")
 };
 
+// One task of a round as the planner made it and a launcher runs it: a step bound to a module
+// with its rank count, in dependency order.
+struct Task {
+  std::string id;      // "r<round>-<step>"
+  std::string step;
+  std::string module;  // cm | esb | dam
+  int64_t ranks = 1;  // processes started (for train: gradient ranks + parameter servers)
+  std::vector<std::string> after;  // task ids that must finish first
+  nlohmann::json body;             // the task file given to `msaflow module <step> --task`
+};
+
+// A round's tasks, in the order they run.
+struct RoundPlan {
+  int round = 0;
+  std::vector<Task> tasks;
+};
+
 // Throws Error(kInvalidInput) "<origin>: <field>: <problem>" for anything missing or mistyped.
 TaskSpec ParseTask(const nlohmann::json& body, const std::string& origin);
 // The task's content key: a checksum of its body without the NAM address (which a resumed run's

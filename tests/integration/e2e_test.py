@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """End to end: a small pipeline through the real module processes (real ONNX backbones, real
-Fashion-MNIST images, file:// NAM), two rounds. Checks the champion and that round 2 reused
+Fashion-MNIST images, the NAM server the run starts (fabric://), persisting to <runs>/nam), two
+rounds. Checks the champion and that round 2 reused
 every feature object instead of running the backbones again. The FPGA steps run on OpenCL
 (PoCL, which CI installs); a run with the C++ backend must give the same metrics, bit for bit."""
 import json

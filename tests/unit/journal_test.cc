@@ -9,14 +9,16 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "nam/mem_store.h"
-#include "orchestrator/coordinator_lock.h"
-#include "orchestrator/journal.h"
+#include "record/coordinator_lock.h"
+#include "record/journal.h"
 #include "orchestrator/rounds.h"
-#include "orchestrator/why.h"
+#include "record/why.h"
 #include "workflow/objects.h"
 #include "workflow/task.h"
 
-namespace msaflow::orchestrator {
+namespace msaflow::record {
+using namespace msaflow::orchestrator;  // the round loop's tests (orchestrator/rounds.h)
+using namespace msaflow::workflow;
 namespace {
 
 using nlohmann::json;
@@ -273,4 +275,4 @@ TEST(Why, JsonChangesNamesEveryDifferingLeaf) {
 }
 
 }  // namespace
-}  // namespace msaflow::orchestrator
+}  // namespace msaflow::record

@@ -24,7 +24,7 @@
 #include "workflow/candidates.h"
 #include "workflow/objects.h"
 #include "workflow/task.h"
-#include "orchestrator/machine.h"
+#include "workflow/machine.h"
 #include "workflow/pipeline.h"
 #include "orchestrator/planner.h"
 
@@ -60,7 +60,7 @@ class TinyRound : public ::testing::Test {
                 {"backbones", json::array({{{"name", "pixels"}, {"kind", "pixels"}}})},
                 {"head", {{"type", {"softmax"}}, {"lr", {0.01}}, {"epochs", {5}}, {"batch", 16}}},
                 {"rounds", {{"max", 1}, {"candidates", 2}, {"seed", 1}}}};
-    machine_ = orchestrator::LoadMachine("local");
+    machine_ = workflow::LoadMachine("local");
     Replan();
   }
   // Parses doc_ and plans its first round on a fresh mem:// NAM.

@@ -5,11 +5,15 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "workflow/candidates.h"
-#include "orchestrator/machine.h"
+#include "workflow/machine.h"
+#include "launch/node_seconds.h"
 #include "orchestrator/placement.h"
 #include "orchestrator/planner.h"
 
 namespace msaflow::orchestrator {
+using workflow::LoadMachine;
+using launch::MeasureNodeSeconds;
+using launch::NodeSecondsSummary;
 namespace {
 
 using workflow::ParsePipeline;

@@ -5,15 +5,17 @@
 #include <cmath>
 #include <regex>
 
+#include "common/clock.h"
 #include "common/error.h"
-#include "orchestrator/journal.h"
-#include "orchestrator/progress_bar.h"
-#include "orchestrator/provenance.h"
-#include "orchestrator/report.h"
-#include "orchestrator/status.h"
-#include "orchestrator/svg.h"
+#include "record/journal.h"
+#include "report/progress_bar.h"
+#include "record/provenance.h"
+#include "report/report.h"
+#include "record/status.h"
+#include "report/svg.h"
 
-namespace msaflow::orchestrator {
+namespace msaflow::report {
+using namespace msaflow::record;
 namespace {
 
 using nlohmann::json;
@@ -217,10 +219,12 @@ TEST(ProgressBar, OnATerminalTheBarStaysBelowTheLinesAndEndsFull) {
   char* buf = nullptr;
   size_t len = 0;
   std::FILE* f = ::open_memstream(&buf, &len);
+  ManualClock clock;  // the running task's clock reads this one: exact, whatever the machine's speed
   {
-    ProgressBar bar(f, true);
+    ProgressBar bar(f, true, &clock);
     bar.Round(1, 1, 2, 1);  // one task done before (a resume)
     bar.Start("store on dam");
+    clock.AdvanceSeconds(2.26);
     bar.Print("stored");
     bar.Done();
     bar.Print("after");  // the round is over: no bar drawn again
@@ -231,9 +235,27 @@ TEST(ProgressBar, OnATerminalTheBarStaysBelowTheLinesAndEndsFull) {
   const std::string erase = "\r\033[K";
   EXPECT_EQ(out, erase + "round 1/1 [##########..........] 1/2 tasks" +                      // Round
                      erase + "round 1/1 [##########..........] 1/2 tasks  store on dam 0.0 s" +  // Start
-                     erase + "stored\n" + erase + "round 1/1 [##########..........] 1/2 tasks  store on dam 0.0 s" +
+                     erase + "stored\n" + erase + "round 1/1 [##########..........] 1/2 tasks  store on dam 2.3 s" +
                      erase + "round 1/1 [####################] 2/2 tasks\nafter\n");
 }
 
+TEST(ProgressBar, TheRunningTasksClockIsTheClockItIsGiven) {
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* f = ::open_memstream(&buf, &len);
+  ManualClock clock;
+  {
+    ProgressBar bar(f, true, &clock);
+    bar.Round(2, 3, 6, 0);
+    bar.Start("train on dam");
+    clock.AdvanceSeconds(61.04);
+    bar.Tick();
+  }
+  std::fclose(f);
+  const std::string out(buf, len);
+  std::free(buf);
+  EXPECT_NE(out.find("round 2/3 [....................] 0/6 tasks  train on dam 61.0 s"), std::string::npos) << out;
+}
+
 }  // namespace
-}  // namespace msaflow::orchestrator
+}  // namespace msaflow::report

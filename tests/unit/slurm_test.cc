@@ -5,12 +5,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/files.h"
-#include "orchestrator/machine.h"
-#include "orchestrator/slurm.h"
+#include "workflow/machine.h"
+#include "launch/slurm.h"
 
-namespace msaflow::orchestrator {
+namespace msaflow::launch {
+using namespace msaflow::workflow;
 namespace {
 
 Machine TestMachine() {
@@ -255,15 +257,9 @@ class FakeSlurm : public JobRunner {
            (states.at(id) == "COMPLETED" ? "0:0" : "1:0") + " Partition=dam NodeList=dam01\n";
   }
   void Cancel(const std::string& id) override { cancelled.push_back(id); }
-};
-
-// The launcher owns its runner; the test keeps the fake to look at afterwards.
-struct Forward : JobRunner {
-  explicit Forward(JobRunner* f) : f(f) {}
-  std::string Submit(const std::string& s, const std::vector<std::string>& e) override { return f->Submit(s, e); }
-  std::string Show(const std::string& id) override { return f->Show(id); }
-  void Cancel(const std::string& id) override { f->Cancel(id); }
-  JobRunner* f;
+  void Signal(const std::string& id, const std::string&) override { signalled.push_back(id); }
+  std::string QueueState(const std::string&) override { return ""; }
+  std::vector<std::string> signalled;
 };
 
 class SlurmRound : public ::testing::Test {
@@ -283,8 +279,10 @@ class SlurmRound : public ::testing::Test {
     m.slurm.mode = mode;
     m.slurm.fallback = fallback;
     m.slurm.partition = "all";
-    std::unique_ptr<JobRunner> runner(new Forward(fake));
-    SlurmLauncher l(m, "/bin/msaflow", "run1", dir_, std::move(runner), retries, {"TIMEOUT", "NODE_FAIL"});
+    workflow::Pipeline p;
+    p.retries.max = retries;
+    p.retries.on = {"TIMEOUT", "NODE_FAIL"};
+    SlurmLauncher l(p, m, LaunchContext{"run1", dir_, "/bin/msaflow", &clock_, fake});  // polls without waiting
     std::vector<std::pair<std::string, nlohmann::json>> events;
     LaunchObserver obs;
     obs.on_event = [&](const std::string& e, nlohmann::json f) { events.push_back({e, f}); };
@@ -298,6 +296,7 @@ class SlurmRound : public ::testing::Test {
     return events;
   }
   std::string dir_;
+  ManualClock clock_;
   RoundPlan plan_;
 };
 
@@ -483,10 +482,10 @@ TEST(Slurm, MachineFilesAreValidated) {
   EXPECT_TRUE(fb.slurm.fallback.empty());
   for (const char* f : {"slurm-local.json", "deep-est.json"}) {
     Machine m = LoadMachine(std::string(MSAFLOW_SOURCE_DIR) + "/configs/machines/" + f);
-    EXPECT_EQ(m.launcher, "slurm") << f;
+    EXPECT_EQ(m.launcher, LauncherKind::kSlurm) << f;
     for (const char* mod : {"cm", "dam", "esb"}) EXPECT_TRUE(m.modules.count(mod)) << f << " " << mod;
   }
 }
 
 }  // namespace
-}  // namespace msaflow::orchestrator
+}  // namespace msaflow::launch

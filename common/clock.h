@@ -1,0 +1,45 @@
+// Time as the coordinator sees it: a monotonic now and a sleep, behind one interface so that the
+// run driver, the launchers, the progress bar and the NAM server process can be driven by a
+// test's ManualClock (no real waiting, exact durations) and by SystemClock everywhere else.
+// Wall-clock timestamps (the journal's "time") are not this clock's business.
+#pragma once
+
+#include <chrono>
+#include <mutex>
+
+namespace msaflow {
+
+class Clock {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  using Duration = std::chrono::steady_clock::duration;
+  virtual ~Clock() = default;
+  virtual TimePoint Now() = 0;
+  // Returns early when a signal arrives (the real clock's nanosleep is interrupted), so a
+  // waiting loop sees an interrupt at once.
+  virtual void Sleep(Duration d) = 0;
+  void SleepSeconds(double s) { Sleep(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s))); }
+  double SecondsSince(TimePoint t) { return std::chrono::duration<double>(Now() - t).count(); }
+};
+
+// std::chrono::steady_clock and a real sleep.
+Clock& SystemClock();
+
+// A clock that moves only when told: Sleep advances it by the duration asked (and returns at
+// once), Advance by hand. Thread-safe.
+class ManualClock : public Clock {
+ public:
+  TimePoint Now() override;
+  void Sleep(Duration d) override;
+  void Advance(Duration d);
+  void AdvanceSeconds(double s) { Advance(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s))); }
+  // The total time slept through Sleep (what a real clock would have waited).
+  Duration slept();
+
+ private:
+  std::mutex mu_;
+  TimePoint now_{};
+  Duration slept_{};
+};
+
+}  // namespace msaflow

@@ -1,0 +1,107 @@
+// The Slurm launcher: each round becomes one heterogeneous job with one component per module
+// the round uses (docs/slurm.md), each step an `srun --het-group=K msaflow module ...`; or, as
+// a fallback, a chain of one job per step linked by --dependency=afterok.
+// Slurm's commands go through JobRunner (launch/job_runner.h).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launch/job_runner.h"
+#include "launch/launcher.h"
+#include "workflow/machine.h"
+
+namespace msaflow::launch {
+
+// One component (or a plain job) as scontrol reports it.
+struct JobState {
+  std::string id;         // "12+1" for component 1 of hetjob 12, else "12"
+  std::string job_id;     // Slurm's own id of this component
+  int offset = -1;        // HetJobOffset, -1 for a plain job
+  std::string state;      // JobState: PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, ...
+  std::string reason;
+  int exit_code = 0, signal = 0;
+  std::string partition, nodes;
+};
+
+// Parses `scontrol show job -o` output. Lines it cannot read are skipped.
+std::vector<JobState> ParseShowJob(const std::string& text);
+bool IsTerminal(const std::string& state);
+// A job is done when every component is terminal; its end state is the first component that
+// did not complete (or COMPLETED).
+std::string EndState(const std::vector<JobState>& components);
+
+// The modules a set of tasks uses, in order of first use, with the ranks each needs: the
+// components of a round's hetjob.
+std::vector<std::pair<std::string, int64_t>> Components(const std::vector<Task>& tasks);
+
+struct SlurmScriptParams {
+  std::string run, run_dir, log_dir, progress, exe;
+  int round = 0;
+};
+
+// The batch script of a round as one hetjob: components in order of first use, one
+// `step` line per task. `tasks` may be a subset of the plan (a retry skips finished ones).
+std::string HetjobScript(const std::vector<Task>& tasks, const Machine& m,
+                         const std::map<std::string, std::string>& task_files, const SlurmScriptParams& p);
+// The batch script of a round as one allocation over `slurm.partition` (single mode): the
+// modules' node sets are taken from it by node feature (or in order), each step an
+// `srun --nodes --nodelist` on its module's nodes.
+std::string SingleScript(const std::vector<Task>& tasks, const Machine& m,
+                         const std::map<std::string, std::string>& task_files, const SlurmScriptParams& p);
+// The batch script of one task as its own job (chained mode).
+std::string ChainedScript(const Task& t, const Machine& m, const std::map<std::string, std::string>& task_files,
+                          const SlurmScriptParams& p);
+
+// Runs each round as one hetjob (or one allocation, or a chain of jobs) and follows it through
+// the progress file its script writes and scontrol's states. Built by MakeLauncher.
+class SlurmLauncher : public Launcher {
+ public:
+  SlurmLauncher(Pipeline p, Machine m, LaunchContext ctx);
+  void SetUpEnvironment() override;
+  bool RunsSettledStepsInCoordinator() const override { return false; }
+  nlohmann::json Reattach(const Leftovers& left, const std::function<void(const std::string&)>& say) override;
+  // A round whose job ends in one of the pipeline's retries.on is resubmitted (its unfinished
+  // steps only), up to retries.max times.
+  void RunRound(const RoundPlan& plan, const std::map<std::string, std::string>& task_files, const std::string& log_dir,
+                const LaunchObserver& obs) override;
+  nlohmann::json RoundAccount(const std::map<std::string, double>& step_seconds, std::string* summary) override;
+  std::string PlanNam(const std::string& nam, const std::string& persist_dir) const override;
+  std::string PlanText(const RoundPlan& round1, const std::string& nam, const std::string& runs_dir) const override;
+  bool batch() const override { return true; }
+  Submitted Submit(const SubmitRequest& req) override;
+  std::string SubmittedJobEnd(const std::string& job) override;
+
+ protected:
+  void PlaceNamServer(NamLaunch* launch) const override;
+
+ private:
+  struct Attempt;  // one submission of a round (slurm.cc)
+  void SubmitAttempt(Attempt& a, const LaunchObserver& obs);
+  void SubmitIn(const std::string& mode, Attempt& a, const LaunchObserver& obs);
+  // Follows the attempt's jobs until every one has ended.
+  void Follow(Attempt& a, const LaunchObserver& obs);
+  [[noreturn]] void Interrupted(Attempt& a, int sig, const LaunchObserver& obs);
+  // After the attempt's jobs ended: false when the round is done; else what failed, and true
+  // when the round is tried again (kTaskFailed when not).
+  bool Ended(Attempt& a, const LaunchObserver& obs);
+
+  JobRunner& jobs() const { return *jobs_; }
+  std::unique_ptr<JobRunner> own_jobs_;
+  JobRunner* jobs_;
+  std::vector<std::string> modes_;  // slurm.mode, then its fallbacks
+  size_t mode_i_ = 0;               // the mode in use; moves on when Slurm refuses one
+  // The last round's timing, for RoundAccount: when its first job was submitted, its first
+  // step started and its last step ended, the mode it ran in, how many tasks it had.
+  std::optional<Clock::TimePoint> submitted_, first_start_;
+  Clock::TimePoint last_end_{};
+  std::string round_mode_;
+  size_t round_tasks_ = 0;
+};
+
+std::string ShellQuote(const std::string& s);
+
+}  // namespace msaflow::launch

@@ -1,0 +1,108 @@
+#include "orchestrator/runs.h"
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fmt/core.h>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "nam/store.h"
+#include "orchestrator/planner.h"
+#include "record/coordinator_lock.h"
+#include "workflow/candidates.h"
+
+namespace msaflow::orchestrator {
+namespace {
+
+std::string Absolute(const std::string& path) { return std::filesystem::absolute(path).lexically_normal().string(); }
+
+}  // namespace
+
+Runs::Runs(RunsConfig config) : config_(std::move(config)) {}
+
+RunOptions Runs::Options(const std::string& run_id) const {
+  RunOptions o;
+  o.runs_dir = config_.runs_dir;
+  o.msaflow_exe = config_.msaflow_exe;
+  o.run_id = run_id;
+  o.run_settled = config_.run_settled;
+  o.clock = config_.clock;
+  o.make_launcher = config_.make_launcher;
+  return o;
+}
+
+std::unique_ptr<launch::Launcher> Runs::LauncherFor(const Pipeline& p, const Machine& m, const std::string& run_id,
+                                                    const std::string& run_dir) const {
+  launch::LaunchContext ctx{run_id, run_dir, config_.msaflow_exe, config_.clock, nullptr};
+  return config_.make_launcher ? config_.make_launcher(p, m, ctx) : launch::MakeLauncher(p, m, ctx);
+}
+
+bool Runs::PlanIsScript(const Pipeline& p, const Machine& m) const {
+  return LauncherFor(p, m, "<run-id>", Absolute(config_.runs_dir) + "/<run-id>")->batch();
+}
+
+std::string Runs::Plan(const Pipeline& p, const Machine& m) const {
+  auto launcher = LauncherFor(p, m, "<run-id>", Absolute(config_.runs_dir) + "/<run-id>");
+  const std::string nam = launcher->PlanNam(NamFor(p, m, config_.runs_dir), Absolute(config_.runs_dir + "/nam"));
+  const RoundPlan rp = PlanRound(p, m, "<run-id>", nam, 1, workflow::FirstRound(p), {});
+  return launcher->PlanText(rp, nam, Absolute(config_.runs_dir));
+}
+
+std::string Runs::Start(const Pipeline& p, const Machine& m, const std::string& run_id, RunObserver& obs) const {
+  return RunPipeline(p, m, Options(run_id), obs);
+}
+
+bool Runs::Resume(const std::string& run_dir, RunObserver& obs) const {
+  RunOptions o = Options("");
+  o.runs_dir = std::filesystem::path(Absolute(run_dir)).parent_path().string();
+  return ResumeRun(run_dir, o, obs);
+}
+
+SubmittedRun Runs::Submit(const Pipeline& p, const Machine& m, const std::string& pipeline_path,
+                          const std::string& machine_arg, const std::string& run_id) const {
+  SubmittedRun r;
+  r.run_id = run_id.empty() ? NewRunId(p.name) : run_id;
+  nam::ValidateObjectName(r.run_id);
+  const std::string runs_abs = Absolute(config_.runs_dir);
+  r.run_dir = runs_abs + "/" + r.run_id;
+  auto launcher = LauncherFor(p, m, r.run_id, r.run_dir);
+  launch::SubmitRequest req{std::filesystem::absolute(pipeline_path).string(),
+                            machine_arg == "local" ? machine_arg : std::filesystem::absolute(machine_arg).string(),
+                            runs_abs};
+  if (!launcher->batch()) launcher->Submit(req);  // refuses, saying why
+  if (PathExists(r.run_dir + "/journal.jsonl") || PathExists(r.run_dir + "/submitted.json"))
+    Throw(ErrorKind::kInvalidInput, "run directory " + r.run_dir + " already holds a run; choose another --run-id");
+  MakeDirs(r.run_dir);
+  const launch::Submitted s = launcher->Submit(req);
+  r.job = s.job;
+  r.where = s.where;
+  return r;
+}
+
+std::string Runs::SubmittedEnd(const Pipeline& p, const Machine& m, const std::string& job) const {
+  return LauncherFor(p, m, "", "")->SubmittedJobEnd(job);
+}
+
+std::string Runs::Cancel(const std::string& run_dir) const {
+  const std::string dir = Absolute(run_dir);
+  if (!PathExists(dir + "/journal.jsonl"))
+    Throw(ErrorKind::kNotFound, dir + ": no journal.jsonl (not a run directory, or its coordinator never started)");
+  const pid_t holder = record::CoordinatorHolding(dir);
+  if (holder <= 0)
+    Throw(ErrorKind::kInvalidInput, "run " + dir + " has no live coordinator on this host to stop (see `msaflow status " +
+                                        dir + "`)");
+  if (::kill(holder, SIGTERM) != 0) ThrowErrno(fmt::format("kill -TERM {} (the coordinator of {})", holder, dir));
+  return fmt::format("asked the coordinator of {} (pid {}) to stop; it ends the run's tasks and jobs", dir, holder);
+}
+
+RunView Runs::Observe(const std::string& run_dir, size_t from) const {
+  RunView v;
+  v.status = record::StatusOf(run_dir);
+  const record::Journal j = record::ReadJournal(Absolute(run_dir) + "/journal.jsonl");
+  for (size_t i = from; i < j.events.size(); ++i) v.events.push_back(j.events[i]);
+  v.next = std::max(from, j.events.size());
+  return v;
+}
+
+}  // namespace msaflow::orchestrator

@@ -1,0 +1,79 @@
+// The run as a library: what the `msaflow` commands do with runs, for any front end (the CLI, a
+// service). A Runs object is bound to one runs directory. It plans, starts (blocking, reporting
+// to a RunObserver), resumes, submits to a batch system, cancels and observes runs; everything
+// launcher-specific goes through the machine's launcher (launch/launcher.h), and what a run
+// looks like from outside comes from its journal (record/).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "orchestrator/run.h"
+#include "record/journal.h"
+#include "record/status.h"
+#include "workflow/machine.h"
+#include "workflow/pipeline.h"
+
+namespace msaflow::orchestrator {
+
+struct RunsConfig {
+  std::string runs_dir = "runs";
+  std::string msaflow_exe;  // what tasks and NAM servers run as
+  launch::SettledRunner run_settled;
+  Clock* clock = &SystemClock();
+  LauncherFactory make_launcher;  // empty: the machine's launcher
+};
+
+// What `submit` left: the run's directory and the job its coordinator runs in.
+struct SubmittedRun {
+  std::string run_id, run_dir, job, where;
+};
+
+// A run seen from outside, from its journal and lock: its state now, and the journal's events
+// from `from` on (an event stream: ask again with from = next).
+struct RunView {
+  record::RunStatus status;
+  std::vector<record::JournalEvent> events;
+  size_t next = 0;
+};
+
+class Runs {
+ public:
+  explicit Runs(RunsConfig config);
+  const RunsConfig& config() const { return config_; }
+
+  // `msaflow plan`: round 1 as the machine's launcher would run it (its commands, or its batch
+  // script: then PlanIsScript, and what else the caller prints must be `#` comments).
+  std::string Plan(const Pipeline& p, const Machine& m) const;
+  bool PlanIsScript(const Pipeline& p, const Machine& m) const;
+
+  // Runs the pipeline here to its end (blocking); returns the run directory. run_id "" = a new one.
+  std::string Start(const Pipeline& p, const Machine& m, const std::string& run_id, RunObserver& obs) const;
+  // Finishes a run whose coordinator died or failed; false when it had finished.
+  bool Resume(const std::string& run_dir, RunObserver& obs) const;
+
+  // Hands the run's coordinator to the machine's batch system (`msaflow submit`): the run
+  // directory is made, the coordinator's job script written and submitted. `pipeline_path` and
+  // `machine_arg` are what the coordinator's `msaflow run` will read.
+  SubmittedRun Submit(const Pipeline& p, const Machine& m, const std::string& pipeline_path,
+                      const std::string& machine_arg, const std::string& run_id) const;
+  // The submitted coordinator job's end state, "" while it is queued or runs.
+  std::string SubmittedEnd(const Pipeline& p, const Machine& m, const std::string& job) const;
+
+  // Asks a run to stop: its live coordinator gets SIGTERM (it ends what it started, and the
+  // journal records the run as failed: interrupted; `Resume` continues it). Returns what was
+  // done, for the user. Throws kInvalidInput when no coordinator of the run is alive here.
+  std::string Cancel(const std::string& run_dir) const;
+
+  // The run's state and its journal's events from index `from`.
+  RunView Observe(const std::string& run_dir, size_t from = 0) const;
+
+ private:
+  RunOptions Options(const std::string& run_id) const;
+  std::unique_ptr<launch::Launcher> LauncherFor(const Pipeline& p, const Machine& m, const std::string& run_id,
+                                                const std::string& run_dir) const;
+  RunsConfig config_;
+};
+
+}  // namespace msaflow::orchestrator

@@ -1,0 +1,239 @@
+#include "record/journal.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <cstdint>
+#include <stdexcept>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/strings.h"
+
+namespace msaflow::record {
+namespace {
+
+using nlohmann::json;
+
+}  // namespace
+
+std::string JournalTime() {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  std::tm utc{};
+  ::gmtime_r(&now.tv_sec, &utc);
+  char ts[40];
+  const size_t n = std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(ts + n, sizeof ts - n, ".%03ldZ", now.tv_nsec / 1000000);
+  return ts;
+}
+
+double ParseJournalTime(const std::string& s) {
+  std::tm utc{};
+  const char* rest = ::strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &utc);
+  if (!rest) return std::nan("");
+  double frac = 0;
+  if (*rest == '.') {
+    char* end = nullptr;
+    frac = std::strtod(rest, &end);
+    rest = end;
+  }
+  if (std::string(rest) != "Z") return std::nan("");
+  return static_cast<double>(::timegm(&utc)) + frac;
+}
+
+JournalWriter JournalWriter::Create(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST) Throw(ErrorKind::kInvalidInput, path + " already exists");
+    ThrowErrno("create " + path);
+  }
+  ::close(fd);
+  AppendLineSynced(path, json{{"format", kJournalFormat}, {"time", JournalTime()}}.dump());
+  return JournalWriter(path);
+}
+
+JournalWriter JournalWriter::Append(const std::string& path) {
+  const std::string text = ReadFile(path);
+  ParseJournal(text, path);  // refuses to append to something that is not a journal
+  if (!text.empty() && text.back() != '\n') {
+    // A line torn by a crash mid-write: its bytes go, so the next event starts a line and the
+    // journal reads whole again.
+    const size_t keep = text.rfind('\n') + 1;  // 0 when there is no newline at all
+    if (::truncate(path.c_str(), static_cast<off_t>(keep)) != 0) ThrowErrno("truncate " + path);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) ThrowErrno("open " + path);
+    const int rc = ::fsync(fd);
+    ::close(fd);
+    if (rc != 0) ThrowErrno("fsync " + path);
+  }
+  return JournalWriter(path);
+}
+
+void JournalWriter::Event(const std::string& event, json fields) const {
+  fields["event"] = event;
+  fields["time"] = JournalTime();
+  AppendLineSynced(path_, fields.dump());
+}
+
+namespace {
+
+// Where the first non-integer number of magnitude 2^31 or more is in `v` ("/a/0"), or "" when
+// there is none; *value is that number. The journal's readers take its numbers as int where
+// they count (rounds, ranks, attempts), and converting such a float to int is undefined;
+// msaflow never writes one.
+std::string HugeFloatAt(const json& v, const std::string& at, std::string* value) {
+  if (v.is_number_float()) {
+    if (std::fabs(v.get<double>()) < 2147483648.0) return "";
+    *value = v.dump();
+    return at.empty() ? "/" : at;
+  }
+  if (v.is_object()) {
+    for (const auto& [k, x] : v.items())
+      if (std::string found = HugeFloatAt(x, at + "/" + k, value); !found.empty()) return found;
+  } else if (v.is_array()) {
+    for (size_t i = 0; i < v.size(); ++i)
+      if (std::string found = HugeFloatAt(v[i], at + "/" + std::to_string(i), value); !found.empty()) return found;
+  }
+  return "";
+}
+
+}  // namespace
+
+Journal ParseJournal(const std::string& text, const std::string& where) {
+  Journal j;
+  size_t start = 0, lineno = 0;
+  bool first = true;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    const bool last_unended = end == std::string::npos;
+    if (last_unended) end = text.size();
+    ++lineno;
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty()) continue;
+    json e = json::parse(line, nullptr, false);
+    if (e.is_discarded() && last_unended && !first) {  // a crash mid-write: the line never ended
+      j.torn_tail = true;
+      break;
+    }
+    const std::string at = where + ":" + std::to_string(lineno) + ": ";
+    if (e.is_discarded()) Throw(ErrorKind::kCorrupt, at + "not a JSON line");
+    if (!e.is_object()) Throw(ErrorKind::kCorrupt, at + "not a JSON object");
+    if (first) {
+      if (!e.contains("format") || e["format"] != kJournalFormat)
+        Throw(ErrorKind::kCorrupt, at + "expected format " + std::string(kJournalFormat));
+      first = false;
+      continue;
+    }
+    if (!e.contains("event") || !e["event"].is_string())
+      Throw(ErrorKind::kCorrupt, at + "an event without its \"event\" name");
+    std::string value;
+    if (const std::string huge = HugeFloatAt(e, "", &value); !huge.empty())
+      Throw(ErrorKind::kCorrupt, at + "a number out of range at " + Printable(huge, 60) + " (" + Printable(value, 40) +
+                                     "): a journal's numbers are integers or below 2^31");
+    j.events.push_back({lineno, e["event"].get<std::string>(), std::move(e)});
+  }
+  if (first) Throw(ErrorKind::kCorrupt, where + ":1: expected format " + std::string(kJournalFormat));
+  return j;
+}
+
+Journal ReadJournal(const std::string& path) { return ParseJournal(ReadFile(path), path); }
+
+Coordinator ThisCoordinator() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return {static_cast<int64_t>(::getpid()), host};
+}
+
+namespace {
+
+// An integer field in [lo, hi]. Not get<int>(): on a float such as 1e128 that is undefined
+// behaviour (a float-to-int cast out of range), and on 2^40 it wraps.
+int64_t IntField(const json& f, const char* key, int64_t lo, int64_t hi) {
+  const json& v = f.at(key);
+  const bool fits = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX});
+  if (!fits || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    throw std::invalid_argument(fmt::format("\"{}\": expected an integer from {} to {}, got {}", key, lo, hi,
+                                            Printable(v.dump(), 40)));
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+RunSummary Summarize(const Journal& j, const std::string& where) {
+  RunSummary s;
+  for (const auto& e : j.events) try {
+    const json& f = e.fields;
+    auto coordinator = [&] {
+      if (f.contains("coordinator")) {
+        s.coordinator.pid = IntField(f["coordinator"], "pid", 0, INT64_MAX);
+        s.coordinator.host = f["coordinator"].at("host").get<std::string>();
+      }
+    };
+    if (e.event == "run-start") {
+      s.run = f.value("run", "");
+      s.pipeline = f.value("pipeline", "");
+      s.machine = f.value("machine", "");
+      s.machine_source = f.value("machine_source", "");
+      s.launcher = f.value("launcher", "local");
+      s.nam = f.value("nam", "");
+      s.started_at = f.value("time", "");
+      coordinator();
+    } else if (e.event == "resume") {
+      ++s.resumes;
+      s.failed = false;
+      s.error.clear();
+      s.last_started.clear();
+      coordinator();
+    } else if (e.event == "task-start") {
+      const std::string t = f.at("task").get<std::string>();
+      if (!s.starts.count(t) && !s.reused.count(t)) s.tasks.push_back(t);
+      ++s.starts[t];
+      s.last_started = t;
+      s.started[t] = f.value("time", "");
+      s.module[t] = f.value("module", "");
+      s.ranks[t] = f.contains("ranks") ? static_cast<int>(IntField(f, "ranks", 1, 1 << 24)) : 1;
+    } else if (e.event == "task-retry") {
+      ++s.retries[f.at("task").get<std::string>()];
+    } else if (e.event == "task-end" || e.event == "task-reused") {
+      const std::string t = f.at("task").get<std::string>();
+      s.tasks_done.insert(t);
+      if (e.event == "task-end") s.seconds[t] = f.value("seconds", 0.0);
+      if (e.event == "task-reused") {
+        if (!s.starts.count(t) && !s.reused.count(t)) s.tasks.push_back(t);
+        s.reused.insert(t);
+      }
+      if (s.last_started == t) s.last_started.clear();
+    } else if (e.event == "nam-server") {
+      s.nam_slurm_job = f.value("slurm_job", "");
+    } else if (e.event == "slurm-job") {
+      s.slurm_jobs.push_back(f.at("job").get<std::string>());
+    } else if (e.event == "slurm-end" || e.event == "slurm-interrupted" || e.event == "slurm-cancelled" ||
+               e.event == "slurm-reattached") {
+      s.slurm_jobs.clear();
+    } else if (e.event == "round-end") {
+      s.rounds_ended = std::max(s.rounds_ended, static_cast<int>(IntField(f, "round", 0, INT32_MAX)));
+    } else if (e.event == "run-failed") {
+      s.failed = true;
+      s.error = f.value("error", "");
+    } else if (e.event == "run-end") {
+      s.finished = true;
+      s.finish = fmt::format("champion {} accuracy {:.4f} ({})", f.value("champion", ""), f.value("accuracy", 0.0),
+                             f.value("stop", ""));
+    }
+  } catch (const std::exception& x) {  // json::exception, or IntField's
+    // A field missing or of the wrong type: the journal was edited or damaged.
+    Throw(ErrorKind::kCorrupt, where + ":" + std::to_string(e.line) + ": a malformed '" + Printable(e.event, 40) +
+                                   "' event (" + x.what() + ")");
+  }
+  return s;
+}
+
+}  // namespace msaflow::record

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""The folders' dependency direction, checked: every `#include "folder/..."` in a folder's
+sources must name the folder itself or one it may use (docs/design-notes.md has the map).
+Exits 1 naming each include that goes the wrong way. Usage: check_layers.py SOURCE_ROOT"""
+import pathlib
+import re
+import sys
+
+# folder -> the folders its code may include (besides itself)
+ALLOWED = {
+    "common": set(),
+    "nam": {"common"},
+    "kernels": {"common"},
+    "workflow": {"common", "nam", "kernels"},
+    "parallel": {"common", "kernels", "workflow"},
+    "modules": {"common", "nam", "kernels", "workflow", "parallel"},
+    "launch": {"common", "nam", "workflow"},
+    "record": {"common", "workflow", "launch"},
+    "orchestrator": {"common", "nam", "kernels", "workflow", "launch", "record"},
+    "report": {"common", "workflow", "record", "orchestrator"},
+    "cli": {"common", "nam", "kernels", "workflow", "parallel", "modules", "launch", "record", "orchestrator",
+            "report"},
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
+
+
+def main() -> int:
+    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    bad = []
+    for folder, allowed in ALLOWED.items():
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in (".h", ".cc"):
+                continue
+            text = path.read_text(errors="replace")
+            for m in INCLUDE.finditer(text):
+                target = m.group(1)
+                if target != folder and target in ALLOWED and target not in allowed:
+                    line = text.count("\n", 0, m.start()) + 1
+                    bad.append(f"{path.relative_to(root)}:{line}: {folder}/ includes {target}/ "
+                               f"(it may use {', '.join(sorted(allowed)) or 'nothing else'})")
+    unknown = sorted(p.name for p in root.iterdir()
+                     if p.is_dir() and p.name not in ALLOWED and any(p.glob("*.cc"))
+                     and p.name not in ("tests", "bench", "fuzz"))
+    for u in unknown:
+        bad.append(f"{u}/: a folder of C++ sources that scripts/check_layers.py does not place; add it to ALLOWED")
+    for b in bad:
+        print(b)
+    print(f"layers: {len(bad)} include(s) against the direction" if bad else "layers: every include follows the direction")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
