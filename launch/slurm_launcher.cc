@@ -454,6 +454,7 @@ json SlurmLauncher::Reattach(const Leftovers& left, const std::function<void(con
 }
 
 void SlurmLauncher::PlaceNamServer(NamLaunch* l) const {
+  l->jobs = jobs_;  // a server that finds itself in a Slurm job is stopped through it
   if (m_.nam.module.empty()) return;
   const ModuleSpec& s = m_.Module(m_.nam.module, "machine " + m_.name + ": /nam/module");
   if (const char* group = std::getenv("MSAFLOW_NAM_HET_GROUP")) {
@@ -468,7 +469,6 @@ void SlurmLauncher::PlaceNamServer(NamLaunch* l) const {
     l->own_allocation = true;
   }
   l->start_timeout_s = 300;  // an allocation may have to wait
-  l->jobs = jobs_;
 }
 
 std::string SlurmLauncher::PlanNam(const std::string& nam, const std::string& persist_dir) const {
