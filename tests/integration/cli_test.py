@@ -191,6 +191,44 @@ class Cli(TempDirCase):
             time.sleep(0.1)
         self.assertEqual(steps(), [])
 
+    def test_cancel_stops_a_running_run_which_resume_could_continue(self):
+        # `msaflow cancel` (orchestrator::Runs::Cancel): SIGTERM to the run's live coordinator,
+        # which ends its steps and records the run as failed, interrupted by signal 15.
+        import time
+        self.assertEqual(msaflow("cancel", os.path.join(self.dir, "nope")).returncode, 4)
+        doc = self.absolute_quickstart()
+        doc["datasets"]["train"]["limit"] = 3000
+        doc["datasets"]["test"]["limit"] = 500
+        doc["rounds"] = {"max": 1, "candidates": 2, "top_k": 1}
+        runs = os.path.join(self.dir, "runs")
+        run_dir = os.path.join(runs, "cancelled")
+        coordinator = subprocess.Popen([EXE, "run", self.write("p.json", doc), "--runs", runs, "--run-id", "cancelled"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+        def steps():
+            out = subprocess.run(["pgrep", "-af", "msaflow module|mpirun"], capture_output=True, text=True).stdout
+            return [line for line in out.splitlines() if run_dir in line]
+        deadline = time.monotonic() + 120
+        while not steps() and time.monotonic() < deadline:
+            self.assertIsNone(coordinator.poll(), "the run ended before a step was seen")
+            time.sleep(0.05)
+        r = msaflow("cancel", run_dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("pid %d" % coordinator.pid, r.stdout)
+        _, err = coordinator.communicate(timeout=60)
+        self.assertEqual(coordinator.returncode, 1, err)
+        self.assertIn("interrupted by signal 15", err)
+        deadline = time.monotonic() + 5
+        while steps() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertEqual(steps(), [])
+        st = msaflow("status", run_dir)
+        self.assertEqual(st.returncode, 1, st.stdout)
+        self.assertIn("interrupted by signal 15", st.stdout)
+        again = msaflow("cancel", run_dir)  # nobody left to stop
+        self.assertEqual(again.returncode, 3, again.stderr)
+        self.assertIn("no live coordinator", again.stderr)
+
     def test_nam_verify_lists_damaged_objects_and_repair_moves_them_aside(self):
         nam = os.path.join(self.dir, "nam")
         uri = "file://" + nam
