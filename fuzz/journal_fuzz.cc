@@ -1,4 +1,4 @@
-// The journal reader (`msaflow status`, orchestrator/run.h PrintStatus) on an arbitrary
+// The journal reader (`msaflow status`, record/status.h PrintStatus) on an arbitrary
 // journal.jsonl, with or without a results.json beside it (the input's first byte decides).
 #include <unistd.h>
 
@@ -30,6 +30,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::error_code ec;
   std::filesystem::remove(dir + "/results.json", ec);
   if (data[0] & 1) std::ofstream(dir + "/results.json", std::ios::binary | std::ios::trunc) << results;
-  msaflow::fuzz::Expect([&] { msaflow::orchestrator::PrintStatus(dir, sink); });
+  msaflow::fuzz::Expect([&] { msaflow::record::PrintStatus(dir, sink); });
   return 0;
 }

@@ -4,7 +4,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   msaflow::fuzz::Expect([&] {
-    msaflow::orchestrator::ParseMachine(msaflow::fuzz::Text(data, size), "fuzz-machine.json", "/nonexistent-fuzz-base");
+    msaflow::workflow::ParseMachine(msaflow::fuzz::Text(data, size), "fuzz-machine.json", "/nonexistent-fuzz-base");
   });
   return 0;
 }

@@ -214,7 +214,7 @@ double GradientKernel::Accumulate(const Head& h, const float* x, const uint8_t* 
 }
 
 Optimizer::Optimizer(const HeadConfig& cfg, const std::vector<ParamBlock>& layout, size_t lo, size_t hi, float momentum)
-    : cfg_(cfg), lo_(lo), hi_(hi), momentum_(momentum), m_(hi - lo, 0.f), v_(hi - lo, 0.f) {
+    : cfg_(cfg), lo_(lo), momentum_(momentum), m_(hi - lo, 0.f), v_(hi - lo, 0.f) {
   // The slice as runs of equal decay: the blocks it overlaps, and plain parameters between them.
   std::vector<uint8_t> decay(hi - lo, 0);
   for (const auto& b : layout)

@@ -109,7 +109,7 @@ class Optimizer {
     bool decay;
   };
   HeadConfig cfg_;
-  size_t lo_, hi_;
+  size_t lo_;
   float momentum_;
   std::vector<Run> runs_;
   std::vector<float> m_, v_;
