@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   try {
     auto cpu = fpga::OpenCpu();
     fpga::Config oc;
-    oc.backend = "opencl";
+    oc.backend = fpga::Backend::kOpenCl;
     auto cl = fpga::OpenOpenCl(oc);
     // The board's figures as the DEEP-EST machine file gives them.
     const fpga::Target board =

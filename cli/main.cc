@@ -4,9 +4,11 @@
 #include <cstdio>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cli/cli.h"
 #include "common/version.h"
+#include "workflow/kinds.h"
 
 using namespace msaflow;
 
@@ -85,7 +87,11 @@ int main(int argc, char** argv) {
   auto* module = app.add_subcommand("module", "Run one step of a round as a module process (what launchers start)");
   module->add_option("step", o.step, "load | prepare | train | store | evaluate | select")
       ->required()
-      ->check(CLI::IsMember({"load", "prepare", "train", "store", "evaluate", "select"}));
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names;
+        for (workflow::Step s : workflow::kSteps) names.push_back(workflow::StepName(s));
+        return names;
+      }()));
   module->add_option("--task", o.task_file, "task JSON written by the planner")->required()->check(CLI::ExistingFile);
 
   auto* nam_cmd = app.add_subcommand("nam", "The NAM: serve it, or put/get/stat/ls/rm objects by hand");

@@ -7,6 +7,7 @@
 #include "common/files.h"
 #include "modules/steps.h"
 #include "parallel/mpi_comm.h"
+#include "workflow/kinds.h"
 
 namespace msaflow::cli {
 
@@ -30,7 +31,7 @@ int RunModule(const std::string& step, const std::string& task_file, int* argc, 
                   job ? job : "?", st ? st : "?", mpi.threads(), mpi.threads() > 1 ? "s" : "");
       std::fflush(stdout);
     }
-    modules::RunStep(step, task, world, stdout);
+    modules::RunStep(workflow::ParseStep(step, "step"), task, world, stdout);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "msaflow: error: %s%s\n", world.size() > 1 ? fmt::format("[rank {}] ", world.rank()).c_str() : "",

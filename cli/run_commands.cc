@@ -53,7 +53,8 @@ workflow::Machine MachineOf(const Options& o, const workflow::Pipeline& p) {
 int Validate(Options& o) {
   workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
   workflow::Machine m = workflow::LoadMachine(p.machine);
-  for (const auto& s : workflow::StepNames()) m.Module(p.steps.at(s).module, o.pipeline_path + ": /steps/" + s + "/module");
+  for (const auto& [step, s] : p.steps)
+    m.Module(s.module, o.pipeline_path + ": /steps/" + workflow::StepName(step) + "/module");
   for (const auto& b : p.backbones)
     if (b.kind == "onnx" && !PathExists(b.onnx))
       Throw(ErrorKind::kNotFound, o.pipeline_path + ": /backbones: " + b.onnx + ": no such file");
@@ -62,18 +63,20 @@ int Validate(Options& o) {
   orchestrator::NamFor(p, m, o.runs_dir);  // the NAM URI as a run would use it
   orchestrator::FpgaPreflight(p, m);     // fpga "opencl" needs an OpenCL device here (launcher local)
   // The train layout against the machine (ranks + servers within the module's max_ranks).
-  const auto& train = p.steps.at("train");
+  const auto& train = p.steps.at(workflow::Step::kTrain);
   auto layout = orchestrator::ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
                                                  static_cast<size_t>(p.rounds.candidates));
   std::printf("%s: valid (%zu backbones, up to %lld rounds of %lld candidates, machine %s)\n", o.pipeline_path.c_str(),
               p.backbones.size(), static_cast<long long>(p.rounds.max), static_cast<long long>(p.rounds.candidates),
               m.name.c_str());
-  std::printf("  train: mode %s on %lld rank%s%s\n", layout.mode.c_str(), static_cast<long long>(layout.ranks),
+  std::printf("  train: mode %s on %lld rank%s%s\n", workflow::TrainModeName(layout.mode), static_cast<long long>(layout.ranks),
               layout.ranks > 1 ? "s" : "",
               layout.servers ? fmt::format(" + {} parameter server(s)", layout.servers).c_str() : "");
-  for (const char* st : {"prepare", "select"}) {
-    const auto& mod = m.Module(p.steps.at(st).module, "");
-    std::printf("  %s: fpga \"%s\" on module %s\n", st, orchestrator::FpgaFor(p, mod).backend.c_str(), mod.name.c_str());
+  for (const auto& [step, s] : p.steps) {
+    if (!workflow::UsesFpga(step)) continue;
+    const auto& mod = m.Module(s.module, "");
+    std::printf("  %s: fpga \"%s\" on module %s\n", workflow::StepName(step),
+                kernels::fpga::BackendName(orchestrator::FpgaFor(p, mod).backend), mod.name.c_str());
   }
   return 0;
 }

@@ -20,7 +20,7 @@ namespace msaflow::launch {
 std::vector<std::string> LocalLauncher::Command(const Task& t, const std::string& task_file) const {
   std::vector<std::string> cmd;
   if (t.ranks > 1) cmd = {mpirun_, "-n", std::to_string(t.ranks), "--bind-to", "none"};
-  cmd.insert(cmd.end(), {ctx_.msaflow_exe, "module", t.step, "--task", task_file});
+  cmd.insert(cmd.end(), {ctx_.msaflow_exe, "module", workflow::StepName(t.step), "--task", task_file});
   return cmd;
 }
 

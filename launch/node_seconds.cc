@@ -9,9 +9,9 @@ std::vector<NodeSeconds> MeasureNodeSeconds(const std::map<std::string, double>&
                                             double round_s) {
   std::map<std::string, NodeSeconds> by_module;
   for (const auto& [step, secs] : step_seconds) {
-    auto it = p.steps.find(step);
-    if (it == p.steps.end()) continue;
-    const workflow::ModuleSpec& mod = m.Module(it->second.module, "steps/" + step);
+    const workflow::StepSpec* spec = p.FindStep(step);
+    if (!spec) continue;
+    const workflow::ModuleSpec& mod = m.Module(spec->module, "steps/" + step);
     NodeSeconds& ns = by_module[mod.name];
     ns.module = mod.name;
     ns.nodes = mod.nodes;

@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "nam/store.h"
 #include "launch/launcher.h"
+#include "workflow/kinds.h"
 
 namespace msaflow::launch {
 
@@ -21,7 +22,7 @@ namespace msaflow::launch {
 // signature of modules::RunStepIfSettled, which cli/ passes in (orchestrator/ does not depend
 // on modules/).
 using SettledRunner =
-    std::function<bool(const std::string& step, const nlohmann::json& task, nam::Store& store, std::FILE* out)>;
+    std::function<bool(workflow::Step step, const nlohmann::json& task, nam::Store& store, std::FILE* out)>;
 
 // Runs the plan's leading tasks that `run` finds settled, in order, over `store`, reporting each through `obs` as a launcher does (event "task-in-coordinator", then
 // start, output lines, end) and writing its log to log_dir/<task>.log. Stops at the first task

@@ -92,7 +92,7 @@ std::string StepLine(const Task& t, const std::string& placement, const std::map
   // components can hang at exit in Slurm 22.05, ../shared/INFRA.md).
   srun += " --ntasks=" + std::to_string(t.ranks) + " --mpi=pmix --kill-on-bad-exit=1";
   return "step " + t.id + " " + ShellQuote(p.log_dir + "/" + t.id + ".log") + " " + srun + " " + ShellQuote(p.exe) +
-         " module " + t.step + " --task " + ShellQuote(task_files.at(t.id)) + " || exit 1\n";
+         " module " + workflow::StepName(t.step) + " --task " + ShellQuote(task_files.at(t.id)) + " || exit 1\n";
 }
 
 // Single mode: the batch script splits its one allocation into the modules' node sets,
@@ -216,10 +216,10 @@ std::string SingleScript(const std::vector<Task>& tasks, const Machine& m,
 
 std::string ChainedScript(const Task& t, const Machine& m, const std::map<std::string, std::string>& task_files,
                           const SlurmScriptParams& p) {
-  std::string s = Header("msaflow-" + p.run + "-r" + std::to_string(p.round) + "-" + t.step,
+  std::string s = Header("msaflow-" + p.run + "-r" + std::to_string(p.round) + "-" + workflow::StepName(t.step),
                          "slurm-" + t.id + "-%j.out", p);
   s += "#SBATCH " + ComponentOptions(m.Module(t.module, "machine " + m.name), t.ranks) + "\n";
-  s += fmt::format("# round {} of run {}: step {} on module {} (chained mode)\n", p.round, p.run, t.step, t.module);
+  s += fmt::format("# round {} of run {}: step {} on module {} (chained mode)\n", p.round, p.run, workflow::StepName(t.step), t.module);
   s += StepFunction(p);
   s += StepLine(t, "", task_files, p);
   return s;

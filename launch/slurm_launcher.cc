@@ -217,7 +217,7 @@ void SlurmLauncher::SubmitIn(const std::string& mode, Attempt& a, const LaunchOb
   }
   std::string prev;  // chained: one job per step
   for (const Task& t : a.todo) {
-    std::string script = fmt::format("{}/round-{}.{}.{}.sh", a.slurm_dir, a.round, a.number, t.step);
+    std::string script = fmt::format("{}/round-{}.{}.{}.sh", a.slurm_dir, a.round, a.number, workflow::StepName(t.step));
     WriteFileAtomic(script, ChainedScript(t, m_, *a.task_files, a.sp));
     std::vector<std::string> extra;
     if (!prev.empty()) extra = {"--dependency=afterok:" + prev, "--kill-on-invalid-dep=yes"};

@@ -69,13 +69,13 @@ kernels::fpga::Device& StepContext::Fpga() {
   fpga_ = kernels::fpga::Open(task.fpga, &fpga_notice_);
   if (root()) {
     if (!fpga_notice_.empty()) Say(fpga_notice_);
-    Say("fpga: " + fpga_->Name() + " (fpga \"" + task.fpga.backend + "\")");
+    Say("fpga: " + fpga_->Name() + " (fpga \"" + kernels::fpga::BackendName(task.fpga.backend) + "\")");
   }
   return *fpga_;
 }
 
 nlohmann::json StepContext::FpgaReport() const {
-  nlohmann::json j = {{"requested", task.fpga.backend}};
+  nlohmann::json j = {{"requested", kernels::fpga::BackendName(task.fpga.backend)}};
   if (fpga_) {
     j["backend"] = fpga_->Backend();
     j["device"] = fpga_->Name();
@@ -97,7 +97,7 @@ namespace {
 // Until it exists the task counts as not done, so a step killed at any moment runs again on
 // resume, and one that got this far never does. What the ranks consumed (RemoveOnceDone) is
 // removed after it, so a step run again still finds its inputs.
-void CommitDone(StepContext& c, const std::string& step, const std::string& key, const nam::RecordingStore& rec) {
+void CommitDone(StepContext& c, workflow::Step step_kind, const std::string& key, const nam::RecordingStore& rec) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   // What the rank cost its node so far: peak resident memory, page faults, CPU time.
@@ -123,8 +123,9 @@ void CommitDone(StepContext& c, const std::string& step, const std::string& key,
     r.erase("remove");
     ranks.push_back(std::move(r));
   }
+  const std::string step = workflow::StepName(step_kind);
   const std::string id = "r" + std::to_string(c.task.round) + "-" + step;
-  c.store->Put(workflow::TaskDoneObject(c.task.run, c.task.round, step),
+  c.store->Put(workflow::TaskDoneObject(c.task.run, c.task.round, step_kind),
                nlohmann::json{{"task", id}, {"step", step}, {"key", key}, {"msaflow", kVersion}, {"inputs", c.inputs},
                               {"ranks", ranks}, {"outputs", outputs}}
                    .dump(),
@@ -136,32 +137,26 @@ void CommitDone(StepContext& c, const std::string& step, const std::string& key,
 
 namespace {
 
-void Dispatch(const std::string& step, StepContext& c) {
-  if (step == "load") {
-    Load(c);
-  } else if (step == "prepare") {
-    Prepare(c);
-  } else if (step == "train") {
-    Train(c);
-  } else if (step == "store") {
-    Store(c);
-  } else if (step == "evaluate") {
-    Evaluate(c);
-  } else if (step == "select") {
-    Select(c);
-  } else {
-    Throw(ErrorKind::kInvalidInput, "unknown step '" + step + "' (expected load, prepare, train, store, evaluate, select)");
+void Dispatch(workflow::Step step, StepContext& c) {
+  switch (step) {
+    case workflow::Step::kLoad: return Load(c);
+    case workflow::Step::kPrepare: return Prepare(c);
+    case workflow::Step::kTrain: return Train(c);
+    case workflow::Step::kStore: return Store(c);
+    case workflow::Step::kEvaluate: return Evaluate(c);
+    case workflow::Step::kSelect: return Select(c);
   }
 }
 
-void CheckTaskStep(const std::string& step, const nlohmann::json& task) {
-  if (task.is_object() && task.contains("step") && task["step"].is_string() && task["step"] != step)
-    Throw(ErrorKind::kInvalidInput, "task is for step '" + task["step"].get<std::string>() + "', not '" + step + "'");
+void CheckTaskStep(workflow::Step step, const nlohmann::json& task) {
+  if (task.is_object() && task.contains("step") && task["step"].is_string() && task["step"] != workflow::StepName(step))
+    Throw(ErrorKind::kInvalidInput, "task is for step '" + task["step"].get<std::string>() + "', not '" +
+                                        workflow::StepName(step) + "'");
 }
 
 // Runs the step as this rank of `comm`, over `store` when given (else the task's NAM), and
 // commits its done object; settled_only as in StepContext.
-void Execute(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out,
+void Execute(workflow::Step step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out,
              nam::Store* store, bool settled_only) {
   CheckTaskStep(step, task);
   StepContext c;
@@ -180,12 +175,12 @@ void Execute(const std::string& step, const nlohmann::json& task, parallel::Comm
 
 }  // namespace
 
-void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {
+void RunStep(workflow::Step step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out) {
   Execute(step, task, comm, out, nullptr, false);
 }
 
-bool RunStepIfSettled(const std::string& step, const nlohmann::json& task, nam::Store& store, std::FILE* out) {
-  if (step != "load" && step != "prepare") return false;
+bool RunStepIfSettled(workflow::Step step, const nlohmann::json& task, nam::Store& store, std::FILE* out) {
+  if (step != workflow::Step::kLoad && step != workflow::Step::kPrepare) return false;
   try {
     parallel::SelfComm self;
     Execute(step, task, self, out, &store, true);

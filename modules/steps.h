@@ -11,12 +11,13 @@
 
 #include "nam/store.h"
 #include "parallel/comm.h"
+#include "workflow/kinds.h"
 
 namespace msaflow::modules {
 
 // Runs one step; progress and results go to `out` as lines (prefixed "[rank] " when there
 // are several ranks). Throws Error on failure.
-void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out);
+void RunStep(workflow::Step step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out);
 
 // Runs one step in this process, as one rank, over `store`, if the step has nothing to compute:
 // load when every backbone is in the NAM under the digest it would give, prepare when every
@@ -24,6 +25,6 @@ void RunStep(const std::string& step, const nlohmann::json& task, parallel::Comm
 // step writes what it writes (prepare's summary, the done object) and true is returned. Else
 // false, and nothing is written; so too for the other steps, and on any error (a process
 // running the step reports it). The coordinator uses it to spare a settled step its process.
-bool RunStepIfSettled(const std::string& step, const nlohmann::json& task, nam::Store& store, std::FILE* out);
+bool RunStepIfSettled(workflow::Step step, const nlohmann::json& task, nam::Store& store, std::FILE* out);
 
 }  // namespace msaflow::modules

@@ -57,12 +57,13 @@ void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, c
                          {"weights_layout", kernels::kWeightsLayout},
                          {"train_rows", f.n},                   {"training", st.ToJson()}};
   c.store->Put(workflow::StagingObject(c.task.run, c.task.round, cand.id), h.Serialize(), meta);
-  std::string how = (st.mode == "sync" && st.ranks == 1) || st.mode == "independent"
+  using workflow::TrainMode;
+  std::string how = (st.mode == TrainMode::kSync && st.ranks == 1) || st.mode == TrainMode::kIndependent
                         ? ""
-                        : fmt::format(" [{} on {} ranks", st.mode, st.ranks);
+                        : fmt::format(" [{} on {} ranks", workflow::TrainModeName(st.mode), st.ranks);
   if (!how.empty() && st.servers) how += fmt::format(" + {} server(s)", st.servers);
-  if (st.mode == "hybrid") how += fmt::format(", {} groups", st.groups);
-  if (st.mode == "async" || st.mode == "hybrid")
+  if (st.mode == TrainMode::kHybrid) how += fmt::format(", {} groups", st.groups);
+  if (workflow::UsesParameterServers(st.mode))
     how += fmt::format(", staleness mean {:.2f} max {}, {} refused", st.staleness_mean, st.staleness_max, st.refused);
   if (!how.empty()) how += "]";
   c.Say(fmt::format("trained {} ({} on {}): final train loss {:.4f}, train acc {:.4f} in {:.1f} s{}{}", cand.id,
@@ -105,21 +106,23 @@ void Train(StepContext& c) {
   parallel::Comm& world = *c.comm;
   const parallel::Straggler straggler =
       StragglerFor("train", parallel::Straggler{layout.straggler_rank, layout.straggler_factor});
-  std::string mode = layout.mode;
-  if ((mode == "async" || mode == "hybrid") && world.size() != layout.processes())
+  using workflow::TrainMode;
+  const TrainMode mode = layout.mode;
+  if (workflow::UsesParameterServers(mode) && world.size() != layout.processes())
     Throw(ErrorKind::kInvalidInput,
           fmt::format("train: mode {} needs {} processes ({} ranks + {} server(s)), this step has {}; start it with "
                       "mpirun -n {} (or srun --ntasks={} --mpi=pmix)",
-                      mode, layout.processes(), layout.ranks, layout.servers, world.size(), layout.processes(),
+                      workflow::TrainModeName(mode), layout.processes(), layout.ranks, layout.servers, world.size(),
+                      layout.processes(),
                       layout.processes()));
-  if (mode == "sync" && world.size() != layout.ranks && c.root())
+  if (mode == TrainMode::kSync && world.size() != layout.ranks && c.root())
     c.Say(fmt::format("note: the task asks for {} sync ranks, this step has {}", layout.ranks, world.size()));
   std::map<std::string, Features> cache;
   const auto& cands = c.task.candidates;
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json trained = nlohmann::json::array();  // what this rank staged, for the step's summary
   std::vector<int> owner(cands.size(), world.rank());
-  if (mode == "independent" && world.size() > 1) {
+  if (mode == TrainMode::kIndependent && world.size() > 1) {
     std::map<std::string, FeaturesIndex> shapes;  // metadata only: a rank reads only its own candidates' features
     for (const auto& cand : cands)
       if (!shapes.count(cand.backbone)) shapes[cand.backbone] = FeaturesShape(c, cand.backbone, "train");
@@ -135,12 +138,12 @@ void Train(StepContext& c) {
     trained.push_back({{"candidate", cand.id}, {"backbone", cand.backbone}, {"rows", f.n}, {"updates", st.updates},
                        {"seconds", st.seconds}, {"rank", world.rank()}, {"together", st.together}});
   };
-  if (mode == "async" || mode == "hybrid") {
+  if (workflow::UsesParameterServers(mode)) {
     for (const workflow::Candidate& cand : cands) {
       if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
       const Features& f = cache[cand.backbone];
       kernels::Head h = StartingHead(c, cand, f);
-      parallel::PsOptions opt{layout.servers, mode == "hybrid" ? layout.groups : 0, layout.max_staleness, straggler};
+      parallel::PsOptions opt{layout.servers, mode == TrainMode::kHybrid ? layout.groups : 0, layout.max_staleness, straggler};
       // Raw features, standardised as the batches are gathered (no standardised copy).
       const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, h.mean.data(), h.inv_std.data()};
       const parallel::TrainStats st = parallel::TrainParameterServer(world, data, &h, opt);
@@ -166,8 +169,8 @@ void Train(StepContext& c) {
       else it->push_back(k);
     }
     parallel::SelfComm self;
-    parallel::Comm& comm = mode == "independent" ? static_cast<parallel::Comm&>(self) : world;
-    const parallel::Straggler slow = mode != "independent"            ? straggler
+    parallel::Comm& comm = mode == TrainMode::kIndependent ? static_cast<parallel::Comm&>(self) : world;
+    const parallel::Straggler slow = mode != TrainMode::kIndependent            ? straggler
                                      : world.rank() == straggler.rank ? parallel::Straggler{0, straggler.factor}
                                                                       : parallel::Straggler{};
     for (const std::vector<size_t>& b : batches) {
@@ -184,13 +187,13 @@ void Train(StepContext& c) {
       } else {
         std::string ids;
         for (size_t k : b) ids += (ids.empty() ? "" : ", ") + cands[mine[k]].id;
-        if (mode == "independent" || c.root())
+        if (mode == TrainMode::kIndependent || c.root())
           c.Say(fmt::format("training {} heads together on {} features: {}", b.size(), cands[mine[b[0]]].backbone, ids));
         stats = parallel::TrainSyncTogether(comm, data, members, slow);
       }
-      if (mode == "sync" && world.rank() != 0) continue;  // rank 0 stages
+      if (mode == TrainMode::kSync && world.rank() != 0) continue;  // rank 0 stages
       for (size_t m = 0; m < b.size(); ++m) {
-        if (mode == "independent") stats[m].mode = "independent";
+        if (mode == TrainMode::kIndependent) stats[m].mode = TrainMode::kIndependent;
         staged(cands[mine[b[m]]], f, heads[b[m]], stats[m]);
       }
     }

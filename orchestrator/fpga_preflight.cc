@@ -6,20 +6,22 @@ namespace msaflow::orchestrator {
 
 kernels::fpga::Config FpgaFor(const workflow::Pipeline& p, const ModuleSpec& mod) {
   kernels::fpga::Config c = mod.fpga;
-  if (!p.fpga.empty()) c.backend = p.fpga;
+  if (p.fpga) c.backend = *p.fpga;
   return c;
 }
 
 void FpgaPreflight(const workflow::Pipeline& p, const Machine& m) {
   if (!m.OnThisHost()) return;
-  for (const char* step : {"prepare", "select"}) {
-    const ModuleSpec& mod = m.Module(p.steps.at(step).module, "/steps/" + std::string(step) + "/module");
+  for (const auto& [step_kind, s] : p.steps) {
+    if (!workflow::UsesFpga(step_kind)) continue;
+    const std::string step = workflow::StepName(step_kind);
+    const ModuleSpec& mod = m.Module(s.module, "/steps/" + step + "/module");
     const kernels::fpga::Config c = FpgaFor(p, mod);
-    if (c.backend != "opencl") continue;
+    if (c.backend != kernels::fpga::Backend::kOpenCl) continue;
     const std::string missing = kernels::fpga::OpenClMissing(c);
     if (!missing.empty())
       Throw(ErrorKind::kUnsupported, "pipeline " + p.name + ": step " + step + " on module " + mod.name +
-                                         " asks for fpga \"opencl\" (" + (p.fpga.empty() ? "machine " + m.name : "the pipeline's /fpga") +
+                                         " asks for fpga \"opencl\" (" + (!p.fpga ? "machine " + m.name : "the pipeline's /fpga") +
                                          "), but " + missing);
   }
 }

@@ -51,25 +51,31 @@ int64_t Limit(const Machine& m, const workflow::StepSpec& s, unsigned cores, std
 
 // Train's ranks are the placement's only where the mode leaves them free.
 bool TrainRanksFree(const workflow::StepSpec& s) {
-  const std::string& mode = s.parallel.mode;
-  return mode == "auto" || mode == "independent" || mode == "sync";
+  switch (s.parallel.mode) {
+    case workflow::TrainMode::kAuto:
+    case workflow::TrainMode::kIndependent:
+    case workflow::TrainMode::kSync: return true;
+    case workflow::TrainMode::kAsync:
+    case workflow::TrainMode::kHybrid: return false;
+  }
+  return false;
 }
 
 // The most ranks `step` may have, and why; nullopt when the pipeline fixes them (the step is
 // absent, or train in a mode whose layout it sets; then `pl` says so).
 std::optional<int64_t> StepLimit(const workflow::Pipeline& p, const Machine& m, const std::string& step,
                                  unsigned cores, std::string* why, Placement* pl) {
-  auto it = p.steps.find(step);
-  if (it == p.steps.end()) return std::nullopt;
-  const workflow::StepSpec& s = it->second;
+  const workflow::StepSpec* spec = p.FindStep(step);
+  if (!spec) return std::nullopt;
+  const workflow::StepSpec& s = *spec;
   if (step == "train" && !TrainRanksFree(s)) {
     pl->ranks[step] = s.ranks;
     pl->why.push_back(fmt::format("{:<9} {} rank(s) as the pipeline says: mode {} fixes its layout", step, s.ranks,
-                                  s.parallel.mode));
+                                  workflow::TrainModeName(s.parallel.mode)));
     return std::nullopt;
   }
   int64_t limit = Limit(m, s, cores, why);
-  if (step == "train" && s.parallel.mode != "sync" && p.rounds.candidates < limit) {
+  if (step == "train" && s.parallel.mode != workflow::TrainMode::kSync && p.rounds.candidates < limit) {
     limit = std::max<int64_t>(1, p.rounds.candidates);
     *why = fmt::format("{} candidates per round, trained independently", p.rounds.candidates);
   }
@@ -118,8 +124,8 @@ std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::
     StepCost c;
     c.step = step;
     c.wall_s = secs.is_number() ? secs.get<double>() : 0;
-    auto it = p.steps.find(step);
-    c.ranks = it != p.steps.end() ? it->second.ranks : 1;
+    const workflow::StepSpec* spec = p.FindStep(step);
+    c.ranks = spec ? spec->ranks : 1;
     out[step] = c;
   }
   if (out.count("prepare") && round.contains("features")) {
@@ -229,8 +235,7 @@ Placement PlaceWithoutCosts(const workflow::Pipeline& p, const Machine& m, unsig
 
 workflow::Pipeline ApplyPlacement(workflow::Pipeline p, const Placement& pl) {
   for (const auto& [step, r] : pl.ranks) {
-    auto it = p.steps.find(step);
-    if (it != p.steps.end()) it->second.ranks = r;
+    if (workflow::StepSpec* spec = p.FindStep(step)) spec->ranks = r;
   }
   return p;
 }

@@ -14,12 +14,13 @@ TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, c
   TrainLayout t;
   t.mode = ps.mode;
   t.ranks = s.ranks;
-  if (t.mode == "auto") t.mode = static_cast<int64_t>(candidates) >= s.ranks ? "independent" : "sync";
-  if (t.mode == "async" || t.mode == "hybrid") {
+  if (t.mode == TrainMode::kAuto)
+    t.mode = static_cast<int64_t>(candidates) >= s.ranks ? TrainMode::kIndependent : TrainMode::kSync;
+  if (workflow::UsesParameterServers(t.mode)) {
     t.servers = ps.servers;
     t.max_staleness = ps.max_staleness;
   }
-  if (t.mode == "hybrid") t.groups = ps.groups;
+  if (t.mode == TrainMode::kHybrid) t.groups = ps.groups;
   if (t.processes() > mod.max_ranks) {
     // The machine gives the module fewer processes than asked: keep the servers, fewer workers.
     int64_t fit = mod.max_ranks - t.servers;
@@ -27,8 +28,9 @@ TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, c
                                   "(max_ranks in the machine file)",
                                   p.name, t.ranks, t.servers ? fmt::format(" + {} server(s)", t.servers) : "",
                                   t.processes(), mod.name, mod.max_ranks);
-    if (t.mode == "async" && fit < 2) Throw(ErrorKind::kInvalidInput, why + "; async needs 2 workers besides its servers");
-    if (t.mode == "hybrid") Throw(ErrorKind::kInvalidInput, why + "; hybrid groups need exactly the ranks asked for");
+    if (t.mode == TrainMode::kAsync && fit < 2)
+      Throw(ErrorKind::kInvalidInput, why + "; async needs 2 workers besides its servers");
+    if (t.mode == TrainMode::kHybrid) Throw(ErrorKind::kInvalidInput, why + "; hybrid groups need exactly the ranks asked for");
     t.ranks = std::max<int64_t>(1, fit);
   }
   if (ps.straggler_rank >= 0 && ps.straggler_rank < t.ranks) {
@@ -48,37 +50,43 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
   for (const auto& k : kept)
     kept_json.push_back({{"candidate", ToJson(k.candidate)}, {"model", k.model}, {"result", k.result}});
   std::string prev;
-  for (const auto& step : StepNames()) {
+  for (const Step step : workflow::kSteps) {
+    const std::string name = workflow::StepName(step);
     const StepSpec& s = p.steps.at(step);
-    const ModuleSpec& mod = m.Module(s.module, "/steps/" + step + "/module");
+    const ModuleSpec& mod = m.Module(s.module, "/steps/" + name + "/module");
     Task t;
-    t.id = "r" + std::to_string(round) + "-" + step;
+    t.id = "r" + std::to_string(round) + "-" + name;
     t.step = step;
     t.module = s.module;
-    t.ranks = std::min<int64_t>(s.ranks, mod.max_ranks);
-    if (step == "load" || step == "store") t.ranks = 1;  // single-writer steps
+    t.ranks = workflow::SingleWriter(step) ? 1 : std::min<int64_t>(s.ranks, mod.max_ranks);
     if (!prev.empty()) t.after = {prev};
     prev = t.id;
-    t.body = {{"format", kTaskFormat}, {"run", run_id}, {"round", round}, {"step", step},
+    t.body = {{"format", kTaskFormat}, {"run", run_id}, {"round", round}, {"step", name},
               {"module", s.module},    {"nam", nam_uri}, {"pipeline", p.source}};
-    if (step == "train" || step == "store" || step == "evaluate" || step == "select") t.body["candidates"] = cands;
-    if (step == "train") {
-      TrainLayout layout = ResolveTrainLayout(p, s, mod, fresh.size());
-      t.ranks = layout.processes();
-      t.body["train"] = layout.ToJson();
-    }
-    if (step == "evaluate") {
-      t.body["shards"] = s.shards > 0 ? s.shards : 2 * t.ranks;
-      t.body["farm"] = s.farm;
-    }
-    if (step == "prepare" || step == "select") {  // the steps the DAM's FPGA serves
+    if (workflow::HasCandidates(step)) t.body["candidates"] = cands;
+    if (workflow::UsesFpga(step)) {  // the steps the DAM's FPGA serves
       t.body["fpga"] = workflow::FpgaConfigToJson(FpgaFor(p, mod));
       if (!m.OnThisHost() && !mod.gres.empty()) t.body["gres"] = mod.gres;  // a job component's GRES
     }
-    if (step == "select") {
-      t.body["kept"] = kept_json;
-      t.body["top_k"] = p.rounds.top_k;
-      t.body["metric"] = p.metric;
+    switch (step) {
+      case Step::kTrain: {
+        TrainLayout layout = ResolveTrainLayout(p, s, mod, fresh.size());
+        t.ranks = layout.processes();
+        t.body["train"] = layout.ToJson();
+        break;
+      }
+      case Step::kEvaluate:
+        t.body["shards"] = s.shards > 0 ? s.shards : 2 * t.ranks;
+        t.body["farm"] = s.farm;
+        break;
+      case Step::kSelect:
+        t.body["kept"] = kept_json;
+        t.body["top_k"] = p.rounds.top_k;
+        t.body["metric"] = p.metric;
+        break;
+      case Step::kLoad:
+      case Step::kPrepare:
+      case Step::kStore: break;
     }
     plan.tasks.push_back(std::move(t));
   }

@@ -192,7 +192,7 @@ class RunDriver {
     for (const Task& t : plan.tasks) {
       if (auto done = Done(t)) {
         skipped[t.id] = done->value("outputs", int64_t{0});
-        if (before_.seconds.count(t.id)) step_seconds[t.step] = before_.seconds.at(t.id);
+        if (before_.seconds.count(t.id)) step_seconds[workflow::StepName(t.step)] = before_.seconds.at(t.id);
         if (!before_.tasks_done.count(t.id))  // the coordinator died before it could record the end
           journal_.Event("task-reused", {{"task", t.id}, {"key", done->value("key", "")},
                                          {"outputs", done->value("outputs", 0)}});
@@ -234,7 +234,7 @@ class RunDriver {
                                      skipped.count(t.id) ? "done by an earlier coordinator of the run"
                                      : here_.count(t.id) ? "ran in the coordinator: nothing to compute"
                                                          : "ran",
-                                     step_seconds.value(t.step, 0.0), started));
+                                     step_seconds.value(workflow::StepName(t.step), 0.0), started));
     }
     std::map<std::string, json> curves;  // the training curves of the candidates this round trained
     for (const json& e : outcome.best.at("all"))
@@ -277,7 +277,7 @@ class RunDriver {
           if (body.contains(k)) end[k] = body[k];
       }
       journal_.Event("task-end", std::move(end));
-      step_seconds[t.step] = secs;
+      step_seconds[workflow::StepName(t.step)] = secs;
     };
     obs.check = [&] {
       progress_.Tick();

@@ -19,6 +19,7 @@
 
 #include "kernels/head.h"
 #include "parallel/comm.h"
+#include "workflow/kinds.h"
 
 namespace msaflow::parallel {
 
@@ -38,7 +39,7 @@ struct PsOptions {
 
 // What a training run did, for the model's metadata.
 struct TrainStats {
-  std::string mode;
+  workflow::TrainMode mode = workflow::TrainMode::kSync;
   int64_t ranks = 1, servers = 0, groups = 1;
   int64_t updates = 0;   // optimiser updates applied
   int64_t refused = 0;   // async/hybrid: gradients refused as too stale

@@ -63,7 +63,7 @@ TrainStats TrainLbfgs(Comm& comm, const TrainData& data, kernels::Head* h) {
   for (size_t i = 0; i < w.size(); ++i) h->params[i] = static_cast<float>(w[i]);
   if (h->curve.empty()) h->curve.push_back({0, clock.Seconds(), last[0], last[1]});  // converged at the start
   TrainStats st;
-  st.mode = "sync";
+  st.mode = workflow::TrainMode::kSync;
   st.ranks = N;
   st.updates = res.iterations;
   st.seconds = clock.Seconds();

@@ -59,7 +59,7 @@ struct Layout {
 };
 
 TrainStats Serve(Comm& world, const Layout& L, const TrainData& data, kernels::Head* h, const PsOptions& opt,
-                 const char* mode) {
+                 workflow::TrainMode mode) {
   const int s = world.rank();
   const size_t lo = L.Lo(s), hi = L.Hi(s), len = hi - lo;
   const kernels::HeadConfig& cfg = h->config;
@@ -237,9 +237,9 @@ TrainStats TrainParameterServer(Comm& world, const TrainData& data, kernels::Hea
   L.S = static_cast<int>(opt.servers);
   L.W = world.size() - L.S;
   L.P = h->params.size();
-  const char* mode = opt.groups > 0 ? "hybrid" : "async";
+  const workflow::TrainMode mode = opt.groups > 0 ? workflow::TrainMode::kHybrid : workflow::TrainMode::kAsync;
   if (L.S < 1 || L.W < 1 || (opt.groups > 0 && L.W % opt.groups != 0) || static_cast<size_t>(L.S) > L.P)
-    Throw(ErrorKind::kInvalidInput, std::string("train: mode ") + mode + " with " + std::to_string(opt.servers) +
+    Throw(ErrorKind::kInvalidInput, std::string("train: mode ") + workflow::TrainModeName(mode) + " with " + std::to_string(opt.servers) +
                                         " server(s) and " + std::to_string(opt.groups) + " group(s) cannot run on " +
                                         std::to_string(world.size()) + " ranks");
   L.U = opt.groups > 0 ? static_cast<int>(opt.groups) : L.W;

@@ -18,13 +18,18 @@
 namespace msaflow::parallel {
 
 nlohmann::json TrainStats::ToJson() const {
-  nlohmann::json j = {{"mode", mode},       {"ranks", ranks},     {"servers", servers}, {"groups", groups},
-                      {"updates", updates}, {"seconds", seconds}};
-  if (mode == "async" || mode == "hybrid") {
+  nlohmann::json j = {{"mode", workflow::TrainModeName(mode)},
+                      {"ranks", ranks},
+                      {"servers", servers},
+                      {"groups", groups},
+                      {"updates", updates},
+                      {"seconds", seconds}};
+  if (workflow::UsesParameterServers(mode)) {
+    const bool hybrid = mode == workflow::TrainMode::kHybrid;
     j["refused"] = refused;
     j["staleness"] = {{"mean", staleness_mean}, {"max", staleness_max}};
-    j[mode == "hybrid" ? "updates_per_group" : "updates_per_worker"] = updates_per_worker;
-    j[mode == "hybrid" ? "refused_per_group" : "refused_per_worker"] = refused_per_worker;
+    j[hybrid ? "updates_per_group" : "updates_per_worker"] = updates_per_worker;
+    j[hybrid ? "refused_per_group" : "refused_per_worker"] = refused_per_worker;
   }
   if (!solver.is_null()) j["solver"] = solver;
   if (together > 1) j["trained_together"] = together;
@@ -201,7 +206,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
   }
   std::vector<TrainStats> out(K);
   for (TrainStats& st : out) {
-    st.mode = "sync";
+    st.mode = workflow::TrainMode::kSync;
     st.ranks = N;
     st.updates = updates;
     st.seconds = clock.Seconds();

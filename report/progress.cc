@@ -21,23 +21,23 @@ void ProgressPrinter::RoundStart(int round, int64_t max_rounds, size_t fresh, si
 
 void ProgressPrinter::TaskStart(const Task& t) {
   if (t.module == "coordinator") {  // launch/settled_tasks.h
-    bar_.Print(fmt::format("  {:<8} in the coordinator: nothing to compute, its outputs are in the NAM", t.step));
-    bar_.Start(t.step + " in the coordinator");
+    bar_.Print(fmt::format("  {:<8} in the coordinator: nothing to compute, its outputs are in the NAM", workflow::StepName(t.step)));
+    bar_.Start(std::string(workflow::StepName(t.step)) + " in the coordinator");
     return;
   }
-  bar_.Print(fmt::format("  {:<8} on {:<3} ({} rank{}) ...", t.step, t.module, t.ranks, t.ranks > 1 ? "s" : ""));
-  bar_.Start(t.step + " on " + t.module);
+  bar_.Print(fmt::format("  {:<8} on {:<3} ({} rank{}) ...", workflow::StepName(t.step), t.module, t.ranks, t.ranks > 1 ? "s" : ""));
+  bar_.Start(std::string(workflow::StepName(t.step)) + " on " + t.module);
 }
 
 void ProgressPrinter::TaskOutput(const Task&, const std::string& line) { bar_.Print("      " + line); }
 
 void ProgressPrinter::TaskEnd(const Task& t, double seconds) {
-  bar_.Print(fmt::format("  {:<8} done in {:.1f} s", t.step, seconds));
+  bar_.Print(fmt::format("  {:<8} done in {:.1f} s", workflow::StepName(t.step), seconds));
   bar_.Done();
 }
 
 void ProgressPrinter::TaskReused(const Task& t, size_t outputs) {
-  bar_.Print(fmt::format("  {:<8} done before the run was resumed ({} output{} committed); not run again", t.step,
+  bar_.Print(fmt::format("  {:<8} done before the run was resumed ({} output{} committed); not run again", workflow::StepName(t.step),
                          outputs, outputs == 1 ? "" : "s"));
 }
 

@@ -13,13 +13,13 @@ using nlohmann::json;
   Throw(ErrorKind::kInvalidInput, where + ": " + what);
 }
 
-std::string Backend(const json& v, const std::string& where) {
+kernels::fpga::Backend Backend(const json& v, const std::string& where) {
   if (!v.is_string()) Bad(where, "expected \"cpu\", \"opencl\" or \"auto\", got " + std::string(v.type_name()));
   std::string b = v.get<std::string>();
-  if (b == "simulated") return "auto";
-  if (b != "cpu" && b != "opencl" && b != "auto")
-    Bad(where, "\"" + b.substr(0, 40) + "\" is not one of cpu, opencl, auto");
-  return b;
+  if (b == "simulated") return kernels::fpga::Backend::kAuto;
+  auto parsed = kernels::fpga::BackendFromName(b);
+  if (!parsed) Bad(where, "\"" + b.substr(0, 40) + "\" is not one of cpu, opencl, auto");
+  return *parsed;
 }
 
 double Positive(const json& t, const char* key, double hi, const std::string& where) {
@@ -76,7 +76,7 @@ kernels::fpga::Config FpgaConfigFromJson(const json& v, const std::string& where
 }
 
 json FpgaConfigToJson(const kernels::fpga::Config& c) {
-  json j = {{"backend", c.backend}};
+  json j = {{"backend", kernels::fpga::BackendName(c.backend)}};
   if (!c.platform.empty()) j["platform"] = c.platform;
   if (!c.binary.empty()) j["binary"] = c.binary;
   if (!c.source.empty()) j["source"] = c.source;

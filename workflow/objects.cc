@@ -40,8 +40,8 @@ std::string ResultObject(const std::string& run, int round, const std::string& c
   return RunRound("result", run, round) + "/" + cand;
 }
 std::string BestObject(const std::string& run, int round) { return RunRound("best", run, round); }
-std::string TaskDoneObject(const std::string& run, int round, const std::string& step) {
-  return RunRound("done", run, round) + "/" + step;
+std::string TaskDoneObject(const std::string& run, int round, Step step) {
+  return RunRound("done", run, round) + "/" + StepName(step);
 }
 
 std::string DatasetDigestObject(const std::string& split_stamp) { return "digest/" + ChecksumHex(split_stamp); }

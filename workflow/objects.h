@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "workflow/kinds.h"
+
 namespace msaflow::workflow {
 
 // Round 1..: the objects a round's steps write.
@@ -26,7 +28,7 @@ std::string ResultObject(const std::string& run, int round, const std::string& c
 std::string BestObject(const std::string& run, int round);
 // done/<run>/<round>/<step>: written last by a step that succeeded, listing the objects it
 // committed. A resumed run never runs a task whose done object exists.
-std::string TaskDoneObject(const std::string& run, int round, const std::string& step);
+std::string TaskDoneObject(const std::string& run, int round, Step step);
 // digest/<checksum of a split stamp>: the dataset digest of the split the stamp describes
 // (workflow::SplitStamp), in its metadata; the stamp is the body.
 std::string DatasetDigestObject(const std::string& split_stamp);

@@ -2,10 +2,12 @@
 
 #include <filesystem>
 #include <set>
+#include <utility>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "kernels/fpga/device.h"
 
 namespace msaflow::workflow {
 namespace {
@@ -229,13 +231,15 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
 // mode the step cannot run and says what would work.
 void ReadTrainParallel(const Reader& r, const json& v, const std::string& ptr, StepSpec* s) {
   TrainParallelSpec& t = s->parallel;
-  if (v.contains("mode")) t.mode = r.Enum(v["mode"], ptr + "/mode", {"auto", "independent", "sync", "async", "hybrid"});
-  bool ps = t.mode == "async" || t.mode == "hybrid";
+  if (v.contains("mode"))
+    t.mode = *TrainModeFromName(r.Enum(v["mode"], ptr + "/mode", {"auto", "independent", "sync", "async", "hybrid"}));
+  const bool ps = UsesParameterServers(t.mode);
+  const std::string mode = TrainModeName(t.mode);
   for (const char* k : {"servers", "max_staleness"})
     if (v.contains(k) && !ps)
-      r.Fail(ptr + "/" + k, std::string("only for mode async or hybrid (a parameter server); mode is \"") + t.mode + "\"");
-  if (v.contains("groups") && t.mode != "hybrid")
-    r.Fail(ptr + "/groups", "only for mode hybrid; mode is \"" + t.mode + "\"");
+      r.Fail(ptr + "/" + k, std::string("only for mode async or hybrid (a parameter server); mode is \"") + mode + "\"");
+  if (v.contains("groups") && t.mode != TrainMode::kHybrid)
+    r.Fail(ptr + "/groups", "only for mode hybrid; mode is \"" + mode + "\"");
   if (v.contains("servers")) t.servers = r.Int(v["servers"], ptr + "/servers", 1, 64);
   if (v.contains("max_staleness")) t.max_staleness = r.Int(v["max_staleness"], ptr + "/max_staleness", 0, 1000000);
   if (v.contains("groups")) t.groups = r.Int(v["groups"], ptr + "/groups", 2, 4096);
@@ -246,10 +250,10 @@ void ReadTrainParallel(const Reader& r, const json& v, const std::string& ptr, S
     t.straggler_factor = r.Number(st["factor"], ptr + "/straggler/factor", 1, 1000);
   }
   const int64_t n = s->ranks;
-  if (t.mode == "async" && n < 2)
+  if (t.mode == TrainMode::kAsync && n < 2)
     r.Fail(ptr + "/mode", "async needs at least 2 ranks (workers that update the parameter server without waiting "
                           "for each other); with 1 rank use \"sync\", or set \"ranks\": 2 or more");
-  if (t.mode == "hybrid") {
+  if (t.mode == TrainMode::kHybrid) {
     if (n < 2 * t.groups || n % t.groups != 0) {
       std::string fits;
       for (int64_t g = 2; g <= n / 2; ++g)
@@ -260,20 +264,13 @@ void ReadTrainParallel(const Reader& r, const json& v, const std::string& ptr, S
                                                 : "groups that would work with " + std::to_string(n) + " ranks: " + fits));
     }
   }
-  if (ps && t.servers > 1 && t.mode == "async" && t.servers > n)
+  if (ps && t.servers > 1 && t.mode == TrainMode::kAsync && t.servers > n)
     r.Fail(ptr + "/servers", std::to_string(t.servers) + " servers for " + std::to_string(n) +
                                  " workers; use at most as many servers as ranks");
 }
 
-}  // namespace
-
-const BackboneSpec& Pipeline::Backbone(const std::string& n) const {
-  for (const auto& b : backbones)
-    if (b.name == n) return b;
-  Throw(ErrorKind::kNotFound, "pipeline " + name + ": no backbone named '" + n + "'");
-}
-
-Pipeline ParsePipeline(const std::string& text, const std::string& origin, const std::string& base_dir) {
+// The document as JSON, refusing a syntax error and a key given twice.
+json ParseDocument(const std::string& text, const std::string& origin) {
   json doc;
   DuplicateKeys dups;
   try {
@@ -287,10 +284,11 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
   }
   if (!dups.duplicate().empty())
     Throw(ErrorKind::kInvalidInput, origin + ": " + dups.duplicate() + ": duplicate key (each key may appear once)");
-  Reader r(origin, base_dir);
-  r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric", "retries", "fpga", "select_on"},
-           {"name", "datasets", "backbones"});
-  Pipeline p;
+  return doc;
+}
+
+// format, name, machine, nam.
+void ReadHeader(const Reader& r, const json& doc, const std::string& base_dir, Pipeline& p) {
   if (doc.contains("format") && r.String(doc["format"], "/format") != kPipelineFormat)
     r.Fail("/format", Quote(doc["format"]) + " is not a supported format; expected \"" + kPipelineFormat + "\"");
   p.name = r.String(doc["name"], "/name");
@@ -305,7 +303,10 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
     else if (p.nam.rfind("file://", 0) != 0 && p.nam.rfind("mem://", 0) != 0 && p.nam.rfind("fabric://", 0) != 0)
       r.Fail("/nam", Quote(doc["nam"]) + " is not a NAM URI; expected file://DIR, mem://NAME or fabric://HOST:PORT");
   }
+}
 
+// datasets and select_on.
+void ReadDatasets(const Reader& r, const json& doc, Pipeline& p) {
   r.Object(doc["datasets"], "/datasets", {"train", "validation", "test", "classes"}, {"train", "test"});
   p.train = ReadSplit(r, doc["datasets"]["train"], "/datasets/train");
   p.test = ReadSplit(r, doc["datasets"]["test"], "/datasets/test");
@@ -317,8 +318,9 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
     r.Fail("/datasets", "no validation split to select models on; add \"validation\": {\"from\": \"train\", "
                         "\"fraction\": 0.1} (or a split of its own), or say \"select_on\": \"test\" to select on the "
                         "test split (the reported accuracy is then optimistic)");
+}
 
-  const json& bbs = doc["backbones"];
+void ReadBackbones(const Reader& r, const json& bbs, Pipeline& p) {
   if (!bbs.is_array() || bbs.empty()) r.Fail("/backbones", "expected a non-empty array of backbones, got " + TypeName(bbs));
   std::set<std::string> names;
   for (size_t i = 0; i < bbs.size(); ++i) {
@@ -327,107 +329,153 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
     if (!names.insert(p.backbones.back().name).second)
       r.Fail(ptr + "/name", Quote(bbs[i]["name"]) + " is used by an earlier backbone; names must be unique");
   }
+}
 
-  if (doc.contains("head")) {
-    const json& h = doc["head"];
-    r.Object(h, "/head", {"type", "hidden", "optimizer", "lr", "l2", "epochs", "batch"}, {});
-    auto str = [&](const std::vector<std::string>& allowed) {
-      return [&r, allowed](const json& v, const std::string& ptr) { return r.Enum(v, ptr, allowed); };
-    };
-    if (h.contains("type")) p.head.types = r.List(h["type"], "/head/type", str({"softmax", "mlp"}));
-    if (h.contains("optimizer"))
-      p.head.optimizers = r.List(h["optimizer"], "/head/optimizer", str({"adam", "sgd", "lbfgs"}));
-    auto integer = [&](int64_t lo, int64_t hi) {
-      return [&r, lo, hi](const json& v, const std::string& ptr) { return r.Int(v, ptr, lo, hi); };
-    };
-    auto number = [&](double lo, double hi) {
-      return [&r, lo, hi](const json& v, const std::string& ptr) { return r.Number(v, ptr, lo, hi); };
-    };
-    if (h.contains("hidden")) p.head.hidden = r.List(h["hidden"], "/head/hidden", integer(1, 4096));
-    if (h.contains("epochs")) p.head.epochs = r.List(h["epochs"], "/head/epochs", integer(1, 10000));
-    if (h.contains("lr")) p.head.lr = r.List(h["lr"], "/head/lr", number(1e-8, 10));
-    if (h.contains("l2")) p.head.l2 = r.List(h["l2"], "/head/l2", number(0, 10));
-    if (h.contains("batch")) p.head.batch = r.Int(h["batch"], "/head/batch", 1, 65536);
+void ReadHead(const Reader& r, const json& h, HeadSpace& head) {
+  r.Object(h, "/head", {"type", "hidden", "optimizer", "lr", "l2", "epochs", "batch"}, {});
+  auto str = [&](const std::vector<std::string>& allowed) {
+    return [&r, allowed](const json& v, const std::string& ptr) { return r.Enum(v, ptr, allowed); };
+  };
+  if (h.contains("type")) head.types = r.List(h["type"], "/head/type", str({"softmax", "mlp"}));
+  if (h.contains("optimizer")) head.optimizers = r.List(h["optimizer"], "/head/optimizer", str({"adam", "sgd", "lbfgs"}));
+  auto integer = [&](int64_t lo, int64_t hi) {
+    return [&r, lo, hi](const json& v, const std::string& ptr) { return r.Int(v, ptr, lo, hi); };
+  };
+  auto number = [&](double lo, double hi) {
+    return [&r, lo, hi](const json& v, const std::string& ptr) { return r.Number(v, ptr, lo, hi); };
+  };
+  if (h.contains("hidden")) head.hidden = r.List(h["hidden"], "/head/hidden", integer(1, 4096));
+  if (h.contains("epochs")) head.epochs = r.List(h["epochs"], "/head/epochs", integer(1, 10000));
+  if (h.contains("lr")) head.lr = r.List(h["lr"], "/head/lr", number(1e-8, 10));
+  if (h.contains("l2")) head.l2 = r.List(h["l2"], "/head/l2", number(0, 10));
+  if (h.contains("batch")) head.batch = r.Int(h["batch"], "/head/batch", 1, 65536);
+}
+
+// Every step gets its default module (docs/pipeline.md); "steps" overrides them.
+void ReadSteps(const Reader& r, const json& doc, Pipeline& p) {
+  for (Step s : kSteps) {
+    switch (s) {
+      case Step::kLoad: p.steps[s].module = "cm"; break;
+      case Step::kEvaluate: p.steps[s].module = "esb", p.steps[s].ranks = 2; break;
+      case Step::kPrepare:
+      case Step::kTrain:
+      case Step::kStore:
+      case Step::kSelect: p.steps[s].module = "dam"; break;
+    }
   }
-
-  std::map<std::string, std::string> default_module = {{"load", "cm"},  {"prepare", "dam"},  {"train", "dam"},
-                                                       {"store", "dam"}, {"evaluate", "esb"}, {"select", "dam"}};
-  for (const auto& s : StepNames()) p.steps[s].module = default_module[s];
-  p.steps["evaluate"].ranks = 2;
   if (doc.contains("steps")) {
     const json& st = doc["steps"];
-    r.Object(st, "/steps", StepNames(), {});
+    std::vector<std::string> names;
+    for (Step s : kSteps) names.push_back(StepName(s));
+    r.Object(st, "/steps", names, {});
     for (const auto& [k, v] : st.items()) {
-      std::string ptr = "/steps/" + k;
+      const Step step = *StepFromName(k);
+      const std::string ptr = "/steps/" + k;
       std::vector<std::string> keys = {"module", "ranks"};
-      if (k == "train") keys.insert(keys.end(), {"mode", "servers", "groups", "max_staleness", "straggler"});
-      if (k == "evaluate") keys.insert(keys.end(), {"shards", "farm"});
+      if (step == Step::kTrain) keys.insert(keys.end(), {"mode", "servers", "groups", "max_staleness", "straggler"});
+      if (step == Step::kEvaluate) keys.insert(keys.end(), {"shards", "farm"});
       r.Object(v, ptr, keys, {});
-      StepSpec& s = p.steps[k];
+      StepSpec& s = p.steps[step];
       if (v.contains("module")) s.module = r.Enum(v["module"], ptr + "/module", {"cm", "esb", "dam"});
       if (v.contains("ranks")) s.ranks = r.Int(v["ranks"], ptr + "/ranks", 1, 4096);
       if (v.contains("shards")) s.shards = r.Int(v["shards"], ptr + "/shards", 1, 65536);
       if (v.contains("farm")) s.farm = r.Enum(v["farm"], ptr + "/farm", {"counter", "dispatcher"});
-      if (k == "train") ReadTrainParallel(r, v, ptr, &s);
+      if (step == Step::kTrain) ReadTrainParallel(r, v, ptr, &s);
     }
   }
-  const std::string& train_mode = p.steps["train"].parallel.mode;
-  if ((train_mode == "async" || train_mode == "hybrid") &&
+  const TrainMode train_mode = p.steps[Step::kTrain].parallel.mode;
+  if (UsesParameterServers(train_mode) &&
       std::find(p.head.optimizers.begin(), p.head.optimizers.end(), "lbfgs") != p.head.optimizers.end())
-    r.Fail("/steps/train/mode", "\"" + train_mode + "\" takes minibatch gradients; the \"lbfgs\" optimizer " +
+    r.Fail("/steps/train/mode", std::string("\"") + TrainModeName(train_mode) +
+                                    "\" takes minibatch gradients; the \"lbfgs\" optimizer " +
                                     "(/head/optimizer) is full-batch: use mode sync, independent or auto");
+}
 
-  if (doc.contains("rounds")) {
-    const json& ro = doc["rounds"];
-    r.Object(ro, "/rounds", {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed", "backbone_margin"}, {});
-    if (ro.contains("backbone_margin")) p.rounds.backbone_margin = r.Number(ro["backbone_margin"], "/rounds/backbone_margin", 0, 1);
-    if (ro.contains("max")) p.rounds.max = r.Int(ro["max"], "/rounds/max", 1, 1000);
-    if (ro.contains("candidates")) p.rounds.candidates = r.Int(ro["candidates"], "/rounds/candidates", 1, 10000);
-    if (ro.contains("top_k")) p.rounds.top_k = r.Int(ro["top_k"], "/rounds/top_k", 1, 10000);
-    if (ro.contains("strategy")) p.rounds.strategy = r.Enum(ro["strategy"], "/rounds/strategy", {"perturb", "restart", "random"});
-    if (ro.contains("min_delta")) p.rounds.min_delta = r.Number(ro["min_delta"], "/rounds/min_delta", 0, 1);
-    if (ro.contains("patience")) p.rounds.patience = r.Int(ro["patience"], "/rounds/patience", 1, 1000);
-    if (ro.contains("seed")) p.rounds.seed = static_cast<uint64_t>(r.Int(ro["seed"], "/rounds/seed", 0, INT64_MAX));
-    if (!ro.contains("top_k")) p.rounds.top_k = std::min(p.rounds.top_k, p.rounds.candidates);
-    if (p.rounds.top_k > p.rounds.candidates)
-      r.Fail("/rounds/top_k", std::to_string(p.rounds.top_k) + " is more than the " +
-                                  std::to_string(p.rounds.candidates) +
-                                  " candidates of a round; at most that many models can be kept");
-  }
-  if (doc.contains("metric")) p.metric = r.Enum(doc["metric"], "/metric", {"accuracy"});
-  if (doc.contains("fpga")) p.fpga = r.Enum(doc["fpga"], "/fpga", {"cpu", "opencl", "auto"});
-  if (doc.contains("retries")) {
-    const json& rt = doc["retries"];
-    r.Object(rt, "/retries", {"max", "on"}, {});
-    if (rt.contains("max")) p.retries.max = r.Int(rt["max"], "/retries/max", 0, 100);
-    if (rt.contains("on")) {
-      if (!rt["on"].is_array())
-        r.Fail("/retries/on", "expected an array of failure reasons (Slurm end states, or SIGNALED)");
-      p.retries.on.clear();
-      for (size_t i = 0; i < rt["on"].size(); ++i)
-        p.retries.on.push_back(r.Enum(rt["on"][i], "/retries/on/" + std::to_string(i),
-                                      {"FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "SIGNALED"}));
-    }
-  }
+void ReadRounds(const Reader& r, const json& ro, RoundsSpec& rounds) {
+  r.Object(ro, "/rounds", {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed", "backbone_margin"}, {});
+  if (ro.contains("backbone_margin")) rounds.backbone_margin = r.Number(ro["backbone_margin"], "/rounds/backbone_margin", 0, 1);
+  if (ro.contains("max")) rounds.max = r.Int(ro["max"], "/rounds/max", 1, 1000);
+  if (ro.contains("candidates")) rounds.candidates = r.Int(ro["candidates"], "/rounds/candidates", 1, 10000);
+  if (ro.contains("top_k")) rounds.top_k = r.Int(ro["top_k"], "/rounds/top_k", 1, 10000);
+  if (ro.contains("strategy")) rounds.strategy = r.Enum(ro["strategy"], "/rounds/strategy", {"perturb", "restart", "random"});
+  if (ro.contains("min_delta")) rounds.min_delta = r.Number(ro["min_delta"], "/rounds/min_delta", 0, 1);
+  if (ro.contains("patience")) rounds.patience = r.Int(ro["patience"], "/rounds/patience", 1, 1000);
+  if (ro.contains("seed")) rounds.seed = static_cast<uint64_t>(r.Int(ro["seed"], "/rounds/seed", 0, INT64_MAX));
+  if (!ro.contains("top_k")) rounds.top_k = std::min(rounds.top_k, rounds.candidates);
+  if (rounds.top_k > rounds.candidates)
+    r.Fail("/rounds/top_k", std::to_string(rounds.top_k) + " is more than the " + std::to_string(rounds.candidates) +
+                                " candidates of a round; at most that many models can be kept");
+}
 
-  // Source with absolute paths, so tasks and resumed runs need no base directory.
-  p.source = doc;
-  p.source["format"] = kPipelineFormat;
+void ReadRetries(const Reader& r, const json& rt, RetrySpec& retries) {
+  r.Object(rt, "/retries", {"max", "on"}, {});
+  if (rt.contains("max")) retries.max = r.Int(rt["max"], "/retries/max", 0, 100);
+  if (rt.contains("on")) {
+    if (!rt["on"].is_array()) r.Fail("/retries/on", "expected an array of failure reasons (Slurm end states, or SIGNALED)");
+    retries.on.clear();
+    for (size_t i = 0; i < rt["on"].size(); ++i)
+      retries.on.push_back(r.Enum(rt["on"][i], "/retries/on/" + std::to_string(i),
+                                  {"FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "SIGNALED"}));
+  }
+}
+
+// The document as submitted with every path made absolute, so tasks and resumed runs need no
+// base directory.
+json AbsoluteSource(json doc, const Pipeline& p) {
+  doc["format"] = kPipelineFormat;
   auto absolute = [&](const char* split, const SplitSpec& s) {
     if (s.from_train()) return;
     if (s.format == "folder") {
-      p.source["datasets"][split]["root"] = s.root;
+      doc["datasets"][split]["root"] = s.root;
     } else {
-      p.source["datasets"][split]["images"] = s.images;
-      p.source["datasets"][split]["labels"] = s.labels;
+      doc["datasets"][split]["images"] = s.images;
+      doc["datasets"][split]["labels"] = s.labels;
     }
   };
   absolute("train", p.train);
   absolute("test", p.test);
   if (p.validation) absolute("validation", *p.validation);
   for (size_t i = 0; i < p.backbones.size(); ++i)
-    if (p.backbones[i].kind == "onnx") p.source["backbones"][i]["onnx"] = p.backbones[i].onnx;
-  if (!p.nam.empty()) p.source["nam"] = p.nam;
+    if (p.backbones[i].kind == "onnx") doc["backbones"][i]["onnx"] = p.backbones[i].onnx;
+  if (!p.nam.empty()) doc["nam"] = p.nam;
+  return doc;
+}
+
+}  // namespace
+
+const BackboneSpec& Pipeline::Backbone(const std::string& n) const {
+  for (const auto& b : backbones)
+    if (b.name == n) return b;
+  Throw(ErrorKind::kNotFound, "pipeline " + name + ": no backbone named '" + n + "'");
+}
+
+const StepSpec* Pipeline::FindStep(std::string_view n) const {
+  const auto kind = StepFromName(n);
+  auto it = kind ? steps.find(*kind) : steps.end();
+  return it == steps.end() ? nullptr : &it->second;
+}
+
+StepSpec* Pipeline::FindStep(std::string_view n) {
+  return const_cast<StepSpec*>(std::as_const(*this).FindStep(n));
+}
+
+Pipeline ParsePipeline(const std::string& text, const std::string& origin, const std::string& base_dir) {
+  const json doc = ParseDocument(text, origin);
+  Reader r(origin, base_dir);
+  r.Object(doc, "", {"format", "name", "machine", "nam", "datasets", "backbones", "head", "steps", "rounds", "metric", "retries", "fpga", "select_on"},
+           {"name", "datasets", "backbones"});
+  Pipeline p;
+  ReadHeader(r, doc, base_dir, p);
+  ReadDatasets(r, doc, p);
+  ReadBackbones(r, doc["backbones"], p);
+  if (doc.contains("head")) ReadHead(r, doc["head"], p.head);
+  ReadSteps(r, doc, p);
+  if (doc.contains("rounds")) ReadRounds(r, doc["rounds"], p.rounds);
+  if (doc.contains("metric")) p.metric = r.Enum(doc["metric"], "/metric", {"accuracy"});
+  if (doc.contains("fpga"))
+    p.fpga = *kernels::fpga::BackendFromName(r.Enum(doc["fpga"], "/fpga", {"cpu", "opencl", "auto"}));
+  if (doc.contains("retries")) ReadRetries(r, doc["retries"], p.retries);
+  p.source = AbsoluteSource(doc, p);
   return p;
 }
 

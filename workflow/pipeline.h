@@ -8,9 +8,12 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "kernels/fpga/device.h"
 #include "kernels/prepare.h"
+#include "workflow/kinds.h"
 
 namespace msaflow::workflow {
 
@@ -54,9 +57,8 @@ struct HeadSpace {
 
 // How the train step uses its ranks (docs/parallel.md).
 struct TrainParallelSpec {
-  // auto | independent | sync | async | hybrid. auto: independent when the round has at least
-  // as many candidates as ranks, else sync.
-  std::string mode = "auto";
+  // auto: independent when the round has at least as many candidates as ranks, else sync.
+  TrainMode mode = TrainMode::kAuto;
   int64_t servers = 1;         // async, hybrid: parameter-server processes started beside `ranks`
   int64_t groups = 2;          // hybrid: synchronous groups of ranks/groups ranks each
   int64_t max_staleness = 16;  // async, hybrid: updates a gradient may lag before it is refused
@@ -104,19 +106,17 @@ struct Pipeline {
   int64_t classes = 0;                   // 0 = 1 + the largest label of any split
   std::vector<BackboneSpec> backbones;
   HeadSpace head;
-  std::map<std::string, StepSpec> steps;  // load, prepare, train, store, evaluate, select
+  std::map<Step, StepSpec> steps;  // every step, in the order they run
   RoundsSpec rounds;
   std::string metric = "accuracy";
-  std::string fpga;  // cpu | opencl | auto: overrides the machine's FPGA backend; "" = the machine's
+  std::optional<kernels::fpga::Backend> fpga;  // overrides the machine's FPGA backend; none = the machine's
   nlohmann::json source;  // as submitted, with paths made absolute
 
   const BackboneSpec& Backbone(const std::string& name) const;
+  // The step named `name` as a record spells it ("train"), or null for a name that is no step.
+  const StepSpec* FindStep(std::string_view name) const;
+  StepSpec* FindStep(std::string_view name);
 };
-
-inline const std::vector<std::string>& StepNames() {
-  static const std::vector<std::string> s = {"load", "prepare", "train", "store", "evaluate", "select"};
-  return s;
-}
 
 // Parses and validates. `origin` names the file in errors; relative paths resolve against
 // `base_dir`. Throws Error(kInvalidInput) "<origin>: <pointer>: <problem>".

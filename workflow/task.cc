@@ -26,7 +26,7 @@ const json& Field(const json& j, const std::string& key, const std::string& orig
 }  // namespace
 
 json TrainLayout::ToJson() const {
-  return {{"mode", mode},
+  return {{"mode", TrainModeName(mode)},
           {"ranks", ranks},
           {"servers", servers},
           {"groups", groups},
@@ -37,9 +37,11 @@ json TrainLayout::ToJson() const {
 TrainLayout TrainLayoutFromJson(const json& j, const std::string& where) {
   if (!j.is_object()) Bad(where, "train", "expected an object");
   TrainLayout t;
-  t.mode = Field(j, "mode", where + ": train", json::value_t::string).get<std::string>();
-  if (t.mode != "independent" && t.mode != "sync" && t.mode != "async" && t.mode != "hybrid")
-    Bad(where, "train/mode", "\"" + t.mode + "\" is not one of independent, sync, async, hybrid");
+  const std::string mode = Field(j, "mode", where + ": train", json::value_t::string).get<std::string>();
+  auto parsed = TrainModeFromName(mode);
+  if (!parsed || *parsed == TrainMode::kAuto)
+    Bad(where, "train/mode", "\"" + mode.substr(0, 40) + "\" is not one of independent, sync, async, hybrid");
+  t.mode = *parsed;
   t.ranks = Field(j, "ranks", where + ": train", json::value_t::number_integer).get<int64_t>();
   t.servers = Field(j, "servers", where + ": train", json::value_t::number_integer).get<int64_t>();
   t.groups = Field(j, "groups", where + ": train", json::value_t::number_integer).get<int64_t>();
@@ -58,7 +60,7 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
   TaskSpec t;
   if (body.value("format", json()) != kTaskFormat)
     Bad(origin, "format", std::string("expected \"") + kTaskFormat + "\"");
-  t.step = Field(body, "step", origin, json::value_t::string).get<std::string>();
+  t.step = ParseStep(Field(body, "step", origin, json::value_t::string).get<std::string>(), origin + ": step");
   t.run = Field(body, "run", origin, json::value_t::string).get<std::string>();
   if (body.contains("module")) t.module = Field(body, "module", origin, json::value_t::string).get<std::string>();
   t.nam = Field(body, "nam", origin, json::value_t::string).get<std::string>();

@@ -10,6 +10,7 @@
 
 #include "kernels/fpga/device.h"
 #include "workflow/candidates.h"
+#include "workflow/kinds.h"
 #include "workflow/pipeline.h"
 
 namespace msaflow::workflow {
@@ -18,7 +19,7 @@ inline constexpr char kTaskFormat[] = "msaflow.task/1";
 
 // The train step's parallel layout as the planner resolved it (mode "auto" is never left).
 struct TrainLayout {
-  std::string mode = "independent";  // independent | sync | async | hybrid
+  TrainMode mode = TrainMode::kIndependent;  // never kAuto
   int64_t ranks = 1;                 // ranks computing gradients
   int64_t servers = 0;               // parameter-server ranks (async, hybrid), started beside them
   int64_t groups = 1;                // hybrid: synchronous groups
@@ -35,7 +36,8 @@ struct KeptModel {
 };
 
 struct TaskSpec {
-  std::string step, run, module, nam;
+  Step step = Step::kLoad;
+  std::string run, module, nam;
   int round = 0;
   Pipeline pipeline;
   std::vector<Candidate> candidates;  // train, store, evaluate, select
@@ -53,7 +55,7 @@ struct TaskSpec {
 // with its rank count, in dependency order.
 struct Task {
   std::string id;      // "r<round>-<step>"
-  std::string step;
+  Step step = Step::kLoad;
   std::string module;  // cm | esb | dam
   int64_t ranks = 1;  // processes started (for train: gradient ranks + parameter servers)
   std::vector<std::string> after;  // task ids that must finish first

@@ -7,7 +7,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/prepare.h"
@@ -23,8 +26,15 @@ struct Target {
   bool given() const { return clock_mhz > 0 && lanes > 0 && memory_gbs > 0; }
 };
 
+// Where the FPGA's kernels run: C++ on the CPU, an OpenCL device, or OpenCL when a platform is
+// present and else the CPU. Parsed from machine and pipeline files in workflow/fpga_config.cc.
+enum class Backend { kCpu, kOpenCl, kAuto };
+const char* BackendName(Backend b);  // "cpu", "opencl", "auto"
+std::optional<Backend> BackendFromName(std::string_view name);
+inline void to_json(nlohmann::json& j, Backend b) { j = BackendName(b); }  // by name; parsed in workflow/
+
 struct Config {
-  std::string backend = "cpu";  // cpu | opencl | auto
+  Backend backend = Backend::kCpu;
   std::string platform;         // opencl: a platform whose name or vendor contains this (any case); "" = the first
   std::string binary;           // opencl: a program built offline for the board; "" = compile the OpenCL C source
   std::string source;           // opencl: OpenCL C replacing the built-in kernels (a site's tuned copy); "" = built in

@@ -23,7 +23,7 @@ namespace {
 
 std::unique_ptr<Device> OpenCl() {
   Config c;
-  c.backend = "opencl";
+  c.backend = Backend::kOpenCl;
   return OpenOpenCl(c);  // throws (and fails the test) when no OpenCL platform is installed
 }
 
@@ -218,7 +218,7 @@ TEST(Device, NamesPoClAndShowsTheBuildLog) {
     std::ofstream(dir / "broken.cl") << "__kernel void prepare(__global float* x) { x[0] = undeclared_name; }\n";
   }
   Config c;
-  c.backend = "opencl";
+  c.backend = Backend::kOpenCl;
   c.source = (dir / "broken.cl").string();
   try {
     OpenOpenCl(c);
@@ -252,7 +252,7 @@ TEST(Device, NamesPoClAndShowsTheBuildLog) {
     EXPECT_NE(std::string(e.what()).find("Portable Computing Language"), std::string::npos) << e.what();
   }
   std::string notice;
-  c.backend = "auto";
+  c.backend = Backend::kAuto;
   auto d = Open(c, &notice);  // auto with a platform that does not match: the CPU, and why
   EXPECT_EQ(d->Backend(), "cpu");
   EXPECT_NE(notice.find("fpga auto: no OpenCL device, so the CPU backend"), std::string::npos) << notice;
@@ -262,7 +262,7 @@ TEST(Device, NamesPoClAndShowsTheBuildLog) {
 TEST(Config, ParsedFromMachineFiles) {
   using nlohmann::json;
   auto c = workflow::FpgaConfigFromJson(json("simulated"), "m.json: /modules/dam/fpga", "/etc");
-  EXPECT_EQ(c.backend, "auto");
+  EXPECT_EQ(c.backend, Backend::kAuto);
   c = workflow::FpgaConfigFromJson(
       json::parse(R"({"backend": "opencl", "platform": "Intel", "binary": "k.aocx",
                       "target": {"name": "S10", "clock_mhz": 400, "lanes": 16, "memory_gbs": 76.8}})"),

@@ -77,11 +77,11 @@ class TinyRound : public ::testing::Test {
   }
   void Step(const std::string& step) {
     for (const auto& t : plan_.tasks)
-      if (t.step == step) {
+      if (t.step == workflow::ParseStep(step, "test")) {
         std::FILE* sink = std::fopen("/dev/null", "w");
         try {
           parallel::SelfComm self;
-          modules::RunStep(step, t.body, self, sink);
+          modules::RunStep(t.step, t.body, self, sink);
         } catch (...) {
           std::fclose(sink);
           throw;
@@ -123,7 +123,7 @@ TEST_F(TinyRound, OnlyASettledStepRunsInTheCoordinator) {
   std::FILE* sink = std::fopen("/dev/null", "w");
   auto settled = [&](const orchestrator::RoundPlan& plan, const std::string& step) {
     for (const auto& t : plan.tasks)
-      if (t.step == step) return modules::RunStepIfSettled(step, t.body, *store_, sink);
+      if (t.step == workflow::ParseStep(step, "test")) return modules::RunStepIfSettled(t.step, t.body, *store_, sink);
     ADD_FAILURE() << "no task for " << step;
     return false;
   };
@@ -139,7 +139,7 @@ TEST_F(TinyRound, OnlyASettledStepRunsInTheCoordinator) {
   EXPECT_TRUE(settled(round2, "load"));
   EXPECT_TRUE(settled(round2, "prepare"));
   for (const char* step : {"load", "prepare"}) {
-    const auto done = store_->Stat(workflow::TaskDoneObject("run1", 2, step));
+    const auto done = store_->Stat(workflow::TaskDoneObject("run1", 2, workflow::ParseStep(step, "test")));
     ASSERT_TRUE(done) << step;
     EXPECT_EQ(done->meta.value("key", ""), workflow::TaskKey(round2.tasks[step == std::string("load") ? 0 : 1].body));
   }
@@ -154,7 +154,7 @@ TEST_F(TinyRound, OnlyASettledStepRunsInTheCoordinator) {
   EXPECT_TRUE(settled(round3, "load"));
   EXPECT_FALSE(settled(round3, "prepare"));
   EXPECT_FALSE(store_->Stat(workflow::PreparedObject("run1", 3)));
-  EXPECT_FALSE(store_->Stat(workflow::TaskDoneObject("run1", 3, "prepare")));
+  EXPECT_FALSE(store_->Stat(workflow::TaskDoneObject("run1", 3, workflow::ParseStep("prepare", "test"))));
   EXPECT_EQ(store_->List("").size(), before + 1);  // round 3's load done object, nothing else
   std::fclose(sink);
 }
@@ -287,7 +287,7 @@ TEST_F(TinyRound, ASelectFailedAfterMergingRunsAgainToTheSameChampion) {
   Faults(R"([{"op": "put", "prefix": "best/", "action": "fail", "nth": 1}])");
   std::string what;
   EXPECT_EQ(StepFails("select", &what), ErrorKind::kUnavailable) << what;
-  EXPECT_FALSE(store_->Stat(workflow::TaskDoneObject("run1", 1, "select")));
+  EXPECT_FALSE(store_->Stat(workflow::TaskDoneObject("run1", 1, workflow::ParseStep("select", "test"))));
   EXPECT_EQ(store_->List("result/").size(), 2u);     // it got as far as the merged results
   EXPECT_EQ(store_->List("eval/").size(), shards);   // and consumed none of the shards
   ::unsetenv("MSAFLOW_NAM_FAULTS");
@@ -296,7 +296,7 @@ TEST_F(TinyRound, ASelectFailedAfterMergingRunsAgainToTheSameChampion) {
   EXPECT_GT(best["champion"]["accuracy"].get<double>(), 0.9);
   EXPECT_EQ(best["champion"]["round"], 1);
   EXPECT_TRUE(store_->List("eval/").empty());  // consumed once select was done
-  EXPECT_TRUE(store_->Stat(workflow::TaskDoneObject("run1", 1, "select")));
+  EXPECT_TRUE(store_->Stat(workflow::TaskDoneObject("run1", 1, workflow::ParseStep("select", "test"))));
 }
 
 // Shards left by an earlier evaluate that split the test set more finely are not merged.

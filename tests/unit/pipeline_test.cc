@@ -46,9 +46,9 @@ TEST(Pipeline, ParsesAndResolvesPaths) {
   ASSERT_EQ(p.backbones.size(), 2u);
   EXPECT_EQ(p.backbones[0].onnx, "/base/m.onnx");
   EXPECT_EQ(p.backbones[1].kind, "pixels");
-  EXPECT_EQ(p.steps.at("train").parallel.mode, "async");
-  EXPECT_EQ(p.steps.at("train").parallel.servers, 1);
-  EXPECT_EQ(p.steps.at("evaluate").module, "esb");
+  EXPECT_EQ(p.steps.at(workflow::Step::kTrain).parallel.mode, workflow::TrainMode::kAsync);
+  EXPECT_EQ(p.steps.at(workflow::Step::kTrain).parallel.servers, 1);
+  EXPECT_EQ(p.steps.at(workflow::Step::kEvaluate).module, "esb");
   EXPECT_EQ(p.rounds.max, 3);
   // The source round-trips with absolute paths.
   Pipeline q = PipelineFromSource(p.source);
@@ -164,9 +164,9 @@ TEST(Pipeline, TrainModesThatCannotRunAreRefused) {
   Pipeline p = ParsePipeline(With("\"mode\": \"async\", \"ranks\": 2",
                                    "\"mode\": \"hybrid\", \"ranks\": 4, \"max_staleness\": 3, \"servers\": 2"),
                              "p.json", "/base");
-  EXPECT_EQ(p.steps.at("train").parallel.groups, 2);
-  EXPECT_EQ(p.steps.at("train").parallel.servers, 2);
-  EXPECT_EQ(p.steps.at("train").parallel.max_staleness, 3);
+  EXPECT_EQ(p.steps.at(workflow::Step::kTrain).parallel.groups, 2);
+  EXPECT_EQ(p.steps.at(workflow::Step::kTrain).parallel.servers, 2);
+  EXPECT_EQ(p.steps.at(workflow::Step::kTrain).parallel.max_staleness, 3);
 }
 
 // Found by fuzz/task_fuzz.cc: a task whose "module" was not a string escaped as

@@ -81,7 +81,7 @@ ModuleSpec Dam(int64_t max_ranks) {
 
 std::string LayoutError(const Pipeline& p, int64_t max_ranks) {
   try {
-    ResolveTrainLayout(p, p.steps.at("train"), Dam(max_ranks), 4);
+    ResolveTrainLayout(p, p.steps.at(workflow::Step::kTrain), Dam(max_ranks), 4);
   } catch (const Error& e) {
     return e.what();
   }
@@ -91,12 +91,12 @@ std::string LayoutError(const Pipeline& p, int64_t max_ranks) {
 TEST(Planner, TrainLayoutResolvesAutoAndCountsServers) {
   // auto: candidates dealt out while there are enough of them, else data-parallel sync.
   Pipeline p = WithTrain(R"({"ranks": 4})", 4);
-  EXPECT_EQ(ResolveTrainLayout(p, p.steps.at("train"), Dam(8), 4).mode, "independent");
-  EXPECT_EQ(ResolveTrainLayout(p, p.steps.at("train"), Dam(8), 3).mode, "sync");
+  EXPECT_EQ(ResolveTrainLayout(p, p.steps.at(workflow::Step::kTrain), Dam(8), 4).mode, workflow::TrainMode::kIndependent);
+  EXPECT_EQ(ResolveTrainLayout(p, p.steps.at(workflow::Step::kTrain), Dam(8), 3).mode, workflow::TrainMode::kSync);
   // async and hybrid start their servers beside the gradient ranks.
   p = WithTrain(R"({"ranks": 4, "mode": "hybrid", "servers": 2, "max_staleness": 5})", 4);
-  TrainLayout t = ResolveTrainLayout(p, p.steps.at("train"), Dam(8), 4);
-  EXPECT_EQ(t.mode, "hybrid");
+  TrainLayout t = ResolveTrainLayout(p, p.steps.at(workflow::Step::kTrain), Dam(8), 4);
+  EXPECT_EQ(t.mode, workflow::TrainMode::kHybrid);
   EXPECT_EQ(t.processes(), 6);
   EXPECT_EQ(t.groups, 2);
   EXPECT_EQ(t.max_staleness, 5);
@@ -105,7 +105,7 @@ TEST(Planner, TrainLayoutResolvesAutoAndCountsServers) {
   EXPECT_EQ(workflow::TrainLayoutFromJson(plan.tasks[2].body["train"], "t").ToJson(), t.ToJson());
   // A machine with fewer processes: sync and async shrink, hybrid's groups cannot.
   p = WithTrain(R"({"ranks": 4, "mode": "async"})", 4);
-  EXPECT_EQ(ResolveTrainLayout(p, p.steps.at("train"), Dam(3), 4).ranks, 2);
+  EXPECT_EQ(ResolveTrainLayout(p, p.steps.at(workflow::Step::kTrain), Dam(3), 4).ranks, 2);
   EXPECT_EQ(LayoutError(p, 2), "t: /steps/train/ranks: 4 ranks + 1 server(s) need 5 processes, but module dam allows 2 "
                                "(max_ranks in the machine file); async needs 2 workers besides its servers");
   p = WithTrain(R"({"ranks": 4, "mode": "hybrid"})", 4);

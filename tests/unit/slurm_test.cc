@@ -28,7 +28,7 @@ std::vector<Task> TestTasks() {
   auto t = [](const std::string& step, const std::string& module, int64_t ranks) {
     Task x;
     x.id = "r1-" + step;
-    x.step = step;
+    x.step = workflow::ParseStep(step, "test");
     x.module = module;
     x.ranks = ranks;
     return x;

@@ -1,0 +1,101 @@
+#include "workflow/kinds.h"
+
+#include "common/error.h"
+
+namespace msaflow::workflow {
+
+const char* StepName(Step s) {
+  switch (s) {
+    case Step::kLoad: return "load";
+    case Step::kPrepare: return "prepare";
+    case Step::kTrain: return "train";
+    case Step::kStore: return "store";
+    case Step::kEvaluate: return "evaluate";
+    case Step::kSelect: return "select";
+  }
+  return "?";
+}
+
+std::optional<Step> StepFromName(std::string_view name) {
+  for (Step s : kSteps)
+    if (name == StepName(s)) return s;
+  return std::nullopt;
+}
+
+Step ParseStep(std::string_view name, const std::string& where) {
+  if (auto s = StepFromName(name)) return *s;
+  Throw(ErrorKind::kInvalidInput, where + ": \"" + std::string(name.substr(0, 40)) +
+                                      "\" is not a step (expected load, prepare, train, store, evaluate, select)");
+}
+
+bool UsesFpga(Step s) {
+  switch (s) {
+    case Step::kPrepare:
+    case Step::kSelect: return true;
+    case Step::kLoad:
+    case Step::kTrain:
+    case Step::kStore:
+    case Step::kEvaluate: return false;
+  }
+  return false;
+}
+
+bool HasCandidates(Step s) {
+  switch (s) {
+    case Step::kTrain:
+    case Step::kStore:
+    case Step::kEvaluate:
+    case Step::kSelect: return true;
+    case Step::kLoad:
+    case Step::kPrepare: return false;
+  }
+  return false;
+}
+
+bool SingleWriter(Step s) {
+  switch (s) {
+    case Step::kLoad:
+    case Step::kStore: return true;
+    case Step::kPrepare:
+    case Step::kTrain:
+    case Step::kEvaluate:
+    case Step::kSelect: return false;
+  }
+  return false;
+}
+
+const char* TrainModeName(TrainMode m) {
+  switch (m) {
+    case TrainMode::kAuto: return "auto";
+    case TrainMode::kIndependent: return "independent";
+    case TrainMode::kSync: return "sync";
+    case TrainMode::kAsync: return "async";
+    case TrainMode::kHybrid: return "hybrid";
+  }
+  return "?";
+}
+
+std::optional<TrainMode> TrainModeFromName(std::string_view name) {
+  for (TrainMode m : {TrainMode::kAuto, TrainMode::kIndependent, TrainMode::kSync, TrainMode::kAsync, TrainMode::kHybrid})
+    if (name == TrainModeName(m)) return m;
+  return std::nullopt;
+}
+
+TrainMode ParseTrainMode(std::string_view name, const std::string& where) {
+  if (auto m = TrainModeFromName(name)) return *m;
+  Throw(ErrorKind::kInvalidInput, where + ": \"" + std::string(name.substr(0, 40)) +
+                                      "\" is not one of auto, independent, sync, async, hybrid");
+}
+
+bool UsesParameterServers(TrainMode m) {
+  switch (m) {
+    case TrainMode::kAsync:
+    case TrainMode::kHybrid: return true;
+    case TrainMode::kAuto:
+    case TrainMode::kIndependent:
+    case TrainMode::kSync: return false;
+  }
+  return false;
+}
+
+}  // namespace msaflow::workflow

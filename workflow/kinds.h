@@ -1,0 +1,50 @@
+// The closed sets a pipeline and a task choose from, as types: the workflow's steps and the
+// train step's parallel modes. Each is parsed from its JSON name once (here, by the parsers in
+// this folder) and compared as an enum everywhere else, in `switch`es the compiler checks for
+// exhaustiveness (-Wswitch). The FPGA backend is kernels::fpga::Backend (kernels/fpga/device.h),
+// parsed in workflow/fpga_config.cc.
+#pragma once
+
+#include <array>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace msaflow::workflow {
+
+// The five steps of a round (docs/design-notes.md), in the order they run; "load" is step 1's first
+// half, "prepare" its FPGA half.
+enum class Step { kLoad, kPrepare, kTrain, kStore, kEvaluate, kSelect };
+inline constexpr std::array<Step, 6> kSteps = {Step::kLoad,  Step::kPrepare,  Step::kTrain,
+                                               Step::kStore, Step::kEvaluate, Step::kSelect};
+
+// "load", "prepare", "train", "store", "evaluate", "select".
+const char* StepName(Step s);
+std::optional<Step> StepFromName(std::string_view name);
+// Throws Error(kInvalidInput) "<where>: \"<name>\" is not a step (expected load, prepare, ...)".
+Step ParseStep(std::string_view name, const std::string& where);
+// The steps whose work is the DAM FPGA's (prepare, select); they get a task's FPGA settings.
+bool UsesFpga(Step s);
+// The steps that read the round's candidates (train, store, evaluate, select).
+bool HasCandidates(Step s);
+// The steps that always run on one rank: they write the NAM alone (load, store).
+bool SingleWriter(Step s);
+
+// How the train step uses its ranks (docs/parallel.md). kAuto exists only in a pipeline; the
+// planner resolves it to independent or sync before a task is written.
+enum class TrainMode { kAuto, kIndependent, kSync, kAsync, kHybrid };
+// "auto", "independent", "sync", "async", "hybrid".
+const char* TrainModeName(TrainMode m);
+std::optional<TrainMode> TrainModeFromName(std::string_view name);
+// Throws Error(kInvalidInput) "<where>: \"<name>\" is not one of auto, independent, ...".
+TrainMode ParseTrainMode(std::string_view name, const std::string& where);
+// async and hybrid: the modes with parameter-server processes beside the gradient ranks.
+bool UsesParameterServers(TrainMode m);
+
+// In JSON (task files, the journal, results) both are written by name. There is no from_json:
+// reading one goes through Parse*/FromName, which say what was expected.
+inline void to_json(nlohmann::json& j, Step s) { j = StepName(s); }
+inline void to_json(nlohmann::json& j, TrainMode m) { j = TrainModeName(m); }
+
+}  // namespace msaflow::workflow
