@@ -19,6 +19,7 @@ struct Options {
   std::string pipeline_path, machine_override, runs_dir = "runs", run_id, task_file, run_dir, step;
   std::string launcher_override, ranks_choice = "pipeline";
   bool wait = false;
+  bool structure_only = false;  // validate: the pipeline file alone
   orchestrator::ScalingOptions scaling_opt;
   std::string scaling_ranks = "1,2", scaling_steps = "prepare,train,evaluate", scaling_modes;
   nam::ServerOptions sopt;

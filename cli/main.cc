@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
 
   auto* validate = app.add_subcommand("validate", "Check a pipeline JSON; print a summary or the first error");
   validate->add_option("pipeline", o.pipeline_path, "pipeline JSON file")->required();
+  validate->add_flag("--structure-only", o.structure_only,
+                     "check the file alone (keys, types, ranges, the rules between them), not its machine, datasets "
+                     "or models: for a pipeline written for another machine");
 
   auto* plan = app.add_subcommand("plan", "Print the plan of round 1: tasks, modules, ranks and commands");
   plan->add_option("pipeline", o.pipeline_path, "pipeline JSON file")->required();

@@ -52,6 +52,13 @@ workflow::Machine MachineOf(const Options& o, const workflow::Pipeline& p) {
 
 int Validate(Options& o) {
   workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
+  if (o.structure_only) {
+    std::printf("%s: valid structure (%zu backbones, up to %lld rounds of %lld candidates; machine, datasets and "
+                "models not checked)\n",
+                o.pipeline_path.c_str(), p.backbones.size(), static_cast<long long>(p.rounds.max),
+                static_cast<long long>(p.rounds.candidates));
+    return 0;
+  }
   workflow::Machine m = workflow::LoadMachine(p.machine);
   for (const auto& [step, s] : p.steps)
     m.Module(s.module, o.pipeline_path + ": /steps/" + workflow::StepName(step) + "/module");
