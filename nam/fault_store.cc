@@ -1,5 +1,7 @@
 #include "nam/fault_store.h"
 
+#include <atomic>
+
 #include <chrono>
 #include <thread>
 
@@ -59,6 +61,16 @@ std::vector<FaultRule> ParseFaultRules(const std::string& text, const std::strin
   return out;
 }
 
+namespace {
+std::atomic<Clock*> delay_clock{nullptr};
+Clock& DelayClock() {
+  Clock* c = delay_clock.load();
+  return c ? *c : SystemClock();
+}
+}  // namespace
+
+void SetFaultDelayClock(Clock* clock) { delay_clock.store(clock); }
+
 FaultStore::FaultStore(std::unique_ptr<Store> inner, std::vector<FaultRule> rules)
     : inner_(std::move(inner)), rules_(std::move(rules)) {}
 
@@ -84,7 +96,7 @@ bool FaultStore::Before(const char* op, const std::string& name) {
       if (r.action == "fail" && !fail) fail = &r;
     }
   }
-  if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay));
+  if (delay > 0) DelayClock().Sleep(std::chrono::duration_cast<Clock::Duration>(std::chrono::duration<double, std::milli>(delay)));
   if (fail) {
     ErrorKind kind = fail->kind == "io" ? ErrorKind::kIo
                      : fail->kind == "capacity" ? ErrorKind::kCapacity

@@ -17,9 +17,15 @@
 #include <memory>
 #include <mutex>
 
+#include "common/clock.h"
 #include "nam/store.h"
 
 namespace msaflow::nam {
+
+// The clock "delay" sleeps on: SystemClock, or a test's (a ManualClock makes delays instant and
+// exactly measurable). The stores MSAFLOW_NAM_FAULTS wraps are made deep inside the steps, so
+// this is process-wide; null restores SystemClock.
+void SetFaultDelayClock(Clock* clock);
 
 struct FaultRule {
   std::string op = "any";

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "kernels/dataset.h"
 #include "kernels/half.h"
@@ -20,6 +21,7 @@
 #include "modules/features.h"
 #include "modules/steps.h"
 #include "parallel/comm.h"
+#include "nam/fault_store.h"
 #include "nam/store.h"
 #include "workflow/candidates.h"
 #include "workflow/objects.h"
@@ -327,10 +329,19 @@ TEST_F(TinyRound, AnUnreachableNamFailsTheStepWithItsName) {
 TEST_F(TinyRound, ASlowNamChangesNothingButTime) {
   for (const char* s : {"load", "prepare", "train", "store", "evaluate", "select"}) Step(s);
   json fast = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
+  // Every NAM call of the four steps waits 3 ms, on a clock that counts the waits exactly.
+  ManualClock clock;
+  nam::SetFaultDelayClock(&clock);
   Faults(R"([{"op": "any", "action": "delay", "delay_ms": 3, "count": 0}])");
   for (const char* s : {"train", "store", "evaluate", "select"}) Step(s);
+  nam::SetFaultDelayClock(nullptr);
   json slow = json::parse(store_->Get(workflow::BestObject("run1", 1)).bytes);
   EXPECT_EQ(slow["champion"], fast["champion"]);
+  // The delay was applied, call by call: a whole number of 3 ms waits, at least two per step
+  // (its inputs, its done object).
+  const auto slept_us = std::chrono::duration_cast<std::chrono::microseconds>(clock.slept()).count();
+  EXPECT_GE(slept_us, 4 * 2 * 3000);
+  EXPECT_EQ(slept_us % 3000, 0) << slept_us;
 }
 
 // int8 ranges travel in the backbone object's metadata: they come back as they went, and a
