@@ -515,143 +515,173 @@ struct Server::Impl {
     return r;
   }
 
+  // alloc: room for a put of `size` bytes, written by the client (RMA, or the pool mapping)
+  // and committed later.
+  json OnAlloc(uint64_t sid, Session& sess, const json& b) {
+    std::string name = Name(b);
+    uint64_t size = U64(b, "size");
+    json meta = Meta(b);
+    std::string via = b.value("via", "rma");
+    if (via != "rma" && via != "map") Fail(Status::kInvalid, "field 'via' must be \"rma\" or \"map\"");
+    if (via == "map" && !opt.allow_map) Fail(Status::kInvalid, "this server does not offer the pool mapping");
+    if (sess.puts.size() >= 64) Fail(Status::kInvalid, "more than 64 uncommitted puts in one session");
+    auto region = Allocate(size, name);
+    json r = {{"offset", region->offset}};
+    if (via == "rma" && size > 0) {
+      region->write_mr = ep->Register(region->data(), size, FI_REMOTE_WRITE);
+      r["addr"] = region->write_mr.base;
+      r["key"] = region->write_mr.key;
+    }
+    uint64_t id = next_id++;
+    puts[id] = PendingPut{sid, name, meta, std::move(region)};
+    sess.puts.insert(id);
+    r["alloc"] = id;
+    return r;
+  }
+
+  // commit / abort: ends an alloc's put, committing its bytes under their checksum or
+  // dropping them.
+  json OnFinish(Op op, uint64_t sid, Session& sess, const json& b) {
+    uint64_t id = U64(b, "alloc");
+    auto it = puts.find(id);
+    if (it == puts.end() || it->second.session != sid) Fail(Status::kInvalid, "no uncommitted put " + std::to_string(id) + " in this session");
+    PendingPut p = std::move(it->second);
+    puts.erase(it);
+    sess.puts.erase(id);
+    if (op == Op::kAbort) return json::object();
+    std::string checksum = Checksum(b);
+    fabric::Endpoint::Deregister(p.region->write_mr);  // the client can no longer write it
+    return Commit(p.name, p.meta, std::move(p.region), checksum);
+  }
+
+  // put-inline: a small object whose bytes came with the request.
+  json OnPutInline(const json& b, std::string_view payload) {
+    std::string name = Name(b);
+    json meta = Meta(b);
+    std::string checksum = Checksum(b);
+    auto region = Allocate(payload.size(), name);
+    if (!payload.empty()) std::memcpy(region->data(), payload.data(), payload.size());
+    return Commit(name, meta, std::move(region), checksum);
+  }
+
+  // lookup: an object's info and its bytes, inline when small, else pinned for the client to
+  // read until it releases them.
+  json OnLookup(Session& sess, const json& b, std::string* reply_payload) {
+    std::string name = Name(b);
+    std::string via = b.value("via", "rma");
+    if (via != "rma" && via != "map") Fail(Status::kInvalid, "field 'via' must be \"rma\" or \"map\"");
+    Stored& s = Resident(name);
+    json r = {{"info", InfoJson(s.info)}};
+    if (s.info.size <= wire::kInlineMax) {
+      reply_payload->assign(s.region->data(), s.info.size);
+      return r;
+    }
+    if (sess.pins.size() >= 256) Fail(Status::kInvalid, "more than 256 pinned objects in one session");
+    if (via == "rma" && !s.region->read_mr.mr) s.region->read_mr = ep->Register(s.region->data(), s.info.size, FI_REMOTE_READ);
+    uint64_t id = next_id++;
+    sess.pins[id] = s.region;
+    r["read"] = id;
+    r["offset"] = s.region->offset;
+    if (via == "rma") {
+      r["addr"] = s.region->read_mr.base;
+      r["key"] = s.region->read_mr.key;
+    }
+    return r;
+  }
+
+  // release: a pinned read ends.
+  json OnRelease(Session& sess, const json& b) {
+    uint64_t id = U64(b, "read");
+    if (!sess.pins.erase(id)) Fail(Status::kInvalid, "no pinned read " + std::to_string(id) + " in this session");
+    return json::object();
+  }
+
+  // stat: an object's info.
+  json OnStat(const json& b) {
+    std::string name = Name(b);
+    auto it = index.find(name);
+    if (it == index.end()) Missing(name);
+    return {{"info", InfoJson(it->second.info)}};
+  }
+
+  // list: the objects under a prefix, a page at a time.
+  json OnList(const json& b) {
+    std::string prefix = b.value("prefix", std::string());
+    std::string after = b.value("after", std::string());
+    if (prefix.size() > 255 || after.size() > 255) Fail(Status::kInvalid, "prefix or 'after' longer than 255 bytes");
+    json items = json::array();
+    size_t bytes = 0;
+    bool more = false;
+    auto it = after.empty() ? index.lower_bound(prefix) : index.upper_bound(std::max(after, prefix));
+    for (; it != index.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+      json j = InfoJson(it->second.info);
+      size_t add = j.dump().size() + 1;
+      if (bytes + add > wire::kListPageBytes && !items.empty()) {
+        more = true;
+        break;
+      }
+      bytes += add;
+      items.push_back(std::move(j));
+    }
+    return {{"objects", items}, {"more", more}};
+  }
+
+  // remove: an object, or a damaged one moved aside.
+  json OnRemove(const json& b) {
+    std::string name = Name(b);
+    auto it = index.find(name);
+    if (it == index.end()) {
+      auto d = damaged.find(name);
+      if (d == damaged.end()) return {{"removed", false}};
+      std::string to;
+      try {
+        to = persist->MoveAside(name);
+      } catch (const Error& e) {
+        Fail(Status::kInternal, std::string("moving damaged object aside: ") + e.what());
+      }
+      damaged.erase(d);
+      Log("damaged object '" + name + "' moved aside to " + to);
+      return {{"removed", true}, {"moved_to", to}};
+    }
+    if (it->second.persisted) {
+      std::string path = persist->PathOf(name);
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+        Fail(Status::kInternal, "removing " + path + ": " + std::strerror(errno));
+    }
+    index.erase(it);
+    return {{"removed", true}};
+  }
+
+  // capacity: what `msaflow nam df` shows.
+  json OnCapacity() {
+    size_t resident = 0;
+    uint64_t pinned = 0;
+    for (const auto& [n, s] : index) resident += s.region ? 1 : 0;
+    for (const auto& [id, s] : sessions) pinned += s.pins.size();
+    return {{"capacity", pool->capacity()}, {"used", pool->used()}, {"largest_free", pool->largest_free()},
+            {"objects", index.size()}, {"resident", resident}, {"pinned", pinned},
+            {"uncommitted", puts.size()}, {"sessions", sessions.size()},
+            {"persist", persist ? persist->dir() : ""}, {"requests", requests}, {"rejected", rejected},
+            {"damaged", damaged.size()}, {"damaged_names", DamagedNames()}};
+  }
+
+  // One request of session `sid`: its handler's reply (and bytes for a small lookup in
+  // `reply_payload`). Fail() throws the error reply.
   json Handle(Op op, uint64_t sid, Session& sess, const json& b, std::string_view payload,
               std::string* reply_payload) {
     switch (op) {
-      case Op::kAlloc: {
-        std::string name = Name(b);
-        uint64_t size = U64(b, "size");
-        json meta = Meta(b);
-        std::string via = b.value("via", "rma");
-        if (via != "rma" && via != "map") Fail(Status::kInvalid, "field 'via' must be \"rma\" or \"map\"");
-        if (via == "map" && !opt.allow_map) Fail(Status::kInvalid, "this server does not offer the pool mapping");
-        if (sess.puts.size() >= 64) Fail(Status::kInvalid, "more than 64 uncommitted puts in one session");
-        auto region = Allocate(size, name);
-        json r = {{"offset", region->offset}};
-        if (via == "rma" && size > 0) {
-          region->write_mr = ep->Register(region->data(), size, FI_REMOTE_WRITE);
-          r["addr"] = region->write_mr.base;
-          r["key"] = region->write_mr.key;
-        }
-        uint64_t id = next_id++;
-        puts[id] = PendingPut{sid, name, meta, std::move(region)};
-        sess.puts.insert(id);
-        r["alloc"] = id;
-        return r;
-      }
+      case Op::kAlloc: return OnAlloc(sid, sess, b);
       case Op::kCommit:
-      case Op::kAbort: {
-        uint64_t id = U64(b, "alloc");
-        auto it = puts.find(id);
-        if (it == puts.end() || it->second.session != sid) Fail(Status::kInvalid, "no uncommitted put " + std::to_string(id) + " in this session");
-        PendingPut p = std::move(it->second);
-        puts.erase(it);
-        sess.puts.erase(id);
-        if (op == Op::kAbort) return json::object();
-        std::string checksum = Checksum(b);
-        fabric::Endpoint::Deregister(p.region->write_mr);  // the client can no longer write it
-        return Commit(p.name, p.meta, std::move(p.region), checksum);
-      }
-      case Op::kPutInline: {
-        std::string name = Name(b);
-        json meta = Meta(b);
-        std::string checksum = Checksum(b);
-        auto region = Allocate(payload.size(), name);
-        if (!payload.empty()) std::memcpy(region->data(), payload.data(), payload.size());
-        return Commit(name, meta, std::move(region), checksum);
-      }
-      case Op::kLookup: {
-        std::string name = Name(b);
-        std::string via = b.value("via", "rma");
-        if (via != "rma" && via != "map") Fail(Status::kInvalid, "field 'via' must be \"rma\" or \"map\"");
-        Stored& s = Resident(name);
-        json r = {{"info", InfoJson(s.info)}};
-        if (s.info.size <= wire::kInlineMax) {
-          reply_payload->assign(s.region->data(), s.info.size);
-          return r;
-        }
-        if (sess.pins.size() >= 256) Fail(Status::kInvalid, "more than 256 pinned objects in one session");
-        if (via == "rma" && !s.region->read_mr.mr) s.region->read_mr = ep->Register(s.region->data(), s.info.size, FI_REMOTE_READ);
-        uint64_t id = next_id++;
-        sess.pins[id] = s.region;
-        r["read"] = id;
-        r["offset"] = s.region->offset;
-        if (via == "rma") {
-          r["addr"] = s.region->read_mr.base;
-          r["key"] = s.region->read_mr.key;
-        }
-        return r;
-      }
-      case Op::kRelease: {
-        uint64_t id = U64(b, "read");
-        if (!sess.pins.erase(id)) Fail(Status::kInvalid, "no pinned read " + std::to_string(id) + " in this session");
-        return json::object();
-      }
-      case Op::kStat: {
-        std::string name = Name(b);
-        auto it = index.find(name);
-        if (it == index.end()) Missing(name);
-        return {{"info", InfoJson(it->second.info)}};
-      }
-      case Op::kList: {
-        std::string prefix = b.value("prefix", std::string());
-        std::string after = b.value("after", std::string());
-        if (prefix.size() > 255 || after.size() > 255) Fail(Status::kInvalid, "prefix or 'after' longer than 255 bytes");
-        json items = json::array();
-        size_t bytes = 0;
-        bool more = false;
-        auto it = after.empty() ? index.lower_bound(prefix) : index.upper_bound(std::max(after, prefix));
-        for (; it != index.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
-          json j = InfoJson(it->second.info);
-          size_t add = j.dump().size() + 1;
-          if (bytes + add > wire::kListPageBytes && !items.empty()) {
-            more = true;
-            break;
-          }
-          bytes += add;
-          items.push_back(std::move(j));
-        }
-        return {{"objects", items}, {"more", more}};
-      }
-      case Op::kRemove: {
-        std::string name = Name(b);
-        auto it = index.find(name);
-        if (it == index.end()) {
-          auto d = damaged.find(name);
-          if (d == damaged.end()) return {{"removed", false}};
-          std::string to;
-          try {
-            to = persist->MoveAside(name);
-          } catch (const Error& e) {
-            Fail(Status::kInternal, std::string("moving damaged object aside: ") + e.what());
-          }
-          damaged.erase(d);
-          Log("damaged object '" + name + "' moved aside to " + to);
-          return {{"removed", true}, {"moved_to", to}};
-        }
-        if (it->second.persisted) {
-          std::string path = persist->PathOf(name);
-          if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-            Fail(Status::kInternal, "removing " + path + ": " + std::strerror(errno));
-        }
-        index.erase(it);
-        return {{"removed", true}};
-      }
-      case Op::kCapacity: {
-        size_t resident = 0;
-        uint64_t pinned = 0;
-        for (const auto& [n, s] : index) resident += s.region ? 1 : 0;
-        for (const auto& [id, s] : sessions) pinned += s.pins.size();
-        return {{"capacity", pool->capacity()}, {"used", pool->used()}, {"largest_free", pool->largest_free()},
-                {"objects", index.size()}, {"resident", resident}, {"pinned", pinned},
-                {"uncommitted", puts.size()}, {"sessions", sessions.size()},
-                {"persist", persist ? persist->dir() : ""}, {"requests", requests}, {"rejected", rejected},
-                {"damaged", damaged.size()}, {"damaged_names", DamagedNames()}};
-      }
-      case Op::kBye:
-        return json::object();
-      case Op::kHello:
-        break;
+      case Op::kAbort: return OnFinish(op, sid, sess, b);
+      case Op::kPutInline: return OnPutInline(b, payload);
+      case Op::kLookup: return OnLookup(sess, b, reply_payload);
+      case Op::kRelease: return OnRelease(sess, b);
+      case Op::kStat: return OnStat(b);
+      case Op::kList: return OnList(b);
+      case Op::kRemove: return OnRemove(b);
+      case Op::kCapacity: return OnCapacity();
+      case Op::kBye: return json::object();
+      case Op::kHello: break;
     }
     Fail(Status::kProtocol, "unknown operation " + std::to_string(static_cast<int>(op)));
   }
