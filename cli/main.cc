@@ -2,6 +2,7 @@
 // (cli::Options) and dispatches; the commands live in cli/*_commands.cc. Exit codes: cli/cli.h.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,12 +13,16 @@
 
 using namespace msaflow;
 
-int main(int argc, char** argv) {
-  cli::Options o;
-  CLI::App app{"msaflow — transfer-learning workflows on a Modular Supercomputer Architecture"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("msaflow ") + kVersion);
+namespace {
 
+// A command and what runs it once parsed.
+struct Command {
+  CLI::App* app;
+  std::function<int(cli::Options&)> handler;
+};
+
+// The commands that take a pipeline: validate, plan, submit, run, scaling.
+void AddPipelineCommands(CLI::App& app, cli::Options& o, std::vector<Command>& commands) {
   auto* validate = app.add_subcommand("validate", "Check a pipeline JSON; print a summary or the first error");
   validate->add_option("pipeline", o.pipeline_path, "pipeline JSON file")->required();
   validate->add_flag("--structure-only", o.structure_only,
@@ -62,6 +67,15 @@ int main(int argc, char** argv) {
   scaling->add_option("--runs", o.runs_dir, "directory for the study")->capture_default_str();
   scaling->add_option("--machine", o.machine_override, "machine name or file (overrides the pipeline's)");
 
+  commands.push_back({validate, cli::Validate});
+  commands.push_back({plan, [](cli::Options& opt) { return cli::PlanOrRun(opt, true); }});
+  commands.push_back({submit, cli::Submit});
+  commands.push_back({run, [](cli::Options& opt) { return cli::PlanOrRun(opt, false); }});
+  commands.push_back({scaling, cli::Scaling});
+}
+
+// The commands that take a run directory (status, report, why, resume, cancel), and module.
+void AddRunCommands(CLI::App& app, cli::Options& o, std::vector<Command>& commands, int* argc, char*** argv) {
   auto* status = app.add_subcommand("status", "Show the state of a run directory and a table of its tasks; exit 0 "
                                               "finished, 1 failed or interrupted, 75 still running. Given a "
                                               "directory of runs (default: runs), a table of its runs");
@@ -97,6 +111,17 @@ int main(int argc, char** argv) {
       }()));
   module->add_option("--task", o.task_file, "task JSON written by the planner")->required()->check(CLI::ExistingFile);
 
+  commands.push_back({status, cli::Status});
+  commands.push_back({report, cli::Report});
+  commands.push_back({why, cli::Why});
+  commands.push_back({resume, cli::Resume});
+  commands.push_back({cancel, cli::Cancel});
+  // Errors are said per rank, inside.
+  commands.push_back({module, [=](cli::Options& opt) { return cli::RunModule(opt.step, opt.task_file, argc, argv); }});
+}
+
+// `msaflow nam ...`: the server and the object commands.
+void AddNamCommands(CLI::App& app, cli::Options& o, std::vector<Command>& commands) {
   auto* nam_cmd = app.add_subcommand("nam", "The NAM: serve it, or put/get/stat/ls/rm objects by hand");
   nam_cmd->require_subcommand(1);
   auto* serve = nam_cmd->add_subcommand("serve", "Run a NAM server (until SIGTERM or SIGINT)");
@@ -143,6 +168,24 @@ int main(int argc, char** argv) {
   nverify->add_flag("--repair", o.repair, "move the damaged objects aside (DIR/DAMAGED/), so reads say 'no object'");
   add_nam(nverify);
 
+  for (Command c : {Command{serve, cli::NamServe}, Command{nput, cli::NamPut}, Command{nget, cli::NamGet},
+                    Command{nstat, cli::NamStat}, Command{nls, cli::NamLs}, Command{nrm, cli::NamRm},
+                    Command{nverify, cli::NamVerify}, Command{ndf, cli::NamDf}})
+    commands.push_back(std::move(c));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cli::Options o;
+  CLI::App app{"msaflow — transfer-learning workflows on a Modular Supercomputer Architecture"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("msaflow ") + kVersion);
+  std::vector<Command> commands;
+  AddPipelineCommands(app, o, commands);
+  AddRunCommands(app, o, commands, &argc, &argv);
+  AddNamCommands(app, o, commands);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -150,13 +193,6 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   try {
-    if (*module) return cli::RunModule(o.step, o.task_file, &argc, &argv);  // errors said per rank, inside
-    if (*plan || *run) return cli::PlanOrRun(o, plan->parsed());
-    const std::pair<CLI::App*, int (*)(cli::Options&)> commands[] = {
-        {validate, cli::Validate}, {scaling, cli::Scaling}, {submit, cli::Submit}, {status, cli::Status},
-        {report, cli::Report},     {why, cli::Why},           {resume, cli::Resume},   {cancel, cli::Cancel},   {serve, cli::NamServe}, {nput, cli::NamPut},
-        {nget, cli::NamGet},       {nstat, cli::NamStat},   {nls, cli::NamLs},      {nrm, cli::NamRm},
-        {nverify, cli::NamVerify}, {ndf, cli::NamDf}};
     for (const auto& [command, handler] : commands)
       if (command->parsed()) return handler(o);
   } catch (const Error& e) {
