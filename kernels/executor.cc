@@ -483,6 +483,445 @@ std::vector<float> Executor::Features(const float* x, int64_t n, int64_t c, int6
   return out;
 }
 
+namespace {
+
+// The shape pass: every tensor's dims from the input's, each op's padding made explicit
+// (auto_pad resolved), the concat axis made positive. Throws for an input no op computes, a
+// channel count the weights do not take, an output that would be empty.
+std::map<std::string, Dims> InferShapes(std::vector<Executor::Op>& ops, const Graph& g, const Dims& in_dims) {
+  using Op = Executor::Op;
+  std::map<std::string, Dims> shapes;
+  shapes[g.input] = in_dims;
+  for (Op& op : ops) {
+    for (const auto& in : op.inputs)
+      if (!shapes.count(in) && !g.consts.count(in))
+        Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input '" + in + "' is not computed");
+    auto sh = [&](const std::string& t) -> Dims {
+      if (shapes.count(t)) return shapes[t];
+      Dims d = g.consts.at(t).dims;
+      while (d.size() < 4) d.insert(d.begin(), 1);
+      return d;
+    };
+    Dims x = sh(op.inputs[0]), out;
+    switch (op.kind) {
+      case Kind::kConv: {
+        const Dims& w = op.weights.dims;
+        if (x.size() != 4 || x[1] != w[1] * op.group)
+          Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input has " + std::to_string(x[1]) +
+                                              " channels, weights expect " + std::to_string(w[1] * op.group));
+        out = {x[0], w[0], 0, 0};
+        for (int a = 0; a < 2; ++a) {
+          int64_t pb, pe;
+          SpatialOut(op.auto_pad, x[2 + a], w[2 + a], op.strides[a], op.dilations[a], op.pads[a], op.pads[2 + a],
+                     &out[2 + a], &pb, &pe);
+          op.pads[a] = pb;
+          op.pads[2 + a] = pe;
+        }
+        break;
+      }
+      case Kind::kPool:
+        out = {x[0], x[1], 0, 0};
+        for (int a = 0; a < 2; ++a) {
+          int64_t pb, pe;
+          SpatialOut(op.auto_pad, x[2 + a], op.kernel[a], op.strides[a], 1, op.pads[a], op.pads[2 + a], &out[2 + a],
+                     &pb, &pe);
+          op.pads[a] = pb;
+          op.pads[2 + a] = pe;
+        }
+        break;
+      case Kind::kGlobalPool: out = {x[0], x[1], 1, 1}; break;
+      case Kind::kEltwise: out = x; break;
+      case Kind::kBinary: {
+        Dims y = sh(op.inputs[1]);
+        if (y.size() != 4) Throw(ErrorKind::kUnsupported, "node '" + op.name + "': rank above 4");
+        out = x;
+        for (int a = 0; a < 4; ++a) {
+          if (y[a] != x[a] && y[a] != 1)
+            Throw(ErrorKind::kUnsupported, "node '" + op.name + "': the second input must broadcast to the first");
+        }
+        break;
+      }
+      case Kind::kConcat: {
+        out = x;
+        int64_t ax = op.axis < 0 ? op.axis + 4 : op.axis;
+        if (ax < 0 || ax > 3) Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': bad concat axis");
+        op.axis = ax;
+        for (size_t k = 1; k < op.inputs.size(); ++k) out[static_cast<size_t>(ax)] += sh(op.inputs[k])[static_cast<size_t>(ax)];
+        break;
+      }
+    }
+    for (auto v : out)
+      if (v <= 0)
+        Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input of " + std::to_string(x[2]) + "x" +
+                                            std::to_string(x[3]) + " is too small (output would be empty)");
+    shapes[op.output] = out;
+  }
+  return shapes;
+}
+
+// Residual adds fused as a convolution's "sum" post-op, now that shapes are known: Add(conv_out,
+// other) of equal shapes, where the convolution's output has no other reader and `other`
+// exists when the convolution runs.
+std::vector<Executor::Op> FoldResidualAdds(std::vector<Executor::Op> ops, const std::map<std::string, Dims>& shapes,
+                                           const std::string& out) {
+  using Op = Executor::Op;
+  std::map<std::string, size_t> producer;
+  auto uses = UseCounts(ops, out);
+  std::vector<char> dead(ops.size(), 0);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Op& op = ops[i];
+    if (op.kind == Kind::kBinary && op.bin == algorithm::binary_add && shapes.count(op.inputs[1]) &&
+        shapes.at(op.inputs[0]) == shapes.at(op.inputs[1])) {
+      for (int side = 0; side < 2; ++side) {
+        auto p = producer.find(op.inputs[side]);
+        if (p == producer.end() || uses[op.inputs[side]] != 1) continue;
+        Op& conv = ops[p->second];
+        if (conv.kind != Kind::kConv || !conv.sum_input.empty()) continue;
+        // The residual must already exist when the convolution runs.
+        auto other = producer.find(op.inputs[1 - side]);
+        if (other != producer.end() && other->second > p->second) continue;
+        conv.sum_input = op.inputs[1 - side];
+        conv.output = op.output;
+        dead[i] = 1;
+        producer[op.output] = p->second;
+        break;
+      }
+      if (dead[i]) continue;
+    }
+    producer[op.output] = i;
+  }
+  std::vector<Op> kept;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (!dead[i]) kept.push_back(std::move(ops[i]));
+  return kept;
+}
+
+// Below this a magnitude's scale (and 1 / scale) would leave float's normal range.
+constexpr float kTinyRange = 1e-30f;
+
+// Builds one plan's primitives, op by op in execution order: the tensors planned so far, the
+// pool of buffers they live in (a buffer is reused once its tensor's last reader has run) and,
+// for int8, which tensors stay 8-bit and every tensor's scale.
+class PlanBuilder {
+ public:
+  using dt = memory::data_type;
+  using tag = memory::format_tag;
+
+  struct Value {
+    Dims dims;
+    memory mem;
+    int buffer = -1;
+  };
+
+  PlanBuilder(Executor::Plan& plan, const dnnl::engine& eng, dnnl::stream& strm, const Graph& g, Precision precision,
+              const Executor::Ranges& ranges)
+      : plan_(plan), eng_(eng), strm_(strm), g_(g), precision_(precision), ranges_(ranges),
+        // Activations and weights in this type; biases, the input and the features stay f32.
+        // (int8: convolutions compute in 8 bits; the tensors they do not both write and read
+        // stay f32.)
+        act_(precision == Precision::kBF16 ? dt::bf16 : dt::f32) {}
+
+  void Input(const Dims& in_dims) {
+    plan_.input = memory(memory::desc(ToDims(in_dims), dt::f32, tag::abcd), eng_, nullptr);
+    values_[g_.input] = Value{in_dims, plan_.input, -1};
+  }
+
+  // int8: which tensors stay 8-bit (a convolution's output that only convolutions read, not
+  // the feature layer), and their type (u8 when the chain that ends the convolution cannot go
+  // below zero).
+  void ChooseInt8Types(const std::vector<Executor::Op>& ops) {
+    if (precision_ != Precision::kInt8) return;
+    std::set<std::string> read_elsewhere{g_.output};
+    for (const Executor::Op& op : ops)
+      if (op.kind != Kind::kConv) read_elsewhere.insert(op.inputs.begin(), op.inputs.end());
+    for (const Executor::Op& op : ops) {
+      if (op.kind != Kind::kConv || read_elsewhere.count(op.output)) continue;
+      const auto& chain = op.sum_input.empty() ? op.post : op.post_sum;
+      const bool nonneg = !chain.empty() && ((chain.back().alg == algorithm::eltwise_relu && chain.back().alpha == 0.f) ||
+                                             (chain.back().alg == algorithm::eltwise_clip && chain.back().alpha >= 0.f) ||
+                                             chain.back().alg == algorithm::eltwise_logistic);
+      // A residual is added in the output's type: u8 only when the residual is u8 too.
+      const bool residual_ok = op.sum_input.empty() || (qtype_.count(op.sum_input) && qtype_[op.sum_input] == dt::u8);
+      qtype_[op.output] = nonneg && residual_ok ? dt::u8 : dt::s8;
+    }
+  }
+
+  // Op `i`'s primitives; its inputs' buffers go back to the pool where it is their last reader.
+  void Emit(Executor::Op& op, size_t i, const Dims& out_dims, const std::map<std::string, size_t>& last_use,
+            bool observe) {
+    std::vector<int> temps;
+    const Value& src = values_.at(op.inputs[0]);
+    try {
+      switch (op.kind) {
+        case Kind::kConv: EmitConv(op, src, out_dims, temps); break;
+        case Kind::kEltwise: EmitEltwise(op, src, out_dims); break;
+        case Kind::kBinary: EmitBinary(op, src, out_dims, temps); break;
+        case Kind::kPool:
+        case Kind::kGlobalPool: EmitPool(op, src, out_dims); break;
+        case Kind::kConcat: EmitConcat(op, out_dims); break;
+      }
+    } catch (const dnnl::error& e) {
+      Throw(ErrorKind::kUnsupported, "node '" + op.name + "': oneDNN could not build it: " + e.what());
+    }
+    if (observe) plan_.observations.push_back({plan_.steps.size(), op.output, values_.at(op.output).mem});
+    for (int t : temps) free_list_.push_back(t);
+    std::set<std::string> seen;
+    auto release = [&](const std::string& t) {
+      if (!seen.insert(t).second) return;
+      auto it = values_.find(t);
+      if (it != values_.end() && it->second.buffer >= 0 && last_use.at(t) == i) free_list_.push_back(it->second.buffer);
+    };
+    for (const auto& in : op.inputs) release(in);
+    if (!op.sum_input.empty()) release(op.sum_input);
+  }
+
+  // Global average pooling of the cut tensor into plain [N, C, 1, 1], and the buffers handed to
+  // the plan.
+  void Output() {
+    const Value& cut = values_.at(g_.output);
+    if (cut.dims.size() != 4) Throw(ErrorKind::kUnsupported, "the feature layer must be 4-D (NCHW)");
+    plan_.channels = cut.dims[1];
+    plan_.output = memory(memory::desc({cut.dims[0], cut.dims[1], 1, 1}, dt::f32, tag::abcd), eng_);
+    dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::pooling_avg_exclude_padding,
+                                     cut.mem.get_desc(),
+                                     memory::desc({cut.dims[0], cut.dims[1], 1, 1}, cut.mem.get_desc().data_type(), tag::any),
+                                     {1, 1}, {cut.dims[2], cut.dims[3]}, {0, 0}, {0, 0}, {0, 0});
+    dnnl::pooling_v2_forward::primitive_desc pd(d, eng_);
+    memory pooled = pd.dst_desc() == plan_.output.get_desc() ? plan_.output : memory(pd.dst_desc(), eng_);
+    plan_.steps.push_back({dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, cut.mem}, {DNNL_ARG_DST, pooled}}});
+    if (pooled != plan_.output)
+      plan_.steps.push_back({dnnl::reorder(pooled, plan_.output), {{DNNL_ARG_FROM, pooled}, {DNNL_ARG_TO, plan_.output}}});
+    for (auto& b : buffers_) plan_.buffers.push_back(b.data);
+  }
+
+ private:
+  struct Buffer {
+    size_t size;
+    std::shared_ptr<void> data;
+  };
+
+  // The smallest free buffer that holds `bytes`, else a new one.
+  int Take(size_t bytes) {
+    int best = -1;
+    for (size_t i = 0; i < free_list_.size(); ++i) {
+      const Buffer& b = buffers_[static_cast<size_t>(free_list_[i])];
+      if (b.size >= bytes && (best < 0 || b.size < buffers_[static_cast<size_t>(free_list_[static_cast<size_t>(best)])].size))
+        best = static_cast<int>(i);
+    }
+    if (best >= 0) {
+      int id = free_list_[static_cast<size_t>(best)];
+      free_list_.erase(free_list_.begin() + best);
+      return id;
+    }
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p) Throw(ErrorKind::kInternal, "executor: out of memory");
+    buffers_.push_back({bytes, std::shared_ptr<void>(p, std::free)});
+    return static_cast<int>(buffers_.size() - 1);
+  }
+  Value& NewValue(const std::string& name, const memory::desc& md, const Dims& dims) {
+    int id = Take(md.get_size());
+    Value v{dims, memory(md, eng_, buffers_[static_cast<size_t>(id)].data.get()), id};
+    return values_[name] = v;
+  }
+  memory TempMemory(const memory::desc& md, std::vector<int>* temps) {
+    int id = Take(md.get_size());
+    temps->push_back(id);
+    return memory(md, eng_, buffers_[static_cast<size_t>(id)].data.get());
+  }
+  // A view of `v` in format `md`, reordering into a temporary when the formats differ.
+  memory AsFormat(const Value& v, const memory::desc& md, std::vector<int>* temps) {
+    if (v.mem.get_desc() == md) return v.mem;
+    memory m = TempMemory(md, temps);
+    plan_.steps.push_back({dnnl::reorder(v.mem, m), {{DNNL_ARG_FROM, v.mem}, {DNNL_ARG_TO, m}}});
+    return m;
+  }
+  memory ConstMemory(const ConstTensor& t, const Dims& dims4) {
+    memory m(memory::desc(ToDims(dims4), dt::f32, tag::abcd), eng_);
+    std::memcpy(m.get_data_handle(), t.data.data(), t.data.size() * sizeof(float));
+    return m;
+  }
+  // int8: a tensor's calibrated largest magnitude, and its scale (range / 127, or 255 for u8).
+  float RangeOf(const std::string& t) const {
+    auto it = ranges_.find(t);
+    if (it == ranges_.end())
+      Throw(ErrorKind::kInvalidInput, "executor: int8: no calibration range for tensor '" + t +
+                                          "' (ranges from another model or cut?)");
+    return it->second > kTinyRange ? it->second : 1.f;  // all (nearly) zero: any scale will do
+  }
+  float ScaleOf(const std::string& t) const {
+    auto q = qtype_.find(t);
+    return RangeOf(t) / (q != qtype_.end() && q->second == dt::u8 ? 255.f : 127.f);
+  }
+
+  void EmitConv(Executor::Op& op, const Value& src, const Dims& out_dims, std::vector<int>& temps) {
+    // Leading affine steps fold into the weights: a*(W*x+b)+c = (aW)*x + (ab+c).
+    ConstTensor w = op.weights, b = op.bias;
+    while (!op.post.empty() && IsLinear(op.post.front())) {
+      const EltStep s = op.post.front();
+      for (auto& v : w.data) v *= s.alpha;
+      for (auto& v : b.data) v = v * s.alpha + s.beta;
+      op.post.erase(op.post.begin());
+    }
+    memory::dims wdims = op.group == 1
+                             ? ToDims(w.dims)
+                             : memory::dims{op.group, w.dims[0] / op.group, w.dims[1], w.dims[2], w.dims[3]};
+    const bool int8 = precision_ == Precision::kInt8;
+    // int8: the source as stored (8-bit) or quantized here (s8); the output 8-bit or f32.
+    const std::string& src_name = op.inputs[0];
+    const dt src_dt = !int8 ? act_ : qtype_.count(src_name) ? qtype_[src_name] : dt::s8;
+    const dt dst_dt = !int8 ? act_ : qtype_.count(op.output) ? qtype_[op.output] : dt::f32;
+    memory::desc src_any(ToDims(src.dims), src_dt, tag::any);
+    memory::desc w_any(wdims, int8 ? dt::s8 : act_, tag::any);
+    memory::desc b_md({w.dims[0]}, dt::f32, tag::a);
+    memory::desc dst_any(ToDims(out_dims), dst_dt, tag::any);
+    dnnl::primitive_attr attr, w_attr;
+    float dst_scale = 1.f;
+    if (int8) {
+      // Weights per output channel; the sums scaled back by src scale x weight scale,
+      // and the bias brought into the sums' units.
+      const float s_src = ScaleOf(src_name);
+      const int64_t oc = w.dims[0], per = static_cast<int64_t>(w.data.size()) / oc;
+      std::vector<float> w_inv(static_cast<size_t>(oc)), out_scales(static_cast<size_t>(oc));
+      for (int64_t o = 0; o < oc; ++o) {
+        float m = 0;
+        for (int64_t k = 0; k < per; ++k) m = std::max(m, std::fabs(w.data[static_cast<size_t>(o * per + k)]));
+        const float s_w = m > kTinyRange ? m / 127.f : 1.f;  // a dead channel's denormals: 0
+        w_inv[static_cast<size_t>(o)] = 1.f / s_w;
+        out_scales[static_cast<size_t>(o)] = s_src * s_w;
+        b.data[static_cast<size_t>(o)] /= s_src * s_w;
+      }
+      w_attr.set_output_scales(op.group == 1 ? 1 : 3, w_inv);
+      attr.set_output_scales(1 << 1, out_scales);
+      if (dst_dt != dt::f32) dst_scale = ScaleOf(op.output);
+    }
+    attr.set_post_ops(MakePostOps(op, dst_scale));
+    memory::dims dil = {op.dilations[0] - 1, op.dilations[1] - 1};
+    dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
+                                      src_any, w_any, b_md, dst_any, ToDims(op.strides), dil,
+                                      {op.pads[0], op.pads[1]}, {op.pads[2], op.pads[3]});
+    dnnl::convolution_forward::primitive_desc pd(d, attr, eng_);
+    memory s;
+    if (!int8 || src.mem.get_desc().data_type() == pd.src_desc().data_type()) {
+      s = AsFormat(src, pd.src_desc(), &temps);
+    } else {  // int8 from an f32 tensor: quantized by a reorder
+      s = TempMemory(pd.src_desc(), &temps);
+      dnnl::primitive_attr q;
+      q.set_output_scales(0, {1.f / ScaleOf(src_name)});
+      plan_.steps.push_back({dnnl::reorder(dnnl::reorder::primitive_desc(src.mem, s, q)),
+                             {{DNNL_ARG_FROM, src.mem}, {DNNL_ARG_TO, s}}});
+    }
+    memory user_w(memory::desc(wdims, dt::f32, op.group == 1 ? tag::oihw : tag::goihw), eng_, w.data.data());
+    memory wm(pd.weights_desc(), eng_);
+    dnnl::reorder(dnnl::reorder::primitive_desc(user_w, wm, w_attr)).execute(strm_, user_w, wm);
+    strm_.wait();
+    memory bm(b_md, eng_);
+    std::memcpy(bm.get_data_handle(), b.data.data(), b.data.size() * sizeof(float));
+    Value& dst = NewValue(op.output, pd.dst_desc(), out_dims);
+    if (!op.sum_input.empty()) {
+      // The residual goes into the output first, in the output's units (the sum post-op
+      // brings it back: MakePostOps).
+      const Value& res = values_.at(op.sum_input);
+      dnnl::primitive_attr r;
+      const float factor = (qtype_.count(op.sum_input) ? ScaleOf(op.sum_input) : 1.f) / dst_scale;
+      if (factor != 1.f) r.set_output_scales(0, {factor});
+      plan_.steps.push_back({dnnl::reorder(dnnl::reorder::primitive_desc(res.mem, dst.mem, r)),
+                             {{DNNL_ARG_FROM, res.mem}, {DNNL_ARG_TO, dst.mem}}});
+    }
+    plan_.steps.push_back({dnnl::convolution_forward(pd),
+                           {{DNNL_ARG_SRC, s}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}, {DNNL_ARG_DST, dst.mem}}});
+  }
+
+  void EmitEltwise(const Executor::Op& op, const Value& src, const Dims& out_dims) {
+    memory::desc md = src.mem.get_desc();
+    if (op.post.empty()) {
+      Value& dst = NewValue(op.output, md, out_dims);
+      plan_.steps.push_back({dnnl::reorder(src.mem, dst.mem), {{DNNL_ARG_FROM, src.mem}, {DNNL_ARG_TO, dst.mem}}});
+      return;
+    }
+    // One jit primitive per step, in place after the first (oneDNN 2.6 runs eltwise
+    // with post-ops on its reference kernel).
+    memory from = src.mem;
+    Value& dst = NewValue(op.output, md, out_dims);
+    for (const auto& st : op.post) {
+      dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, st.alg, md, st.alpha, st.beta);
+      dnnl::eltwise_forward::primitive_desc pd(d, eng_);
+      plan_.steps.push_back({dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, from}, {DNNL_ARG_DST, dst.mem}}});
+      from = dst.mem;
+    }
+  }
+
+  void EmitBinary(const Executor::Op& op, const Value& src, const Dims& out_dims, std::vector<int>& temps) {
+    memory m1;
+    const std::string& in1 = op.inputs[1];
+    if (values_.count(in1)) {
+      const Value& v1 = values_.at(in1);
+      m1 = v1.dims == src.dims ? AsFormat(v1, src.mem.get_desc(), &temps) : v1.mem;
+    } else {
+      Dims d1 = g_.consts.at(in1).dims;
+      while (d1.size() < 4) d1.insert(d1.begin(), 1);
+      m1 = ConstMemory(g_.consts.at(in1), d1);
+      if (src.mem.get_desc().data_type() != dt::f32) {  // the constant in the activations' type
+        memory conv(memory::desc(ToDims(d1), src.mem.get_desc().data_type(), tag::abcd), eng_);
+        dnnl::reorder(m1, conv).execute(strm_, m1, conv);
+        strm_.wait();
+        m1 = conv;
+      }
+      plan_.buffers.push_back(std::make_shared<memory>(m1));
+    }
+    dnnl::binary::desc d(op.bin, src.mem.get_desc(), m1.get_desc(), src.mem.get_desc());
+    dnnl::binary::primitive_desc pd(d, eng_);
+    Value& dst = NewValue(op.output, pd.dst_desc(), out_dims);
+    plan_.steps.push_back(
+        {dnnl::binary(pd), {{DNNL_ARG_SRC_0, src.mem}, {DNNL_ARG_SRC_1, m1}, {DNNL_ARG_DST, dst.mem}}});
+  }
+
+  void EmitPool(const Executor::Op& op, const Value& src, const Dims& out_dims) {
+    memory::dims kernel, strides{1, 1}, pl{0, 0}, pr{0, 0};
+    if (op.kind == Kind::kGlobalPool) {
+      kernel = {src.dims[2], src.dims[3]};
+    } else {
+      kernel = ToDims(op.kernel);
+      strides = ToDims(op.strides);
+      pl = {op.pads[0], op.pads[1]};
+      pr = {op.pads[2], op.pads[3]};
+    }
+    memory::desc dst_any(ToDims(out_dims), src.mem.get_desc().data_type(), tag::any);
+    dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, op.pool, src.mem.get_desc(), dst_any,
+                                     strides, kernel, {0, 0}, pl, pr);
+    dnnl::pooling_v2_forward::primitive_desc pd(d, eng_);
+    Value& dst = NewValue(op.output, pd.dst_desc(), out_dims);
+    plan_.steps.push_back({dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, dst.mem}}});
+  }
+
+  void EmitConcat(const Executor::Op& op, const Dims& out_dims) {
+    std::vector<memory::desc> mds;
+    std::vector<memory> mems;
+    for (const auto& in : op.inputs) {
+      mems.push_back(values_.at(in).mem);
+      mds.push_back(mems.back().get_desc());
+    }
+    dnnl::concat::primitive_desc pd(static_cast<int>(op.axis), mds, eng_);
+    Value& dst = NewValue(op.output, pd.dst_desc(), out_dims);
+    std::unordered_map<int, memory> args{{DNNL_ARG_DST, dst.mem}};
+    for (size_t k = 0; k < mems.size(); ++k) args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k)] = mems[k];
+    plan_.steps.push_back({dnnl::concat(pd), args});
+  }
+
+  Executor::Plan& plan_;
+  const dnnl::engine& eng_;
+  dnnl::stream& strm_;
+  const Graph& g_;
+  const Precision precision_;
+  const Executor::Ranges& ranges_;
+  const dt act_;
+  std::map<std::string, Value> values_;
+  std::vector<Buffer> buffers_;
+  std::vector<int> free_list_;
+  std::map<std::string, dt> qtype_;
+};
+
+}  // namespace
+
 Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool observe) {
   auto& cache = observe ? observe_plans_ : plans_;
   auto found = cache.find(shape);
@@ -495,174 +934,10 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool obse
                                           std::to_string(shape[i]));
   }
   auto plan = std::make_unique<Plan>();
-  const dnnl::engine& eng = engine_->eng;
-  using tag = memory::format_tag;
-  using dt = memory::data_type;
-  const Precision precision = observe ? Precision::kF32 : precision_;
-  // Activations and weights in this type; biases, the input and the features stay f32. (int8:
-  // convolutions compute in 8 bits; the tensors they do not both write and read stay f32.)
-  const dt act = precision == Precision::kBF16 ? dt::bf16 : dt::f32;
-
-  // Tensor state while planning.
-  struct Value {
-    Dims dims;
-    memory mem;
-    int buffer = -1;
-  };
-  std::map<std::string, Value> values;
-  std::vector<ConstTensor> const_keep;
-
-  // Buffer pool with reuse by liveness (plans are built in execution order).
-  struct Buffer {
-    size_t size;
-    std::shared_ptr<void> data;
-  };
-  std::vector<Buffer> buffers;
-  std::vector<int> free_list;
-  auto take = [&](size_t bytes) {
-    int best = -1;
-    for (size_t i = 0; i < free_list.size(); ++i) {
-      const Buffer& b = buffers[static_cast<size_t>(free_list[i])];
-      if (b.size >= bytes && (best < 0 || b.size < buffers[static_cast<size_t>(free_list[static_cast<size_t>(best)])].size))
-        best = static_cast<int>(i);
-    }
-    if (best >= 0) {
-      int id = free_list[static_cast<size_t>(best)];
-      free_list.erase(free_list.begin() + best);
-      return id;
-    }
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    if (!p) Throw(ErrorKind::kInternal, "executor: out of memory");
-    buffers.push_back({bytes, std::shared_ptr<void>(p, std::free)});
-    return static_cast<int>(buffers.size() - 1);
-  };
-  auto new_value = [&](const std::string& name, const memory::desc& md, const Dims& dims) -> Value& {
-    int id = take(md.get_size());
-    Value v{dims, memory(md, eng, buffers[static_cast<size_t>(id)].data.get()), id};
-    return values[name] = v;
-  };
-  auto temp_memory = [&](const memory::desc& md, std::vector<int>* temps) {
-    int id = take(md.get_size());
-    temps->push_back(id);
-    return memory(md, eng, buffers[static_cast<size_t>(id)].data.get());
-  };
-  // A view of `v` in format `md`, reordering into a temporary when the formats differ.
-  auto as_format = [&](const Value& v, const memory::desc& md, std::vector<int>* temps) {
-    if (v.mem.get_desc() == md) return v.mem;
-    memory m = temp_memory(md, temps);
-    plan->steps.push_back({dnnl::reorder(v.mem, m), {{DNNL_ARG_FROM, v.mem}, {DNNL_ARG_TO, m}}});
-    return m;
-  };
-  auto const_memory = [&](const ConstTensor& t, const Dims& dims4) {
-    memory m(memory::desc(ToDims(dims4), dt::f32, tag::abcd), eng);
-    std::memcpy(m.get_data_handle(), t.data.data(), t.data.size() * sizeof(float));
-    return m;
-  };
-
-  Dims in_dims(shape.begin(), shape.end());
-  plan->input = memory(memory::desc(ToDims(in_dims), dt::f32, tag::abcd), eng, nullptr);
-  values[graph_.input] = Value{in_dims, plan->input, -1};
-
-  // Residual adds fused as a conv "sum" post-op, decided now that shapes are known.
+  const Dims in_dims(shape.begin(), shape.end());
   std::vector<Op> ops = ops_;
-  std::map<std::string, Dims> shapes;
-  shapes[graph_.input] = in_dims;
-  {
-    // Shape pass, then fold Add(conv_out, other) of equal shapes into the conv.
-    std::map<std::string, size_t> producer;
-    auto uses = UseCounts(ops, graph_.output);
-    std::vector<char> dead(ops.size(), 0);
-    for (size_t i = 0; i < ops.size(); ++i) {
-      Op& op = ops[i];
-      for (const auto& in : op.inputs)
-        if (!shapes.count(in) && !graph_.consts.count(in))
-          Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input '" + in + "' is not computed");
-      auto sh = [&](const std::string& t) -> Dims {
-        if (shapes.count(t)) return shapes[t];
-        Dims d = graph_.consts.at(t).dims;
-        while (d.size() < 4) d.insert(d.begin(), 1);
-        return d;
-      };
-      Dims x = sh(op.inputs[0]), out;
-      switch (op.kind) {
-        case Kind::kConv: {
-          const Dims& w = op.weights.dims;
-          if (x.size() != 4 || x[1] != w[1] * op.group)
-            Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input has " + std::to_string(x[1]) +
-                                                " channels, weights expect " + std::to_string(w[1] * op.group));
-          out = {x[0], w[0], 0, 0};
-          for (int a = 0; a < 2; ++a) {
-            int64_t pb, pe;
-            SpatialOut(op.auto_pad, x[2 + a], w[2 + a], op.strides[a], op.dilations[a], op.pads[a], op.pads[2 + a],
-                       &out[2 + a], &pb, &pe);
-            op.pads[a] = pb;
-            op.pads[2 + a] = pe;
-          }
-          break;
-        }
-        case Kind::kPool:
-          out = {x[0], x[1], 0, 0};
-          for (int a = 0; a < 2; ++a) {
-            int64_t pb, pe;
-            SpatialOut(op.auto_pad, x[2 + a], op.kernel[a], op.strides[a], 1, op.pads[a], op.pads[2 + a], &out[2 + a],
-                       &pb, &pe);
-            op.pads[a] = pb;
-            op.pads[2 + a] = pe;
-          }
-          break;
-        case Kind::kGlobalPool: out = {x[0], x[1], 1, 1}; break;
-        case Kind::kEltwise: out = x; break;
-        case Kind::kBinary: {
-          Dims y = sh(op.inputs[1]);
-          if (y.size() != 4) Throw(ErrorKind::kUnsupported, "node '" + op.name + "': rank above 4");
-          out = x;
-          for (int a = 0; a < 4; ++a) {
-            if (y[a] != x[a] && y[a] != 1)
-              Throw(ErrorKind::kUnsupported, "node '" + op.name + "': the second input must broadcast to the first");
-          }
-          break;
-        }
-        case Kind::kConcat: {
-          out = x;
-          int64_t ax = op.axis < 0 ? op.axis + 4 : op.axis;
-          if (ax < 0 || ax > 3) Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': bad concat axis");
-          op.axis = ax;
-          for (size_t k = 1; k < op.inputs.size(); ++k) out[static_cast<size_t>(ax)] += sh(op.inputs[k])[static_cast<size_t>(ax)];
-          break;
-        }
-      }
-      for (auto v : out)
-        if (v <= 0)
-          Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input of " + std::to_string(x[2]) + "x" +
-                                              std::to_string(x[3]) + " is too small (output would be empty)");
-      shapes[op.output] = out;
-      if (op.kind == Kind::kBinary && op.bin == algorithm::binary_add && shapes.count(op.inputs[1]) &&
-          shapes[op.inputs[0]] == shapes[op.inputs[1]]) {
-        for (int side = 0; side < 2; ++side) {
-          auto p = producer.find(op.inputs[side]);
-          if (p == producer.end() || uses[op.inputs[side]] != 1) continue;
-          Op& conv = ops[p->second];
-          if (conv.kind != Kind::kConv || !conv.sum_input.empty()) continue;
-          // The residual must already exist when the convolution runs.
-          auto other = producer.find(op.inputs[1 - side]);
-          if (other != producer.end() && other->second > p->second) continue;
-          conv.sum_input = op.inputs[1 - side];
-          conv.output = op.output;
-          shapes[op.output] = out;
-          dead[i] = 1;
-          producer[op.output] = p->second;
-          break;
-        }
-        if (dead[i]) continue;
-      }
-      producer[op.output] = i;
-    }
-    std::vector<Op> kept;
-    for (size_t i = 0; i < ops.size(); ++i)
-      if (!dead[i]) kept.push_back(std::move(ops[i]));
-    ops = FuseEltwise(std::move(kept), graph_.output);
-  }
-
+  const std::map<std::string, Dims> shapes = InferShapes(ops, graph_, in_dims);
+  ops = FuseEltwise(FoldResidualAdds(std::move(ops), shapes, graph_.output), graph_.output);
   // Last use of each tensor, to return buffers to the pool.
   std::map<std::string, size_t> last_use;
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -671,232 +946,11 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool obse
   }
   last_use[graph_.output] = ops.size();
 
-  // int8: which tensors stay 8-bit (a convolution's output that only convolutions read, not
-  // the feature layer), their type (u8 when the chain that ends the convolution cannot go
-  // below zero) and every tensor's scale (calibrated largest magnitude / 127 or 255).
-  std::map<std::string, dt> qtype;
-  // Below this a magnitude's scale (and 1 / scale) would leave float's normal range.
-  constexpr float kTinyRange = 1e-30f;
-  auto range_of = [&](const std::string& t) {
-    auto it = ranges_.find(t);
-    if (it == ranges_.end())
-      Throw(ErrorKind::kInvalidInput, "executor: int8: no calibration range for tensor '" + t +
-                                          "' (ranges from another model or cut?)");
-    return it->second > kTinyRange ? it->second : 1.f;  // all (nearly) zero: any scale will do
-  };
-  auto scale_of = [&](const std::string& t) {
-    auto q = qtype.find(t);
-    return range_of(t) / (q != qtype.end() && q->second == dt::u8 ? 255.f : 127.f);
-  };
-  if (precision == Precision::kInt8) {
-    std::set<std::string> read_elsewhere{graph_.output};
-    for (const Op& op : ops)
-      if (op.kind != Kind::kConv) read_elsewhere.insert(op.inputs.begin(), op.inputs.end());
-    for (const Op& op : ops) {
-      if (op.kind != Kind::kConv || read_elsewhere.count(op.output)) continue;
-      const auto& chain = op.sum_input.empty() ? op.post : op.post_sum;
-      const bool nonneg = !chain.empty() && ((chain.back().alg == algorithm::eltwise_relu && chain.back().alpha == 0.f) ||
-                                             (chain.back().alg == algorithm::eltwise_clip && chain.back().alpha >= 0.f) ||
-                                             chain.back().alg == algorithm::eltwise_logistic);
-      // A residual is added in the output's type: u8 only when the residual is u8 too.
-      const bool residual_ok = op.sum_input.empty() || (qtype.count(op.sum_input) && qtype[op.sum_input] == dt::u8);
-      qtype[op.output] = nonneg && residual_ok ? dt::u8 : dt::s8;
-    }
-  }
-
-  for (size_t i = 0; i < ops.size(); ++i) {
-    Op& op = ops[i];
-    std::vector<int> temps;
-    const Value& src = values.at(op.inputs[0]);
-    const Dims& out_dims = shapes.at(op.output);
-    try {
-      switch (op.kind) {
-        case Kind::kConv: {
-          // Leading affine steps fold into the weights: a*(W*x+b)+c = (aW)*x + (ab+c).
-          ConstTensor w = op.weights, b = op.bias;
-          while (!op.post.empty() && IsLinear(op.post.front())) {
-            const EltStep s = op.post.front();
-            for (auto& v : w.data) v *= s.alpha;
-            for (auto& v : b.data) v = v * s.alpha + s.beta;
-            op.post.erase(op.post.begin());
-          }
-          memory::dims wdims = op.group == 1
-                                   ? ToDims(w.dims)
-                                   : memory::dims{op.group, w.dims[0] / op.group, w.dims[1], w.dims[2], w.dims[3]};
-          const bool int8 = precision == Precision::kInt8;
-          // int8: the source as stored (8-bit) or quantized here (s8); the output 8-bit or f32.
-          const std::string& src_name = op.inputs[0];
-          const dt src_dt = !int8 ? act : qtype.count(src_name) ? qtype[src_name] : dt::s8;
-          const dt dst_dt = !int8 ? act : qtype.count(op.output) ? qtype[op.output] : dt::f32;
-          memory::desc src_any(ToDims(src.dims), src_dt, tag::any);
-          memory::desc w_any(wdims, int8 ? dt::s8 : act, tag::any);
-          memory::desc b_md({w.dims[0]}, dt::f32, tag::a);
-          memory::desc dst_any(ToDims(out_dims), dst_dt, tag::any);
-          dnnl::primitive_attr attr, w_attr;
-          float dst_scale = 1.f;
-          if (int8) {
-            // Weights per output channel; the sums scaled back by src scale x weight scale,
-            // and the bias brought into the sums' units.
-            const float s_src = scale_of(src_name);
-            const int64_t oc = w.dims[0], per = static_cast<int64_t>(w.data.size()) / oc;
-            std::vector<float> w_inv(static_cast<size_t>(oc)), out_scales(static_cast<size_t>(oc));
-            for (int64_t o = 0; o < oc; ++o) {
-              float m = 0;
-              for (int64_t k = 0; k < per; ++k) m = std::max(m, std::fabs(w.data[static_cast<size_t>(o * per + k)]));
-              const float s_w = m > kTinyRange ? m / 127.f : 1.f;  // a dead channel's denormals: 0
-              w_inv[static_cast<size_t>(o)] = 1.f / s_w;
-              out_scales[static_cast<size_t>(o)] = s_src * s_w;
-              b.data[static_cast<size_t>(o)] /= s_src * s_w;
-            }
-            w_attr.set_output_scales(op.group == 1 ? 1 : 3, w_inv);
-            attr.set_output_scales(1 << 1, out_scales);
-            if (dst_dt != dt::f32) dst_scale = scale_of(op.output);
-          }
-          attr.set_post_ops(MakePostOps(op, dst_scale));
-          memory::dims dil = {op.dilations[0] - 1, op.dilations[1] - 1};
-          dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::convolution_direct,
-                                            src_any, w_any, b_md, dst_any, ToDims(op.strides), dil,
-                                            {op.pads[0], op.pads[1]}, {op.pads[2], op.pads[3]});
-          dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
-          memory s;
-          if (!int8 || src.mem.get_desc().data_type() == pd.src_desc().data_type()) {
-            s = as_format(src, pd.src_desc(), &temps);
-          } else {  // int8 from an f32 tensor: quantized by a reorder
-            s = temp_memory(pd.src_desc(), &temps);
-            dnnl::primitive_attr q;
-            q.set_output_scales(0, {1.f / scale_of(src_name)});
-            plan->steps.push_back({dnnl::reorder(dnnl::reorder::primitive_desc(src.mem, s, q)),
-                                   {{DNNL_ARG_FROM, src.mem}, {DNNL_ARG_TO, s}}});
-          }
-          memory user_w(memory::desc(wdims, dt::f32, op.group == 1 ? tag::oihw : tag::goihw), eng, w.data.data());
-          memory wm(pd.weights_desc(), eng);
-          dnnl::reorder(dnnl::reorder::primitive_desc(user_w, wm, w_attr)).execute(engine_->strm, user_w, wm);
-          engine_->strm.wait();
-          memory bm(b_md, eng);
-          std::memcpy(bm.get_data_handle(), b.data.data(), b.data.size() * sizeof(float));
-          Value& dst = new_value(op.output, pd.dst_desc(), out_dims);
-          if (!op.sum_input.empty()) {
-            // The residual goes into the output first, in the output's units (the sum post-op
-            // brings it back: MakePostOps).
-            const Value& res = values.at(op.sum_input);
-            dnnl::primitive_attr r;
-            const float factor = (qtype.count(op.sum_input) ? scale_of(op.sum_input) : 1.f) / dst_scale;
-            if (factor != 1.f) r.set_output_scales(0, {factor});
-            plan->steps.push_back({dnnl::reorder(dnnl::reorder::primitive_desc(res.mem, dst.mem, r)),
-                                   {{DNNL_ARG_FROM, res.mem}, {DNNL_ARG_TO, dst.mem}}});
-          }
-          plan->steps.push_back({dnnl::convolution_forward(pd),
-                                 {{DNNL_ARG_SRC, s}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}, {DNNL_ARG_DST, dst.mem}}});
-          break;
-        }
-        case Kind::kEltwise: {
-          memory::desc md = src.mem.get_desc();
-          if (op.post.empty()) {
-            Value& dst = new_value(op.output, md, out_dims);
-            plan->steps.push_back({dnnl::reorder(src.mem, dst.mem), {{DNNL_ARG_FROM, src.mem}, {DNNL_ARG_TO, dst.mem}}});
-            break;
-          }
-          // One jit primitive per step, in place after the first (oneDNN 2.6 runs eltwise
-          // with post-ops on its reference kernel).
-          memory from = src.mem;
-          Value& dst = new_value(op.output, md, out_dims);
-          for (const auto& st : op.post) {
-            dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference, st.alg, md, st.alpha, st.beta);
-            dnnl::eltwise_forward::primitive_desc pd(d, eng);
-            plan->steps.push_back({dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, from}, {DNNL_ARG_DST, dst.mem}}});
-            from = dst.mem;
-          }
-          break;
-        }
-        case Kind::kBinary: {
-          memory m1;
-          const std::string& in1 = op.inputs[1];
-          if (values.count(in1)) {
-            const Value& v1 = values.at(in1);
-            m1 = v1.dims == src.dims ? as_format(v1, src.mem.get_desc(), &temps) : v1.mem;
-          } else {
-            Dims d1 = graph_.consts.at(in1).dims;
-            while (d1.size() < 4) d1.insert(d1.begin(), 1);
-            m1 = const_memory(graph_.consts.at(in1), d1);
-            if (src.mem.get_desc().data_type() != dt::f32) {  // the constant in the activations' type
-              memory conv(memory::desc(ToDims(d1), src.mem.get_desc().data_type(), tag::abcd), eng);
-              dnnl::reorder(m1, conv).execute(engine_->strm, m1, conv);
-              engine_->strm.wait();
-              m1 = conv;
-            }
-            plan->buffers.push_back(std::make_shared<memory>(m1));
-          }
-          dnnl::binary::desc d(op.bin, src.mem.get_desc(), m1.get_desc(), src.mem.get_desc());
-          dnnl::binary::primitive_desc pd(d, eng);
-          Value& dst = new_value(op.output, pd.dst_desc(), out_dims);
-          plan->steps.push_back(
-              {dnnl::binary(pd), {{DNNL_ARG_SRC_0, src.mem}, {DNNL_ARG_SRC_1, m1}, {DNNL_ARG_DST, dst.mem}}});
-          break;
-        }
-        case Kind::kPool:
-        case Kind::kGlobalPool: {
-          memory::dims kernel, strides{1, 1}, pl{0, 0}, pr{0, 0};
-          if (op.kind == Kind::kGlobalPool) {
-            kernel = {src.dims[2], src.dims[3]};
-          } else {
-            kernel = ToDims(op.kernel);
-            strides = ToDims(op.strides);
-            pl = {op.pads[0], op.pads[1]};
-            pr = {op.pads[2], op.pads[3]};
-          }
-          memory::desc dst_any(ToDims(out_dims), src.mem.get_desc().data_type(), tag::any);
-          dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, op.pool, src.mem.get_desc(), dst_any,
-                                           strides, kernel, {0, 0}, pl, pr);
-          dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
-          Value& dst = new_value(op.output, pd.dst_desc(), out_dims);
-          plan->steps.push_back({dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, dst.mem}}});
-          break;
-        }
-        case Kind::kConcat: {
-          std::vector<memory::desc> mds;
-          std::vector<memory> mems;
-          for (const auto& in : op.inputs) {
-            mems.push_back(values.at(in).mem);
-            mds.push_back(mems.back().get_desc());
-          }
-          dnnl::concat::primitive_desc pd(static_cast<int>(op.axis), mds, eng);
-          Value& dst = new_value(op.output, pd.dst_desc(), out_dims);
-          std::unordered_map<int, memory> args{{DNNL_ARG_DST, dst.mem}};
-          for (size_t k = 0; k < mems.size(); ++k) args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k)] = mems[k];
-          plan->steps.push_back({dnnl::concat(pd), args});
-          break;
-        }
-      }
-    } catch (const dnnl::error& e) {
-      Throw(ErrorKind::kUnsupported, "node '" + op.name + "': oneDNN could not build it: " + e.what());
-    }
-    if (observe) plan->observations.push_back({plan->steps.size(), op.output, values.at(op.output).mem});
-    for (int t : temps) free_list.push_back(t);
-    std::set<std::string> seen;
-    auto release = [&](const std::string& t) {
-      if (!seen.insert(t).second) return;
-      auto it = values.find(t);
-      if (it != values.end() && it->second.buffer >= 0 && last_use[t] == i) free_list.push_back(it->second.buffer);
-    };
-    for (const auto& in : op.inputs) release(in);
-    if (!op.sum_input.empty()) release(op.sum_input);
-  }
-
-  // Global average pooling of the cut tensor into plain [N, C, 1, 1].
-  const Value& cut = values.at(graph_.output);
-  if (cut.dims.size() != 4) Throw(ErrorKind::kUnsupported, "the feature layer must be 4-D (NCHW)");
-  plan->channels = cut.dims[1];
-  plan->output = memory(memory::desc({cut.dims[0], cut.dims[1], 1, 1}, dt::f32, tag::abcd), eng);
-  dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::pooling_avg_exclude_padding,
-                                   cut.mem.get_desc(),
-                                   memory::desc({cut.dims[0], cut.dims[1], 1, 1}, cut.mem.get_desc().data_type(), tag::any),
-                                   {1, 1}, {cut.dims[2], cut.dims[3]}, {0, 0}, {0, 0}, {0, 0});
-  dnnl::pooling_v2_forward::primitive_desc pd(d, eng);
-  memory pooled = pd.dst_desc() == plan->output.get_desc() ? plan->output : memory(pd.dst_desc(), eng);
-  plan->steps.push_back({dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, cut.mem}, {DNNL_ARG_DST, pooled}}});
-  if (pooled != plan->output)
-    plan->steps.push_back({dnnl::reorder(pooled, plan->output), {{DNNL_ARG_FROM, pooled}, {DNNL_ARG_TO, plan->output}}});
-  for (auto& b : buffers) plan->buffers.push_back(b.data);
+  PlanBuilder b(*plan, engine_->eng, engine_->strm, graph_, observe ? Precision::kF32 : precision_, ranges_);
+  b.Input(in_dims);
+  b.ChooseInt8Types(ops);
+  for (size_t i = 0; i < ops.size(); ++i) b.Emit(ops[i], i, shapes.at(ops[i].output), last_use, observe);
+  b.Output();
   Plan& ref = *plan;
   cache[shape] = std::move(plan);
   return ref;
