@@ -188,124 +188,127 @@ Executor::Op MakeEltwise(const Node& n, const std::string& in, std::vector<EltSt
   return op;
 }
 
-std::vector<Executor::Op> BuildOps(Graph& g) {
-  RewriteHardSwish(g);
-  std::vector<Executor::Op> ops;
-  std::map<std::string, std::string> alias;  // Identity/Dropout outputs
-  auto resolve = [&](const std::string& t) {
-    auto it = alias.find(t);
-    return it == alias.end() ? t : it->second;
-  };
-  for (Node n : g.nodes) {
-    for (auto& in : n.inputs) in = resolve(in);
-    Executor::Op op;
-    const std::string& op_type = n.op;
-    if (op_type == "Identity" || op_type == "Dropout") {
-      alias[n.outputs[0]] = n.inputs[0];
-      continue;
+// Standalone batch norm = depthwise 1x1 convolution.
+Executor::Op MakeBatchNorm(const Graph& g, const Node& n) {
+  Executor::Op op;
+  if (n.inputs.size() != 5) Unsupported(n, "expected inputs X, scale, B, mean, var");
+  const ConstTensor *s = ConstOf(g, n.inputs[1]), *b = ConstOf(g, n.inputs[2]), *m = ConstOf(g, n.inputs[3]),
+                    *v = ConstOf(g, n.inputs[4]);
+  if (!s || !b || !m || !v) Unsupported(n, "scale, bias, mean and variance must be constants");
+  int64_t c = s->numel();
+  if (b->numel() != c || m->numel() != c || v->numel() != c) Unsupported(n, "parameter sizes differ");
+  float eps = n.Float("epsilon", 1e-5f);
+  op.kind = Kind::kConv;
+  op.name = n.name;
+  op.inputs = {n.inputs[0]};
+  op.group = c;
+  op.weights.dims = {c, 1, 1, 1};
+  op.bias.dims = {c};
+  for (int64_t i = 0; i < c; ++i) {
+    size_t k = static_cast<size_t>(i);
+    float sc = s->data[k] / std::sqrt(v->data[k] + eps);
+    op.weights.data.push_back(sc);
+    op.bias.data.push_back(b->data[k] - m->data[k] * sc);
+  }
+  return op;
+}
+
+// Add, Sub, Mul, Div: an affine eltwise step when one input is a scalar constant, else a
+// binary op (the second input broadcast to the first).
+Executor::Op MakeArithmetic(const Graph& g, const Node& n) {
+  const std::string& op_type = n.op;
+  if (n.inputs.size() != 2) Unsupported(n, "expected two inputs");
+  float c;
+  bool c1 = ScalarInput(g, n, 1, &c), c0 = !c1 && ScalarInput(g, n, 0, &c);
+  if (c0 || c1) {
+    const std::string& x = n.inputs[c1 ? 0 : 1];
+    EltStep s{algorithm::eltwise_linear, 1.f, 0.f};
+    if (op_type == "Add") s.beta = c;
+    if (op_type == "Mul") s.alpha = c;
+    if (op_type == "Sub") c1 ? (s.beta = -c) : (s.alpha = -1.f, s.beta = c);
+    if (op_type == "Div") {
+      if (c0) Unsupported(n, "division of a constant by a tensor is not supported");
+      s.alpha = 1.f / c;
     }
-    if (op_type == "Conv") {
-      op = MakeConv(g, n);
-    } else if (op_type == "BatchNormalization") {
-      // Standalone batch norm = depthwise 1x1 convolution.
-      if (n.inputs.size() != 5) Unsupported(n, "expected inputs X, scale, B, mean, var");
-      const ConstTensor *s = ConstOf(g, n.inputs[1]), *b = ConstOf(g, n.inputs[2]),
-                        *m = ConstOf(g, n.inputs[3]), *v = ConstOf(g, n.inputs[4]);
-      if (!s || !b || !m || !v) Unsupported(n, "scale, bias, mean and variance must be constants");
-      int64_t c = s->numel();
-      if (b->numel() != c || m->numel() != c || v->numel() != c) Unsupported(n, "parameter sizes differ");
-      float eps = n.Float("epsilon", 1e-5f);
-      op.kind = Kind::kConv;
-      op.name = n.name;
-      op.inputs = {n.inputs[0]};
-      op.group = c;
-      op.weights.dims = {c, 1, 1, 1};
-      op.bias.dims = {c};
-      for (int64_t i = 0; i < c; ++i) {
-        size_t k = static_cast<size_t>(i);
-        float sc = s->data[k] / std::sqrt(v->data[k] + eps);
-        op.weights.data.push_back(sc);
-        op.bias.data.push_back(b->data[k] - m->data[k] * sc);
-      }
-    } else if (op_type == "Relu") {
-      op = MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_relu, 0.f, 0.f}});
-    } else if (op_type == "Clip") {
-      float lo, hi;
-      if (!ClipBounds(g, n, &lo, &hi)) Unsupported(n, "min and max must be scalar constants");
-      op = MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_clip, lo, hi}});
-    } else if (op_type == "HardSigmoid") {
-      op = MakeEltwise(n, n.inputs[0],
+    return MakeEltwise(n, x, {s});
+  }
+  Executor::Op op;
+  op.kind = Kind::kBinary;
+  op.name = n.name;
+  op.inputs = n.inputs;
+  op.bin = op_type == "Add"   ? algorithm::binary_add
+           : op_type == "Sub" ? algorithm::binary_sub
+           : op_type == "Mul" ? algorithm::binary_mul
+                              : algorithm::binary_div;
+  if (ConstOf(g, n.inputs[0])) Unsupported(n, "the first input must not be a constant tensor");
+  return op;
+}
+
+Executor::Op MakePool(const Node& n) {
+  Executor::Op op;
+  op.name = n.name;
+  op.inputs = {n.inputs[0]};
+  if (n.op == "GlobalAveragePool") {
+    op.kind = Kind::kGlobalPool;
+    op.pool = algorithm::pooling_avg_exclude_padding;
+    return op;
+  }
+  op.kind = Kind::kPool;
+  op.kernel = n.Ints("kernel_shape");
+  if (op.kernel.size() != 2) Unsupported(n, "expected a 2-D kernel_shape");
+  if (n.Has("strides")) op.strides = n.Ints("strides");
+  if (n.Has("pads")) op.pads = n.Ints("pads");
+  if (n.Has("dilations") && n.Ints("dilations") != Dims{1, 1}) Unsupported(n, "dilated pooling");
+  op.auto_pad = n.Str("auto_pad", "NOTSET");
+  op.ceil_mode = n.Int("ceil_mode", 0);
+  if (op.ceil_mode) Unsupported(n, "ceil_mode=1 is not supported");
+  if (n.outputs.size() > 1) Unsupported(n, "MaxPool indices output is not supported");
+  op.pool = n.op == "MaxPool"                 ? algorithm::pooling_max
+            : n.Int("count_include_pad", 0) ? algorithm::pooling_avg_include_padding
+                                             : algorithm::pooling_avg_exclude_padding;
+  return op;
+}
+
+Executor::Op MakeConcat(const Graph& g, const Node& n) {
+  Executor::Op op;
+  op.kind = Kind::kConcat;
+  op.name = n.name;
+  op.inputs = n.inputs;
+  op.axis = n.Int("axis", 1);
+  for (const auto& in : n.inputs)
+    if (ConstOf(g, in)) Unsupported(n, "constant inputs are not supported");
+  return op;
+}
+
+// The op for one ONNX node (Identity and Dropout are aliases, handled by BuildOps). Throws
+// kUnsupported naming the node for an operator or a form the executor does not run.
+Executor::Op MakeOp(const Graph& g, const Node& n) {
+  const std::string& t = n.op;
+  if (t == "Conv") return MakeConv(g, n);
+  if (t == "BatchNormalization") return MakeBatchNorm(g, n);
+  if (t == "Relu") return MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_relu, 0.f, 0.f}});
+  if (t == "Clip") {
+    float lo, hi;
+    if (!ClipBounds(g, n, &lo, &hi)) Unsupported(n, "min and max must be scalar constants");
+    return MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_clip, lo, hi}});
+  }
+  if (t == "HardSigmoid")
+    return MakeEltwise(n, n.inputs[0],
                        {{algorithm::eltwise_linear, n.Float("alpha", 0.2f), n.Float("beta", 0.5f)},
                         {algorithm::eltwise_clip, 0.f, 1.f}});
-    } else if (op_type == "HardSwish") {
-      op = MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_hardswish, 0.f, 0.f}});
-    } else if (op_type == "msaflow.HardSwishX6") {
-      op = MakeEltwise(n, n.inputs[0],
-                       {{algorithm::eltwise_hardswish, 0.f, 0.f}, {algorithm::eltwise_linear, 6.f, 0.f}});
-    } else if (op_type == "Sigmoid") {
-      op = MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_logistic, 0.f, 0.f}});
-    } else if (op_type == "Add" || op_type == "Sub" || op_type == "Mul" || op_type == "Div") {
-      if (n.inputs.size() != 2) Unsupported(n, "expected two inputs");
-      float c;
-      bool c1 = ScalarInput(g, n, 1, &c), c0 = !c1 && ScalarInput(g, n, 0, &c);
-      if (c0 || c1) {
-        const std::string& x = n.inputs[c1 ? 0 : 1];
-        EltStep s{algorithm::eltwise_linear, 1.f, 0.f};
-        if (op_type == "Add") s.beta = c;
-        if (op_type == "Mul") s.alpha = c;
-        if (op_type == "Sub") c1 ? (s.beta = -c) : (s.alpha = -1.f, s.beta = c);
-        if (op_type == "Div") {
-          if (c0) Unsupported(n, "division of a constant by a tensor is not supported");
-          s.alpha = 1.f / c;
-        }
-        op = MakeEltwise(n, x, {s});
-      } else {
-        op.kind = Kind::kBinary;
-        op.name = n.name;
-        op.inputs = n.inputs;
-        op.bin = op_type == "Add"   ? algorithm::binary_add
-                 : op_type == "Sub" ? algorithm::binary_sub
-                 : op_type == "Mul" ? algorithm::binary_mul
-                                    : algorithm::binary_div;
-        if (ConstOf(g, n.inputs[0])) Unsupported(n, "the first input must not be a constant tensor");
-      }
-    } else if (op_type == "GlobalAveragePool") {
-      op.kind = Kind::kGlobalPool;
-      op.name = n.name;
-      op.inputs = {n.inputs[0]};
-      op.pool = algorithm::pooling_avg_exclude_padding;
-    } else if (op_type == "AveragePool" || op_type == "MaxPool") {
-      op.kind = Kind::kPool;
-      op.name = n.name;
-      op.inputs = {n.inputs[0]};
-      op.kernel = n.Ints("kernel_shape");
-      if (op.kernel.size() != 2) Unsupported(n, "expected a 2-D kernel_shape");
-      if (n.Has("strides")) op.strides = n.Ints("strides");
-      if (n.Has("pads")) op.pads = n.Ints("pads");
-      if (n.Has("dilations") && n.Ints("dilations") != Dims{1, 1}) Unsupported(n, "dilated pooling");
-      op.auto_pad = n.Str("auto_pad", "NOTSET");
-      op.ceil_mode = n.Int("ceil_mode", 0);
-      if (op.ceil_mode) Unsupported(n, "ceil_mode=1 is not supported");
-      if (n.outputs.size() > 1) Unsupported(n, "MaxPool indices output is not supported");
-      op.pool = op_type == "MaxPool"              ? algorithm::pooling_max
-                : n.Int("count_include_pad", 0) ? algorithm::pooling_avg_include_padding
-                                                 : algorithm::pooling_avg_exclude_padding;
-    } else if (op_type == "Concat") {
-      op.kind = Kind::kConcat;
-      op.name = n.name;
-      op.inputs = n.inputs;
-      op.axis = n.Int("axis", 1);
-      for (const auto& in : n.inputs)
-        if (ConstOf(g, in)) Unsupported(n, "constant inputs are not supported");
-    } else {
-      Unsupported(n, "operator is not supported by the msaflow executor");
-    }
-    op.output = n.outputs.at(0);
-    ops.push_back(std::move(op));
-  }
-  g.output = resolve(g.output);
-  // Drop ops nothing reads any more (e.g. the pieces of a rewritten hardswish).
-  std::set<std::string> live{g.output};
+  if (t == "HardSwish") return MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_hardswish, 0.f, 0.f}});
+  if (t == "msaflow.HardSwishX6")
+    return MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_hardswish, 0.f, 0.f}, {algorithm::eltwise_linear, 6.f, 0.f}});
+  if (t == "Sigmoid") return MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_logistic, 0.f, 0.f}});
+  if (t == "Add" || t == "Sub" || t == "Mul" || t == "Div") return MakeArithmetic(g, n);
+  if (t == "GlobalAveragePool" || t == "AveragePool" || t == "MaxPool") return MakePool(n);
+  if (t == "Concat") return MakeConcat(g, n);
+  Unsupported(n, "operator is not supported by the msaflow executor");
+}
+
+// Drops ops nothing reads any more (e.g. the pieces of a rewritten hardswish).
+std::vector<Executor::Op> DropDeadOps(std::vector<Executor::Op> ops, const std::string& out) {
+  std::set<std::string> live{out};
   std::vector<char> keep(ops.size(), 0);
   for (size_t i = ops.size(); i-- > 0;) {
     if (!live.count(ops[i].output)) continue;
@@ -316,6 +319,28 @@ std::vector<Executor::Op> BuildOps(Graph& g) {
   for (size_t i = 0; i < ops.size(); ++i)
     if (keep[i]) kept.push_back(std::move(ops[i]));
   return kept;
+}
+
+std::vector<Executor::Op> BuildOps(Graph& g) {
+  RewriteHardSwish(g);
+  std::vector<Executor::Op> ops;
+  std::map<std::string, std::string> alias;  // Identity/Dropout outputs
+  auto resolve = [&](const std::string& t) {
+    auto it = alias.find(t);
+    return it == alias.end() ? t : it->second;
+  };
+  for (Node n : g.nodes) {
+    for (auto& in : n.inputs) in = resolve(in);
+    if (n.op == "Identity" || n.op == "Dropout") {
+      alias[n.outputs[0]] = n.inputs[0];
+      continue;
+    }
+    Executor::Op op = MakeOp(g, n);
+    op.output = n.outputs.at(0);
+    ops.push_back(std::move(op));
+  }
+  g.output = resolve(g.output);
+  return DropDeadOps(std::move(ops), g.output);
 }
 
 // Consumers of each tensor; the graph output counts as one.
