@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -101,102 +102,132 @@ std::vector<int> DealByCost(const std::vector<workflow::Candidate>& cands, const
 
 }  // namespace
 
+namespace {
+
+using workflow::TrainMode;
+// Stages a trained head and notes it for the step's summary.
+using Stager = std::function<void(const workflow::Candidate&, const Features&, const kernels::Head&,
+                                  const parallel::TrainStats&)>;
+
+// Mode independent on several ranks: which rank trains each candidate (DealByCost), said per rank.
+std::vector<int> DealCandidates(StepContext& c, const std::vector<workflow::Candidate>& cands) {
+  parallel::Comm& world = *c.comm;
+  std::map<std::string, FeaturesIndex> shapes;  // metadata only: a rank reads only its own candidates' features
+  for (const auto& cand : cands)
+    if (!shapes.count(cand.backbone)) shapes[cand.backbone] = FeaturesShape(c, cand.backbone, "train");
+  std::vector<int> owner = DealByCost(cands, shapes, world.size());
+  std::string dealt;
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (owner[i] == world.rank()) dealt += (dealt.empty() ? "" : ", ") + cands[i].id;
+  c.Say("candidates dealt by estimated cost: " + (dealt.empty() ? std::string("none") : dealt));
+  return owner;
+}
+
+// Modes async and hybrid: every candidate in turn on all processes, workers and servers.
+void TrainWithServers(StepContext& c, const parallel::Straggler& straggler, std::map<std::string, Features>& cache,
+                      const Stager& staged) {
+  const workflow::TrainLayout& layout = c.task.train;
+  parallel::Comm& world = *c.comm;
+  for (const workflow::Candidate& cand : c.task.candidates) {
+    if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
+    const Features& f = cache[cand.backbone];
+    kernels::Head h = StartingHead(c, cand, f);
+    parallel::PsOptions opt{layout.servers, layout.mode == TrainMode::kHybrid ? layout.groups : 0, layout.max_staleness,
+                            straggler};
+    // Raw features, standardised as the batches are gathered (no standardised copy).
+    const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, h.mean.data(), h.inv_std.data()};
+    const parallel::TrainStats st = parallel::TrainParameterServer(world, data, &h, opt);
+    if (world.rank() == 0) staged(cand, f, h, st);
+  }
+}
+
+// Modes independent and sync: this rank's candidates (`owner`), in batches of heads that train
+// together (one GEMM per step serves a whole batch; parallel/train.h).
+void TrainInBatches(StepContext& c, const std::vector<int>& owner, const parallel::Straggler& straggler,
+                    std::map<std::string, Features>& cache, const Stager& staged) {
+  const TrainMode mode = c.task.train.mode;
+  const auto& cands = c.task.candidates;
+  parallel::Comm& world = *c.comm;
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (owner[i] == world.rank()) mine.push_back(i);
+  std::vector<kernels::Head> heads;
+  std::vector<std::vector<size_t>> batches;  // positions in `mine`
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const workflow::Candidate& cand = cands[mine[k]];
+    if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
+    heads.push_back(StartingHead(c, cand, cache[cand.backbone]));
+    auto fits = [&](const std::vector<size_t>& b) {
+      return cands[mine[b[0]]].backbone == cand.backbone && parallel::CanTrainTogether(heads[b[0]], heads[k]);
+    };
+    auto it = std::find_if(batches.begin(), batches.end(), fits);
+    if (it == batches.end()) batches.push_back({k});
+    else it->push_back(k);
+  }
+  parallel::SelfComm self;
+  parallel::Comm& comm = mode == TrainMode::kIndependent ? static_cast<parallel::Comm&>(self) : world;
+  const parallel::Straggler slow = mode != TrainMode::kIndependent      ? straggler
+                                   : world.rank() == straggler.rank ? parallel::Straggler{0, straggler.factor}
+                                                                    : parallel::Straggler{};
+  for (const std::vector<size_t>& b : batches) {
+    const Features& f = cache[cands[mine[b[0]]].backbone];
+    // Raw features, standardised as the batches are gathered (no standardised copy); the heads
+    // of a batch share their standardisation (CanTrainTogether).
+    const kernels::Head& first = heads[b[0]];
+    const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, first.mean.data(), first.inv_std.data()};
+    std::vector<kernels::Head*> members;
+    for (size_t k : b) members.push_back(&heads[k]);
+    std::vector<parallel::TrainStats> stats;
+    if (members.size() == 1) {
+      stats.push_back(parallel::TrainSync(comm, data, members[0], slow));
+    } else {
+      std::string ids;
+      for (size_t k : b) ids += (ids.empty() ? "" : ", ") + cands[mine[k]].id;
+      if (mode == TrainMode::kIndependent || c.root())
+        c.Say(fmt::format("training {} heads together on {} features: {}", b.size(), cands[mine[b[0]]].backbone, ids));
+      stats = parallel::TrainSyncTogether(comm, data, members, slow);
+    }
+    if (mode == TrainMode::kSync && world.rank() != 0) continue;  // rank 0 stages
+    for (size_t m = 0; m < b.size(); ++m) {
+      if (mode == TrainMode::kIndependent) stats[m].mode = TrainMode::kIndependent;
+      staged(cands[mine[b[m]]], f, heads[b[m]], stats[m]);
+    }
+  }
+}
+
+}  // namespace
+
 void Train(StepContext& c) {
   const workflow::TrainLayout& layout = c.task.train;
   parallel::Comm& world = *c.comm;
   const parallel::Straggler straggler =
       StragglerFor("train", parallel::Straggler{layout.straggler_rank, layout.straggler_factor});
-  using workflow::TrainMode;
   const TrainMode mode = layout.mode;
   if (workflow::UsesParameterServers(mode) && world.size() != layout.processes())
     Throw(ErrorKind::kInvalidInput,
           fmt::format("train: mode {} needs {} processes ({} ranks + {} server(s)), this step has {}; start it with "
                       "mpirun -n {} (or srun --ntasks={} --mpi=pmix)",
                       workflow::TrainModeName(mode), layout.processes(), layout.ranks, layout.servers, world.size(),
-                      layout.processes(),
-                      layout.processes()));
+                      layout.processes(), layout.processes()));
   if (mode == TrainMode::kSync && world.size() != layout.ranks && c.root())
     c.Say(fmt::format("note: the task asks for {} sync ranks, this step has {}", layout.ranks, world.size()));
   std::map<std::string, Features> cache;
   const auto& cands = c.task.candidates;
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json trained = nlohmann::json::array();  // what this rank staged, for the step's summary
-  std::vector<int> owner(cands.size(), world.rank());
-  if (mode == TrainMode::kIndependent && world.size() > 1) {
-    std::map<std::string, FeaturesIndex> shapes;  // metadata only: a rank reads only its own candidates' features
-    for (const auto& cand : cands)
-      if (!shapes.count(cand.backbone)) shapes[cand.backbone] = FeaturesShape(c, cand.backbone, "train");
-    owner = DealByCost(cands, shapes, world.size());
-    std::string dealt;
-    for (size_t i = 0; i < cands.size(); ++i)
-      if (owner[i] == world.rank()) dealt += (dealt.empty() ? "" : ", ") + cands[i].id;
-    c.Say("candidates dealt by estimated cost: " + (dealt.empty() ? std::string("none") : dealt));
-  }
-  auto staged = [&](const workflow::Candidate& cand, const Features& f, const kernels::Head& h,
-                    const parallel::TrainStats& st) {
+  const Stager staged = [&](const workflow::Candidate& cand, const Features& f, const kernels::Head& h,
+                            const parallel::TrainStats& st) {
     Stage(c, cand, f, h, st);
     trained.push_back({{"candidate", cand.id}, {"backbone", cand.backbone}, {"rows", f.n}, {"updates", st.updates},
                        {"seconds", st.seconds}, {"rank", world.rank()}, {"together", st.together}});
   };
   if (workflow::UsesParameterServers(mode)) {
-    for (const workflow::Candidate& cand : cands) {
-      if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
-      const Features& f = cache[cand.backbone];
-      kernels::Head h = StartingHead(c, cand, f);
-      parallel::PsOptions opt{layout.servers, mode == TrainMode::kHybrid ? layout.groups : 0, layout.max_staleness, straggler};
-      // Raw features, standardised as the batches are gathered (no standardised copy).
-      const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, h.mean.data(), h.inv_std.data()};
-      const parallel::TrainStats st = parallel::TrainParameterServer(world, data, &h, opt);
-      if (world.rank() == 0) staged(cand, f, h, st);
-    }
+    TrainWithServers(c, straggler, cache, staged);
   } else {
-    // Independent or sync: this rank's candidates, in batches of heads that train together
-    // (one GEMM per step serves a whole batch; parallel/train.h).
-    std::vector<size_t> mine;
-    for (size_t i = 0; i < cands.size(); ++i)
-      if (owner[i] == world.rank()) mine.push_back(i);
-    std::vector<kernels::Head> heads;
-    std::vector<std::vector<size_t>> batches;  // positions in `mine`
-    for (size_t k = 0; k < mine.size(); ++k) {
-      const workflow::Candidate& cand = cands[mine[k]];
-      if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
-      heads.push_back(StartingHead(c, cand, cache[cand.backbone]));
-      auto fits = [&](const std::vector<size_t>& b) {
-        return cands[mine[b[0]]].backbone == cand.backbone && parallel::CanTrainTogether(heads[b[0]], heads[k]);
-      };
-      auto it = std::find_if(batches.begin(), batches.end(), fits);
-      if (it == batches.end()) batches.push_back({k});
-      else it->push_back(k);
-    }
-    parallel::SelfComm self;
-    parallel::Comm& comm = mode == TrainMode::kIndependent ? static_cast<parallel::Comm&>(self) : world;
-    const parallel::Straggler slow = mode != TrainMode::kIndependent            ? straggler
-                                     : world.rank() == straggler.rank ? parallel::Straggler{0, straggler.factor}
-                                                                      : parallel::Straggler{};
-    for (const std::vector<size_t>& b : batches) {
-      const Features& f = cache[cands[mine[b[0]]].backbone];
-      // Raw features, standardised as the batches are gathered (no standardised copy); the heads
-      // of a batch share their standardisation (CanTrainTogether).
-      const kernels::Head& first = heads[b[0]];
-      const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, first.mean.data(), first.inv_std.data()};
-      std::vector<kernels::Head*> members;
-      for (size_t k : b) members.push_back(&heads[k]);
-      std::vector<parallel::TrainStats> stats;
-      if (members.size() == 1) {
-        stats.push_back(parallel::TrainSync(comm, data, members[0], slow));
-      } else {
-        std::string ids;
-        for (size_t k : b) ids += (ids.empty() ? "" : ", ") + cands[mine[k]].id;
-        if (mode == TrainMode::kIndependent || c.root())
-          c.Say(fmt::format("training {} heads together on {} features: {}", b.size(), cands[mine[b[0]]].backbone, ids));
-        stats = parallel::TrainSyncTogether(comm, data, members, slow);
-      }
-      if (mode == TrainMode::kSync && world.rank() != 0) continue;  // rank 0 stages
-      for (size_t m = 0; m < b.size(); ++m) {
-        if (mode == TrainMode::kIndependent) stats[m].mode = TrainMode::kIndependent;
-        staged(cands[mine[b[m]]], f, heads[b[m]], stats[m]);
-      }
-    }
+    const std::vector<int> owner = mode == TrainMode::kIndependent && world.size() > 1
+                                       ? DealCandidates(c, cands)
+                                       : std::vector<int>(cands.size(), world.rank());
+    TrainInBatches(c, owner, straggler, cache, staged);
   }
   // The step's figures (docs/formats.md): what each candidate cost, for results and planning.
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
