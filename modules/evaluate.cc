@@ -42,6 +42,44 @@ kernels::Metrics MetricsFromJson(const nlohmann::json& j, const std::string& whe
   return m;
 }
 
+namespace {
+
+// Rank 0: the farm's figures from every rank's, in the NAM (evaluated/) and said.
+void WriteFarmSummary(StepContext& c, const std::vector<std::string>& parts, int64_t n_tasks, int64_t shards) {
+  const auto& t = c.task;
+  parallel::Comm& comm = *c.comm;
+  nlohmann::json per_rank = nlohmann::json::array();
+  double busy_sum = 0, wall_max = 0;
+  int workers = 0;
+  for (const auto& p : parts) {
+    nlohmann::json r = nlohmann::json::parse(p);
+    wall_max = std::max(wall_max, r["wall_s"].get<double>());
+    if (r["works"].get<bool>()) {
+      busy_sum += r["busy_s"].get<double>();
+      ++workers;
+    }
+    per_rank.push_back(std::move(r));
+  }
+  const double held = wall_max * workers;
+  nlohmann::json summary = {{"farm", t.farm},
+                            {"overlap", c.overlap},
+                            {"ranks", comm.size()},
+                            {"workers", workers},
+                            {"tasks", n_tasks},
+                            {"shards", shards},  // per candidate: what select merges
+                            {"wall_s", wall_max},
+                            {"utilisation", held > 0 ? busy_sum / held : 0.0},
+                            {"overhead_per_task_ms", n_tasks ? 1e3 * (held - busy_sum) / static_cast<double>(n_tasks) : 0.0},
+                            {"per_rank", per_rank}};
+  c.store->Put(workflow::EvaluatedObject(t.run, t.round), summary.dump(), {{"kind", "evaluate-summary"}});
+  c.Say(fmt::format("task farm ({}): {} tasks on {} working rank{} in {:.3f} s, utilisation {:.0f} %, overhead "
+                    "{:.3f} ms per task",
+                    t.farm, n_tasks, workers, workers > 1 ? "s" : "", wall_max, 100 * summary["utilisation"].get<double>(),
+                    summary["overhead_per_task_ms"].get<double>()));
+}
+
+}  // namespace
+
 void Evaluate(StepContext& c) {
   const auto& t = c.task;
   parallel::Comm& comm = *c.comm;
@@ -131,36 +169,7 @@ void Evaluate(StepContext& c) {
                          {"works", works}, {"parts_read", parts_read}, {"read_s", io.fetch_s},
                          {"read_wait_s", io.wait_s}};
   auto parts = comm.Gather(mine.dump(), 0);
-  if (c.root()) {
-    nlohmann::json per_rank = nlohmann::json::array();
-    double busy_sum = 0, wall_max = 0;
-    int workers = 0;
-    for (const auto& p : parts) {
-      nlohmann::json r = nlohmann::json::parse(p);
-      wall_max = std::max(wall_max, r["wall_s"].get<double>());
-      if (r["works"].get<bool>()) {
-        busy_sum += r["busy_s"].get<double>();
-        ++workers;
-      }
-      per_rank.push_back(std::move(r));
-    }
-    const double held = wall_max * workers;
-    nlohmann::json summary = {{"farm", t.farm},
-                              {"overlap", c.overlap},
-                              {"ranks", comm.size()},
-                              {"workers", workers},
-                              {"tasks", n_tasks},
-                              {"shards", shards},  // per candidate: what select merges
-                              {"wall_s", wall_max},
-                              {"utilisation", held > 0 ? busy_sum / held : 0.0},
-                              {"overhead_per_task_ms", n_tasks ? 1e3 * (held - busy_sum) / static_cast<double>(n_tasks) : 0.0},
-                              {"per_rank", per_rank}};
-    c.store->Put(workflow::EvaluatedObject(t.run, t.round), summary.dump(), {{"kind", "evaluate-summary"}});
-    c.Say(fmt::format("task farm ({}): {} tasks on {} working rank{} in {:.3f} s, utilisation {:.0f} %, overhead "
-                      "{:.3f} ms per task",
-                      t.farm, n_tasks, workers, workers > 1 ? "s" : "", wall_max, 100 * summary["utilisation"].get<double>(),
-                      summary["overhead_per_task_ms"].get<double>()));
-  }
+  if (c.root()) WriteFarmSummary(c, parts, n_tasks, shards);
   comm.Barrier();
 }
 

@@ -189,6 +189,43 @@ bool EverythingReused(StepContext& c, nlohmann::json* summary) {
   return true;
 }
 
+// A split's dataset digest, recorded among the step's inputs. Looking for reusable features
+// may have hashed the split already (not twice).
+std::string DatasetDigest(StepContext& c, const workflow::SplitSource& src) {
+  const std::string& split = src.name();
+  std::string digest;
+  if (const std::string* known = c.KnownDatasetDigest(split)) {
+    digest = *known;
+  } else {
+    digest = src.Digest();
+    c.RememberDatasetDigest(split, digest);
+  }
+  c.inputs["datasets"][split] = digest;
+  return digest;
+}
+
+// The width of backbone `bb`'s features: raw pixels' row size, or the cut tensor's channels of
+// the backbone's executor (built from the NAM's copy on first use, int8 with the load step's
+// ranges, the same for every rank).
+int64_t FeatureDim(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
+                   std::unique_ptr<kernels::Executor>& ex) {
+  if (bb.kind == "pixels") {
+    kernels::ImageSet first = src.Read(0, 1);
+    if (!first.uniform())
+      Throw(ErrorKind::kInvalidInput, "backbone '" + bb.name + "' (raw pixels) needs images of one size; " +
+                                          src.Where(-1) + " is an image folder, whose sizes may vary: use an ONNX backbone");
+    return first.rows * first.cols * first.channels;
+  }
+  if (!ex) {
+    nam::Object o = c.store->Get(workflow::BackboneObject(bb.name));
+    ex = std::make_unique<kernels::Executor>(kernels::ImportOnnx(o.bytes, "NAM " + o.info.name, bb.feature_layer),
+                                             kernels::ParsePrecision(bb.precision));
+    if (bb.precision == "int8")
+      ex->SetRanges(RangesFromJson(o.info.meta.value("int8_ranges", nlohmann::json()), "NAM object '" + o.info.name + "'"));
+  }
+  return ex->FeatureDim(bb.input.channels, bb.input.height, bb.input.width);
+}
+
 }  // namespace
 
 void Prepare(StepContext& c) {
@@ -214,16 +251,7 @@ void Prepare(StepContext& c) {
     std::unique_ptr<kernels::Executor> ex;
     for (const workflow::SplitSource& src : splits) {
       const std::string& split = src.name();
-      if (!digests.count(split)) {
-        // Looking for reusable features may have hashed this split already (not twice).
-        if (const std::string* known = c.KnownDatasetDigest(split)) {
-          digests[split] = *known;
-        } else {
-          digests[split] = src.Digest();
-          c.RememberDatasetDigest(split, digests[split]);
-        }
-        c.inputs["datasets"][split] = digests[split];
-      }
+      if (!digests.count(split)) digests[split] = DatasetDigest(c, src);
       std::string key = workflow::FeaturesObject(bb_digest, digests[split]);
       nlohmann::json entry = {{"backbone", bb.name}, {"split", split}, {"object", key}, {"rows", src.count()}};
       int reuse = 0;  // rank 0 decides for all
@@ -240,23 +268,7 @@ void Prepare(StepContext& c) {
         continue;
       }
       auto t0 = Clock::now();
-      int64_t dim = 0;
-      if (bb.kind == "pixels") {
-        kernels::ImageSet first = src.Read(0, 1);
-        if (!first.uniform())
-          Throw(ErrorKind::kInvalidInput, "backbone '" + bb.name + "' (raw pixels) needs images of one size; " +
-                                              src.Where(-1) + " is an image folder, whose sizes may vary: use an ONNX backbone");
-        dim = first.rows * first.cols * first.channels;
-      } else {
-        if (!ex) {
-          nam::Object o = c.store->Get(workflow::BackboneObject(bb.name));
-          ex = std::make_unique<kernels::Executor>(kernels::ImportOnnx(o.bytes, "NAM " + o.info.name, bb.feature_layer),
-                                                   kernels::ParsePrecision(bb.precision));
-          if (bb.precision == "int8")  // measured by the load step, the same for every rank
-            ex->SetRanges(RangesFromJson(o.info.meta.value("int8_ranges", nlohmann::json()), "NAM object '" + o.info.name + "'"));
-        }
-        dim = ex->FeatureDim(bb.input.channels, bb.input.height, bb.input.width);
-      }
+      const int64_t dim = FeatureDim(c, bb, src, ex);
       FeaturesIndex idx;
       idx.object = key;
       idx.n = src.count();
