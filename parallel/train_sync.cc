@@ -91,6 +91,33 @@ class OmpThreads {
   int saved_;
 };
 
+// The heads dealt into T parts, one per thread: each part's batched kernel, its packed
+// parameters and gradient, an optimiser per head and block, and its tail average.
+std::vector<Part> MakeParts(const std::vector<kernels::Head*>& heads, size_t T, int64_t max_rows, int64_t budget,
+                            int64_t per_epoch, int64_t epochs) {
+  std::vector<Part> parts(T);
+  const auto dealt = Deal(heads, T);
+  for (size_t p = 0; p < T; ++p) {
+    Part& q = parts[p];
+    q.members = dealt[p];
+    std::vector<const kernels::Head*> hs;
+    for (size_t k : q.members) hs.push_back(heads[k]);
+    q.kernel = std::make_unique<kernels::HeadBatch>(hs, max_rows);
+    q.params.resize(q.kernel->size());
+    q.grad.resize(q.kernel->size());
+    q.kernel->Pack(hs, q.params.data());
+    // Each head's own optimiser (its lr, l2, algorithm) over each of its blocks in the vector.
+    q.opts.resize(hs.size());
+    for (size_t m = 0; m < hs.size(); ++m)
+      for (const kernels::ParamBlock& blk : q.kernel->Blocks(m))
+        q.opts[m].emplace_back(hs[m]->config, std::vector<kernels::ParamBlock>{blk}, blk.offset, blk.offset + blk.size);
+    q.tail = std::make_unique<TailAverage>(budget, per_epoch, epochs);
+    q.loss.resize(hs.size());
+    q.correct.resize(hs.size());
+  }
+  return parts;
+}
+
 }  // namespace
 
 std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, const std::vector<kernels::Head*>& heads,
@@ -116,26 +143,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
   if (N > 1) comm.Bcast(&threads, sizeof threads, 0);
   const size_t T = std::min(K, static_cast<size_t>(threads));
   OmpThreads single(1);
-  std::vector<Part> parts(T);
-  const auto dealt = Deal(heads, T);
-  for (size_t p = 0; p < T; ++p) {
-    Part& q = parts[p];
-    q.members = dealt[p];
-    std::vector<const kernels::Head*> hs;
-    for (size_t k : q.members) hs.push_back(heads[k]);
-    q.kernel = std::make_unique<kernels::HeadBatch>(hs, max_rows);
-    q.params.resize(q.kernel->size());
-    q.grad.resize(q.kernel->size());
-    q.kernel->Pack(hs, q.params.data());
-    // Each head's own optimiser (its lr, l2, algorithm) over each of its blocks in the vector.
-    q.opts.resize(hs.size());
-    for (size_t m = 0; m < hs.size(); ++m)
-      for (const kernels::ParamBlock& blk : q.kernel->Blocks(m))
-        q.opts[m].emplace_back(hs[m]->config, std::vector<kernels::ParamBlock>{blk}, blk.offset, blk.offset + blk.size);
-    q.tail = std::make_unique<TailAverage>(per_epoch * cfg.epochs, per_epoch, cfg.epochs);
-    q.loss.resize(hs.size());
-    q.correct.resize(hs.size());
-  }
+  std::vector<Part> parts = MakeParts(heads, T, max_rows, per_epoch * cfg.epochs, per_epoch, cfg.epochs);
   // Runs f on every part and `beside` (if given) as one more piece of work, on a thread each
   // where the rank has one to spare (else `beside` goes to the first thread done with its
   // part); the first error is rethrown here. Which thread runs a part does not change its
