@@ -118,6 +118,16 @@ std::vector<Part> MakeParts(const std::vector<kernels::Head*>& heads, size_t T, 
   return parts;
 }
 
+// The parts' tail-averaged parameters back into their heads.
+void FinishParts(std::vector<Part>& parts, const std::vector<kernels::Head*>& heads) {
+  for (Part& q : parts) {
+    q.tail->Finish(q.params.data(), q.params.size());
+    std::vector<kernels::Head*> hs;
+    for (size_t k : q.members) hs.push_back(heads[k]);
+    q.kernel->Unpack(q.params.data(), hs);
+  }
+}
+
 }  // namespace
 
 std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, const std::vector<kernels::Head*>& heads,
@@ -206,12 +216,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
       heads[k]->curve.push_back({updates, clock.Seconds(), sums[2 * k] / static_cast<double>(n),
                                  sums[2 * k + 1] / static_cast<double>(n)});
   }
-  for (Part& q : parts) {
-    q.tail->Finish(q.params.data(), q.params.size());
-    std::vector<kernels::Head*> hs;
-    for (size_t k : q.members) hs.push_back(heads[k]);
-    q.kernel->Unpack(q.params.data(), hs);
-  }
+  FinishParts(parts, heads);
   std::vector<TrainStats> out(K);
   for (TrainStats& st : out) {
     st.mode = workflow::TrainMode::kSync;
