@@ -106,7 +106,8 @@ void AddRunCommands(CLI::App& app, cli::Options& o, std::vector<Command>& comman
       ->required()
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
-        for (workflow::Step s : workflow::kSteps) names.push_back(workflow::StepName(s));
+        names.reserve(workflow::kSteps.size());
+        for (workflow::Step s : workflow::kSteps) names.emplace_back(workflow::StepName(s));
         return names;
       }()));
   module->add_option("--task", o.task_file, "task JSON written by the planner")->required()->check(CLI::ExistingFile);

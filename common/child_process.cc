@@ -41,7 +41,7 @@ std::string FindOnPath(const std::string& name) {
     size_t end = p.find(':', start);
     if (end == std::string::npos) end = p.size();
     const std::string dir = p.substr(start, end - start);
-    const std::string cand = (dir.empty() ? "." : dir) + "/" + name;
+    std::string cand = (dir.empty() ? "." : dir) + "/" + name;
     if (::access(cand.c_str(), X_OK) == 0) return cand;
     start = end + 1;
   }

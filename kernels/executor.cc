@@ -179,7 +179,7 @@ Executor::Op MakeConv(const Graph& g, const Node& n) {
   return op;
 }
 
-Executor::Op MakeEltwise(const Node& n, const std::string& in, std::vector<EltStep> steps) {
+Executor::Op MakeEltwise(const Node& n, const std::string& in, const std::vector<EltStep>& steps) {
   Executor::Op op;
   op.kind = Kind::kEltwise;
   op.name = n.name;

@@ -41,7 +41,7 @@ DecodedImage DecodePng(std::string_view bytes, const std::string& path) {
   const bool colour = (img.format & PNG_FORMAT_FLAG_COLOR) != 0;
   img.format = colour ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
   d.channels = colour ? 3 : 1;
-  d.pixels.resize(PNG_IMAGE_SIZE(img));
+  d.pixels.resize(static_cast<size_t>(PNG_IMAGE_SIZE(img)));  // 32-bit in libpng: width x height x channels
   png_color black{0, 0, 0};
   if (!png_image_finish_read(&img, &black, d.pixels.data(), 0, nullptr)) {
     std::string why = img.message;

@@ -95,6 +95,7 @@ std::vector<int> NeededNodes(const onnx::GraphProto& g, const std::string& origi
     for (const auto& o : g.node(i).output()) producer[o] = i;
   if (!producer.count(cut)) {
     std::vector<std::string> names;
+    names.reserve(producer.size());
     for (const auto& [k, v] : producer) names.push_back(k);
     std::string hint = DidYouMean(cut, names);
     Throw(ErrorKind::kNotFound, origin + ": no tensor named '" + cut + "' (the feature layer)" + hint);

@@ -55,18 +55,18 @@ NamServerProcess::NamServerProcess(const std::string& exe, const NamSpec& spec, 
                                std::string("--ready-file"), ready_path})
     args.push_back(a);
   if (!launch.token_file.empty()) {
-    args.push_back("--token-file");
+    args.emplace_back("--token-file");
     args.push_back(launch.token_file);
   }
   if (!persist_dir.empty()) {
-    args.push_back("--persist");
+    args.emplace_back("--persist");
     args.push_back(persist_dir);
     if (!launch.users_lock.empty()) {
-      args.push_back("--users-lock");
+      args.emplace_back("--users-lock");
       args.push_back(launch.users_lock);
     }
     if (launch.lock_wait_s > 0) {
-      args.push_back("--lock-wait");
+      args.emplace_back("--lock-wait");
       args.push_back(fmt::format("{}", launch.lock_wait_s));
     }
   }

@@ -130,7 +130,7 @@ std::vector<std::pair<std::string, int64_t>> Components(const std::vector<Task>&
   for (const Task& t : tasks) {
     auto it = std::find_if(out.begin(), out.end(), [&](const auto& c) { return c.first == t.module; });
     if (it == out.end()) {
-      out.push_back({t.module, t.ranks});
+      out.emplace_back(t.module, t.ranks);
     } else {
       it->second = std::max(it->second, t.ranks);
     }

@@ -91,7 +91,7 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
       auto t0 = Clock::now();
       float* o = out[p % 2].data();
       const uint8_t* src = ds.Image(idx.PartLo(p) - lo);
-      for (int64_t i = 0, m = (idx.PartHi(p) - idx.PartLo(p)) * dim; i < m; ++i) o[i] = src[i] / 255.f;
+      for (int64_t i = 0, m = (idx.PartHi(p) - idx.PartLo(p)) * dim; i < m; ++i) o[i] = static_cast<float>(src[i]) / 255.f;
       w.batches.consume_s += Since(t0);
       write_part(p);
     }

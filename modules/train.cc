@@ -176,6 +176,7 @@ void TrainInBatches(StepContext& c, const std::vector<int>& owner, const paralle
     const kernels::Head& first = heads[b[0]];
     const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, first.mean.data(), first.inv_std.data()};
     std::vector<kernels::Head*> members;
+    members.reserve(b.size());
     for (size_t k : b) members.push_back(&heads[k]);
     std::vector<parallel::TrainStats> stats;
     if (members.size() == 1) {

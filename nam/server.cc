@@ -367,8 +367,8 @@ struct Server::Impl {
   // first) when the pool is full. Never evicts what exists only in memory.
   std::shared_ptr<Region> Allocate(uint64_t size, const std::string& name) {
     if (size > pool->capacity())
-      Fail(Status::kFull, "NAM full: object '" + name + "' of " + HumanBytes(size) + " is larger than the capacity " +
-                              HumanBytes(pool->capacity()));
+      Fail(Status::kFull, "NAM full: object '" + name + "' of " + HumanBytes(static_cast<double>(size)) + " is larger than the capacity " +
+                              HumanBytes(static_cast<double>(pool->capacity())));
     for (;;) {
       if (auto off = pool->Allocate(size)) return std::make_shared<Region>(this, *off, size);
       Stored* victim = nullptr;
@@ -376,8 +376,8 @@ struct Server::Impl {
         if (s.persisted && s.region && s.region.use_count() == 1 && (!victim || s.last_use < victim->last_use))
           victim = &s;
       if (!victim)
-        Fail(Status::kFull, "NAM full (" + HumanBytes(pool->used()) + " used / " + HumanBytes(pool->capacity()) + " capacity" +
-                                "): no room for '" + name + "' (" + HumanBytes(size) +
+        Fail(Status::kFull, "NAM full (" + HumanBytes(static_cast<double>(pool->used())) + " used / " + HumanBytes(static_cast<double>(pool->capacity())) + " capacity" +
+                                "): no room for '" + name + "' (" + HumanBytes(static_cast<double>(size)) +
                                 "); only persisted objects can be evicted and none is idle");
       victim->region.reset();
     }
@@ -769,7 +769,7 @@ struct Server::Impl {
       WriteFileAtomic(opt.ready_file, ready.dump() + "\n");
       wrote_ready = true;
     }
-    Log("serving " + Uri() + " (provider " + ep->provider() + ", capacity " + HumanBytes(pool->capacity()) +
+    Log("serving " + Uri() + " (provider " + ep->provider() + ", capacity " + HumanBytes(static_cast<double>(pool->capacity())) +
         (persist ? ", persist " + persist->dir() : ", memory only") + (token.empty() ? "" : ", token required") + ")");
     auto last_sweep = Clock::now(), last_users_check = Clock::now();
     while (!stop.load()) {
@@ -796,7 +796,7 @@ struct Server::Impl {
         last_users_check = Clock::now();
       }
     }
-    Log("stopping: " + std::to_string(index.size()) + " objects, " + HumanBytes(pool->used()) + " in memory" +
+    Log("stopping: " + std::to_string(index.size()) + " objects, " + HumanBytes(static_cast<double>(pool->used())) + " in memory" +
         (persist ? " (persisted objects stay in " + persist->dir() + ")" : " (memory only: they are gone)"));
   }
 

@@ -41,7 +41,8 @@ std::string NewRunId(const std::string& name) {
   char ts[32];
   std::strftime(ts, sizeof ts, "%Y%m%d-%H%M%S", std::gmtime(&t));
   std::string clean;
-  for (char c : name) clean.push_back((std::isalnum(static_cast<unsigned char>(c)) ? std::tolower(c) : '-'));
+  for (char c : name)
+    clean.push_back(std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::tolower(static_cast<unsigned char>(c))) : '-');
   std::mt19937 rng(std::random_device{}());
   return fmt::format("{}-{}-{:04x}", clean, ts, rng() & 0xffff);
 }

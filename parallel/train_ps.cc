@@ -209,9 +209,9 @@ void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kerne
         world.Recv(s, kTagReply, &msg, nullptr);
         ReplyHeader r = Unpack<ReplyHeader>(msg, h->params.data() + L.Lo(s), L.Hi(s) - L.Lo(s), s);
         versions[static_cast<size_t>(s)] = r.version;
-        if (s == 0 && r.stop) stop = 1;
+        if (s == 0 && r.stop) stop = 1.f;
       }
-      if (stop) {
+      if (stop != 0.f) {
         for (int s = 1; s < L.S; ++s) world.Post(s, kTagDone, "");
         world.Flush();
       }

@@ -161,7 +161,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
   std::exception_ptr beside_error;
   auto each_part = [&](auto&& f, const std::function<void()>& beside = {}) {
     const size_t work = T + (beside ? 1 : 0);
-    const int threads_here = static_cast<int>(std::min(work, static_cast<size_t>(std::max<int>(local_threads, T))));
+    const int threads_here = static_cast<int>(std::min(work, std::max(static_cast<size_t>(local_threads), T)));
 #pragma omp parallel for num_threads(threads_here) schedule(dynamic, 1)
     for (size_t p = 0; p < work; ++p) {
       try {

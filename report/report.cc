@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <map>
 #include <vector>
@@ -112,7 +113,8 @@ std::string Legend(const std::map<std::string, size_t>& colours, double y) {
   std::string out = "<g class=\"legend\">";
   double x = kLeft;
   std::vector<std::pair<size_t, std::string>> order;
-  for (const auto& [name, i] : colours) order.push_back({i, name});
+  order.reserve(colours.size());
+  for (const auto& [name, i] : colours) order.emplace_back(i, name);
   std::sort(order.begin(), order.end());
   for (const auto& [i, name] : order) {
     out += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="10" height="10" fill="{}"/>)"
@@ -212,7 +214,7 @@ std::string Gantt(const Story& s) {
 // Each candidate's training loss per epoch (the champion drawn thick).
 std::string Curves(const Story& s) {
   const double h = 300, bottom = h - 50;
-  double lo = INFINITY, hi = -INFINITY;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   size_t epochs = 1;
   for (const Mark& m : s.marks) {
     if (!m.curve.is_object() || !m.curve.contains("loss")) continue;
@@ -378,7 +380,7 @@ std::string WriteReport(const std::string& run_dir, const std::string& out) {
     if (in.results.is_discarded()) Throw(ErrorKind::kCorrupt, run_dir + "/results.json: not JSON");
   }
   in.state = StatusOf(run_dir).line;
-  const std::string path = out.empty() ? run_dir + "/report.html" : out;
+  std::string path = out.empty() ? run_dir + "/report.html" : out;
   WriteFileAtomic(path, RenderReport(in));
   return path;
 }

@@ -20,6 +20,8 @@ for line in open(sys.argv[1]):
         failed += 1
 print(f"tests: {passed} passed, {failed} failed")
 PY
+# clang-tidy's checks (.clang-tidy) over the sources, with the build's compile commands: zero findings.
+if scripts/tidy.sh build-test; then echo "tidy: passed"; else echo "tidy: FAILED"; status=1; fi
 # The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the whole suite again (unit,
 # integration, MPI and Slurm) with msaflow and the tests built with ASan + UBSan, the NAM tests
 # under TSan, and every fuzzer over its corpus for a few seconds.

@@ -59,6 +59,7 @@ int64_t ParseSlurmTime(const std::string& t, const std::string& where) {
   }
   if (parts.size() > 3) bad();
   std::vector<int64_t> v;
+  v.reserve(parts.size());
   for (const auto& x : parts) v.push_back(num(x));
   int64_t secs = 0;
   if (has_days) {  // D-HH[:MM[:SS]]

@@ -366,7 +366,8 @@ void ReadSteps(const Reader& r, const json& doc, Pipeline& p) {
   if (doc.contains("steps")) {
     const json& st = doc["steps"];
     std::vector<std::string> names;
-    for (Step s : kSteps) names.push_back(StepName(s));
+    names.reserve(kSteps.size());
+    for (Step s : kSteps) names.emplace_back(StepName(s));
     r.Object(st, "/steps", names, {});
     for (const auto& [k, v] : st.items()) {
       const Step step = *StepFromName(k);

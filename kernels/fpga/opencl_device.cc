@@ -269,7 +269,8 @@ class OpenClDevice final : public Device {
     }
     PrepareConstants kc = MakeConstants(spec);
     static_assert(sizeof(PrepareConstants) == 16 * sizeof(float), "prepare.cl's prepare_constants layout");
-    if (!consts_.mem || std::memcmp(&kc, &consts_host_, sizeof kc) != 0) {
+    // The bytes are what is uploaded: equal bytes need no upload (a bitwise test on purpose).
+    if (!consts_.mem || std::memcmp(&kc, &consts_host_, sizeof kc) != 0) {  // NOLINT(bugprone-suspicious-memory-comparison)
       consts_host_ = kc;
       Upload(consts_, &consts_host_, sizeof consts_host_, CL_MEM_READ_ONLY);
     }

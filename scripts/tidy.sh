@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# clang-tidy (.clang-tidy's checks) over every source of the libraries and the CLI, with the
+# compile commands of a build directory (default build-test). Any finding fails it; CI runs it
+# (scripts/test.sh). Takes about 5 minutes on 2 cores.
+#   scripts/tidy.sh [BUILD_DIR] [FILE-REGEX]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/packages.sh
+ensure_packages clang-tidy
+build=${1:-build-test}
+[[ -f $build/compile_commands.json ]] || { echo "tidy: no $build/compile_commands.json (run scripts/setup.sh)" >&2; exit 2; }
+folders="common|nam|kernels|workflow|parallel|modules|launch|record|orchestrator|report|cli"
+files=${2:-"^$PWD/($folders)/.*\\.cc\$"}
+log=$(mktemp)
+# GCC's flags that clang does not know (-Wno-restrict) are not findings.
+if run-clang-tidy -p "$build" -j "$(nproc)" -quiet -extra-arg=-Wno-unknown-warning-option "$files" \
+    >"$log" 2>&1; then
+  echo "tidy: no findings ($(grep -c '^clang-tidy' "$log") files)"
+  rm -f "$log"
+  exit 0
+fi
+sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '(warning|error): ' | grep -v 'warnings generated' | sed "s|$PWD/$build/../||; s|$PWD/||" | sort -u >&2 || true
+echo "tidy: findings above (the full log: $log)" >&2
+exit 1
