@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -35,6 +36,23 @@ int ReportErrors(const char* name, F&& body) {
     std::fprintf(stderr, "%s: %s\n", name, e.what());
     return 1;
   }
+}
+
+// "cpu: <model>, N cores; AVX2 yes, AVX-512 no, VNNI no": what a bench ran on, for its first
+// line. Ratios against other libraries differ between CPUs, so a figure means little without it.
+inline std::string CpuLine() {
+  std::string model = "unknown model", flags;
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (line.rfind("model name", 0) == 0 && model == "unknown model") model = line.substr(colon + 2);
+    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + line.substr(colon + 1) + " ";
+  }
+  auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos; };
+  auto yes = [](bool b) { return b ? "yes" : "no"; };
+  return "cpu: " + model + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores; AVX2 " +
+         yes(has("avx2")) + ", AVX-512 " + yes(has("avx512f")) + ", VNNI " + yes(has("avx512_vnni") || has("avx_vnni"));
 }
 
 inline double Median(std::vector<double> v) {

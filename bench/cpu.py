@@ -13,6 +13,24 @@ def flags():
     return set()
 
 
+def describe():
+    """"cpu: <model>, N cores; AVX2 yes, AVX-512 no, VNNI no": the line a bench starts with
+    (ratios against PyTorch and scikit-learn differ between CPUs)."""
+    import os
+    model = "unknown model"
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    f = flags()
+    yes = lambda b: "yes" if b else "no"  # noqa: E731
+    return (f"cpu: {model}, {os.cpu_count()} cores; AVX2 {yes('avx2' in f)}, AVX-512 {yes('avx512f' in f)}, "
+            f"VNNI {yes(has_vnni())}")
+
+
 def has_vnni():
     f = flags()
     return "avx512_vnni" in f or "avx_vnni" in f

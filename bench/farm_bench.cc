@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "bench/bench_util.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/task_farm.h"
 
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--task-us")) task_us = std::atoi(argv[i + 1]);
   }
   const bool root = comm.rank() == 0;
+  if (root) std::printf("%s\n", msaflow::bench::CpuLine().c_str());
   if (root)
     std::printf("%d ranks on %u cores; %lld trivial tasks, then %lld tasks of %d us\n", comm.size(),
                 std::thread::hardware_concurrency(), static_cast<long long>(tasks),

@@ -58,6 +58,37 @@ struct Row {
   double put, get;
 };
 
+// Redis on loopback at `port`: SET and GET of `src`, GiB/s (median of `reps`) into *set, *get.
+void MeasureRedis(const std::string& redis, int port, const std::string& dir, const std::string& src, int reps,
+                  double* set, double* get) {
+  Child rs;
+  rs.Start({redis, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--proto-max-bulk-len", "2gb", "--client-query-buffer-limit", "2gb", "--dir", dir},
+           dir + "/redis.log");
+  redisContext* c = nullptr;
+  for (int i = 0; i < 200 && (!c || c->err); ++i) {
+    if (c) redisFree(c);
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    c = redisConnect("127.0.0.1", port);
+  }
+  if (!c || c->err) Throw(ErrorKind::kUnavailable, "redis-server did not come up: " + ReadFile(dir + "/redis.log"));
+  std::string got;
+  const size_t size = src.size();
+  *set = Measure(size, reps, [&] {
+    auto* r = static_cast<redisReply*>(redisCommand(c, "SET %s %b", "bench/object", src.data(), src.size()));
+    if (!r || r->type == REDIS_REPLY_ERROR) Throw(ErrorKind::kIo, "redis SET failed");
+    freeReplyObject(r);
+  });
+  *get = Measure(size, reps, [&] {
+    auto* r = static_cast<redisReply*>(redisCommand(c, "GET %s", "bench/object"));
+    if (!r || r->type != REDIS_REPLY_STRING) Throw(ErrorKind::kIo, "redis GET failed");
+    got.assign(r->str, r->len);
+    freeReplyObject(r);
+  });
+  if (got != src) Throw(ErrorKind::kCorrupt, "redis returned other bytes");
+  redisFree(c);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -82,6 +113,7 @@ int main(int argc, char** argv) {
       std::memcpy(&src[i], &v, 8);
     }
     std::string dst(size, '\0');
+    std::printf("%s\n", bench::CpuLine().c_str());
     std::printf("bench/nam: %s objects, median of %d, on %u cores\n", HumanBytes(size).c_str(), reps,
                 std::thread::hardware_concurrency());
 
@@ -115,35 +147,8 @@ int main(int argc, char** argv) {
 
     // Redis on loopback, SET/GET of the same bytes.
     double rset = 0, rget = 0;
-    bool have_redis = PathExists(redis);
-    if (have_redis) {
-      Child rs;
-      int rport = port++;
-      rs.Start({redis, "--port", std::to_string(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--proto-max-bulk-len", "2gb", "--client-query-buffer-limit", "2gb", "--dir", dir},
-               dir + "/redis.log");
-      redisContext* c = nullptr;
-      for (int i = 0; i < 200 && (!c || c->err); ++i) {
-        if (c) redisFree(c);
-        std::this_thread::sleep_for(std::chrono::milliseconds(25));
-        c = redisConnect("127.0.0.1", rport);
-      }
-      if (!c || c->err) Throw(ErrorKind::kUnavailable, "redis-server did not come up: " + ReadFile(dir + "/redis.log"));
-      std::string got;
-      rset = Measure(size, reps, [&] {
-        auto* r = static_cast<redisReply*>(redisCommand(c, "SET %s %b", "bench/object", src.data(), src.size()));
-        if (!r || r->type == REDIS_REPLY_ERROR) Throw(ErrorKind::kIo, "redis SET failed");
-        freeReplyObject(r);
-      });
-      rget = Measure(size, reps, [&] {
-        auto* r = static_cast<redisReply*>(redisCommand(c, "GET %s", "bench/object"));
-        if (!r || r->type != REDIS_REPLY_STRING) Throw(ErrorKind::kIo, "redis GET failed");
-        got.assign(r->str, r->len);
-        freeReplyObject(r);
-      });
-      if (got != src) Throw(ErrorKind::kCorrupt, "redis returned other bytes");
-      redisFree(c);
-    }
+    const bool have_redis = PathExists(redis);
+    if (have_redis) MeasureRedis(redis, port++, dir, src, reps, &rset, &rget);
 
     std::printf("\n  %-28s %10s %10s %12s %12s\n", "path", "put GiB/s", "get GiB/s", "get/memcpy", "get/Redis");
     std::printf("  %-28s %10.2f %10.2f %12s %12s\n", "memcpy (same process)", mcpy, mcpy, "1.00", "");

@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
     head.params.resize(static_cast<size_t>(kDim * kClasses + kClasses));
     for (auto& v : head.params) v = 0.05f * g(rng);
 
+    std::printf("%s\n", bench::CpuLine().c_str());
     std::printf("bench/overlap: %lld parts of %lld x %lld float32 (%.2f MiB each), median of %d, on %u cores\n",
                 static_cast<long long>(parts), static_cast<long long>(kRows), static_cast<long long>(kDim),
                 static_cast<double>(payload[0].size()) / (1 << 20), reps, std::thread::hardware_concurrency());

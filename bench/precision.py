@@ -66,6 +66,7 @@ def main():
     ap.add_argument("--pipelines", nargs="+", default=["quickstart", "digits"])
     ap.add_argument("--keep", help="keep the work directory here")
     a = ap.parse_args()
+    print(cpu.describe())
     with work_directory(a.keep, "msaflow-precision-") as work:
         for name in a.pipelines:
             path = ROOT / "pipelines" / f"{name}.json"

@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
     const fpga::Target board =
         workflow::LoadMachine(std::string(MSAFLOW_SOURCE_DIR) + "/configs/machines/deep-est.json").modules.at("dam").fpga.target;
     if (!board.given()) Throw(ErrorKind::kInvalidInput, "configs/machines/deep-est.json: the dam's fpga has no target figures");
+    std::printf("%s\n", bench::CpuLine().c_str());
     std::printf("C++ path vs %s, %lld images, batches of %lld, median of %d (interleaved)\n", cl->Name().c_str(),
                 static_cast<long long>(images), static_cast<long long>(kBatch), reps);
     std::printf("%-44s %12s %12s %8s %10s %16s\n", "case", "C++ img/s", "OpenCL img/s", "ratio", "int8 ratio",

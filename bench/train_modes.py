@@ -70,6 +70,9 @@ def main():
     ap.add_argument("--rows", type=int, default=8000)
     a = ap.parse_args()
     exe = os.path.abspath(a.msaflow)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cpu  # noqa: E402
+    print(cpu.describe())
     work = tempfile.mkdtemp(prefix="msaflow-bench-train-")
     nam = os.path.join(work, "nam")
     modes = [("sync", {"mode": "sync", "ranks": 4}), ("async", {"mode": "async", "ranks": 4}),

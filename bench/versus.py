@@ -250,6 +250,7 @@ def main():
     except ImportError as e:
         sys.exit(f"versus: {e.name} is missing: run scripts/bench-baselines.sh")
     with work_directory(a.keep, "msaflow-versus-") as work:
+        print(cpu.describe())
         print(f"machine: {os.cpu_count()} cores; job: {a.rows} train / {a.test_rows} test Fashion-MNIST images, "
               "MobileNetV2-b13 @96x96, 8 heads a round, 2 rounds")
         fes = []
