@@ -1,6 +1,7 @@
 // msaflow: the command-line front end. This file defines the commands and their options
 // (cli::Options) and dispatches; the commands live in cli/*_commands.cc. Exit codes: cli/cli.h.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "common/strings.h"
 #include "common/version.h"
 #include "workflow/kinds.h"
 
@@ -175,6 +177,43 @@ void AddNamCommands(CLI::App& app, cli::Options& o, std::vector<Command>& comman
     commands.push_back(std::move(c));
 }
 
+// An unknown command word is a usage error naming it and the nearest command, with or without
+// --help beside it (CLI11 would answer `msaflow serv --help` with the top-level help and exit 0,
+// so a script's typo would pass). Returns the message, or "" when every command word is known.
+std::string UnknownCommand(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  std::string path = "msaflow";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') continue;  // --help, --version
+    const auto subs = at->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return "";  // a command's own arguments from here on
+    auto found = std::find_if(subs.begin(), subs.end(), [&](CLI::App* s) { return s->get_name() == word; });
+    if (found != subs.end()) {
+      at = *found;
+      path += " " + word;
+      continue;
+    }
+    std::vector<std::string> names, nested;
+    for (CLI::App* s : subs) {
+      names.push_back(s->get_name());
+      for (CLI::App* n : s->get_subcommands([](CLI::App*) { return true; }))
+        nested.push_back(s->get_name() + " " + n->get_name());
+    }
+    std::string hint = DidYouMean(word, names);
+    if (hint.empty()) {  // `serv` for `nam serve`: the nearest among the commands one level down
+      std::vector<std::string> last;
+      for (const auto& n : nested) last.push_back(n.substr(n.find(' ') + 1));
+      const std::string near = DidYouMean(word, last);
+      for (const auto& n : nested)
+        if (!near.empty() && near == " — did you mean \"" + n.substr(n.find(' ') + 1) + "\"?")
+          hint = " — did you mean \"" + n + "\"?";
+    }
+    return "'" + word + "' is not a command of " + path + hint + " (`" + path + " --help` lists them)";
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -187,6 +226,10 @@ int main(int argc, char** argv) {
   AddRunCommands(app, o, commands, &argc, &argv);
   AddNamCommands(app, o, commands);
 
+  if (const std::string unknown = UnknownCommand(app, argc, argv); !unknown.empty()) {
+    std::fprintf(stderr, "msaflow: error: %s\n", unknown.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -59,6 +59,25 @@ class Cli(TempDirCase):
             self.assertEqual(r.returncode, 0, sub)
             self.assertIn("Usage", r.stdout)
 
+    def test_a_mistyped_command_is_a_usage_error_with_or_without_help(self):
+        """A typo must not pass a script: `msaflow serv --help` exits 2 naming the word and the
+        nearest command (one level down too), where the top-level help with exit 0 came before."""
+        for args, word, near in ((["serv", "--help"], "serv", "nam serve"), (["serv"], "serv", "nam serve"),
+                                 (["stauts", "runs"], "stauts", "status"), (["nam", "lss"], "lss", "ls"),
+                                 (["nam", "serv", "--help"], "serv", "serve")):
+            with self.subTest(args=args):
+                r = msaflow(*args)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertEqual(r.stdout, "")
+                self.assertIn(f"'{word}' is not a command of msaflow", r.stderr)
+                self.assertIn(f'did you mean "{near}"?', r.stderr)
+        r = msaflow("frobnicate", "--help")
+        self.assertEqual(r.returncode, 2)
+        self.assertNotIn("did you mean", r.stderr)  # nothing near: no guess
+        # Known words are untouched: a command's own arguments are not command words.
+        self.assertEqual(msaflow("nam", "serve", "--help").returncode, 0)
+        self.assertEqual(msaflow("status", "/nonexistent-run-dir").returncode, 4)
+
     def test_module_rejects_a_task_of_another_step(self):
         task = self.write("t.json", {"format": "msaflow.task/1", "step": "train", "pipeline": {}, "nam": "mem://x",
                                      "run": "r", "round": 1})
