@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -55,6 +56,7 @@ int StopSignal(const Task& t) { return t.ranks > 1 ? SIGTERM : SIGKILL; }
 struct Attempt {
   ExitStatus status;
   std::string said;  // the first error line a rank printed, else the last line
+  int rank = -1, rank_signal = 0;  // mpirun: the first rank a signal ended, and the signal
 };
 
 Attempt RunAttempt(const Task& t, const std::vector<std::string>& argv, const std::vector<std::string>& env,
@@ -71,6 +73,7 @@ Attempt RunAttempt(const Task& t, const std::vector<std::string>& argv, const st
   opt.set_env = env;
   ChildProcess child = ChildProcess::Start(argv, opt);
   std::string partial, error;
+  int rank = -1, rank_signal = 0;
   std::deque<std::string> tail;  // the last lines, for the failure message
   int fd = child.output_fd();
   while (fd >= 0) {
@@ -112,10 +115,16 @@ Attempt RunAttempt(const Task& t, const std::vector<std::string>& argv, const st
       if (error.empty() && (line.find("msaflow: error: ") != std::string::npos ||
                             line.find("msaflow: internal error: ") != std::string::npos))
         error = line;
+      if (t.ranks > 1 && rank_signal == 0) LocalLauncher::RankSignal(line, &rank, &rank_signal);
       if (obs.on_line) obs.on_line(t, line);
     }
   }
-  Attempt a{child.Wait(), error};
+  Attempt a{child.Wait(), error, rank, rank_signal};
+  // mpirun exits 128 + N when a signal ended a rank, but names the rank only when it notices
+  // that first (another rank may exit first on losing its peer). msaflow's modules exit with
+  // codes below 128 (docs/cli.md), so a higher code from mpirun is a rank's signal.
+  if (t.ranks > 1 && a.rank_signal == 0 && a.status.signal == 0 && a.status.code > 128 && a.status.code <= 128 + 64)
+    a.rank_signal = a.status.code - 128;
   if (a.said.empty() && !tail.empty()) a.said = tail.back();
   if (!a.status.ok()) std::fprintf(log, "msaflow: this attempt ended with %s\n", a.status.Describe().c_str());
   return a;
@@ -129,7 +138,22 @@ LocalLauncher::LocalLauncher(Pipeline p, Machine m, LaunchContext ctx)
   if (mpirun_.empty()) mpirun_ = "mpirun";
 }
 
-std::string LocalLauncher::FailureReason(const ExitStatus& s) { return s.signal ? "SIGNALED" : "FAILED"; }
+std::string LocalLauncher::FailureReason(const ExitStatus& s, int rank_signal) {
+  return s.signal || rank_signal ? "SIGNALED" : "FAILED";
+}
+
+bool LocalLauncher::RankSignal(const std::string& line, int* rank, int* signal) {
+  const auto at = line.find("process rank "), on = line.find(" exited on signal ");
+  if (at == std::string::npos || on == std::string::npos || on < at) return false;
+  char* end = nullptr;
+  const long r = std::strtol(line.c_str() + at + 13, &end, 10);
+  if (end == line.c_str() + at + 13) return false;
+  const long s = std::strtol(line.c_str() + on + 18, &end, 10);
+  if (end == line.c_str() + on + 18 || s <= 0 || s > 64 || r < 0) return false;
+  *rank = static_cast<int>(r);
+  *signal = static_cast<int>(s);
+  return true;
+}
 
 void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, std::string>& task_files,
                              const std::string& log_dir, const LaunchObserver& obs) {
@@ -144,9 +168,13 @@ void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
     for (int attempt = 0;; ++attempt) {
       const Attempt a = RunAttempt(t, Command(t, task_files.at(t.id)), env, log_path, attempt > 0, obs);
       if (a.status.ok()) break;
-      const std::string reason = FailureReason(a.status);
+      const std::string reason = FailureReason(a.status, a.rank_signal);
+      std::string status = a.status.Describe();
+      if (a.rank_signal)  // mpirun's exit status says only that something failed
+        status += " (" + (a.rank >= 0 ? "rank " + std::to_string(a.rank) : std::string("a rank")) + " ended by " +
+                  ExitStatus{-1, a.rank_signal}.Describe() + ")";
       std::string failure = "task " + t.id + (t.ranks > 1 ? " (" + std::to_string(t.ranks) + " ranks)" : "") +
-                            " failed with " + a.status.Describe() +
+                            " failed with " + status +
                             (retries() > 0 ? " on attempt " + std::to_string(attempt + 1) + " of " +
                                                 std::to_string(retries() + 1)
                                           : "") +
@@ -158,7 +186,7 @@ void LocalLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
       if (!retry) Throw(ErrorKind::kTaskFailed, failure);
       if (obs.on_event)
         obs.on_event("task-retry", {{"task", t.id}, {"step", t.step}, {"round", plan.round}, {"attempt", attempt},
-                                    {"attempts", retries() + 1}, {"reason", reason}, {"status", a.status.Describe()},
+                                    {"attempts", retries() + 1}, {"reason", reason}, {"status", status},
                                     {"message", failure}});
     }
     if (obs.on_end) obs.on_end(t, ctx_.clock->SecondsSince(t0));

@@ -16,8 +16,12 @@ namespace msaflow::launch {
 class LocalLauncher : public Launcher {
  public:
   LocalLauncher(Pipeline p, Machine m, LaunchContext ctx);
-  // "SIGNALED" when a signal ended it (the OOM killer, a watchdog), else "FAILED" (exit status).
-  static std::string FailureReason(const ExitStatus& s);
+  // "SIGNALED" when a signal ended it (the OOM killer, a watchdog), or ended one of its ranks
+  // (`rank_signal`: mpirun then exits 128 + N, and may say which rank), else "FAILED".
+  static std::string FailureReason(const ExitStatus& s, int rank_signal = 0);
+  // The rank and signal in mpirun's "process rank R ... exited on signal N (...)" line; false
+  // for any other line.
+  static bool RankSignal(const std::string& line, int* rank, int* signal);
   bool RunsSettledStepsInCoordinator() const override { return true; }
   void RunRound(const RoundPlan& plan, const std::map<std::string, std::string>& task_files, const std::string& log_dir,
                 const LaunchObserver& obs) override;

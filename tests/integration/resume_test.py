@@ -309,6 +309,40 @@ class Retries(TempDirCase):
         self.assertEqual(champion(run_dir), expected)
 
 
+    def test_a_rank_killed_in_a_two_rank_step_is_signaled_and_retried(self):
+        """One rank of the 2-rank evaluate step SIGKILLed, as the OOM killer would: mpirun exits
+        137 and names the rank; the step's failure is SIGNALED, so `retries.on: SIGNALED`
+        starts it again and the run ends with the champion of a run nobody disturbed."""
+        calm = os.path.join(self.dir, "runs", "calm")
+        r = msaflow("run", self.write("calm.json", tiny_pipeline("calm")), "--runs", os.path.dirname(calm),
+                    "--run-id", "calm")
+        self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr)
+        proc, run_dir = self.start("rank", 1)
+        needle = f"module evaluate --task {run_dir}/tasks/r1-evaluate.json"
+        killed = None
+        while killed is None and proc.poll() is None:
+            for line in processes_of(needle):
+                pid, cmd = line.split(": ", 1)
+                if os.path.basename(cmd.split()[0]) == "mpirun":
+                    continue  # the launcher of the step, not one of its ranks
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed = pid
+                except ProcessLookupError:
+                    continue
+                break
+            time.sleep(0.005)
+        self.assertIsNotNone(killed, "the run ended before a rank of r1-evaluate was seen")
+        out, err = proc.communicate(timeout=300)
+        self.assertEqual(proc.returncode, 0, out[-3000:] + err)
+        ev = [e for e in journal(run_dir) if e.get("task") == "r1-evaluate"]
+        self.assertEqual([e["event"] for e in ev], ["task-start", "task-retry", "task-end"])
+        self.assertEqual(ev[1]["reason"], "SIGNALED")
+        self.assertRegex(ev[1]["status"], r"^exit status 137 \((rank [01]|a rank) ended by signal 9 \(Killed\)\)$")
+        self.assertIn("evaluate failed (SIGNALED); starting it again", out)
+        self.assertEqual(champion(run_dir), champion(calm))
+
+
 class Why(TempDirCase):
     def test_why_names_a_changed_hyper_parameter_dataset_and_backbone_file(self):
         import gzip

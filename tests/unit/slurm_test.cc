@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "workflow/machine.h"
+#include "launch/local_launcher.h"
 #include "launch/slurm.h"
 
 namespace msaflow::launch {
@@ -423,6 +424,28 @@ TEST_F(SlurmRound, AFailedChainedJobCancelsTheRest) {
   Run(p, 0, &threw, &what, "chained");
   EXPECT_TRUE(threw);
   EXPECT_NE(what.find("task r1-prepare exited with status 1"), std::string::npos) << what;
+}
+
+// A rank a signal ended inside an mpirun step: mpirun exits 128 + N and names the rank; the
+// step's failure is SIGNALED (retried under retries.on SIGNALED), as for a one-rank step.
+TEST(LocalLauncher, ARankEndedByASignalIsSignaled) {
+  int rank = -1, sig = 0;
+  // Open MPI 4.1's line, as mpirun printed it for a rank killed with SIGKILL.
+  EXPECT_TRUE(launch::LocalLauncher::RankSignal(
+      "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).", &rank, &sig));
+  EXPECT_EQ(rank, 1);
+  EXPECT_EQ(sig, 9);
+  for (const char* other : {"Primary job  terminated normally, but 1 process returned",
+                            "process rank x exited on signal 9", "rank 1 exited on signal 9",
+                            "mpirun noticed that process rank 0 with PID 0 on node vm exited on signal 0 (none)."}) {
+    rank = -1, sig = 0;
+    EXPECT_FALSE(launch::LocalLauncher::RankSignal(other, &rank, &sig)) << other;
+    EXPECT_EQ(sig, 0) << other;
+  }
+  ExitStatus mpirun{137, 0};
+  EXPECT_EQ(launch::LocalLauncher::FailureReason(mpirun, 9), "SIGNALED");
+  EXPECT_EQ(launch::LocalLauncher::FailureReason(mpirun), "FAILED");  // exit 137 without the line: a rank's own exit
+  EXPECT_EQ(launch::LocalLauncher::FailureReason(ExitStatus{-1, 9}), "SIGNALED");
 }
 
 TEST(Slurm, MachineFilesAreValidated) {
