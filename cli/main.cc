@@ -203,6 +203,7 @@ std::string UnknownCommand(CLI::App& app, int argc, char** argv) {
     std::string hint = DidYouMean(word, names);
     if (hint.empty()) {  // `serv` for `nam serve`: the nearest among the commands one level down
       std::vector<std::string> last;
+      last.reserve(nested.size());
       for (const auto& n : nested) last.push_back(n.substr(n.find(' ') + 1));
       const std::string near = DidYouMean(word, last);
       for (const auto& n : nested)
