@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/packages.sh
-ensure_packages clang-tidy
+# clang-tidy parses as clang: its own omp.h (the code includes it) is libomp-14-dev's, not GCC's.
+ensure_packages clang-tidy libomp-14-dev
 build=${1:-build-test}
 [[ -f $build/compile_commands.json ]] || { echo "tidy: no $build/compile_commands.json (run scripts/setup.sh)" >&2; exit 2; }
 folders="common|nam|kernels|workflow|parallel|modules|launch|record|orchestrator|report|cli"
