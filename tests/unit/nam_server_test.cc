@@ -108,6 +108,7 @@ class ProcessServer {
     int st;
     ::waitpid(pid_, &st, 0);
   }
+  const std::string& Uri() const { return uri_; }
   std::string Uri(const std::string& extra) const {
     return uri_ + (uri_.find('?') == std::string::npos ? "?" : "&") + extra;
   }
@@ -534,6 +535,63 @@ TEST(NamServer, HostileMessagesGetErrorsAndTheServerServesOthers) {
   EXPECT_EQ(good.Get("keep/me").bytes, "precious");
   good.Put("keep/more", std::string(2 << 20, 'm'), nullptr);
   EXPECT_GE(good.Capacity()["rejected"].get<int>(), 3);
+}
+
+// Each operation's handler against a real server process, as another client would abuse it:
+// one session may not commit, abort or release what another session allocated or pinned, and
+// each handler's limits hold (uncommitted puts per session, a transport that does not exist,
+// an oversized list prefix). The owner's own requests still work afterwards.
+TEST(NamServer, OneSessionCannotTouchAnothersPutsOrPinsAndEachOperationKeepsItsLimits) {
+  ProcessServer srv(Opts("tcp", 16ull << 20));
+  FabricStore good(srv.Uri());
+  good.Put("keep/big", std::string(64 << 10, 'b'), nullptr);  // larger than inline: a lookup pins it
+  RawClient owner(srv.Uri()), other(srv.Uri());
+  using wire::Op;
+  using St = wire::Status;
+  ASSERT_EQ(owner.Send(owner.Message(Op::kHello, "{}", 0)).status, 0);
+  ASSERT_EQ(other.Send(other.Message(Op::kHello, "{}", 0)).status, 0);
+  const uint64_t mine = owner.session(), theirs = other.session();
+  ASSERT_NE(mine, theirs);
+  auto field = [](const RawClient::Reply& r, const char* k) { return json::parse(r.json).at(k).get<uint64_t>(); };
+  // A put in progress: the other session can neither commit nor abort it.
+  auto alloc = owner.Send(owner.Message(Op::kAlloc, json({{"name", "x/mine"}, {"size", 10}}).dump(), mine));
+  ASSERT_EQ(alloc.status, 0) << alloc.json;
+  const uint64_t id = field(alloc, "alloc");
+  EXPECT_EQ(other.Send(other.Message(Op::kCommit, json({{"alloc", id}, {"checksum", "0000000000000000"}}).dump(), theirs)).status,
+            static_cast<int>(St::kInvalid));
+  EXPECT_EQ(other.Send(other.Message(Op::kAbort, json({{"alloc", id}}).dump(), theirs)).status, static_cast<int>(St::kInvalid));
+  EXPECT_EQ(good.Capacity()["uncommitted"], 1);  // still the owner's
+  EXPECT_EQ(owner.Send(owner.Message(Op::kAbort, json({{"alloc", id}}).dump(), mine)).status, 0);
+  EXPECT_EQ(good.Capacity()["uncommitted"], 0);
+  // A pinned read: the other session cannot release it; the owner can, once.
+  auto look = owner.Send(owner.Message(Op::kLookup, json({{"name", "keep/big"}, {"via", "rma"}}).dump(), mine));
+  ASSERT_EQ(look.status, 0) << look.json;
+  const uint64_t read = field(look, "read");
+  EXPECT_EQ(good.Capacity()["pinned"], 1);
+  EXPECT_EQ(other.Send(other.Message(Op::kRelease, json({{"read", read}}).dump(), theirs)).status, static_cast<int>(St::kInvalid));
+  EXPECT_EQ(good.Capacity()["pinned"], 1);
+  EXPECT_EQ(owner.Send(owner.Message(Op::kRelease, json({{"read", read}}).dump(), mine)).status, 0);
+  EXPECT_EQ(owner.Send(owner.Message(Op::kRelease, json({{"read", read}}).dump(), mine)).status, static_cast<int>(St::kInvalid));
+  EXPECT_EQ(good.Capacity()["pinned"], 0);
+  // A transport that does not exist, for a put and for a read.
+  EXPECT_EQ(other.Send(other.Message(Op::kAlloc, json({{"name", "x/v"}, {"size", 1}, {"via", "carrier-pigeon"}}).dump(), theirs)).status,
+            static_cast<int>(St::kInvalid));
+  EXPECT_EQ(other.Send(other.Message(Op::kLookup, json({{"name", "keep/big"}, {"via", "carrier-pigeon"}}).dump(), theirs)).status,
+            static_cast<int>(St::kInvalid));
+  // A list prefix past the limit of a name.
+  EXPECT_EQ(other.Send(other.Message(Op::kList, json({{"prefix", std::string(300, 'p')}}).dump(), theirs)).status,
+            static_cast<int>(St::kInvalid));
+  // At most 64 uncommitted puts in one session: the 65th is refused, the others are held.
+  for (int i = 0; i < 64; ++i)
+    ASSERT_EQ(other.Send(other.Message(Op::kAlloc, json({{"name", "x/p" + std::to_string(i)}, {"size", 1}}).dump(), theirs)).status, 0)
+        << i;
+  auto over = other.Send(other.Message(Op::kAlloc, json({{"name", "x/p64"}, {"size", 1}}).dump(), theirs));
+  EXPECT_EQ(over.status, static_cast<int>(St::kInvalid));
+  EXPECT_NE(over.json.find("more than 64 uncommitted puts"), std::string::npos) << over.json;
+  EXPECT_EQ(good.Capacity()["uncommitted"], 64);
+  // The server serves on, and nothing half-written became visible.
+  EXPECT_EQ(good.Get("keep/big").bytes, std::string(64 << 10, 'b'));
+  EXPECT_TRUE(good.List("x/").empty());
 }
 
 // ---- the fault-injecting store ----
