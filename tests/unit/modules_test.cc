@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "kernels/dataset.h"
+#include "tests/unit/tiny_images.h"
 #include "kernels/half.h"
 #include "modules/calibration.h"
 #include "modules/features.h"
@@ -40,19 +41,7 @@ class TinyRound : public ::testing::Test {
   void SetUp() override {
     char tmpl[] = "/tmp/msaflow-modules-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
-    // Three classes of 8x8 images told apart by which third is bright, plus noise.
-    std::mt19937 rng(5);
-    for (const auto& [split, n] : {std::pair<std::string, int>{"train", 90}, {"test", 45}}) {
-      std::vector<uint8_t> px(static_cast<size_t>(n) * 64), lb(static_cast<size_t>(n));
-      for (int i = 0; i < n; ++i) {
-        lb[static_cast<size_t>(i)] = static_cast<uint8_t>(i % 3);
-        for (int p = 0; p < 64; ++p)
-          px[static_cast<size_t>(i * 64 + p)] =
-              static_cast<uint8_t>((p / 22 == i % 3 ? 180 : 20) + static_cast<int>(rng() % 60));
-      }
-      kernels::WriteIdxImages(dir_ + "/" + split + "-images", n, 8, 8, px.data());
-      kernels::WriteIdxLabels(dir_ + "/" + split + "-labels", n, lb.data());
-    }
+    test_data::WriteTinyImages(dir_);  // three classes of 8x8 images
     doc_ = {{"format", "msaflow.pipeline/1"},
                 {"name", "tiny"},
                 {"datasets",

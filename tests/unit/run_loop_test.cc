@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "kernels/dataset.h"
+#include "tests/unit/tiny_images.h"
 #include "launch/launcher.h"
 #include "modules/steps.h"
 #include "nam/store.h"
@@ -114,19 +114,7 @@ class RunLoop : public ::testing::Test {
   void SetUp() override {
     char tmpl[] = "/tmp/msaflow-runloop-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
-    // Three classes of 8x8 images told apart by which third is bright, plus noise.
-    std::mt19937 rng(5);
-    for (const auto& [split, n] : {std::pair<std::string, int>{"train", 90}, {"test", 45}}) {
-      std::vector<uint8_t> px(static_cast<size_t>(n) * 64), lb(static_cast<size_t>(n));
-      for (int i = 0; i < n; ++i) {
-        lb[static_cast<size_t>(i)] = static_cast<uint8_t>(i % 3);
-        for (int p = 0; p < 64; ++p)
-          px[static_cast<size_t>(i * 64 + p)] =
-              static_cast<uint8_t>((p / 22 == i % 3 ? 180 : 20) + static_cast<int>(rng() % 60));
-      }
-      kernels::WriteIdxImages(dir_ + "/" + split + "-images", n, 8, 8, px.data());
-      kernels::WriteIdxLabels(dir_ + "/" + split + "-labels", n, lb.data());
-    }
+    test_data::WriteTinyImages(dir_);  // three classes of 8x8 images
     machine_ = workflow::LoadMachine("local");
     script_.clock = &clock_;
     double s = 1.0;
