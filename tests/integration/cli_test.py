@@ -181,66 +181,64 @@ class Cli(TempDirCase):
         self.assertIn("no OpenCL platform", rnd["selection"]["fpga"]["notice"])
         self.assertEqual(rnd["features"]["fpga"]["backend"], "cpu")
 
-    def test_a_killed_coordinator_leaves_no_step_behind(self):
-        # Issue 13: after kill -9 of `msaflow run`, its module processes lived on for ~30 s. Each
-        # step (mpirun for several ranks) now gets SIGTERM when the coordinator dies.
-        import signal
-        import time
+    def start_small_run(self, run_id, stderr=subprocess.DEVNULL):
+        """A one-round quickstart on 3,000/500 images started in the background; returns the
+        coordinator, its run directory, and a function listing the run's step processes
+        (module processes and mpirun)."""
         doc = self.absolute_quickstart()
         doc["datasets"]["train"]["limit"] = 3000
         doc["datasets"]["test"]["limit"] = 500
         doc["rounds"] = {"max": 1, "candidates": 2, "top_k": 1}
         runs = os.path.join(self.dir, "runs")
-        run_dir = os.path.join(runs, "killed")
-        coordinator = subprocess.Popen([EXE, "run", self.write("p.json", doc), "--runs", runs, "--run-id", "killed"],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run_dir = os.path.join(runs, run_id)
+        coordinator = subprocess.Popen([EXE, "run", self.write("p.json", doc), "--runs", runs, "--run-id", run_id],
+                                       stdout=subprocess.DEVNULL, stderr=stderr, text=True)
 
         def steps():
             out = subprocess.run(["pgrep", "-af", "msaflow module|mpirun"], capture_output=True, text=True).stdout
             return [line for line in out.splitlines() if run_dir in line]
-        deadline = time.monotonic() + 120
-        while not any(" prepare " in s or "r1-prepare" in s for s in steps()) and time.monotonic() < deadline:
-            self.assertIsNone(coordinator.poll(), "the run ended before its prepare step was seen")
+        return coordinator, run_dir, steps
+
+    def wait_for(self, coordinator, seen, what, seconds=120):
+        """Polls until `seen()`, failing if the run ends first."""
+        import time
+        deadline = time.monotonic() + seconds
+        while not seen() and time.monotonic() < deadline:
+            self.assertIsNone(coordinator.poll(), f"the run ended before {what} was seen")
             time.sleep(0.05)
-        self.assertTrue(steps(), "no step process seen")
-        coordinator.send_signal(signal.SIGKILL)
-        coordinator.wait()
+
+    def assert_no_step_left(self, steps):
+        import time
         deadline = time.monotonic() + 5
         while steps() and time.monotonic() < deadline:
             time.sleep(0.1)
         self.assertEqual(steps(), [])
 
+    def test_a_killed_coordinator_leaves_no_step_behind(self):
+        # Issue 13: after kill -9 of `msaflow run`, its module processes lived on for ~30 s. Each
+        # step (mpirun for several ranks) now gets SIGTERM when the coordinator dies.
+        import signal
+        coordinator, run_dir, steps = self.start_small_run("killed")
+        self.wait_for(coordinator, lambda: any(" prepare " in s or "r1-prepare" in s for s in steps()),
+                      "its prepare step")
+        self.assertTrue(steps(), "no step process seen")
+        coordinator.send_signal(signal.SIGKILL)
+        coordinator.wait()
+        self.assert_no_step_left(steps)
+
     def test_cancel_stops_a_running_run_which_resume_could_continue(self):
         # `msaflow cancel` (orchestrator::Runs::Cancel): SIGTERM to the run's live coordinator,
         # which ends its steps and records the run as failed, interrupted by signal 15.
-        import time
         self.assertEqual(msaflow("cancel", os.path.join(self.dir, "nope")).returncode, 4)
-        doc = self.absolute_quickstart()
-        doc["datasets"]["train"]["limit"] = 3000
-        doc["datasets"]["test"]["limit"] = 500
-        doc["rounds"] = {"max": 1, "candidates": 2, "top_k": 1}
-        runs = os.path.join(self.dir, "runs")
-        run_dir = os.path.join(runs, "cancelled")
-        coordinator = subprocess.Popen([EXE, "run", self.write("p.json", doc), "--runs", runs, "--run-id", "cancelled"],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-        def steps():
-            out = subprocess.run(["pgrep", "-af", "msaflow module|mpirun"], capture_output=True, text=True).stdout
-            return [line for line in out.splitlines() if run_dir in line]
-        deadline = time.monotonic() + 120
-        while not steps() and time.monotonic() < deadline:
-            self.assertIsNone(coordinator.poll(), "the run ended before a step was seen")
-            time.sleep(0.05)
+        coordinator, run_dir, steps = self.start_small_run("cancelled", stderr=subprocess.PIPE)
+        self.wait_for(coordinator, steps, "a step")
         r = msaflow("cancel", run_dir)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("pid %d" % coordinator.pid, r.stdout)
         _, err = coordinator.communicate(timeout=60)
         self.assertEqual(coordinator.returncode, 1, err)
         self.assertIn("interrupted by signal 15", err)
-        deadline = time.monotonic() + 5
-        while steps() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        self.assertEqual(steps(), [])
+        self.assert_no_step_left(steps)
         st = msaflow("status", run_dir)
         self.assertEqual(st.returncode, 1, st.stdout)
         self.assertIn("interrupted by signal 15", st.stdout)
