@@ -194,22 +194,21 @@ std::string UnknownCommand(CLI::App& app, int argc, char** argv) {
       path += " " + word;
       continue;
     }
-    std::vector<std::string> names, nested;
+    // The nearest command here, else the nearest one level down (`serv` for `nam serve`).
+    std::vector<std::string> names, below, below_path;
     for (CLI::App* s : subs) {
       names.push_back(s->get_name());
-      for (CLI::App* n : s->get_subcommands([](CLI::App*) { return true; }))
-        nested.push_back(s->get_name() + " " + n->get_name());
+      for (CLI::App* n : s->get_subcommands([](CLI::App*) { return true; })) {
+        below.push_back(n->get_name());
+        below_path.push_back(s->get_name() + " " + n->get_name());
+      }
     }
-    std::string hint = DidYouMean(word, names);
-    if (hint.empty()) {  // `serv` for `nam serve`: the nearest among the commands one level down
-      std::vector<std::string> last;
-      last.reserve(nested.size());
-      for (const auto& n : nested) last.push_back(n.substr(n.find(' ') + 1));
-      const std::string near = DidYouMean(word, last);
-      for (const auto& n : nested)
-        if (!near.empty() && near == " — did you mean \"" + n.substr(n.find(' ') + 1) + "\"?")
-          hint = " — did you mean \"" + n + "\"?";
+    std::string near = Nearest(word, names);
+    if (near.empty()) {
+      const std::string child = Nearest(word, below);
+      if (!child.empty()) near = below_path[static_cast<size_t>(std::find(below.begin(), below.end(), child) - below.begin())];
     }
+    const std::string hint = near.empty() ? "" : " — did you mean \"" + near + "\"?";
     return "'" + word + "' is not a command of " + path + hint + " (`" + path + " --help` lists them)";
   }
   return "";

@@ -28,7 +28,7 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
-std::string DidYouMean(const std::string& got, const std::vector<std::string>& candidates) {
+std::string Nearest(const std::string& got, const std::vector<std::string>& candidates) {
   size_t best = SIZE_MAX;
   std::string pick;
   for (const auto& c : candidates) {
@@ -39,8 +39,12 @@ std::string DidYouMean(const std::string& got, const std::vector<std::string>& c
     }
   }
   size_t limit = std::max<size_t>(2, got.size() / 3);
-  if (pick.empty() || best > limit) return "";
-  return " — did you mean \"" + pick + "\"?";
+  return best > limit ? "" : pick;
+}
+
+std::string DidYouMean(const std::string& got, const std::vector<std::string>& candidates) {
+  const std::string pick = Nearest(got, candidates);
+  return pick.empty() ? "" : " — did you mean \"" + pick + "\"?";
 }
 
 std::string HumanBytes(double bytes) {

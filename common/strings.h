@@ -9,7 +9,9 @@ namespace msaflow {
 
 std::string Join(const std::vector<std::string>& parts, const std::string& sep);
 size_t EditDistance(const std::string& a, const std::string& b);
-// " — did you mean \"x\"?" for the closest candidate within a small edit distance, else "".
+// The closest candidate within a small edit distance of `got`, or "" when none is that close.
+std::string Nearest(const std::string& got, const std::vector<std::string>& candidates);
+// " — did you mean \"x\"?" for Nearest's answer, else "".
 std::string DidYouMean(const std::string& got, const std::vector<std::string>& candidates);
 // `s` fit for one line of an error message: control bytes, NUL and bytes >= 0x7f as \n, \t,
 // \xHH; cut after `max` bytes with "… (N bytes)".

@@ -14,7 +14,8 @@ folders="common|nam|kernels|workflow|parallel|modules|launch|record|orchestrator
 files=${2:-"^$PWD/($folders)/.*\\.cc\$"}
 log=$(mktemp)
 # GCC's flags that clang does not know (-Wno-restrict) are not findings.
-if run-clang-tidy -p "$build" -j "$(nproc)" -quiet -extra-arg=-Wno-unknown-warning-option "$files" \
+# run-clang-tidy is a Python script: Debian's Python runs it, not whichever python3 PATH finds first.
+if /usr/bin/python3 "$(command -v run-clang-tidy)" -p "$build" -j "$(nproc)" -quiet -extra-arg=-Wno-unknown-warning-option "$files" \
     >"$log" 2>&1; then
   echo "tidy: no findings ($(grep -c '^clang-tidy' "$log") files)"
   rm -f "$log"
