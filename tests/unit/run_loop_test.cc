@@ -21,6 +21,7 @@
 #include "modules/steps.h"
 #include "nam/store.h"
 #include "orchestrator/run.h"
+#include "orchestrator/runs.h"
 #include "parallel/comm.h"
 #include "record/journal.h"
 #include "workflow/kinds.h"
@@ -289,6 +290,36 @@ TEST_F(RunLoop, ResumeHandsTheDeadCoordinatorsJobsToTheLauncherToReattach) {
   EXPECT_LT(at - events.begin(), std::find(events.begin() + (at - events.begin()), events.end(), "task-start") - events.begin());
   EXPECT_TRUE(Journal("d").slurm_jobs.empty());
   EXPECT_TRUE(Journal("d").finished);
+}
+
+// The run library as a front end uses it: Runs::Start through the same fake launcher, then
+// Runs::Observe as an event stream from the journal, resumed from where the last call ended.
+TEST_F(RunLoop, RunsStartsARunAndObserveStreamsItsJournal) {
+  orchestrator::RunsConfig config;
+  config.runs_dir = dir_ + "/runs";
+  config.clock = &clock_;
+  config.make_launcher = Options("").make_launcher;
+  const orchestrator::Runs runs(config);
+  Seen seen;
+  const std::string run_dir = runs.Start(Pipeline("observed"), machine_, "e", seen);
+  EXPECT_EQ(run_dir, dir_ + "/runs/e");
+  const orchestrator::RunView all = runs.Observe(run_dir, 0);
+  EXPECT_EQ(all.status.state, record::RunState::kFinished);
+  EXPECT_EQ(all.status.holder, 0);  // the coordinator let go of the run
+  ASSERT_FALSE(all.events.empty());
+  EXPECT_EQ(all.events.front().event, "run-start");
+  EXPECT_EQ(all.events.back().event, "run-end");
+  EXPECT_EQ(all.next, all.events.size());
+  std::vector<std::string> ends;
+  for (const auto& e : all.events)
+    if (e.event == "task-end") ends.push_back(e.fields.at("task").get<std::string>());
+  EXPECT_EQ(ends, seen.ended);  // the journal tells what the observer was told
+  // From the middle: the rest, in order; from the end: nothing new.
+  const orchestrator::RunView rest = runs.Observe(run_dir, 3);
+  ASSERT_EQ(rest.events.size(), all.events.size() - 3);
+  EXPECT_EQ(rest.events.front().line, all.events[3].line);
+  EXPECT_EQ(runs.Observe(run_dir, all.next).events.size(), 0u);
+  EXPECT_EQ(runs.Observe(run_dir, all.next).next, all.next);
 }
 
 }  // namespace
