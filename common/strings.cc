@@ -59,9 +59,11 @@ std::string HumanBytes(double bytes) {
   return buf;
 }
 
-std::string Printable(std::string_view s, size_t max) {
+std::string Printable(std::string_view s, size_t max, bool utf8) {
   std::string out;
-  const size_t n = std::min(s.size(), max);
+  size_t n = std::min(s.size(), max);
+  if (utf8)
+    while (n < s.size() && n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) --n;  // not inside a character
   for (size_t i = 0; i < n; ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c == '\n') {
@@ -70,7 +72,7 @@ std::string Printable(std::string_view s, size_t max) {
       out += "\\t";
     } else if (c == '\\') {
       out += "\\\\";
-    } else if (c < 0x20 || c >= 0x7f) {
+    } else if (c < 0x20 || c == 0x7f || (c > 0x7f && !utf8)) {
       static const char* hex = "0123456789abcdef";
       out += "\\x";
       out += hex[c >> 4];
@@ -79,8 +81,40 @@ std::string Printable(std::string_view s, size_t max) {
       out += static_cast<char>(c);
     }
   }
-  if (s.size() > max) out += "… (" + std::to_string(s.size()) + " bytes)";
+  if (s.size() > n) out += "… (" + std::to_string(s.size()) + " bytes)";
   return out;
+}
+
+bool IsUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xe0) == 0xc0) {
+      len = 2, cp = c & 0x1fu;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3, cp = c & 0x0fu;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4, cp = c & 0x07u;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3fu);
+    }
+    static constexpr uint32_t kLeast[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kLeast[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += len;
+  }
+  return true;
 }
 
 }  // namespace msaflow

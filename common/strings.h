@@ -14,8 +14,11 @@ std::string Nearest(const std::string& got, const std::vector<std::string>& cand
 // " — did you mean \"x\"?" for Nearest's answer, else "".
 std::string DidYouMean(const std::string& got, const std::vector<std::string>& candidates);
 // `s` fit for one line of an error message: control bytes, NUL and bytes >= 0x7f as \n, \t,
-// \xHH; cut after `max` bytes with "… (N bytes)".
-std::string Printable(std::string_view s, size_t max = 80);
+// \xHH; cut after `max` bytes with "… (N bytes)". With `utf8`, bytes >= 0x80 are kept (for
+// text known to be UTF-8, such as class names) and the cut falls between characters.
+std::string Printable(std::string_view s, size_t max = 80, bool utf8 = false);
+// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool IsUtf8(std::string_view s);
 // "1.5 KiB", "3.2 MiB".
 std::string HumanBytes(double bytes);
 

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "kernels/image_codec.h"
 
 namespace msaflow::kernels {
@@ -51,6 +52,11 @@ FolderListing ListImageFolder(const std::string& root, int64_t limit) {
   std::sort(l.class_names.begin(), l.class_names.end());
   if (l.class_names.empty())
     Throw(ErrorKind::kInvalidInput, root + ": no class folders (an image folder is root/<class>/<image>.png|jpg)");
+  for (const auto& cls : l.class_names)
+    if (!IsUtf8(cls))
+      Throw(ErrorKind::kInvalidInput, root + ": the class folder '" + Printable(cls) +
+                                          "' has a name that is not UTF-8; class names are shown and recorded as text, "
+                                          "so rename it");
   if (l.class_names.size() > 256)
     Throw(ErrorKind::kInvalidInput, root + ": " + std::to_string(l.class_names.size()) + " class folders; at most 256");
   std::vector<std::vector<std::string>> per_class;

@@ -23,9 +23,32 @@
 
 namespace msaflow::modules {
 
-nlohmann::json MetricsJson(const kernels::Metrics& m) {
-  return {{"count", m.count},         {"correct", m.correct}, {"loss_sum", m.loss_sum}, {"classes", m.classes},
-          {"accuracy", m.accuracy()}, {"loss", m.loss()},     {"confusion", m.confusion}};
+nlohmann::json MetricsJson(const kernels::Metrics& m, const std::vector<std::string>& names) {
+  nlohmann::json j = {{"count", m.count},         {"correct", m.correct}, {"loss_sum", m.loss_sum}, {"classes", m.classes},
+                      {"accuracy", m.accuracy()}, {"loss", m.loss()},     {"confusion", m.confusion}};
+  if (!names.empty()) j["class_names"] = names;
+  nlohmann::json per_class = nlohmann::json::array();
+  const auto k = static_cast<size_t>(m.classes);
+  for (size_t t = 0; t < k && m.confusion.size() == k * k; ++t) {
+    int64_t images = 0;
+    for (size_t p = 0; p < k; ++p) images += m.confusion[t * k + p];
+    const int64_t correct = m.confusion[t * k + t];
+    per_class.push_back({{"class_index", t},
+                         {"class", t < names.size() ? names[t] : std::to_string(t)},
+                         {"images", images},
+                         {"correct", correct},
+                         {"accuracy", images ? static_cast<double>(correct) / static_cast<double>(images) : 0.0}});
+  }
+  j["per_class"] = std::move(per_class);
+  return j;
+}
+
+std::vector<std::string> ClassNamesOf(const nlohmann::json& result) {
+  std::vector<std::string> names;
+  if (!result.is_object() || !result.contains("class_names") || !result["class_names"].is_array()) return names;
+  for (const auto& n : result["class_names"])
+    if (n.is_string()) names.push_back(n);
+  return names;
 }
 
 kernels::Metrics MetricsFromJson(const nlohmann::json& j, const std::string& where) {
@@ -149,9 +172,14 @@ void Evaluate(StepContext& c) {
           c.overlap));
       return met;
     };
-    nlohmann::json result = MetricsJson(evaluate(selection));
+    auto names = [&](const std::string& split) { return features.at(cand.backbone + "/" + split).index.class_names; };
+    const kernels::Metrics selected = evaluate(selection);  // opens the split's features, and so its names
+    nlohmann::json result = MetricsJson(selected, names(selection));
     result["split"] = selection;
-    if (selection != "test") result["test"] = MetricsJson(evaluate("test"));
+    if (selection != "test") {
+      const kernels::Metrics test = evaluate("test");
+      result["test"] = MetricsJson(test, names("test"));
+    }
     c.store->Put(workflow::EvalObject(t.run, t.round, cand.id, shard), result.dump(), {{"kind", "eval-shard"}});
     if (slow.rank == comm.rank()) parallel::Straggle(t0, slow.factor);
     busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -37,6 +37,15 @@ FeaturesIndex IndexFromMeta(const std::string& object, const nlohmann::json& m) 
       Malformed(object, "features metadata: dtype " + m["dtype"].dump() + ", expected \"f32\" or \"f16\"");
     f.half = m["dtype"] == "f16";
   }
+  if (m.contains("class_names")) {
+    const nlohmann::json& names = m["class_names"];
+    if (!names.is_array() || static_cast<int64_t>(names.size()) > f.classes)
+      Malformed(object, "features metadata: class_names is not a list of at most " + std::to_string(f.classes) + " names");
+    for (const auto& name : names) {
+      if (!name.is_string()) Malformed(object, "features metadata: a class name is not a string");
+      f.class_names.push_back(name);
+    }
+  }
   if (f.part_rows < 1 || f.parts != (f.n + f.part_rows - 1) / f.part_rows)
     Malformed(object, "features metadata: " + std::to_string(f.parts) + " parts of " + std::to_string(f.part_rows) +
                           " rows do not hold " + std::to_string(f.n) + " rows");

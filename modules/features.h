@@ -28,6 +28,7 @@ struct FeaturesIndex {
   int64_t n = 0, dim = 0, classes = 0, part_rows = 0, parts = 0;
   bool half = false;            // parts hold float16 values
   std::vector<uint8_t> labels;  // empty when only the shape was asked for
+  std::vector<std::string> class_names;  // an image folder's, by class index; empty otherwise
   int64_t PartLo(int64_t p) const { return p * part_rows; }
   int64_t PartHi(int64_t p) const { return std::min(n, (p + 1) * part_rows); }
 };

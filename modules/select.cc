@@ -49,7 +49,7 @@ json MergeCandidate(StepContext& c, const workflow::Candidate& cand, int64_t sha
   kernels::Metrics total, test;
   bool has_test = false;
   std::string split = "test";
-  std::vector<std::string> parts;
+  std::vector<std::string> parts, names, test_names;
   for (int64_t shard = 0; shard < shards; ++shard) {
     const std::string& part = parts.emplace_back(workflow::EvalObject(t.run, t.round, cand.id, shard));
     nam::Object o;
@@ -64,15 +64,17 @@ json MergeCandidate(StepContext& c, const workflow::Candidate& cand, int64_t sha
     const std::string where = "NAM object '" + part + "'";
     total.Merge(MetricsFromJson(j, where));
     if (j.is_object() && j.contains("split") && j["split"].is_string()) split = j["split"];
+    names = ClassNamesOf(j);
     if (j.is_object() && j.contains("test")) {
       test.Merge(MetricsFromJson(j["test"], where + " /test"));
+      test_names = ClassNamesOf(j["test"]);
       has_test = true;
     }
   }
   std::string model = workflow::ModelObject(t.run, t.round, cand.id);
-  json res = MetricsJson(total);
+  json res = MetricsJson(total, names);
   res["split"] = split;  // the metrics candidates are selected on
-  if (has_test) res["test"] = MetricsJson(test);
+  if (has_test) res["test"] = MetricsJson(test, test_names);
   res["candidate"] = workflow::ToJson(cand);
   res["model"] = model;
   res["round"] = t.round;
@@ -81,8 +83,11 @@ json MergeCandidate(StepContext& c, const workflow::Candidate& cand, int64_t sha
   c.store->Put(rname, res.dump(), {{"kind", "result"}});
   for (const auto& part : parts) c.RemoveOnceDone(part);
   json entry = {{"candidate", workflow::ToJson(cand)}, {"model", model}, {"result", rname},
-                {"accuracy", total.accuracy()},        {"loss", total.loss()}, {"round", t.round}, {"split", split}};
-  if (has_test) entry["test"] = {{"accuracy", test.accuracy()}, {"loss", test.loss()}};
+                {"accuracy", total.accuracy()},        {"loss", total.loss()}, {"round", t.round}, {"split", split},
+                {"per_class", res["per_class"]}};
+  if (!names.empty()) entry["class_names"] = names;
+  if (has_test)
+    entry["test"] = {{"accuracy", test.accuracy()}, {"loss", test.loss()}, {"per_class", res["test"]["per_class"]}};
   return entry;
 }
 
@@ -93,8 +98,12 @@ json KeptEntry(StepContext& c, const workflow::KeptModel& k) {
   json entry = {{"candidate", k.candidate}, {"model", k.model},      {"result", k.result},
                 {"accuracy", res["accuracy"]}, {"loss", res["loss"]}, {"round", res["round"]},
                 {"split", res.value("split", "test")}};
-  if (res.contains("test") && res["test"].is_object())
+  if (res.contains("per_class")) entry["per_class"] = res["per_class"];
+  if (res.contains("class_names")) entry["class_names"] = res["class_names"];
+  if (res.contains("test") && res["test"].is_object()) {
     entry["test"] = {{"accuracy", res["test"].value("accuracy", 0.0)}, {"loss", res["test"].value("loss", 0.0)}};
+    if (res["test"].contains("per_class")) entry["test"]["per_class"] = res["test"]["per_class"];
+  }
   return entry;
 }
 

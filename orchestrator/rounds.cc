@@ -48,7 +48,11 @@ bool RoundLoop::Absorb(int round, const RoundOutcome& o, json round_entry) {
   ranking_.clear();
   kept_.clear();
   for (const auto& e : best.at("all")) {
-    ranking_.push_back({CandidateFromJson(e.at("candidate")), e.at("accuracy"), e.at("model"), e.value("test", json())});
+    json classes = json::object();
+    for (const char* k : {"per_class", "class_names"})
+      if (e.contains(k)) classes[k] = e[k];
+    ranking_.push_back({CandidateFromJson(e.at("candidate")), e.at("accuracy"), e.at("model"), e.value("test", json()),
+                        std::move(classes)});
     const std::string bb = e.at("candidate").at("backbone");
     if (!per_bb_.contains(bb) || per_bb_[bb].get<double>() < e.at("accuracy").get<double>()) {
       per_bb_[bb] = e.at("accuracy");
@@ -85,6 +89,9 @@ json RoundLoop::Results(const std::string& run, const std::string& nam_uri, doub
   json results = {{"format", kResultsFormat}, {"run", run}, {"pipeline", p_.name}, {"nam", nam_uri}, {"rounds", rounds_}};
   results["champion"] = {{"candidate", ToJson(champ.candidate)}, {"accuracy", champ.metric}, {"model", champ.model},
                          {"selected_on", p_.select_on}};
+  // Per class (by index, with the image folder's names where there are), on the selection split.
+  if (champ.classes.contains("per_class")) results["champion"]["per_class"] = champ.classes["per_class"];
+  if (champ.classes.contains("class_names")) results["class_names"] = champ.classes["class_names"];
   // The run's result: the champion on the test split, which chose nothing (unless the pipeline
   // selects on test, and then the figure is optimistic and says so).
   const bool test_held_out = held_out();

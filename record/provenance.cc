@@ -60,8 +60,16 @@ json ConfusionOf(const json& body) {
     for (int64_t p = 0; p < k; ++p) row.push_back(flat[static_cast<size_t>(t * k + p)]);
     rows.push_back(std::move(row));
   }
+  // The classes' names by index: the image folder's (recorded by evaluate), else the index.
+  json names = json::array();
+  const json& given = m.contains("class_names") && m["class_names"].is_array() ? m["class_names"] : json::array();
+  for (int64_t t = 0; t < k; ++t) {
+    const auto i = static_cast<size_t>(t);
+    names.push_back(i < given.size() && given[i].is_string() ? given[i].get<std::string>() : std::to_string(t));
+  }
   return {{"split", test ? std::string("test") : body.value("split", std::string("validation"))},
           {"classes", k},
+          {"class_names", std::move(names)},
           {"matrix", std::move(rows)}};
 }
 

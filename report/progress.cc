@@ -2,6 +2,10 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+
+#include "common/strings.h"
+
 namespace msaflow::report {
 
 using workflow::Candidate;
@@ -10,6 +14,32 @@ using workflow::HeadLabel;
 using workflow::Ranked;
 
 using nlohmann::json;
+
+namespace {
+
+// The round's best per class, by name: every class when there are a dozen or fewer, else the
+// weakest dozen (where a user looks first).
+std::string PerClassLine(const json& per_class, const std::string& split) {
+  constexpr size_t kShown = 12;
+  std::vector<const json*> shown;
+  for (const json& c : per_class) shown.push_back(&c);
+  const bool all = shown.size() <= kShown;
+  if (!all) {
+    std::stable_sort(shown.begin(), shown.end(), [](const json* a, const json* b) {
+      return a->value("accuracy", 0.0) < b->value("accuracy", 0.0);
+    });
+    shown.resize(kShown);
+  }
+  std::string line = all ? fmt::format("  per class ({} accuracy):", split)
+                         : fmt::format("  weakest {} of {} classes ({} accuracy):", kShown, per_class.size(), split);
+  for (const json* c : shown)
+    line += fmt::format(" {} {:.3f} ({});", Printable(c->value("class", ""), 24, true), c->value("accuracy", 0.0),
+                        c->value("images", int64_t{0}));
+  line.pop_back();
+  return line;
+}
+
+}  // namespace
 
 void ProgressPrinter::Line(const std::string& text) { bar_.Print(text); }
 
@@ -75,6 +105,7 @@ void ProgressPrinter::RoundTable(const Pipeline& p, int round, const RoundOutcom
                champ.at("candidate").at("backbone").get<std::string>().c_str(), champ.at("accuracy").get<double>(),
                o.prepared.at("computed").size(), o.prepared.at("reused").size(),
                o.prepared.at("computed").empty() ? " (no backbone ran this round)" : "");
+  if (champ.contains("per_class")) std::fprintf(out_, "%s\n", PerClassLine(champ["per_class"], p.select_on).c_str());
   std::fflush(out_);
 }
 

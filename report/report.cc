@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "record/journal.h"
 #include "record/provenance.h"
 #include "record/status.h"
@@ -261,20 +262,30 @@ std::string Confusion(const json& c) {
                      R"(true class</text>)",
                      top + size / 2);
   const bool labels = cell >= 14;
+  // The classes' names (index when a result has none), cut to fit the margin; the full name is
+  // in each cell's title.
+  std::vector<std::string> names;
+  for (size_t t = 0; t < k; ++t) {
+    const json& n = c.contains("class_names") && c["class_names"].is_array() && t < c["class_names"].size()
+                        ? c["class_names"][t]
+                        : json();
+    names.push_back(n.is_string() ? n.get<std::string>() : std::to_string(t));
+  }
+  auto shortName = [](const std::string& n) { return n.size() <= 10 ? n : Printable(n, 9, true); };
   for (size_t t = 0; t < k; ++t) {
     double row = 0;
     for (const json& v : m[t]) row += v.get<double>();
     if (labels)
-      out += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" text-anchor="end">{}</text><text x="{:.1f}" y="{:.1f}" )"
-                         R"(text-anchor="middle">{}</text>)",
-                         left - 6, top + cell * (static_cast<double>(t) + 0.5) + 4, t,
-                         left + cell * (static_cast<double>(t) + 0.5), top - 6, t);
+      out += fmt::format(R"(<text class="class" x="{:.1f}" y="{:.1f}" text-anchor="end">{}</text><text class="class" )"
+                         R"(x="{:.1f}" y="{:.1f}" text-anchor="middle">{}</text>)",
+                         left - 6, top + cell * (static_cast<double>(t) + 0.5) + 4, Escape(shortName(names[t])),
+                         left + cell * (static_cast<double>(t) + 0.5), top - 6, Escape(shortName(names[t])));
     for (size_t p = 0; p < m[t].size() && p < k; ++p) {
       const double n = m[t][p].get<double>(), share = row > 0 ? n / row : 0;
       out += fmt::format(R"(<rect class="cell" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" )"
                          R"~(fill="rgba(78,121,167,{:.3f})"><title>true {}, predicted {}: {:.0f} ({:.1f} % of class {})</title></rect>)~",
                          left + cell * static_cast<double>(p), top + cell * static_cast<double>(t), cell, cell,
-                         0.05 + 0.95 * share, t, p, n, 100 * share, t);
+                         0.05 + 0.95 * share, Escape(names[t]), Escape(names[p]), n, 100 * share, Escape(names[t]));
       if (labels && n > 0)
         out += fmt::format(R"(<text class="count{}" x="{:.1f}" y="{:.1f}" text-anchor="middle">{:.0f}</text>)",
                            share > 0.5 ? " dark" : "", left + cell * (static_cast<double>(p) + 0.5),
@@ -282,6 +293,31 @@ std::string Confusion(const json& c) {
     }
   }
   return out + "</svg>";
+}
+
+// The champion per class, from the confusion matrix's rows: images, accuracy, and the class it
+// is most often taken for.
+std::string PerClassTable(const json& c) {
+  if (!c.is_object() || !c.contains("matrix") || !c.contains("class_names")) return "";
+  const json& m = c["matrix"];
+  const json& names = c["class_names"];
+  std::string out = "<table id=\"per-class\"><tr><th>class</th><th>name</th><th>images</th><th>accuracy</th>"
+                    "<th>most often taken for</th></tr>";
+  for (size_t t = 0; t < m.size() && t < names.size(); ++t) {
+    double row = 0, worst = 0;
+    size_t worst_p = t;
+    for (size_t p = 0; p < m[t].size(); ++p) {
+      const double n = m[t][p].get<double>();
+      row += n;
+      if (p != t && n > worst) worst = n, worst_p = p;
+    }
+    const double acc = row > 0 ? m[t][t].get<double>() / row : 0;
+    out += fmt::format("<tr><td>{}</td><td>{}</td><td>{:.0f}</td><td>{:.4f}</td><td>{}</td></tr>", t,
+                       Escape(names[t].get<std::string>()), row, acc,
+                       worst_p == t ? std::string("—")
+                                    : fmt::format("{} ({:.0f})", Escape(names[worst_p].get<std::string>()), worst));
+  }
+  return out + "</table>";
 }
 
 std::string CandidateTable(const Story& s, const std::string& split) {
@@ -351,7 +387,7 @@ std::string RenderBody(const ReportInput& in) {
   out += "<h2>Training curves</h2>\n" + Curves(s) + "\n";
   out += fmt::format("<h2>The champion's confusion matrix{}</h2>\n",
                      s.confusion.is_object() ? " (" + Escape(s.confusion.value("split", "")) + " split)" : "");
-  out += Confusion(s.confusion) + "\n";
+  out += Confusion(s.confusion) + "\n" + PerClassTable(s.confusion) + "\n";
   out += "<h2>Candidates</h2>\n" + CandidateTable(s, split) + "\n";
   out += "<h2>Tasks</h2>\n" + TaskTable(s) + "\n";
   out += "</body></html>\n";

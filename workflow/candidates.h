@@ -31,7 +31,8 @@ struct Ranked {
   Candidate candidate;
   double metric = 0;
   std::string model;  // its NAM model object
-  nlohmann::json test;  // its test-split metrics {accuracy, loss}, when selection used validation
+  nlohmann::json test;  // its test-split metrics {accuracy, loss, per_class}, when selection used validation
+  nlohmann::json classes;  // {per_class (on the selection split), class_names (image folders)}, as select wrote them
 };
 
 // Round r >= 2 from the ranking so far (best first). The parents are the top-k and, so that one

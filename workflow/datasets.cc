@@ -11,6 +11,7 @@
 #include "common/checksum.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "kernels/image_folder.h"
 #include "kernels/npy.h"
 
@@ -179,6 +180,18 @@ int64_t CheckSplits(const Pipeline& p, const std::vector<SplitSource>& splits) {
         bad(s.Where(i) + ": label " + std::to_string(s.labels()[static_cast<size_t>(i)]) + " (the " + s.name() +
             " split's image " + std::to_string(i) + ") is outside 0.." + std::to_string(classes - 1) + " (" +
             std::to_string(classes) + " classes, /datasets/classes)");
+  // A folder's classes are numbered in the sorted order of its class folders, so a split whose
+  // folders differ from training's would give the same index to different classes.
+  const SplitSource* train = nullptr;
+  for (const auto& s : splits)
+    if (s.name() == "train") train = &s;
+  for (const auto& s : splits)
+    if (train && &s != train && !train->class_names().empty() && !s.class_names().empty() &&
+        s.class_names() != train->class_names())
+      bad(fmt::format("the {} split's class folders ({}) are not the training split's ({}): a folder's classes are "
+                      "numbered in the sorted order of their folders' names, so every split needs the same class folders",
+                      s.name(), Printable(Join(s.class_names(), ", "), 200, true),
+                      Printable(Join(train->class_names(), ", "), 200, true)));
   std::vector<bool> seen(static_cast<size_t>(classes), false);
   for (const auto& s : splits)
     if (s.name() == "train")

@@ -33,8 +33,14 @@ PROBE = """<script>
       .filter(e => inside(box(e), o)).map(e => e.getAttribute('class') + ' ' +
         (e.dataset.round || '') + '/' + (e.dataset.candidate || e.dataset.task || ''))};
   };
+  const confusion = document.querySelector('#confusion');
+  const labels = confusion ? [...confusion.querySelectorAll('text.class')].filter(e => inside(box(e), box(confusion)))
+    .map(e => e.textContent) : [];
+  const perClass = [...document.querySelectorAll('#per-class tr')].slice(1)
+    .map(r => [...r.querySelectorAll('td')].map(d => d.textContent));
   console.log('msaflow-probe ' + JSON.stringify({accuracy: drawn('#accuracy-plot'), gantt: drawn('#gantt'),
-    curves: drawn('#curves'), confusion: drawn('#confusion'), title: document.title}));
+    curves: drawn('#curves'), confusion: drawn('#confusion'), classLabels: labels, perClass: perClass,
+    title: document.title}));
 })();
 </script>"""
 
@@ -59,6 +65,23 @@ class Report(TempDirCase):
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
         return runs, os.path.join(runs, name), r.stdout
 
+    def browse(self, html):
+        """The report opened in headless Chromium with PROBE appended: what it laid out. The
+        report may log nothing to the console but the probe's line."""
+        probe = os.path.join(self.dir, "probe.html")
+        with open(probe, "w") as f:
+            f.write(html.replace("</body>", PROBE + "</body>"))
+        out = subprocess.run([self.chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                              "--v=0", "--window-size=1000,3000", f"--user-data-dir={self.dir}/chromium",
+                              "--dump-dom", "file://" + probe], capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+        console = [line for line in out.stderr.splitlines() if ":CONSOLE" in line]
+        probes = [line for line in console if "msaflow-probe" in line]
+        self.assertEqual(len(probes), 1, out.stderr[-3000:])
+        self.assertEqual(len(console), 1, "the report logged to the console:\n" + "\n".join(console))
+        line = re.search(r'msaflow-probe (\{.*\})", source', probes[0]).group(1)
+        return json.loads(line.replace('\\"', '"'))
+
     def test_report_renders_in_chromium_with_a_mark_per_candidate_per_round(self):
         self.assertIsNotNone(self.chromium, "Debian's chromium is not installed (scripts/test.sh installs it)")
         runs, run_dir, _ = self.run_pipeline("rep")
@@ -77,18 +100,7 @@ class Report(TempDirCase):
         expected = sorted(f"mark {rnd['round']}/{c['candidate']['id']}" for rnd in results["rounds"]
                           for c in rnd["candidates"] if c["round"] == rnd["round"])
         self.assertEqual(len(expected), 8)  # 2 rounds x 4 candidates
-        probe = os.path.join(self.dir, "probe.html")
-        with open(probe, "w") as f:
-            f.write(html.replace("</body>", PROBE + "</body>"))
-        out = subprocess.run([self.chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                              "--v=0", "--window-size=1000,3000", f"--user-data-dir={self.dir}/chromium",
-                              "--dump-dom", "file://" + probe], capture_output=True, text=True, timeout=120)
-        self.assertEqual(out.returncode, 0, out.stderr[-3000:])
-        console = [line for line in out.stderr.splitlines() if ":CONSOLE" in line]
-        probes = [line for line in console if "msaflow-probe" in line]
-        self.assertEqual(len(probes), 1, out.stderr[-3000:])
-        self.assertEqual(len(console), 1, "the report logged to the console:\n" + "\n".join(console))
-        seen = json.loads(re.search(r'msaflow-probe (\{.*\})", source', probes[0]).group(1).replace('\\"', '"'))
+        seen = self.browse(html)
         self.assertEqual(seen["title"], "msaflow report: rep")
         marks = [i for i in seen["accuracy"]["items"] if i.startswith("mark")]
         self.assertEqual(sum(i.startswith("mark champion ") for i in marks), 1, marks)
@@ -106,6 +118,54 @@ class Report(TempDirCase):
         self.assertEqual(total, 200)
         self.assertAlmostEqual(sum(m[i][i] for i in range(classes)) / total, results["result"]["accuracy"])
         self.assertIn(f'data-candidate="{champ}"', html)
+
+    def test_a_folder_datasets_classes_are_named_in_the_round_table_results_and_report(self):
+        # Issue 32: three classes told apart by brightness, one with a non-ASCII name. Their
+        # names, not 0, 1, 2, wherever a class is shown; the index stays in the JSON.
+        import numpy as np
+        import cv2
+        rng = np.random.default_rng(5)
+        names = ["ant", "bee", "écureuil"]
+        for split, n in (("train", 16), ("test", 6)):
+            for k, cls in enumerate(names):
+                os.makedirs(os.path.join(self.dir, split, cls))
+                for i in range(n):
+                    img = np.clip(60 + 70 * k + rng.normal(0, 12, (8, 8)), 0, 255).astype(np.uint8)
+                    cv2.imwrite(os.path.join(self.dir, split, cls, f"{i}.png"), img)
+        mobilenet = {"name": "mobilenetv2", "onnx": os.path.join(ROOT, "models", "mobilenet_v2.onnx"),
+                     "feature_layer": "block_13_expand_relu",
+                     "input": {"height": 32, "width": 32, "channels": 3, "mean": [0.5] * 3, "std": [0.25] * 3}}
+        doc = {"name": "named", "backbones": [mobilenet],
+               "datasets": {"train": {"format": "folder", "root": os.path.join(self.dir, "train")},
+                            "test": {"format": "folder", "root": os.path.join(self.dir, "test")},
+                            "validation": {"from": "train", "fraction": 0.25, "seed": 1}},
+               "head": {"type": "softmax", "epochs": 10, "lr": 0.05},
+               "steps": {"train": {"mode": "independent"}},
+               "rounds": {"max": 1, "candidates": 2, "top_k": 1}}
+        runs = os.path.join(self.dir, "runs")
+        r = msaflow("run", self.write("named.json", doc), "--runs", runs, "--run-id", "named")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        line = [x for x in r.stdout.splitlines() if x.startswith("  per class (validation accuracy):")]
+        self.assertEqual(len(line), 1, r.stdout)
+        self.assertEqual(re.findall(r" (\S+) [01]\.\d{3} \(\d+\)", line[0]), names)
+        with open(os.path.join(runs, "named", "results.json"), encoding="utf-8") as f:
+            res = json.load(f)
+        self.assertEqual(res["class_names"], names)
+        test = res["champion"]["test"]["per_class"]
+        self.assertEqual([(c["class_index"], c["class"], c["images"]) for c in test],
+                         [(0, "ant", 6), (1, "bee", 6), (2, "écureuil", 6)])
+        self.assertAlmostEqual(sum(c["correct"] for c in test) / 18, res["result"]["accuracy"])
+        self.assertEqual([c["class"] for c in res["champion"]["per_class"]], names)
+        self.assertEqual(sum(c["images"] for c in res["champion"]["per_class"]), 12)  # a quarter of 48
+        self.assertEqual(msaflow("report", os.path.join(runs, "named")).returncode, 0)
+        with open(os.path.join(runs, "named", "report.html"), encoding="utf-8") as f:
+            seen = self.browse(f.read())
+        # Each class labels its row (true class) and its column (predicted), inside the drawing.
+        self.assertEqual(seen["classLabels"], [n for n in names for _ in ("row", "column")])
+        self.assertEqual([row[:3] for row in seen["perClass"]], [["0", "ant", "6"], ["1", "bee", "6"],
+                                                                 ["2", "écureuil", "6"]])
+        for row, c in zip(seen["perClass"], test):
+            self.assertAlmostEqual(float(row[3]), c["accuracy"], places=4)
 
     def test_status_tables_and_progress_bars_on_a_terminal(self):
         path = self.write("bars.json", tiny_pipeline("bars"))
@@ -157,4 +217,4 @@ class Report(TempDirCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"])
+    unittest.main(argv=[sys.argv[0], "-v", *sys.argv[3:]])

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/overlap.h"
+#include "common/strings.h"
 
 namespace msaflow {
 namespace {
@@ -236,6 +237,34 @@ TEST(ChildProcess, TheDeathSignalEndsTheChildWithItsParent) {
     if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(gone) << "the child outlived its parent";
+}
+
+}  // namespace
+}  // namespace msaflow
+
+namespace msaflow {
+namespace {
+
+TEST(Strings, IsUtf8RefusesMalformedSequences) {
+  EXPECT_TRUE(IsUtf8("ant"));
+  EXPECT_TRUE(IsUtf8("\xc3\xa9"));              // é
+  EXPECT_TRUE(IsUtf8("\xe6\x9d\xb1"));          // 東
+  EXPECT_TRUE(IsUtf8("\xf0\x9f\x90\x9c"));      // 🐜
+  EXPECT_FALSE(IsUtf8("caf\xe9"));              // Latin-1
+  EXPECT_FALSE(IsUtf8("\xc3"));                 // cut short
+  EXPECT_FALSE(IsUtf8("\xc0\xaf"));             // overlong '/'
+  EXPECT_FALSE(IsUtf8("\xed\xa0\x80"));         // a surrogate
+  EXPECT_FALSE(IsUtf8("\xf4\x90\x80\x80"));     // past U+10FFFF
+  EXPECT_FALSE(IsUtf8("\x80"));                 // a continuation byte alone
+}
+
+TEST(Strings, PrintableKeepsUtf8WhenAskedAndCutsBetweenCharacters) {
+  EXPECT_EQ(Printable("\xc3\xa9\n"), "\\xc3\\xa9\\n");
+  EXPECT_EQ(Printable("\xc3\xa9\n", 80, true), "\xc3\xa9\\n");
+  EXPECT_EQ(Printable("a\x7f", 80, true), "a\\x7f");
+  // Cut at 2 bytes would split é (bytes 1 and 2): the cut moves back before it.
+  EXPECT_EQ(Printable("a\xc3\xa9z", 2, true), "a… (4 bytes)");
+  EXPECT_EQ(Printable("abcd", 2), "ab… (4 bytes)");
 }
 
 }  // namespace

@@ -211,6 +211,36 @@ TEST_F(Datasets, ImageFoldersListClassesInOrderAndRefuseEmptyOnes) {
             dir_ + "/f/moth: class 'moth' has no .png, .jpg or .jpeg images");
 }
 
+// Issue 32: class names are shown and recorded as text, so a folder's must be UTF-8.
+TEST_F(Datasets, AClassFolderWhoseNameIsNotUtf8IsRefused) {
+  fs::create_directories(dir_ + "/f/caf\xe9");
+  Write("f/caf\xe9/a.png", std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_EQ(ErrorOf([&] { kernels::ListImageFolder(dir_ + "/f", 0); }),
+            dir_ + "/f: the class folder 'caf\\xe9' has a name that is not UTF-8; class names are shown and recorded as "
+                   "text, so rename it");
+  fs::rename(dir_ + "/f/caf\xe9", dir_ + "/f/caf\xc3\xa9");
+  EXPECT_EQ(kernels::ListImageFolder(dir_ + "/f", 0).class_names, std::vector<std::string>{"caf\xc3\xa9"});
+}
+
+// A folder's classes are numbered by the sorted names of its class folders: a test folder
+// without one of training's classes would shift every later label onto the wrong class.
+TEST_F(Datasets, FolderSplitsMustHaveTheTrainingSplitsClassFolders) {
+  const std::string png("\x89PNG\r\n\x1a\n", 8);  // listing reads only an image's first bytes
+  for (const char* f : {"tr/ant/a.png", "tr/bee/a.png", "tr/moth/a.png", "te/ant/a.png", "te/moth/a.png"}) {
+    fs::create_directories(fs::path(dir_ + "/" + f).parent_path());
+    Write(f, png);
+  }
+  const std::string text = R"({"name": "n", "datasets": {"train": {"format": "folder", "root": "tr"},
+      "test": {"format": "folder", "root": "te"}}, "select_on": "test", "backbones": [{"name": "pixels", "kind": "pixels"}]})";
+  EXPECT_EQ(ErrorOf([&] { CheckDatasets(ParsePipeline(text, "p.json", dir_)); }),
+            "pipeline n: the test split's class folders (ant, moth) are not the training split's (ant, bee, moth): a "
+            "folder's classes are numbered in the sorted order of their folders' names, so every split needs the same "
+            "class folders");
+  fs::create_directories(dir_ + "/te/bee");
+  Write("te/bee/a.png", png);
+  EXPECT_EQ(CheckDatasets(ParsePipeline(text, "p.json", dir_)), 3);
+}
+
 TEST(Backbones, AFixedBatchOrSizeIsNamedWithTheBackboneAndFile) {
   kernels::Graph g;
   g.input_dims = {1, 3, 224, 224};

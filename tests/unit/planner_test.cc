@@ -219,7 +219,7 @@ TEST(Candidates, FirstRoundCoversBackbonesDeterministically) {
 TEST(Candidates, PerturbDerivesFromTheBest) {
   Pipeline p = TwoBackbones();
   auto first = FirstRound(p);
-  std::vector<Ranked> ranking = {{first[3], 0.9, "model/r/1/r1-c03", {}}, {first[0], 0.8, "model/r/1/r1-c00", {}}};
+  std::vector<Ranked> ranking = {{first[3], 0.9, "model/r/1/r1-c03", {}, {}}, {first[0], 0.8, "model/r/1/r1-c00", {}, {}}};
   auto next = NextRound(p, 2, ranking);
   ASSERT_EQ(next.size(), 5u);
   EXPECT_EQ(next[0].id, "r2-c00");
@@ -239,18 +239,18 @@ TEST(Candidates, ABackboneCloseBehindKeepsAParent) {
   auto first = FirstRound(p);  // even ids on "m", odd on "pixels"
   ASSERT_EQ(first[2].backbone, "m");
   ASSERT_EQ(first[1].backbone, "pixels");
-  std::vector<Ranked> ranking = {{first[0], 0.90, "model/r/1/r1-c00", {}}, {first[2], 0.89, "model/r/1/r1-c02", {}}};
+  std::vector<Ranked> ranking = {{first[0], 0.90, "model/r/1/r1-c00", {}, {}}, {first[2], 0.89, "model/r/1/r1-c02", {}, {}}};
   auto count_pixels = [](const std::vector<Candidate>& c) {
     return std::count_if(c.begin(), c.end(), [](const Candidate& x) { return x.backbone == "pixels"; });
   };
   // Top-2 both on "m"; "pixels" best at 0.885, within the default margin of 0.02: it keeps a parent.
-  std::vector<Ranked> close = {ranking[0], {first[1], 0.885, "model/r/1/r1-c01", {}}};
+  std::vector<Ranked> close = {ranking[0], {first[1], 0.885, "model/r/1/r1-c01", {}, {}}};
   auto next = NextRound(p, 2, ranking, close);
   EXPECT_GE(count_pixels(next), 1);
   EXPECT_EQ(next[2].parent, "r1-c01");  // after the top-k, before their second children
   EXPECT_EQ(next[0].parent, "r1-c00");  // the champion still comes first
   // 0.85 is further behind than 0.02: no candidate for it.
-  std::vector<Ranked> far = {ranking[0], {first[1], 0.85, "model/r/1/r1-c01", {}}};
+  std::vector<Ranked> far = {ranking[0], {first[1], 0.85, "model/r/1/r1-c01", {}, {}}};
   EXPECT_EQ(count_pixels(NextRound(p, 2, ranking, far)), 0);
   // The margin is the pipeline's.
   p.rounds.backbone_margin = 0.1;

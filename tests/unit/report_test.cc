@@ -117,7 +117,12 @@ TEST(Report, RefusesWhatIsNotAProvenance) {
 TEST(Report, ConfusionFromAResultBody) {
   const json body = {{"classes", 2}, {"confusion", {1, 2, 3, 4}}, {"split", "validation"},
                      {"test", {{"classes", 2}, {"confusion", {5, 0, 1, 6}}}}};
-  EXPECT_EQ(ConfusionOf(body), (json{{"split", "test"}, {"classes", 2}, {"matrix", {{5, 0}, {1, 6}}}}));
+  EXPECT_EQ(ConfusionOf(body),
+            (json{{"split", "test"}, {"classes", 2}, {"class_names", {"0", "1"}}, {"matrix", {{5, 0}, {1, 6}}}}));
+  // An image folder's names where the result has them (a class past them by its index).
+  json named = body;
+  named["test"]["class_names"] = {"cat"};
+  EXPECT_EQ(ConfusionOf(named)["class_names"], (json{"cat", "1"}));
   json no_test = body;
   no_test.erase("test");
   EXPECT_EQ(ConfusionOf(no_test)["matrix"], (json{{1, 2}, {3, 4}}));
