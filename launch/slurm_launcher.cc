@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/child_process.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "launch/node_seconds.h"
@@ -238,6 +239,30 @@ void SlurmLauncher::SubmitIn(const std::string& mode, Attempt& a, const LaunchOb
 
 namespace {
 
+// srun exits 128 + N when a signal ended one of the step's tasks (msaflow's modules exit below
+// 128: docs/cli.md), and its log says which: "srun: error: <node>: task <R>: Killed". Such a
+// step failed SIGNALED, as a local one does; "" when `rc` is not a signal's.
+std::string RankSignal(int rc, const std::string& log_path) {
+  if (rc <= 128 || rc > 128 + 64) return "";
+  std::string text, who = "a rank";
+  try {
+    text = ReadFile(log_path);
+  } catch (const Error&) {  // no log: the rank stays unnamed
+  }
+  const std::string mark = "srun: error: ";
+  for (size_t at = text.find(mark); at != std::string::npos; at = text.find(mark, at + 1)) {
+    const std::string line = text.substr(at, text.find('\n', at) - at);
+    const size_t task = line.find(": task ");
+    if (task == std::string::npos) continue;
+    char* end = nullptr;
+    const long rank = std::strtol(line.c_str() + task + 7, &end, 10);
+    if (end == line.c_str() + task + 7 || *end != ':' || rank < 0) continue;
+    who = fmt::format("rank {} (on {})", rank, line.substr(mark.size(), task - mark.size()));
+    break;  // the first: the tasks srun ends after it (--kill-on-bad-exit) are named later
+  }
+  return who + " ended by " + ExitStatus{-1, rc - 128}.Describe();
+}
+
 // The task's log lines not relayed yet (a line being written is relayed next time).
 void RelayLog(const Task& t, const std::string& log_dir, size_t* offset, const LaunchObserver& obs) {
   std::string text;
@@ -381,18 +406,27 @@ bool SlurmLauncher::Ended(Attempt& a, const LaunchObserver& obs) {
     }
   std::string msg = fmt::format("round {} (attempt {}): Slurm job {} ended {}; components: {}", a.round, a.number + 1,
                                 bad_job.empty() ? a.jobs.back() : bad_job, DescribeState(end_state), comp_desc);
-  if (!failed_task.empty())
-    msg += fmt::format("; task {} {} (log {}/{}.log)", failed_task,
-                       a.progress.ended.count(failed_task)
-                           ? "exited with status " + std::to_string(a.progress.ended[failed_task])
-                           : (a.progress.started.count(failed_task) ? "did not finish" : "never started"),
-                       a.log_dir, failed_task);
+  std::string reason = end_state;  // what retries.on is matched against
+  if (!failed_task.empty()) {
+    const std::string log = a.log_dir + "/" + failed_task + ".log";
+    std::string how = a.progress.started.count(failed_task) ? "did not finish" : "never started";
+    if (a.progress.ended.count(failed_task)) {
+      const int rc = a.progress.ended[failed_task];
+      how = "exited with status " + std::to_string(rc);
+      const std::string signal = end_state == "FAILED" ? RankSignal(rc, log) : "";
+      if (!signal.empty()) {
+        how += " (" + signal + ")";
+        reason = "SIGNALED";
+      }
+    }
+    msg += fmt::format("; task {} {} (log {})", failed_task, how, log);
+  }
   if (!why.empty()) msg += "; " + why;
   if (leftovers) msg += fmt::format("; {} leftover srun process(es) ended", leftovers);
   const bool retry =
-      a.number < retries() && std::find(retry_on().begin(), retry_on().end(), end_state) != retry_on().end();
+      a.number < retries() && std::find(retry_on().begin(), retry_on().end(), reason) != retry_on().end();
   Emit(obs, retry ? "slurm-retry" : "slurm-failed",
-       {{"round", a.round}, {"attempt", a.number}, {"state", end_state}, {"message", msg}});
+       {{"round", a.round}, {"attempt", a.number}, {"state", end_state}, {"reason", reason}, {"message", msg}});
   if (!retry) Throw(ErrorKind::kTaskFailed, msg);
   if (obs.on_line) obs.on_line(a.todo.front(), "retrying: " + msg);
   return true;

@@ -419,6 +419,49 @@ class Slurm(TempDirCase):
         self.assertEqual(ev[-1]["event"], "run-end")
         self.assertEqual(squeue(), "")
 
+    def test_a_rank_killed_inside_srun_is_signaled_and_retried(self):
+        """Issue 32: one rank of the 2-rank train step SIGKILLed inside its srun, as the OOM
+        killer would. srun exits 137 and the job ends FAILED, but the step's failure is SIGNALED,
+        so `retries.on: SIGNALED` resubmits it, and the run reaches the local champion."""
+        retries = {"max": 1, "on": ["SIGNALED"]}
+        p = self.write("p.json", pipeline("slurm-rank", rounds=1, retries=retries))
+        runs = os.path.join(self.dir, "runs")
+        r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "local")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        env = dict(os.environ)
+        # Training waits on its features, so its ranks are surely alive when one is killed.
+        env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
+                                                 "delay_ms": 1500, "count": 1}])
+        proc = subprocess.Popen([EXE, "run", p, "--runs", runs, "--run-id", "k", "--machine", MACHINE],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        rd = os.path.join(runs, "k")
+        needle = f"module train --task {rd}/tasks/r1-train.json"
+        killed, deadline = None, time.time() + 180
+        while killed is None and time.time() < deadline and proc.poll() is None:
+            out = subprocess.run(["pgrep", "-af", "msaflow module train"], capture_output=True, text=True).stdout
+            ranks = [int(line.split()[0]) for line in out.splitlines()
+                     if needle in line and line.split()[1].endswith("/msaflow")]  # the ranks, not srun
+            if len(ranks) == 2:
+                time.sleep(0.3)
+                os.kill(ranks[1], signal.SIGKILL)
+                killed = ranks[1]
+            time.sleep(0.05)
+        self.assertIsNotNone(killed, "no two ranks of r1-train were seen")
+        out, err = proc.communicate(timeout=400)
+        self.assertEqual(proc.returncode, 0, out[-3000:] + err)
+        ev = events(rd)
+        retry = [e for e in ev if e["event"] == "slurm-retry"]
+        self.assertEqual([(e["state"], e["reason"]) for e in retry], [("FAILED", "SIGNALED")])
+        self.assertRegex(retry[0]["message"], r"task r1-train exited with status 137 \(rank [01] \(on dam0\d\) ended "
+                                              r"by signal 9 \(Killed\)\)")
+        self.assertEqual(len([e for e in ev if e["event"] == "slurm-job"]), 2)
+        local, k = self.results("local"), self.results("k")
+        self.assertEqual(k["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
+        self.assertAlmostEqual(k["champion"]["accuracy"], local["champion"]["accuracy"])
+        time.sleep(1)
+        self.assertEqual(squeue(), "")
+        self.assertEqual(leftovers(rd), [])
+
     def test_a_step_past_its_time_limit_is_killed_and_reported(self):
         p = self.write("p.json", pipeline("slurm-timeout", rounds=1))
         runs = os.path.join(self.dir, "runs")
@@ -441,4 +484,4 @@ class Slurm(TempDirCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"])
+    unittest.main(argv=[sys.argv[0], "-v", *sys.argv[3:]])
