@@ -18,6 +18,9 @@ def small_pipeline(root, name, rounds=2):
             bb["onnx"] = os.path.join(root, "pipelines", bb["onnx"])
     doc["backbones"][0]["input"]["height"] = doc["backbones"][0]["input"]["width"] = 64
     doc["head"]["epochs"] = [8]
+    # The tests drive training as a 2-rank MPI program (allreduce, srun --ntasks=2); the
+    # quickstart itself trains on one rank, the fastest layout on 2 cores (docs/parallel.md).
+    doc["steps"]["train"] = {"module": "dam", "ranks": 2, "mode": "sync"}
     doc["rounds"] = {"max": rounds, "candidates": 4, "top_k": 2, "strategy": "perturb", "seed": 3,
                      "min_delta": 0.0, "patience": 5}
     return doc
