@@ -47,8 +47,9 @@ struct Workload {
   int64_t rows = kRows;  // ... over this many of its rows
   std::vector<uint8_t> labels = std::vector<uint8_t>(kRows);
 
-  // Seconds for one pass over every part; `correct` counts the predictions (a check).
-  double Run(bool overlap, int64_t* correct) {
+  // Seconds for one pass over every part, read as `choice` says; `correct` counts the
+  // predictions (a check).
+  double Run(OverlapChoice& choice, int64_t* correct) {
     std::string buf[2];
     *correct = 0;
     auto t0 = Clock::now();
@@ -61,14 +62,15 @@ struct Workload {
             if (r == 0) *correct += kernels::Evaluate(logits.data(), labels.data(), rows, kClasses).correct;
           }
         },
-        overlap);
+        choice);
     return Since(t0);
   }
 };
 
 struct Row {
   std::string what;
-  double read_ms, compute_ms, serial_s, overlapped_s;
+  double read_ms, compute_ms, serial_s, overlapped_s, chosen_s;
+  std::string chosen;  // what the data manager chose (auto), and why
 };
 
 Row Measure(const std::string& what, nam::Store& store, const kernels::Head& head, int64_t parts, int reps) {
@@ -90,15 +92,20 @@ Row Measure(const std::string& what, nam::Store& store, const kernels::Head& hea
   const double f = read_s / head_s;
   w.repeat = std::max(1, static_cast<int>(f + 0.5));
   if (f < 1) w.rows = std::max<int64_t>(16, static_cast<int64_t>(f * kRows));
-  std::vector<double> serial, overlapped;
-  int64_t c1 = 0, c2 = 0;
-  for (int i = 0; i < reps; ++i) {  // interleaved, so drifts in the machine's load hit both
-    serial.push_back(w.Run(false, &c1));
-    overlapped.push_back(w.Run(true, &c2));
-    if (c1 != c2) Throw(ErrorKind::kInternal, what + ": overlapped and serial runs predicted differently");
+  std::vector<double> serial, overlapped, chosen;
+  std::string choice_said;
+  int64_t c1 = 0, c2 = 0, c3 = 0;
+  for (int i = 0; i < reps; ++i) {  // interleaved, so drifts in the machine's load hit all three
+    OverlapChoice in_turn(OverlapMode::kOff), ahead(OverlapMode::kOn), automatic(OverlapMode::kAuto);
+    serial.push_back(w.Run(in_turn, &c1));
+    overlapped.push_back(w.Run(ahead, &c2));
+    chosen.push_back(w.Run(automatic, &c3));  // a fresh choice each time: its probing is paid for in every rep
+    if (c1 != c2 || c1 != c3) Throw(ErrorKind::kInternal, what + ": the three runs predicted differently");
+    if (i == 0) choice_said = automatic.Describe();
   }
   const double compute_s = head_s * w.repeat * static_cast<double>(w.rows) / kRows;
-  return {what, 1e3 * read_s, 1e3 * compute_s, bench::Median(serial), bench::Median(overlapped)};
+  return {what, 1e3 * read_s, 1e3 * compute_s, bench::Median(serial), bench::Median(overlapped), bench::Median(chosen),
+          choice_said};
 }
 
 }  // namespace
@@ -164,18 +171,31 @@ int main(int argc, char** argv) {
                                                R"([{"op": "get", "action": "delay", "delay_ms": 2, "count": 0}])", "bench"));
     rows.push_back(Measure("simulated remote link", link, head, parts, reps));
 
-    std::printf("\n  %-26s %10s %12s %10s %12s %9s\n", "NAM", "read/part", "compute/part", "serial", "overlapped",
-                "speed-up");
+    std::printf("\n  %-26s %10s %12s %10s %12s %9s %10s %9s\n", "NAM", "read/part", "compute/part", "serial",
+                "overlapped", "speed-up", "chosen", "vs serial");
     for (const auto& r : rows)
-      std::printf("  %-26s %7.2f ms %9.2f ms %8.3f s %10.3f s %8.2fx\n", r.what.c_str(), r.read_ms, r.compute_ms,
-                  r.serial_s, r.overlapped_s, r.serial_s / r.overlapped_s);
-    const double goal = 1.6;
-    double worst = 1e9;
-    for (const auto& r : rows) worst = std::min(worst, r.serial_s / r.overlapped_s);
-    std::printf("\n  goal: >= %.1fx with transfer ~ compute, on every NAM: worst %.2fx, %s\n", goal, worst,
-                worst >= goal ? "met" : "MISSED");
+      std::printf("  %-26s %7.2f ms %9.2f ms %8.3f s %10.3f s %8.2fx %8.3f s %8.2fx\n", r.what.c_str(), r.read_ms,
+                  r.compute_ms, r.serial_s, r.overlapped_s, r.serial_s / r.overlapped_s, r.chosen_s,
+                  r.serial_s / r.chosen_s);
+    std::printf("\n  the data manager's choice (auto, first repetition):\n");
+    for (const auto& r : rows) std::printf("    %s: %s\n", r.what.c_str(), r.chosen.c_str());
+    // Goals (issue 32): the chosen mode never more than 3 % slower than reading in turn, and
+    // >= 1.6x where overlapping pays (the simulated remote link: transfer ~ compute, CPU idle).
+    bool met = true;
+    for (const auto& r : rows) {
+      const double vs = r.serial_s / r.chosen_s;
+      const bool pays = r.serial_s / r.overlapped_s >= 1.6;
+      const bool ok = vs >= 0.97 && (!pays || vs >= 1.6);
+      met = met && ok;
+      std::printf("  goal %-26s chosen %.2fx of serial (>= 0.97%s): %s\n", r.what.c_str(), vs,
+                  pays ? ", and >= 1.6 as overlapping pays here" : "", ok ? "met" : "MISSED");
+    }
+    const bool remote_pays = rows.back().serial_s / rows.back().overlapped_s >= 1.6;
+    std::printf("  goal: overlapping >= 1.6x behind the remote link: %.2fx, %s\n",
+                rows.back().serial_s / rows.back().overlapped_s, remote_pays ? "met" : "MISSED");
+    met = met && remote_pays;
     std::filesystem::remove_all(dir);
-    return check && worst < goal ? 1 : 0;
+    return check && !met ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_overlap: error: %s\n", e.what());
     return 1;

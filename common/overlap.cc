@@ -1,6 +1,12 @@
 #include "common/overlap.h"
 
+#include <fmt/core.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -73,71 +79,193 @@ void Worker::Loop() {
   }
 }
 
+namespace {
+
+// Seconds this thread wanted a CPU: ran on one, or waited in a run queue for one (a fetch
+// that costs CPU on a busy node waits there, not on I/O). From the scheduler's statistics,
+// else the thread's CPU time alone.
+double ThreadCpuDemand() {
+  static std::atomic<bool> schedstat{true};  // until a read shows the kernel keeps none
+  if (schedstat.load(std::memory_order_relaxed)) {
+    if (FILE* f = std::fopen("/proc/thread-self/schedstat", "r")) {
+      unsigned long long run = 0, queued = 0;
+      const int got = std::fscanf(f, "%llu %llu", &run, &queued);
+      std::fclose(f);
+      if (got == 2 && run > 0) return 1e-9 * static_cast<double>(run + queued);
+    }
+    schedstat.store(false, std::memory_order_relaxed);  // 0 or unreadable: statistics off
+  }
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+constexpr double kInMemory = 20e-6;  // a fetch this short found its item already read
+
+}  // namespace
+
+void OverlapChoice::Decide(Phase to, std::string why) {
+  phase_ = to;
+  why_ = std::move(why);
+}
+
+void OverlapChoice::SawOverlapped(double item_s, double fetch_s, double fetch_cpu_s) {
+  ++items_;
+  if (phase_ != Phase::kTrial || fetch_s < kInMemory) return;
+  trial_items_.push_back(item_s);
+  fetch_s_ += fetch_s;
+  fetch_cpu_s_ += fetch_cpu_s;
+  if (static_cast<int>(trial_items_.size()) < kProbe) return;
+  const double share = fetch_cpu_s_ / fetch_s_;
+  if (share < kWaits)
+    Decide(Phase::kOverlapped, fmt::format("a fetch waits: {:.0f} % of its {:.2f} ms on a CPU, hidden behind the "
+                                           "computing ({:.2f} ms an item)",
+                                           100 * share, 1e3 * fetch_s_ / kProbe, 1e3 * Median(trial_items_)));
+  else
+    phase_ = Phase::kProbe;  // it costs CPU: see whether reading in turn is faster
+}
+
+void OverlapChoice::SawInTurn(double fetch_s, double consume_s) {
+  ++items_;
+  if (phase_ != Phase::kProbe || fetch_s < kInMemory) return;
+  in_turn_items_.push_back(fetch_s + consume_s);
+  consume_s_ += consume_s;
+  if (static_cast<int>(in_turn_items_.size()) < kProbe) return;
+  const double in_turn = Median(in_turn_items_), overlapped = Median(trial_items_);
+  const double gain = in_turn / overlapped;
+  const std::string figures =
+      fmt::format("a fetch costs CPU ({:.0f} % of its {:.2f} ms on a CPU); an item took {:.2f} ms overlapped, {:.2f} ms "
+                  "in turn ({:.2f}x)",
+                  100 * fetch_cpu_s_ / fetch_s_, 1e3 * fetch_s_ / kProbe, 1e3 * overlapped, 1e3 * in_turn, gain);
+  if (gain >= kGain)
+    Decide(Phase::kOverlapped, figures + ": there are cores to spare");
+  else
+    Decide(Phase::kInTurn, figures + fmt::format(": under {:.1f}x, the fetch and the computing compete for the same "
+                                                 "cores",
+                                                 kGain));
+}
+
+std::string OverlapChoice::chosen() const {
+  switch (phase_) {
+    case Phase::kOverlapped:
+      return "overlapped";
+    case Phase::kInTurn:
+      return "in turn";
+    case Phase::kProbe:
+    case Phase::kTrial:
+      break;
+  }
+  return "undecided";
+}
+
+std::string OverlapChoice::Describe() const {
+  if (mode_ != OverlapMode::kAuto)
+    return fmt::format("{} (MSAFLOW_OVERLAP={})", chosen(), mode_ == OverlapMode::kOn ? "1" : "0");
+  if (!decided()) return fmt::format("undecided after {} item(s): too few fetches to measure", items_);
+  return chosen() + ": " + why_;
+}
+
+nlohmann::json OverlapChoice::Json() const {
+  nlohmann::json j = {{"mode", OverlapModeName(mode_)}, {"chosen", chosen()}, {"items", items_}};
+  if (!why_.empty()) j["why"] = why_;
+  if (!trial_items_.empty()) {
+    j["fetch_ms"] = 1e3 * fetch_s_ / static_cast<double>(trial_items_.size());
+    j["fetch_cpu_share"] = fetch_cpu_s_ / fetch_s_;
+    j["overlapped_item_ms"] = 1e3 * Median(trial_items_);
+  }
+  if (!in_turn_items_.empty()) j["in_turn_item_ms"] = 1e3 * Median(in_turn_items_);
+  return j;
+}
+
 OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
                      const std::function<void(int64_t)>& consume, bool on) {
+  OverlapChoice fixed(on ? OverlapMode::kOn : OverlapMode::kOff);
+  return Overlap(n, fetch, consume, fixed);
+}
+
+OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
+                     const std::function<void(int64_t)>& consume, OverlapChoice& choice) {
   OverlapStats s;
-  if (!on || n <= 1) {
-    for (int64_t i = 0; i < n; ++i) {
-      auto t0 = Clock::now();
-      fetch(i);
-      const double f = Since(t0);
-      s.fetch_s += f;
-      s.wait_s += f;
-      t0 = Clock::now();
-      consume(i);
-      s.consume_s += Since(t0);
-      ++s.items;
-    }
-    return s;
-  }
-  Worker& helper = ThisThreadsWorker();
-  double next_fetch_s = 0;  // written by the helper, read after Wait()
-  {
-    auto t0 = Clock::now();
-    fetch(0);
-    const double f = Since(t0);
-    s.fetch_s += f;
-    s.wait_s += f;
-  }
+  Worker* helper = nullptr;
+  double next_fetch_s = 0, next_fetch_cpu_s = 0;  // written by the helper, read after Wait()
+  bool fetched = false;                           // item i was fetched ahead
   for (int64_t i = 0; i < n; ++i) {
-    const bool ahead = i + 1 < n;
-    if (ahead)
-      helper.Submit([&fetch, &next_fetch_s, i] {
-        auto t0 = Clock::now();
+    double fetch_s = 0;
+    if (!fetched) {
+      const auto t0 = Clock::now();
+      fetch(i);
+      fetch_s = Since(t0);
+      s.fetch_s += fetch_s;
+      s.wait_s += fetch_s;
+    }
+    const bool ahead = i + 1 < n && choice.ahead();
+    if (ahead) {
+      if (!helper) helper = &ThisThreadsWorker();
+      const bool measure = choice.measuring();  // reading the CPU figures costs microseconds: only while deciding
+      helper->Submit([&fetch, &next_fetch_s, &next_fetch_cpu_s, i, measure] {
+        const double c0 = measure ? ThreadCpuDemand() : 0;
+        const auto t0 = Clock::now();
         fetch(i + 1);
         next_fetch_s = Since(t0);
+        next_fetch_cpu_s = measure ? ThreadCpuDemand() - c0 : 0;
       });
-    auto t0 = Clock::now();
+    }
+    const auto t0 = Clock::now();
     try {
       consume(i);
     } catch (...) {
       if (ahead) {  // the fetch writes into the caller's buffers: let it finish first
         try {
-          helper.Wait();
+          helper->Wait();
         } catch (...) {
         }
       }
       throw;
     }
-    s.consume_s += Since(t0);
+    const double consume_s = Since(t0);
+    s.consume_s += consume_s;
     ++s.items;
     if (ahead) {
-      auto w0 = Clock::now();
-      helper.Wait();  // rethrows the fetch's error
+      const auto w0 = Clock::now();
+      helper->Wait();  // rethrows the fetch's error
       s.wait_s += Since(w0);
       s.fetch_s += next_fetch_s;
+      choice.SawOverlapped(Since(t0), next_fetch_s, next_fetch_cpu_s);
+    } else {
+      // Fetched ahead (the last item of this call): nothing beside it to measure.
+      choice.SawInTurn(fetched ? 0 : fetch_s, consume_s);
     }
+    fetched = ahead;
   }
   return s;
 }
 
-bool OverlapEnabled() {
+OverlapMode OverlapModeFromEnv() {
   const char* v = std::getenv("MSAFLOW_OVERLAP");
-  if (!v || !*v) return true;
+  if (!v || !*v) return OverlapMode::kAuto;
   std::string s(v);
-  if (s == "1") return true;
-  if (s == "0") return false;
-  Throw(ErrorKind::kInvalidInput, "MSAFLOW_OVERLAP='" + s + "': expected 0 (off) or 1 (on)");
+  if (s == "auto") return OverlapMode::kAuto;
+  if (s == "1") return OverlapMode::kOn;
+  if (s == "0") return OverlapMode::kOff;
+  Throw(ErrorKind::kInvalidInput, "MSAFLOW_OVERLAP='" + s + "': expected 0 (in turn), 1 (overlapped) or auto");
+}
+
+const char* OverlapModeName(OverlapMode m) {
+  switch (m) {
+    case OverlapMode::kOff:
+      return "off";
+    case OverlapMode::kOn:
+      return "on";
+    case OverlapMode::kAuto:
+      break;
+  }
+  return "auto";
 }
 
 }  // namespace msaflow

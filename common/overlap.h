@@ -2,10 +2,11 @@
 // thread while item i is consumed (computed on) on the caller's thread. The data manager of the
 // prepare, train and evaluate steps; docs/parallel.md measures what it hides.
 //
-// Overlap(n, fetch, consume, on) calls fetch(0..n-1) and consume(0..n-1), each in order, with
-// fetch(i+1) running while consume(i) runs. The caller keeps two buffers (item i in buffer
-// i % 2): fetch(i+2) starts only after consume(i) has returned. With on == false every
-// fetch runs on the caller's thread right before its consume, for comparison.
+// Overlap(n, fetch, consume, choice) calls fetch(0..n-1) and consume(0..n-1), each in order,
+// with fetch(i+1) running while consume(i) runs when that pays (OverlapChoice decides from
+// what it measures; MSAFLOW_OVERLAP can force either way). The caller keeps two buffers (item
+// i in buffer i % 2): fetch(i+2) starts only after consume(i) has returned. Read in turn,
+// every fetch runs on the caller's thread right before its consume.
 // An exception from either side is rethrown on the caller's thread after any fetch in flight
 // has finished, so no helper outlives the caller's buffers.
 #pragma once
@@ -15,7 +16,10 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace msaflow {
 
@@ -57,11 +61,71 @@ class Worker {
   std::thread thread_;  // last: started once the members above exist
 };
 
+// How a stream of items is read: fetched in turn (off), always ahead (on), or auto: decided
+// from the first items measured (OverlapChoice).
+enum class OverlapMode { kOff, kOn, kAuto };
+
+// The data manager's choice for one stream of items (a step's NAM reads of features, its image
+// batches), kept across Overlap calls. In auto mode the first kProbe items (after a call's
+// first, which nothing can hide) are fetched ahead, measuring each item's time and how long the
+// fetch's thread wanted a CPU (ran, or waited in a run queue). A fetch that mostly waits (under
+// half of it on a CPU: a link, a disk) hides behind any computing: overlapping stays, at no
+// cost. A fetch that costs CPU competes with the computing for the same cores (a NAM server on
+// the node, a copy out of a mapped pool), so the next kProbe items are read in turn, and
+// overlapping is kept only if an item took at least kGain times less that way (medians, so one
+// item slowed by something else decides nothing). Fetches that found their item already in
+// memory (under 20 µs) tell nothing and are not counted.
+class OverlapChoice {
+ public:
+  static constexpr int kProbe = 3;
+  static constexpr double kGain = 1.2;
+  // A fetch ahead on a CPU less than this share of its time waits (on I/O). A fetch that needs
+  // a CPU still shows about half while it shares one core with the computing.
+  static constexpr double kWaits = 0.3;
+  explicit OverlapChoice(OverlapMode mode = OverlapMode::kAuto) : mode_(mode) {}
+  // Whether the next item's fetch runs beside the current item's consume.
+  bool ahead() const { return phase_ == Phase::kOverlapped || phase_ == Phase::kTrial; }
+  // An item consumed while the next was fetched: from its consume's start to that fetch's end;
+  // the fetch's wall seconds and the seconds its thread wanted a CPU.
+  void SawOverlapped(double item_s, double fetch_s, double fetch_cpu_s);
+  // An item read in turn: its fetch's seconds (0: it was fetched ahead), its consume's.
+  void SawInTurn(double fetch_s, double consume_s);
+  bool decided() const { return phase_ == Phase::kOverlapped || phase_ == Phase::kInTurn; }
+  int64_t items() const { return items_; }
+  // Whether the next fetch ahead is measured (its CPU demand too).
+  bool measuring() const { return phase_ == Phase::kTrial; }
+  // "overlapped", "in turn", or "undecided" (too few items to measure: read in turn).
+  std::string chosen() const;
+  // One line for the step's log: the choice and the figures behind it.
+  std::string Describe() const;
+  // {mode, chosen, why, fetch_ms, fetch_cpu_share, consume_ms, in_turn_item_ms, overlapped_item_ms, items}
+  nlohmann::json Json() const;
+
+ private:
+  enum class Phase { kTrial, kProbe, kOverlapped, kInTurn };  // ahead, then in turn, then decided
+  void Decide(Phase to, std::string why);
+  OverlapMode mode_;
+  Phase phase_ = mode_ == OverlapMode::kOn ? Phase::kOverlapped
+                 : mode_ == OverlapMode::kOff ? Phase::kInTurn
+                                              : Phase::kTrial;
+  int64_t items_ = 0;
+  double fetch_s_ = 0, fetch_cpu_s_ = 0, consume_s_ = 0;
+  std::vector<double> in_turn_items_, trial_items_;  // seconds per item, for the medians
+  std::string why_;
+};
+
+// fetch(0..n-1) and consume(0..n-1), each in order; while `choice` says ahead, fetch(i+1) runs
+// on the calling thread's helper while consume(i) runs. `choice` sees every item's timings.
+OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
+                     const std::function<void(int64_t)>& consume, OverlapChoice& choice);
+// The same with a fixed mode: overlapped (on) or in turn.
 OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
                      const std::function<void(int64_t)>& consume, bool on);
 
-// MSAFLOW_OVERLAP=0 switches overlapping off in every step (default on); anything but 0 or 1
-// is refused with kInvalidInput.
-bool OverlapEnabled();
+// MSAFLOW_OVERLAP: 0 reads in turn in every step, 1 always overlaps, auto (the default, also
+// when unset) lets each stream choose; anything else is refused with kInvalidInput.
+OverlapMode OverlapModeFromEnv();
+// "off", "on", "auto".
+const char* OverlapModeName(OverlapMode m);
 
 }  // namespace msaflow

@@ -85,7 +85,7 @@ void WriteFarmSummary(StepContext& c, const std::vector<std::string>& parts, int
   }
   const double held = wall_max * workers;
   nlohmann::json summary = {{"farm", t.farm},
-                            {"overlap", c.overlap},
+                            {"overlap", OverlapModeName(c.overlap)},
                             {"ranks", comm.size()},
                             {"workers", workers},
                             {"tasks", n_tasks},
@@ -169,7 +169,7 @@ void Evaluate(StepContext& c) {
             auto logits = h.Logits(x + (a - f.PartLo(p)) * f.dim, b - a);
             met.Merge(kernels::Evaluate(logits.data(), f.labels.data() + a, b - a, classes));
           },
-          c.overlap));
+          c.Overlapping("features " + split)));
       return met;
     };
     auto names = [&](const std::string& split) { return features.at(cand.backbone + "/" + split).index.class_names; };
@@ -195,7 +195,7 @@ void Evaluate(StepContext& c) {
   nlohmann::json mine = {{"rank", comm.rank()}, {"tasks", done.size()}, {"task_ids", done},
                          {"models_read", models.size()}, {"busy_s", busy}, {"wall_s", wall},
                          {"works", works}, {"parts_read", parts_read}, {"read_s", io.fetch_s},
-                         {"read_wait_s", io.wait_s}};
+                         {"read_wait_s", io.wait_s}, {"overlap", c.OverlapReport()}};
   auto parts = comm.Gather(mine.dump(), 0);
   if (c.root()) WriteFarmSummary(c, parts, n_tasks, shards);
   comm.Barrier();

@@ -156,7 +156,7 @@ Features LoadFeatures(StepContext& c, const std::string& backbone, const std::st
       [&](int64_t p) {
         std::memcpy(f.x.data() + idx.PartLo(p) * f.dim, buf[p % 2].data(), buf[p % 2].size());
       },
-      c.overlap);
+      c.Overlapping("features " + split));
   return f;
 }
 

@@ -78,7 +78,7 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
                    {{"kind", "features-part"}, {"part", p}, {"rows", idx.PartHi(p) - idx.PartLo(p)}, {"dim", idx.dim}});
       w.put_s += Since(t0);
     };
-    if (c.overlap) {
+    if (c.overlap != OverlapMode::kOff) {  // a write needs no result back: always behind the computing
       writer.Submit(put);
     } else {
       auto t0 = Clock::now();
@@ -122,7 +122,7 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
             next_report += batches / 4;
           }
         },
-        c.overlap);
+        c.Overlapping("image batches " + bb.name));
   }
   finish_write();
   return w;
@@ -231,7 +231,7 @@ int64_t FeatureDim(StepContext& c, const workflow::BackboneSpec& bb, const workf
 void Prepare(StepContext& c) {
   const int rank = c.comm->rank(), size = c.comm->size();
   nlohmann::json summary = {{"computed", nlohmann::json::array()}, {"reused", nlohmann::json::array()},
-                            {"overlap", c.overlap}};
+                            {"overlap", OverlapModeName(c.overlap)}};
   if (EverythingReused(c, &summary)) {
     summary["fpga"] = c.FpgaReport();
     if (c.root())
@@ -294,6 +294,7 @@ void Prepare(StepContext& c) {
                              {"prepare_wait_s", w.batches.wait_s},
                              {"put_s", w.put_s},
                              {"put_wait_s", w.put_wait_s}};
+      if (bb.kind != "pixels") mine["overlap"] = c.OverlapReport()["image batches " + bb.name];
       auto stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
       if (c.root()) {
         nlohmann::json meta = FeaturesMeta(src.count(), dim, classes, idx.part_rows, idx.half);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/overlap.h"
 #include "kernels/fpga/cost_model.h"
 #include "kernels/fpga/device.h"
 #include "nam/store.h"
@@ -25,7 +26,9 @@ struct StepContext {
   std::unique_ptr<nam::Store> store;
   parallel::Comm* comm = nullptr;
   std::FILE* out = nullptr;
-  bool overlap = true;  // fetch the next chunk while computing on this one (MSAFLOW_OVERLAP)
+  // Whether the data manager fetches the next chunk while computing on this one: decided per
+  // stream from what it measures (auto), or forced by MSAFLOW_OVERLAP (common/overlap.h).
+  OverlapMode overlap = OverlapMode::kAuto;
   // The content keys of what the step read (rank 0's: {"backbones": {name: digest},
   // "datasets": {split: digest}}); its done object records them, and `msaflow why` compares them.
   nlohmann::json inputs = nlohmann::json::object();
@@ -65,8 +68,16 @@ struct StepContext {
   // behind, unread.
   void RemoveOnceDone(std::string name) { remove_once_done_.push_back(std::move(name)); }
   const std::vector<std::string>& remove_once_done() const { return remove_once_done_; }
+  // The data manager's choice for one stream of this step's reads ("features <split>",
+  // "image batches"), made on its first items and kept for the rest of the step.
+  OverlapChoice& Overlapping(const std::string& stream);
+  // Every stream's choice, {stream: OverlapChoice::Json()}, for the step's results; each
+  // decided stream is said in the log once.
+  nlohmann::json OverlapReport();
 
  private:
+  std::map<std::string, OverlapChoice> overlapping_;
+  std::map<std::string, bool> overlap_said_;
   std::map<std::string, std::string> digests_;
   int digest_cache_hits_ = 0;
   std::unique_ptr<kernels::fpga::Device> fpga_;

@@ -60,6 +60,22 @@ void StepContext::RememberDatasetDigest(const std::string& split, const std::str
              {{"kind", "dataset-digest"}, {"split", split}, {"digest", digest}, {"stamp_size", stamp.size()}});
 }
 
+OverlapChoice& StepContext::Overlapping(const std::string& stream) {
+  return overlapping_.try_emplace(stream, overlap).first->second;
+}
+
+nlohmann::json StepContext::OverlapReport() {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [stream, choice] : overlapping_) {
+    j[stream] = choice.Json();
+    if (choice.items() > 0 && !overlap_said_[stream]) {
+      overlap_said_[stream] = true;
+      Say("data manager, " + stream + ": " + choice.Describe());
+    }
+  }
+  return j;
+}
+
 void StepContext::WorkAhead() const {
   if (settled_only) throw Unsettled{};
 }
@@ -167,7 +183,7 @@ void Execute(workflow::Step step, const nlohmann::json& task, parallel::Comm& co
   c.store = std::move(recording);
   c.comm = &comm;
   c.out = out;
-  c.overlap = OverlapEnabled();
+  c.overlap = OverlapModeFromEnv();
   c.settled_only = settled_only;
   Dispatch(step, c);
   CommitDone(c, step, workflow::TaskKey(task), *recorded);

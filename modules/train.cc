@@ -232,13 +232,14 @@ void Train(StepContext& c) {
   }
   // The step's figures (docs/formats.md): what each candidate cost, for results and planning.
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const nlohmann::json reading = c.OverlapReport();  // how this rank read its features (said in the log)
   auto parts = world.Gather(trained.dump(), 0);
   if (c.root()) {
     nlohmann::json all = nlohmann::json::array();
     for (const auto& p : parts)
       for (auto& e : nlohmann::json::parse(p)) all.push_back(std::move(e));
     nlohmann::json summary = {{"mode", mode},    {"ranks", layout.ranks}, {"processes", world.size()},
-                              {"wall_s", wall}, {"candidates", all}};
+                              {"wall_s", wall}, {"candidates", all}, {"overlap", reading}};
     c.store->Put(workflow::TrainedObject(c.task.run, c.task.round), summary.dump(), {{"kind", "train-summary"}});
   }
   world.Barrier();  // every model staged before any rank reports success

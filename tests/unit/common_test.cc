@@ -1,12 +1,16 @@
 // common/: the double-buffering data manager (overlap.h) and child processes (child_process.h).
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <time.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -98,12 +102,16 @@ TEST(Overlap, AConsumeErrorWaitsForTheFetchInFlight) {
 
 TEST(Overlap, TheSwitchIsReadFromTheEnvironmentAndChecked) {
   unsetenv("MSAFLOW_OVERLAP");
-  EXPECT_TRUE(OverlapEnabled());
+  EXPECT_EQ(OverlapModeFromEnv(), OverlapMode::kAuto);
+  setenv("MSAFLOW_OVERLAP", "auto", 1);
+  EXPECT_EQ(OverlapModeFromEnv(), OverlapMode::kAuto);
   setenv("MSAFLOW_OVERLAP", "0", 1);
-  EXPECT_FALSE(OverlapEnabled());
+  EXPECT_EQ(OverlapModeFromEnv(), OverlapMode::kOff);
+  setenv("MSAFLOW_OVERLAP", "1", 1);
+  EXPECT_EQ(OverlapModeFromEnv(), OverlapMode::kOn);
   setenv("MSAFLOW_OVERLAP", "yes", 1);
   try {
-    OverlapEnabled();
+    OverlapModeFromEnv();
     ADD_FAILURE() << "accepted MSAFLOW_OVERLAP=yes";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
@@ -112,6 +120,93 @@ TEST(Overlap, TheSwitchIsReadFromTheEnvironmentAndChecked) {
   unsetenv("MSAFLOW_OVERLAP");
 }
 
+// Burns `seconds` of this thread's CPU time (not wall time: a busy machine stretches it).
+void BurnCpu(double seconds) {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  const double end = static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec) + seconds;
+  volatile uint64_t x = 1;
+  for (;;) {
+    for (int k = 0; k < 1000; ++k) x = x * 6364136223846793005ull + 1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    if (static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec) >= end) return;
+  }
+}
+
+// Runs `fn` on a new thread held to one core, with its helper (started by Overlap on that
+// thread, so it inherits the core): a fetch that costs CPU then competes with the computing
+// for the only core there is, as the NAM server and a rank on every core of a node do. At the
+// highest priority (as root; CI is), so that other tests running beside this one take next to
+// nothing of that core and the timings are this test's alone.
+void OnOneCore(const std::function<void()>& fn) {
+  std::thread t([&] {
+    setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), -20);  // the helper inherits it
+    cpu_set_t set;
+    ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+    int first = 0;
+    while (!CPU_ISSET(first, &set)) ++first;
+    CPU_ZERO(&set);
+    CPU_SET(first, &set);
+    ASSERT_EQ(sched_setaffinity(0, sizeof set, &set), 0);
+    fn();
+  });
+  t.join();
+}
+
+// Issue 32: overlapping NAM reads with computing was 1.7x faster behind a remote link and
+// slower against a NAM server on the same cores. A fetch that only waits (a link) is
+// overlapped from the start; one that competes with the computing for the cores (the server
+// and the client copying) is read in turn, found no slower, and read in turn from then on.
+TEST(Overlap, AFetchThatOnlyWaitsIsOverlappedAtOnce) {
+  OverlapChoice choice;
+  OnOneCore([&] {
+    Overlap(
+        12, [](int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(4)); }, [](int64_t) { BurnCpu(0.004); },
+        choice);
+  });
+  EXPECT_EQ(choice.chosen(), "overlapped") << choice.Describe();
+  const auto j = choice.Json();
+  EXPECT_LT(j["fetch_cpu_share"].get<double>(), OverlapChoice::kWaits) << j.dump();
+  EXPECT_FALSE(j.contains("in_turn_item_ms")) << j.dump();  // decided without reading in turn
+  EXPECT_NE(choice.Describe().find("a fetch waits"), std::string::npos) << choice.Describe();
+}
+
+TEST(Overlap, AFetchThatCompetesForTheCoresIsReadInTurn) {
+  OverlapChoice choice;
+  std::vector<int64_t> fetched, consumed;
+  OnOneCore([&] {
+    Overlap(
+        20,
+        [&](int64_t i) {
+          BurnCpu(0.006);
+          fetched.push_back(i);
+        },
+        [&](int64_t i) {
+          BurnCpu(0.006);
+          consumed.push_back(i);
+        },
+        choice);
+  });
+  EXPECT_EQ(choice.chosen(), "in turn") << choice.Describe();
+  const auto j = choice.Json();
+  EXPECT_GE(j["fetch_cpu_share"].get<double>(), OverlapChoice::kWaits) << j.dump();
+  EXPECT_TRUE(j.contains("in_turn_item_ms")) << j.dump();  // overlapped first, then in turn, and compared
+  EXPECT_EQ(j["items"].get<int64_t>(), 20);
+  std::vector<int64_t> all(20);
+  for (int64_t i = 0; i < 20; ++i) all[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(fetched, all);  // every item once, in order, whichever way it was read
+  EXPECT_EQ(consumed, all);
+}
+
+TEST(Overlap, FetchesOfItemsAlreadyInMemoryDecideNothing) {
+  OverlapChoice choice;
+  Overlap(10, [](int64_t) {}, [](int64_t) { BurnCpu(0.001); }, choice);
+  EXPECT_EQ(choice.chosen(), "undecided");
+  EXPECT_NE(choice.Describe().find("too few fetches to measure"), std::string::npos) << choice.Describe();
+  OverlapChoice forced(OverlapMode::kOff);
+  EXPECT_EQ(forced.chosen(), "in turn");
+  EXPECT_EQ(forced.Describe(), "in turn (MSAFLOW_OVERLAP=0)");
+}
 
 TEST(ChildProcess, CapturesOutputAndExitStatus) {
   const Captured c = RunCaptured({"sh", "-c", "echo out; echo err >&2; exit 3"});
