@@ -371,16 +371,21 @@ class Slurm(TempDirCase):
         self.assertEqual(squeue(), "")  # the round's job and the NAM job are gone already
         self.assertEqual(leftovers(rd), [])
 
+    def start_slow_features(self, pipeline_path, runs, run_id, count):
+        """`msaflow run` under Slurm in the background, its first `count` reads of features
+        delayed 1.5 s each (steps are then surely under way for a while); (process, run dir)."""
+        env = dict(os.environ)
+        env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
+                                                 "delay_ms": 1500, "count": count}])
+        proc = subprocess.Popen([EXE, "run", pipeline_path, "--runs", runs, "--run-id", run_id, "--machine", MACHINE],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        return proc, os.path.join(runs, run_id)
+
     def cancel_mid_round(self, retries):
         p = self.write("p.json", pipeline("slurm-cancel", rounds=1, retries=retries))
         runs = os.path.join(self.dir, "runs")
-        env = dict(os.environ)
         # Training waits on its features, so the round is surely running when we cancel it.
-        env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
-                                                 "delay_ms": 1500, "count": 2}])
-        proc = subprocess.Popen([EXE, "run", p, "--runs", runs, "--run-id", "c", "--machine", MACHINE],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        rd = os.path.join(runs, "c")
+        proc, rd = self.start_slow_features(p, runs, "c", count=2)
         deadline = time.time() + 120
         job = None
         while time.time() < deadline and job is None:
@@ -428,13 +433,8 @@ class Slurm(TempDirCase):
         runs = os.path.join(self.dir, "runs")
         r = self.run_msaflow("run", p, "--runs", runs, "--run-id", "local")
         self.assertEqual(r.returncode, 0, r.stderr)
-        env = dict(os.environ)
         # Training waits on its features, so its ranks are surely alive when one is killed.
-        env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
-                                                 "delay_ms": 1500, "count": 1}])
-        proc = subprocess.Popen([EXE, "run", p, "--runs", runs, "--run-id", "k", "--machine", MACHINE],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        rd = os.path.join(runs, "k")
+        proc, rd = self.start_slow_features(p, runs, "k", count=1)
         needle = f"module train --task {rd}/tasks/r1-train.json"
         killed, deadline = None, time.time() + 180
         while killed is None and time.time() < deadline and proc.poll() is None:
