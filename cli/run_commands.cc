@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -200,6 +201,7 @@ int Status(Options& o) {
   switch (record::PrintStatus(o.run_dir, stdout)) {
     case record::RunState::kFinished: return 0;
     case record::RunState::kRunning: return 75;  // EX_TEMPFAIL: ask again later
+    case record::RunState::kCancelled:
     default: return 1;
   }
 }
@@ -222,7 +224,8 @@ int Resume(Options& o) {
 }
 
 int Cancel(Options& o) {
-  std::printf("%s\n", RunsOf(o).Cancel(o.run_dir).c_str());
+  const char* user = std::getenv("USER");
+  std::printf("%s\n", RunsOf(o).Cancel(o.run_dir, std::string("msaflow cancel (user ") + (user ? user : "?") + ")").c_str());
   return 0;
 }
 

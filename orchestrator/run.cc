@@ -80,7 +80,14 @@ class RunDriver {
       progress_.Finish(p_, loop_, secs, dir_);
     } catch (const Error& e) {
       try {
-        journal_.Event("run-failed", {{"round", round_}, {"error", e.what()}});
+        json failed = {{"round", round_}, {"error", e.what()}};
+        // A cancel asked for (Runs::Cancel) ends the run as cancelled, not failed.
+        if (PathExists(dir_ + "/" + kCancelRequest)) {
+          json req = json::parse(ReadFile(dir_ + "/" + kCancelRequest), nullptr, false);
+          failed["cancelled"] = true;
+          if (req.is_object() && req.contains("by") && req["by"].is_string()) failed["by"] = req["by"];
+        }
+        journal_.Event("run-failed", failed);
       } catch (const Error& j) {  // a full disk: say both, the journal's failure too
         Throw(e.kind(), std::string(e.what()) + "\n  (and the journal could not record it: " + j.what() + ")");
       }
@@ -393,8 +400,12 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
   opt.runs_dir = std::filesystem::path(dir).parent_path().string();
   PreRunChecks(p, m, opt.runs_dir);
   JournalWriter journal = JournalWriter::Append(journal_path);
+  std::error_code gone;  // a cancel asked for before is answered
+  std::filesystem::remove(dir + "/" + kCancelRequest, gone);
   journal.Event("resume", {{"coordinator", record::ThisCoordinator().ToJson()}, {"resume", before.resumes + 1},
-                           {"was", before.failed ? "failed: " + before.error : "interrupted"},
+                           {"was", before.cancelled ? "cancelled: " + before.error
+                                  : before.failed  ? "failed: " + before.error
+                                                   : "interrupted"},
                            {"tasks_done", before.tasks_done.size()}, {"rounds_ended", before.rounds_ended}});
   obs.Line(fmt::format("resuming run {} ({}; {} task(s) done, {} round(s) ended)", before.run,
                        before.failed ? "it failed: " + Printable(before.error, 200) : "its coordinator died",

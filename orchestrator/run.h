@@ -55,6 +55,11 @@ std::string PreRunChecks(const Pipeline& p, const Machine& m, const std::string&
 // starts, persisting to <runs>/nam) when the machine asks for one, else file://<runs>/nam.
 std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir);
 
+// A run directory's cancel request (Runs::Cancel writes it before it signals the coordinator):
+// {"by", "time"}. A coordinator that is interrupted while it is there records the run as
+// cancelled rather than failed; a resume removes it.
+inline constexpr char kCancelRequest[] = "cancel-request.json";
+
 // "<name>-<UTC time>-<4 hex digits>".
 std::string NewRunId(const std::string& name);
 

@@ -84,7 +84,7 @@ std::string Runs::SubmittedEnd(const Pipeline& p, const Machine& m, const std::s
   return LauncherFor(p, m, "", "")->SubmittedJobEnd(job);
 }
 
-std::string Runs::Cancel(const std::string& run_dir) const {
+std::string Runs::Cancel(const std::string& run_dir, const std::string& by) const {
   const std::string dir = Absolute(run_dir);
   if (!PathExists(dir + "/journal.jsonl"))
     Throw(ErrorKind::kNotFound, dir + ": no journal.jsonl (not a run directory, or its coordinator never started)");
@@ -92,6 +92,9 @@ std::string Runs::Cancel(const std::string& run_dir) const {
   if (holder <= 0)
     Throw(ErrorKind::kInvalidInput, "run " + dir + " has no live coordinator on this host to stop (see `msaflow status " +
                                         dir + "`)");
+  // The coordinator reads this when the signal ends its run: the journal says cancelled, and by whom.
+  WriteFileAtomic(dir + "/" + kCancelRequest,
+                  nlohmann::json{{"by", by}, {"time", record::JournalTime()}}.dump() + "\n");
   if (::kill(holder, SIGTERM) != 0) ThrowErrno(fmt::format("kill -TERM {} (the coordinator of {})", holder, dir));
   return fmt::format("asked the coordinator of {} (pid {}) to stop; it ends the run's tasks and jobs", dir, holder);
 }

@@ -61,10 +61,11 @@ class Runs {
   // The submitted coordinator job's end state, "" while it is queued or runs.
   std::string SubmittedEnd(const Pipeline& p, const Machine& m, const std::string& job) const;
 
-  // Asks a run to stop: its live coordinator gets SIGTERM (it ends what it started, and the
-  // journal records the run as failed: interrupted; `Resume` continues it). Returns what was
-  // done, for the user. Throws kInvalidInput when no coordinator of the run is alive here.
-  std::string Cancel(const std::string& run_dir) const;
+  // Asks a run to stop: the request is written into the run directory (kCancelRequest) and its
+  // live coordinator gets SIGTERM (it ends what it started, and the journal records the run as
+  // cancelled by `by`; `Resume` continues it). Returns what was done, for the user. Throws
+  // kInvalidInput when no coordinator of the run is alive here.
+  std::string Cancel(const std::string& run_dir, const std::string& by) const;
 
   // The run's state and its journal's events from index `from`.
   RunView Observe(const std::string& run_dir, size_t from = 0) const;

@@ -189,6 +189,7 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
     } else if (e.event == "resume") {
       ++s.resumes;
       s.failed = false;
+      s.cancelled = false;
       s.error.clear();
       s.last_started.clear();
       coordinator();
@@ -222,6 +223,7 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
       s.rounds_ended = std::max(s.rounds_ended, static_cast<int>(IntField(f, "round", 0, INT32_MAX)));
     } else if (e.event == "run-failed") {
       s.failed = true;
+      s.cancelled = f.value("cancelled", false);
       s.error = f.value("error", "");
     } else if (e.event == "run-end") {
       s.finished = true;

@@ -69,6 +69,7 @@ struct RunSummary {
   Coordinator coordinator;  // the latest one (the run's, or its last resume's)
   int resumes = 0;
   bool finished = false, failed = false;
+  bool cancelled = false;  // the last run-failed was a cancel (`msaflow cancel`, a service's DELETE)
   std::string error;       // of the last run-failed (cleared by a later resume)
   std::string finish;      // "champion X accuracy 0.8850 (max rounds reached)"
   int rounds_ended = 0;    // the highest round with a round-end

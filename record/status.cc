@@ -33,6 +33,9 @@ RunStatus StateFrom(RunSummary summary, pid_t holder, const std::string& run_dir
     st.state = RunState::kRunning;
     st.line = fmt::format("running (coordinator pid {}){}", holder,
                           summary.last_started.empty() ? "" : ", task " + summary.last_started);
+  } else if (summary.failed && summary.cancelled) {
+    st.state = RunState::kCancelled;
+    st.line = "cancelled: " + summary.error + "\n  what finished is kept: `msaflow resume " + run_dir + "` continues it";
   } else if (summary.failed) {
     st.state = RunState::kFailed;
     st.line = "failed: " + summary.error + "\n  what finished is kept: `msaflow resume " + run_dir + "` continues it";
@@ -56,6 +59,7 @@ const char* StateName(RunState s) {
     case RunState::kRunning: return "running";
     case RunState::kInterrupted: return "interrupted";
     case RunState::kFailed: return "failed";
+    case RunState::kCancelled: return "cancelled";
     case RunState::kFinished: return "finished";
   }
   return "?";
@@ -81,6 +85,8 @@ std::vector<TaskRow> TaskRows(const RunStatus& st) {
       r.state = t == s.last_started ? "running" : "pending";
     else if (st.state == RunState::kFailed && t == s.last_started)
       r.state = "failed";
+    else if (st.state == RunState::kCancelled && t == s.last_started)
+      r.state = "cancelled";
     else
       r.state = "interrupted";
     rows.push_back(std::move(r));

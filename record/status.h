@@ -13,8 +13,9 @@
 
 namespace msaflow::record {
 
-enum class RunState { kRunning, kInterrupted, kFailed, kFinished };
-const char* StateName(RunState s);  // "running", "interrupted", "failed", "finished"
+enum class RunState { kRunning, kInterrupted, kFailed, kCancelled, kFinished };
+// "running", "interrupted", "failed", "cancelled", "finished"
+const char* StateName(RunState s);
 
 // A run's state now: its journal's summary, and who holds its coordinator lock.
 struct RunStatus {

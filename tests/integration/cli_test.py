@@ -228,7 +228,7 @@ class Cli(TempDirCase):
 
     def test_cancel_stops_a_running_run_which_resume_could_continue(self):
         # `msaflow cancel` (orchestrator::Runs::Cancel): SIGTERM to the run's live coordinator,
-        # which ends its steps and records the run as failed, interrupted by signal 15.
+        # which ends its steps and records the run as cancelled (by whom), interrupted by signal 15.
         self.assertEqual(msaflow("cancel", os.path.join(self.dir, "nope")).returncode, 4)
         coordinator, run_dir, steps = self.start_small_run("cancelled", stderr=subprocess.PIPE)
         self.wait_for(coordinator, steps, "a step")
@@ -242,6 +242,11 @@ class Cli(TempDirCase):
         st = msaflow("status", run_dir)
         self.assertEqual(st.returncode, 1, st.stdout)
         self.assertIn("interrupted by signal 15", st.stdout)
+        self.assertIn("cancelled: ", st.stdout)
+        with open(os.path.join(run_dir, "journal.jsonl")) as f:
+            failed = [json.loads(line) for line in f if '"run-failed"' in line][-1]
+        self.assertTrue(failed["cancelled"])
+        self.assertIn("msaflow cancel", failed["by"])
         again = msaflow("cancel", run_dir)  # nobody left to stop
         self.assertEqual(again.returncode, 3, again.stderr)
         self.assertIn("no live coordinator", again.stderr)
