@@ -19,6 +19,7 @@
 #include "orchestrator/planner.h"
 #include "orchestrator/runs.h"
 #include "orchestrator/scaling.h"
+#include "orchestrator/validate.h"
 #include "record/journal.h"
 #include "record/status.h"
 #include "record/why.h"
@@ -60,32 +61,12 @@ int Validate(Options& o) {
                 static_cast<long long>(p.rounds.candidates));
     return 0;
   }
-  workflow::Machine m = workflow::LoadMachine(p.machine);
-  for (const auto& [step, s] : p.steps)
-    m.Module(s.module, o.pipeline_path + ": /steps/" + workflow::StepName(step) + "/module");
-  for (const auto& b : p.backbones)
-    if (b.kind == "onnx" && !PathExists(b.onnx))
-      Throw(ErrorKind::kNotFound, o.pipeline_path + ": /backbones: " + b.onnx + ": no such file");
-  workflow::CheckDatasetFiles(p, o.pipeline_path);  // without reading them
-  workflow::CheckBackbones(p);                    // the models' operators, feature layers and inputs
-  orchestrator::NamFor(p, m, o.runs_dir);  // the NAM URI as a run would use it
-  orchestrator::FpgaPreflight(p, m);     // fpga "opencl" needs an OpenCL device here (launcher local)
-  // The train layout against the machine (ranks + servers within the module's max_ranks).
-  const auto& train = p.steps.at(workflow::Step::kTrain);
-  auto layout = orchestrator::ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
-                                                 static_cast<size_t>(p.rounds.candidates));
+  const workflow::Machine m = workflow::LoadMachine(p.machine);
+  const auto lines = orchestrator::CheckPipeline(p, m, o.pipeline_path, o.runs_dir);
   std::printf("%s: valid (%zu backbones, up to %lld rounds of %lld candidates, machine %s)\n", o.pipeline_path.c_str(),
               p.backbones.size(), static_cast<long long>(p.rounds.max), static_cast<long long>(p.rounds.candidates),
               m.name.c_str());
-  std::printf("  train: mode %s on %lld rank%s%s\n", workflow::TrainModeName(layout.mode), static_cast<long long>(layout.ranks),
-              layout.ranks > 1 ? "s" : "",
-              layout.servers ? fmt::format(" + {} parameter server(s)", layout.servers).c_str() : "");
-  for (const auto& [step, s] : p.steps) {
-    if (!workflow::UsesFpga(step)) continue;
-    const auto& mod = m.Module(s.module, "");
-    std::printf("  %s: fpga \"%s\" on module %s\n", workflow::StepName(step),
-                kernels::fpga::BackendName(orchestrator::FpgaFor(p, mod).backend), mod.name.c_str());
-  }
+  for (const auto& line : lines) std::printf("  %s\n", line.c_str());
   return 0;
 }
 

@@ -1,0 +1,42 @@
+#include "orchestrator/validate.h"
+
+#include <fmt/core.h>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "orchestrator/fpga_preflight.h"
+#include "orchestrator/planner.h"
+#include "orchestrator/run.h"
+#include "workflow/backbones.h"
+#include "workflow/datasets.h"
+
+namespace msaflow::orchestrator {
+
+std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workflow::Machine& m,
+                                       const std::string& origin, const std::string& runs_dir) {
+  for (const auto& [step, s] : p.steps) m.Module(s.module, origin + ": /steps/" + workflow::StepName(step) + "/module");
+  for (size_t i = 0; i < p.backbones.size(); ++i)
+    if (p.backbones[i].kind == "onnx" && !PathExists(p.backbones[i].onnx))
+      Throw(ErrorKind::kNotFound, fmt::format("{}: /backbones/{}/onnx: {}: no such file", origin, i, p.backbones[i].onnx));
+  workflow::CheckDatasetFiles(p, origin);  // without reading them
+  workflow::CheckBackbones(p);             // the models' operators, feature layers and inputs
+  NamFor(p, m, runs_dir);                  // the NAM URI as a run would use it
+  FpgaPreflight(p, m);                     // fpga "opencl" needs an OpenCL device here (launcher local)
+  // The train layout against the machine (ranks + servers within the module's max_ranks).
+  const auto& train = p.steps.at(workflow::Step::kTrain);
+  const auto layout = ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
+                                         static_cast<size_t>(p.rounds.candidates));
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format("train: mode {} on {} rank{}{}", workflow::TrainModeName(layout.mode), layout.ranks,
+                              layout.ranks > 1 ? "s" : "",
+                              layout.servers ? fmt::format(" + {} parameter server(s)", layout.servers) : ""));
+  for (const auto& [step, s] : p.steps) {
+    if (!workflow::UsesFpga(step)) continue;
+    const auto& mod = m.Module(s.module, "");
+    lines.push_back(fmt::format("{}: fpga \"{}\" on module {}", workflow::StepName(step),
+                                kernels::fpga::BackendName(FpgaFor(p, mod).backend), mod.name));
+  }
+  return lines;
+}
+
+}  // namespace msaflow::orchestrator
