@@ -12,6 +12,7 @@
 #include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/scaling.h"
+#include "service/server.h"
 
 namespace msaflow::cli {
 
@@ -28,6 +29,10 @@ struct Options {
   std::string nam_uri, obj_name, obj_file, meta_text, out_file, prefix;
   bool as_json = false, repair = false;
   std::string why_task;
+  service::ServeOptions serve;  // serve
+  std::string users_file, user_name, user_account;  // users
+  std::vector<std::string> user_allow;
+  int64_t user_max_running = 0;
 };
 
 // Pipelines and runs (cli/run_commands.cc).
@@ -40,6 +45,11 @@ int Why(Options& o);
 int Report(Options& o);
 int Resume(Options& o);
 int Cancel(Options& o);
+// The service and its users file (cli/service_commands.cc).
+int Serve(Options& o);
+int UsersAdd(Options& o);
+int UsersRemove(Options& o);
+int UsersList(Options& o);
 // The NAM by hand (cli/nam_commands.cc).
 int NamServe(Options& o);
 int NamPut(Options& o);

@@ -177,6 +177,43 @@ void AddNamCommands(CLI::App& app, cli::Options& o, std::vector<Command>& comman
     commands.push_back(std::move(c));
 }
 
+// `msaflow serve` and `msaflow users ...` (docs/service.md).
+void AddServiceCommands(CLI::App& app, cli::Options& o, std::vector<Command>& commands) {
+  auto* serve = app.add_subcommand("serve", "Serve runs over HTTP: a multi-user API, event streams and a web dashboard "
+                                            "(until SIGTERM or SIGINT; docs/service.md)");
+  serve->add_option("--listen", o.serve.listen, "HOST:PORT (port 0 picks a free one)")->capture_default_str();
+  serve->add_option("--runs", o.runs_dir, "directory of the service's runs, a folder per user")->capture_default_str();
+  serve->add_option("--users", o.serve.users_file, "users file (`msaflow users add` makes it)")->required();
+  serve->add_option("--machine", o.serve.machine, "machine every run uses (default: each pipeline's, a built-in "
+                                                  "machine or a file in the user's folders)");
+  serve->add_option("--max-running", o.serve.max_running, "runs running at once, all users together")->capture_default_str();
+  serve->add_option("--tls-cert", o.serve.tls_cert, "PEM certificate: serve HTTPS");
+  serve->add_option("--tls-key", o.serve.tls_key, "PEM private key of --tls-cert");
+  serve->add_flag("--insecure", o.serve.insecure, "allow plain HTTP on an address other than loopback");
+  serve->add_option("--ready-file", o.serve.ready_file, "write {url, pid} here once serving; removed on exit");
+  serve->add_option("--max-streams", o.serve.max_streams, "event streams open at once")->capture_default_str();
+
+  auto* users = app.add_subcommand("users", "Manage the service's users file: add, remove, list");
+  users->require_subcommand(1);
+  auto* add = users->add_subcommand("add", "Add a user; prints their new token alone on the last line, once");
+  add->add_option("name", o.user_name, "user name (a-z, 0-9, _ and -)")->required();
+  add->add_option("--users", o.users_file, "users file (made if absent, mode 0600)")->required();
+  add->add_option("--allow", o.user_allow, "a folder whose datasets and models the user's pipelines may name (repeat)");
+  add->add_option("--max-running", o.user_max_running, "runs of theirs running at once (0: no bound of their own)")
+      ->check(CLI::Range(0, 10000));
+  add->add_option("--account", o.user_account, "Slurm account charged for every job their runs cause");
+  auto* remove = users->add_subcommand("remove", "Remove a user (their runs are kept)");
+  remove->add_option("name", o.user_name, "user name")->required();
+  remove->add_option("--users", o.users_file, "users file")->required();
+  auto* list = users->add_subcommand("list", "List the users: name, quota, account, folders (never tokens)");
+  list->add_option("--users", o.users_file, "users file")->required();
+
+  commands.push_back({serve, cli::Serve});
+  commands.push_back({add, cli::UsersAdd});
+  commands.push_back({remove, cli::UsersRemove});
+  commands.push_back({list, cli::UsersList});
+}
+
 // An unknown command word is a usage error naming it and the nearest command, with or without
 // --help beside it (CLI11 would answer `msaflow serv --help` with the top-level help and exit 0,
 // so a script's typo would pass). Returns the message, or "" when every command word is known.
@@ -225,6 +262,7 @@ int main(int argc, char** argv) {
   AddPipelineCommands(app, o, commands);
   AddRunCommands(app, o, commands, &argc, &argv);
   AddNamCommands(app, o, commands);
+  AddServiceCommands(app, o, commands);
 
   if (const std::string unknown = UnknownCommand(app, argc, argv); !unknown.empty()) {
     std::fprintf(stderr, "msaflow: error: %s\n", unknown.c_str());

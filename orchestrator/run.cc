@@ -81,6 +81,8 @@ class RunDriver {
     } catch (const Error& e) {
       try {
         json failed = {{"round", round_}, {"error", e.what()}};
+        // SIGINT/SIGTERM to the coordinator (Ctrl-C, scancel, a service stopping): interrupted.
+        if (const int sig = launch::InterruptSignal()) failed["signal"] = sig;
         // A cancel asked for (Runs::Cancel) ends the run as cancelled, not failed.
         if (PathExists(dir_ + "/" + kCancelRequest)) {
           json req = json::parse(ReadFile(dir_ + "/" + kCancelRequest), nullptr, false);

@@ -190,6 +190,7 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
       ++s.resumes;
       s.failed = false;
       s.cancelled = false;
+      s.signal = 0;
       s.error.clear();
       s.last_started.clear();
       coordinator();
@@ -224,6 +225,7 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
     } else if (e.event == "run-failed") {
       s.failed = true;
       s.cancelled = f.value("cancelled", false);
+      s.signal = f.contains("signal") ? static_cast<int>(IntField(f, "signal", 0, 128)) : 0;
       s.error = f.value("error", "");
     } else if (e.event == "run-end") {
       s.finished = true;

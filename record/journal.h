@@ -70,6 +70,7 @@ struct RunSummary {
   int resumes = 0;
   bool finished = false, failed = false;
   bool cancelled = false;  // the last run-failed was a cancel (`msaflow cancel`, a service's DELETE)
+  int signal = 0;          // the last run-failed came of this signal to the coordinator
   std::string error;       // of the last run-failed (cleared by a later resume)
   std::string finish;      // "champion X accuracy 0.8850 (max rounds reached)"
   int rounds_ended = 0;    // the highest round with a round-end

@@ -36,6 +36,9 @@ RunStatus StateFrom(RunSummary summary, pid_t holder, const std::string& run_dir
   } else if (summary.failed && summary.cancelled) {
     st.state = RunState::kCancelled;
     st.line = "cancelled: " + summary.error + "\n  what finished is kept: `msaflow resume " + run_dir + "` continues it";
+  } else if (summary.failed && summary.signal) {
+    st.state = RunState::kInterrupted;
+    st.line = fmt::format("interrupted: {}; `msaflow resume {}` continues it", summary.error, run_dir);
   } else if (summary.failed) {
     st.state = RunState::kFailed;
     st.line = "failed: " + summary.error + "\n  what finished is kept: `msaflow resume " + run_dir + "` continues it";

@@ -18,8 +18,9 @@ ALLOWED = {
     "record": {"common", "workflow", "launch"},
     "orchestrator": {"common", "nam", "kernels", "workflow", "launch", "record"},
     "report": {"common", "workflow", "record", "orchestrator"},
+    "service": {"common", "workflow", "launch", "record", "orchestrator", "report"},
     "cli": {"common", "nam", "kernels", "workflow", "parallel", "modules", "launch", "record", "orchestrator",
-            "report"},
+            "report", "service"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
 

@@ -1,0 +1,445 @@
+#include "service/registry.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fmt/core.h>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "orchestrator/run.h"
+#include "orchestrator/runs.h"
+#include "record/coordinator_lock.h"
+#include "record/journal.h"
+#include "record/status.h"
+
+namespace msaflow::service {
+
+using nlohmann::json;
+
+struct Registry::Live {
+  ChildProcess child;
+};
+
+namespace {
+
+std::string Key(const std::string& user, const std::string& id) { return user + "/" + id; }
+
+std::string Tail(const std::string& path, size_t n) {
+  try {
+    std::string s = ReadFile(path);
+    return s.size() > n ? s.substr(s.size() - n) : s;
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+bool Terminal(const std::string& state) {
+  return state == "finished" || state == "failed" || state == "cancelled" || state == "interrupted";
+}
+
+}  // namespace
+
+json Request::ToJson() const {
+  json j = {{"format", kRequestFormat}, {"id", id},         {"user", user},         {"name", name},
+            {"pipeline", pipeline},     {"created", created}, {"machine", machine}, {"launcher", launcher},
+            {"state", state},           {"kind", kind},       {"seq", seq},         {"starts", starts}};
+  if (!cancelled_by.empty()) j["cancelled_by"] = cancelled_by;
+  if (!account.empty()) j["account"] = account;
+  if (!error.empty()) j["error"] = error;
+  return j;
+}
+
+Request Request::FromJson(const json& j, const std::string& where) {
+  try {
+    if (j.at("format") != kRequestFormat) Throw(ErrorKind::kCorrupt, where + ": not a " + kRequestFormat + " record");
+    Request r;
+    r.id = j.at("id");
+    r.user = j.at("user");
+    r.name = j.at("name");
+    r.pipeline = j.value("pipeline", r.name);
+    r.created = j.at("created");
+    r.machine = j.at("machine");
+    r.launcher = j.value("launcher", "local");
+    r.state = j.at("state");
+    r.kind = j.value("kind", "run");
+    r.seq = j.at("seq");
+    r.starts = j.value("starts", int64_t{0});
+    r.cancelled_by = j.value("cancelled_by", "");
+    r.account = j.value("account", "");
+    r.error = j.value("error", "");
+    if (r.state != "queued" && r.state != "started" && r.state != "cancelled")
+      Throw(ErrorKind::kCorrupt, where + ": /state: expected queued, started or cancelled");
+    return r;
+  } catch (const json::exception& e) {
+    Throw(ErrorKind::kCorrupt, where + ": " + e.what());
+  }
+}
+
+bool Registry::ValidRunId(const std::string& id) {
+  if (id.empty() || id.size() > 128 || id[0] == '.' || id[0] == '-') return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+  });
+}
+
+Registry::Registry(RegistryConfig config) : config_(std::move(config)) {
+  MakeDirs(config_.runs_dir);
+  std::error_code ec;
+  for (std::filesystem::directory_iterator u(config_.runs_dir, ec), end; !ec && u != end; u.increment(ec)) {
+    const std::filesystem::path dir = u->path() / ".service";
+    std::error_code ec2;
+    for (std::filesystem::directory_iterator f(dir, ec2); !ec2 && f != end; f.increment(ec2)) {
+      const std::string name = f->path().filename().string();
+      if (name.size() < 6 || name.substr(name.size() - 5) != ".json" || name.find(".pipeline.json") != std::string::npos ||
+          IsAtomicWriteLeftover(name))
+        continue;
+      json j = json::parse(ReadFile(f->path().string()), nullptr, false);
+      if (j.is_discarded()) Throw(ErrorKind::kCorrupt, f->path().string() + ": not JSON");
+      Request r = Request::FromJson(j, f->path().string());
+      next_seq_ = std::max(next_seq_, r.seq + 1);
+      requests_[Key(r.user, r.id)] = std::move(r);
+    }
+  }
+}
+
+Registry::~Registry() { StopQueue(); }
+
+void Registry::Save(const Request& r) const {
+  WriteFileAtomic(RequestPath(r), r.ToJson().dump(2) + "\n");
+}
+
+void Registry::StartQueue() {
+  stop_ = false;
+  queue_ = std::thread([this] { QueueLoop(); });
+}
+
+void Registry::StopQueue() {
+  if (!queue_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  queue_.join();
+  // The coordinators were started by that thread: its end sends them their parent-death signal.
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto& [k, live] : live_) live->child.WaitFor(30);
+  live_.clear();
+}
+
+void Registry::QueueLoop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    l.unlock();
+    try {
+      Tick();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "msaflow serve: the queue: %s\n", e.what());
+    }
+    l.lock();
+    wake_.wait_for(l, std::chrono::duration<double>(config_.tick_s), [this] { return stop_.load(); });
+  }
+}
+
+bool Registry::RunningLocked(const Request& r) const {
+  if (r.state != "started") return false;
+  const std::string key = Key(r.user, r.id);
+  if (live_.count(key)) return true;
+  if (settled_.count(key)) return false;
+  const std::string dir = UserDir(r.user) + "/" + r.id;
+  if (PathExists(dir + "/journal.jsonl")) return record::CoordinatorHolding(dir) > 0;
+  // Submitted to Slurm, its coordinator's job not started yet: it holds its place.
+  return r.launcher == "slurm" && r.error.empty() && PathExists(dir + "/submitted.json");
+}
+
+void Registry::Tick() {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (auto st = it->second->child.Poll()) {
+      Request& r = requests_.at(it->first);
+      const std::string dir = UserDir(r.user) + "/" + r.id;
+      if (!st->ok() && !PathExists(dir + "/journal.jsonl") && r.error.empty()) {
+        r.error = "its coordinator ended (" + st->Describe() + ") before the run began: " +
+                  Tail(UserDir(r.user) + "/.service/" + r.id + ".log", 1500);
+        Save(r);
+      }
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  int64_t running = 0;
+  std::map<std::string, int64_t> per_user;
+  std::vector<Request*> queued;
+  for (auto& [key, r] : requests_) {
+    if (r.state == "queued") queued.push_back(&r);
+    if (r.state != "started" || settled_.count(key)) continue;
+    if (RunningLocked(r)) {
+      ++running;
+      ++per_user[r.user];
+    } else {
+      settled_.insert(key);
+    }
+  }
+  std::sort(queued.begin(), queued.end(), [](const Request* a, const Request* b) { return a->seq < b->seq; });
+  for (Request* r : queued) {
+    if (stop_ || running >= config_.max_running) break;
+    const int64_t quota = config_.user_quota ? config_.user_quota(r->user) : 0;
+    if (quota > 0 && per_user[r->user] >= quota) continue;  // the next user's run may go first
+    StartRun(*r);
+    ++running;
+    ++per_user[r->user];
+  }
+}
+
+void Registry::StartRun(Request& r) {
+  const std::string svc = UserDir(r.user) + "/.service/";
+  const std::string runs = UserDir(r.user);
+  std::vector<std::string> argv;
+  if (r.kind == "resume")
+    argv = {config_.msaflow_exe, "resume", runs + "/" + r.id};
+  else if (r.launcher == "slurm")
+    argv = {config_.msaflow_exe, "submit", svc + r.id + ".pipeline.json", "--machine", r.machine, "--runs", runs,
+            "--run-id", r.id};
+  else
+    argv = {config_.msaflow_exe, "run", svc + r.id + ".pipeline.json", "--machine", r.machine, "--runs", runs,
+            "--run-id", r.id};
+  SpawnOptions o;
+  o.output = SpawnOptions::Output::kFile;
+  o.output_file = svc + r.id + ".log";
+  o.stdin_null = true;
+  o.new_session = true;       // a Ctrl-C of the service's terminal is the service's
+  o.death_signal = SIGTERM;   // a coordinator here does not outlive the service: its run is interrupted
+  if (!r.account.empty()) o.set_env = {"SLURM_ACCOUNT=" + r.account, "SBATCH_ACCOUNT=" + r.account};
+  const std::string key = Key(r.user, r.id);
+  r.state = "started";
+  r.error.clear();
+  ++r.starts;
+  settled_.erase(key);
+  try {
+    auto live = std::make_unique<Live>();
+    live->child = ChildProcess::Start(argv, o);
+    live_[key] = std::move(live);
+  } catch (const Error& e) {
+    r.error = std::string("its coordinator could not be started: ") + e.what();
+  }
+  Save(r);
+}
+
+json Registry::Submit(const User& user, const std::string& body) {
+  const std::string runs = UserDir(user.name);
+  Admitted a = Admit(body, user, config_.machine, runs);
+  Request r;
+  r.user = user.name;
+  r.name = a.name;
+  r.pipeline = a.pipeline.name;
+  r.machine = a.machine;
+  r.launcher = a.machine_spec.OnThisHost() ? "local" : "slurm";
+  r.account = user.account;
+  r.created = record::JournalTime();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    do {
+      r.id = orchestrator::NewRunId(a.name);
+    } while (requests_.count(Key(r.user, r.id)) || PathExists(runs + "/" + r.id));
+    r.seq = next_seq_++;
+    WriteFileAtomic(runs + "/.service/" + r.id + ".pipeline.json", a.pipeline.source.dump(2) + "\n");
+    Save(r);  // the request exists once this file does
+    requests_[Key(r.user, r.id)] = r;
+  }
+  wake_.notify_all();
+  json out = View(user, r.id);
+  out["validation"] = a.summary;
+  return out;
+}
+
+Request Registry::Find(const User& user, const std::string& id) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = requests_.find(Key(user.name, id));
+  if (!ValidRunId(id) || it == requests_.end()) throw ApiError(404, "not_found", "no run " + id);
+  return it->second;
+}
+
+int64_t Registry::PositionLocked(const Request& r) const {
+  int64_t pos = 1;
+  for (const auto& [k, o] : requests_)
+    if (o.state == "queued" && o.seq < r.seq) ++pos;
+  return pos;
+}
+
+std::string Registry::StateOf(const User& user, const std::string& id, bool* terminal) const {
+  const json v = Describe(Find(user, id), false);
+  const std::string s = v.at("state");
+  if (terminal) *terminal = Terminal(s);
+  return s;
+}
+
+json Registry::Describe(const Request& r, bool full) const {
+  json v = {{"id", r.id},           {"name", r.name},       {"pipeline", r.pipeline}, {"created", r.created},
+            {"machine", r.machine}, {"launcher", r.launcher}};
+  const std::string dir = UserDir(r.user) + "/" + r.id;
+  bool child_alive = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = requests_.find(Key(r.user, r.id));
+    const Request& now = it == requests_.end() ? r : it->second;
+    child_alive = live_.count(Key(r.user, r.id)) > 0;
+    if (now.state == "queued") {
+      v["state"] = "queued";
+      v["position"] = PositionLocked(now);
+      v["line"] = fmt::format("queued (position {})", v["position"].get<int64_t>());
+      return v;
+    }
+    if (now.state == "cancelled" && !PathExists(dir + "/journal.jsonl")) {
+      v["state"] = "cancelled";
+      v["line"] = "cancelled before it started by " + now.cancelled_by;
+      return v;
+    }
+  }
+  if (!PathExists(dir + "/journal.jsonl")) {
+    if (!r.error.empty()) {
+      v["state"] = "failed";
+      v["error"] = {{"code", "not_started"}, {"message", r.error}};
+      v["line"] = "failed: " + r.error;
+    } else {
+      v["state"] = "running";
+      v["line"] = child_alive ? "starting its coordinator" : "its coordinator's job waits in Slurm's queue";
+    }
+    return v;
+  }
+  const std::string jpath = dir + "/journal.jsonl";
+  const record::Journal journal = record::ReadJournal(jpath);
+  record::RunStatus st = record::StateFrom(record::Summarize(journal, jpath), record::CoordinatorHolding(dir), dir);
+  std::string state = record::StateName(st.state);
+  if (child_alive && state != "running" && state != "finished") state = "running";  // a resume about to take over
+  v["state"] = state;
+  v["line"] = st.line;
+  v["started"] = st.summary.started_at;
+  v["events"] = journal.events.empty() ? 0 : journal.events.back().line;
+  json rounds = json::array();
+  for (const auto& e : journal.events)
+    if (e.event == "round-end")
+      rounds.push_back({{"round", e.fields.value("round", 0)}, {"champion", e.fields.value("champion", "")},
+                        {"accuracy", e.fields.value("accuracy", 0.0)}, {"time", e.fields.value("time", "")}});
+  if (!rounds.empty()) v["champion"] = {{"candidate", rounds.back()["champion"]}, {"accuracy", rounds.back()["accuracy"]}};
+  if (st.state == record::RunState::kFailed || st.state == record::RunState::kCancelled ||
+      st.state == record::RunState::kInterrupted)
+    v["error"] = {{"code", state}, {"message", st.summary.error.empty() ? st.line : st.summary.error}};
+  if (st.state == record::RunState::kFinished && PathExists(dir + "/results.json")) {
+    json res = json::parse(ReadFile(dir + "/results.json"), nullptr, false);
+    if (res.is_object() && res.contains("champion")) {
+      const json& c = res["champion"];
+      json champ = {{"candidate", c.value("candidate", json::object()).value("id", "")},
+                    {"accuracy", c.value("accuracy", 0.0)}};
+      if (c.contains("test") && c["test"].is_object()) champ["test_accuracy"] = c["test"].value("accuracy", 0.0);
+      v["champion"] = champ;
+      v["result"] = {{"champion", champ}, {"stop", res.value("stop_reason", "")}, {"seconds", res.value("seconds", 0.0)},
+                     {"rounds", res.value("rounds", json::array()).size()}};
+    }
+  }
+  if (!full) return v;
+  v["rounds"] = rounds;
+  json tasks = json::array();
+  for (const record::TaskRow& t : record::TaskRows(st)) {
+    json row = {{"task", t.task},   {"module", t.module},   {"state", t.state},    {"ranks", t.ranks},
+                {"starts", t.starts}, {"retries", t.retries}, {"started", t.started}};
+    if (t.seconds >= 0) row["seconds"] = t.seconds;
+    tasks.push_back(std::move(row));
+  }
+  v["tasks"] = tasks;
+  return v;
+}
+
+json Registry::View(const User& user, const std::string& id) const {
+  json v = Describe(Find(user, id), true);
+  if (!v.contains("tasks")) v["tasks"] = json::array();
+  return v;
+}
+
+json Registry::List(const User& user, size_t offset, size_t limit) const {
+  std::vector<Request> mine;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [k, r] : requests_)
+      if (r.user == user.name) mine.push_back(r);
+  }
+  std::sort(mine.begin(), mine.end(), [](const Request& a, const Request& b) { return a.seq > b.seq; });
+  json out = json::array();
+  for (size_t i = offset; i < mine.size() && i < offset + limit; ++i) out.push_back(Describe(mine[i], false));
+  return out;
+}
+
+size_t Registry::Count(const User& user) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return static_cast<size_t>(std::count_if(requests_.begin(), requests_.end(),
+                                           [&](const auto& kv) { return kv.second.user == user.name; }));
+}
+
+json Registry::Cancel(const User& user, const std::string& id) {
+  const Request r = Find(user, id);
+  const std::string by = "user " + user.name + " (msaflow serve)";
+  const std::string dir = UserDir(r.user) + "/" + r.id;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Request& now = requests_.at(Key(r.user, r.id));
+    if (now.state == "queued") {  // never started: it leaves the queue
+      now.state = now.kind == "resume" ? "started" : "cancelled";
+      now.cancelled_by = by;
+      Save(now);
+      if (now.kind == "resume") settled_.erase(Key(r.user, r.id));
+      return {{"id", r.id}, {"state", "cancelled"}, {"message", "taken out of the queue"}};
+    }
+  }
+  bool terminal = false;
+  const std::string state = StateOf(user, id, &terminal);
+  if (terminal) throw ApiError(409, "not_running", "run " + id + " is " + state + "; there is nothing to cancel");
+  std::string said;
+  if (PathExists(dir + "/journal.jsonl") && record::CoordinatorHolding(dir) > 0) {
+    said = orchestrator::Runs(orchestrator::RunsConfig{}).Cancel(dir, by);
+  } else {
+    // Its coordinator has not begun the run yet: stop it before it does.
+    std::lock_guard<std::mutex> l(mu_);
+    Request& now = requests_.at(Key(r.user, r.id));
+    now.state = "cancelled";
+    now.cancelled_by = by;
+    Save(now);
+    auto it = live_.find(Key(r.user, r.id));
+    if (it != live_.end()) it->second->child.Signal(SIGTERM);
+    said = "its coordinator was stopped before the run began";
+  }
+  return {{"id", r.id}, {"state", "cancelling"}, {"message", said}};
+}
+
+json Registry::Resume(const User& user, const std::string& id) {
+  const Request r = Find(user, id);
+  bool terminal = false;
+  const std::string state = StateOf(user, id, &terminal);
+  if (state == "finished" || !terminal)
+    throw ApiError(409, "not_resumable", "run " + id + " is " + state + "; only an interrupted, failed or cancelled run resumes");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Request& now = requests_.at(Key(r.user, r.id));
+    now.kind = PathExists(UserDir(r.user) + "/" + r.id + "/journal.jsonl") ? "resume" : "run";
+    now.state = "queued";
+    now.error.clear();
+    now.seq = next_seq_++;
+    Save(now);
+  }
+  wake_.notify_all();
+  return View(user, id);
+}
+
+std::string Registry::RunDir(const User& user, const std::string& id) const {
+  const Request r = Find(user, id);
+  return UserDir(r.user) + "/" + r.id;
+}
+
+std::string Registry::CoordinatorLog(const User& user, const std::string& id) const {
+  const Request r = Find(user, id);
+  return UserDir(r.user) + "/.service/" + r.id + ".log";
+}
+
+}  // namespace msaflow::service

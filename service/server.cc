@@ -1,0 +1,529 @@
+#include "service/server.h"
+
+#include <arpa/inet.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <fmt/core.h>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/version.h"
+#include "report/report.h"
+#include "service/api_error.h"
+#include "service/events.h"
+#include "service/registry.h"
+#include "service/users.h"
+#include "service_assets.h"
+
+namespace msaflow::service {
+
+using nlohmann::json;
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+// The users file, read again when it changes (`msaflow users add` while the service runs).
+class UsersSource {
+ public:
+  explicit UsersSource(std::string path) : path_(std::move(path)) { Get(); }
+  std::shared_ptr<const Users> Get() {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) != 0) ThrowErrno("users file " + path_);
+    std::lock_guard<std::mutex> l(mu_);
+    const std::pair<long long, long long> stamp{st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec, st.st_size};
+    if (!users_ || stamp != stamp_) {
+      if ((st.st_mode & 077) != 0)
+        std::fprintf(stderr, "msaflow serve: warning: %s can be read by others (chmod 600 it)\n", path_.c_str());
+      users_ = std::make_shared<const Users>(LoadUsers(path_));
+      stamp_ = stamp;
+    }
+    return users_;
+  }
+
+ private:
+  std::string path_;
+  std::mutex mu_;
+  std::shared_ptr<const Users> users_;
+  std::pair<long long, long long> stamp_{-1, -1};
+};
+
+// The caller of the request this thread serves (set by the pre-routing handler).
+thread_local std::shared_ptr<const Users> t_users;
+thread_local const User* t_user = nullptr;
+// This connection is over the bound: answer 503 and close.
+thread_local bool t_reject = false;
+
+// A pool of `workers` threads for connections, with at most `max_waiting` waiting: a
+// connection beyond that is answered 503 by a thread of its own, so that a flood neither
+// grows memory without bound nor delays the clients being served.
+class BoundedPool : public httplib::TaskQueue {
+ public:
+  BoundedPool(size_t workers, size_t max_waiting) : max_waiting_(max_waiting) {
+    for (size_t i = 0; i < workers; ++i) threads_.emplace_back([this] { Work(false); });
+    threads_.emplace_back([this] { Work(true); });
+  }
+  ~BoundedPool() override = default;
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (jobs_.size() < max_waiting_)
+        jobs_.push_back(std::move(fn));
+      else
+        rejects_.push_back(std::move(fn));
+    }
+    cv_.notify_all();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void Work(bool rejecter) {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        auto& q = rejecter ? rejects_ : jobs_;
+        cv_.wait(l, [&] { return stop_ || !q.empty(); });
+        if (q.empty()) return;  // stopping, and nothing left
+        fn = std::move(q.front());
+        q.pop_front();
+      }
+      t_reject = rejecter;
+      fn();
+      t_reject = false;
+    }
+  }
+  size_t max_waiting_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_, rejects_;
+  std::vector<std::thread> threads_;
+  bool stop_ = false;
+};
+
+void SendJson(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump() + "\n", "application/json");
+}
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  if (e.status() == 401) res.set_header("WWW-Authenticate", "Bearer realm=\"msaflow\"");
+  SendJson(res, e.status(), e.Body());
+}
+
+const char* CodeFor(int status) {
+  switch (status) {
+    case 400: return "bad_request";
+    case 401: return "unauthorized";
+    case 403: return "forbidden";
+    case 404: return "not_found";
+    case 405: return "method_not_allowed";
+    case 408: return "request_timeout";
+    case 409: return "conflict";
+    case 413: return "payload_too_large";
+    case 414: return "uri_too_long";
+    case 416: return "range_not_satisfiable";
+    case 422: return "invalid";
+    case 431: return "headers_too_large";
+    case 503: return "unavailable";
+    default: return status >= 500 ? "internal" : "error";
+  }
+}
+
+bool IsLoopback(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr a{};
+  return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+// A safe task name for /logs/{task}: what the launchers name logs (r1-train, nam-server).
+bool ValidTaskName(const std::string& t) {
+  if (t.empty() || t.size() > 64 || t[0] == '.' || t[0] == '-') return false;
+  for (char c : t)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) return false;
+  return true;
+}
+
+struct Handler {
+  Route route;
+  std::string pattern;  // cpp-httplib's regex
+  std::function<void(const httplib::Request&, httplib::Response&)> fn;
+};
+
+class Service {
+ public:
+  explicit Service(const ServeOptions& o)
+      : o_(o), users_(o.users_file), registry_(RegistryConfig{o.runs_dir, o.machine, o.max_running, o.msaflow_exe, 0.2, {}}) {}
+
+  static std::vector<Handler> Handlers(Service* self);
+  int Run();
+
+ private:
+  const User& Caller() const {
+    if (!t_user) throw ApiError(401, "unauthorized", "no valid bearer token");
+    return *t_user;
+  }
+  void Events(const httplib::Request& req, httplib::Response& res);
+  void RunsEvents(const httplib::Request& req, httplib::Response& res);
+  bool StreamSlot(httplib::Response& res);
+
+  ServeOptions o_;
+  UsersSource users_;
+  Registry registry_;
+  JournalFollowers followers_;
+  std::atomic<size_t> streams_{0};
+  std::atomic<bool> stopping_{false};
+};
+
+// Takes one of the bounded event-stream slots, or answers 503.
+bool Service::StreamSlot(httplib::Response& res) {
+  if (streams_.fetch_add(1) >= o_.max_streams) {
+    streams_.fetch_sub(1);
+    SendError(res, ApiError(503, "too_many_streams", fmt::format("{} event streams are open; try again later", o_.max_streams)));
+    return false;
+  }
+  return true;
+}
+
+// GET /v1/runs/{id}/events: every journal record as an SSE event whose id is its line in the
+// journal, so a client that reconnects with Last-Event-ID gets exactly what it missed; `state`
+// events when the run's state changes; `end` once it can change no more.
+void Service::Events(const httplib::Request& req, httplib::Response& res) {
+  const User& user = Caller();
+  const std::string id = req.matches[1];
+  const std::string dir = registry_.RunDir(user, id);  // 404 before anything streams
+  size_t after = 0;
+  const std::string last = req.has_header("Last-Event-ID") ? req.get_header_value("Last-Event-ID")
+                                                           : req.get_param_value("after");
+  if (!last.empty()) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(last.c_str(), &end, 10);
+    if (!end || *end || last.size() > 12)
+      throw ApiError(400, "bad_request", "Last-Event-ID: expected the id of an event (a number), got \"" +
+                                             last.substr(0, 40) + "\"");
+    after = static_cast<size_t>(v);
+  }
+  if (!StreamSlot(res)) return;
+  auto users_keep = t_users;  // the provider runs after the handler returns
+  const User* who = &user;
+  res.set_header("Cache-Control", "no-store");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, dir, id, after, users_keep, who, last_state = std::string(), last_check = 0.0,
+       last_beat = 0.0](size_t, httplib::DataSink& sink) mutable {
+        using clock = std::chrono::steady_clock;
+        auto now = [] { return std::chrono::duration<double>(clock::now().time_since_epoch()).count(); };
+        if (last_beat == 0) {
+          last_beat = now();
+          if (!sink.write("retry: 1000\n\n", 13)) return false;
+        }
+        for (;;) {
+          if (stopping_ || !sink.is_writable()) return false;
+          bool terminal = false;
+          std::string state;
+          const bool check = now() - last_check > 0.5;
+          if (check) {
+            state = registry_.StateOf(*who, id, &terminal);
+            last_check = now();
+          }
+          // Events after the state was read: a terminal state's last events are all here.
+          for (const auto& e : followers_.Since(dir + "/journal.jsonl", after)) {
+            const std::string msg = fmt::format("id: {}\nevent: journal\ndata: {}\n\n", e.line, e.text);
+            if (!sink.write(msg.data(), msg.size())) return false;
+            after = e.line;
+          }
+          if (check && state != last_state) {
+            const std::string msg = fmt::format("event: state\ndata: {}\n\n", json{{"id", id}, {"state", state}}.dump());
+            if (!sink.write(msg.data(), msg.size())) return false;
+            last_state = state;
+          }
+          if (terminal) {
+            const std::string msg = fmt::format("event: end\ndata: {}\n\n", json{{"id", id}, {"state", state}}.dump());
+            sink.write(msg.data(), msg.size());
+            sink.done();
+            return true;
+          }
+          if (now() - last_beat > 15) {
+            if (!sink.write(": keep-alive\n\n", 14)) return false;
+            last_beat = now();
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+      },
+      [this](bool) { streams_.fetch_sub(1); });
+}
+
+// GET /v1/events: the caller's runs (as GET /v1/runs lists them) each time one changes.
+void Service::RunsEvents(const httplib::Request&, httplib::Response& res) {
+  const User& user = Caller();
+  if (!StreamSlot(res)) return;
+  auto users_keep = t_users;
+  const User* who = &user;
+  res.set_header("Cache-Control", "no-store");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, users_keep, who, last = std::string(), beat = 0](size_t, httplib::DataSink& sink) mutable {
+        for (;;) {
+          if (stopping_ || !sink.is_writable()) return false;
+          const std::string now = registry_.List(*who, 0, 100).dump();
+          if (now != last) {
+            const std::string msg = "event: runs\ndata: " + now + "\n\n";
+            if (!sink.write(msg.data(), msg.size())) return false;
+            last = now;
+            beat = 0;
+          } else if (++beat >= 30) {
+            if (!sink.write(": keep-alive\n\n", 14)) return false;
+            beat = 0;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        }
+      },
+      [this](bool) { streams_.fetch_sub(1); });
+}
+
+// The routes and what serves them. `self` is only captured here (Routes() reads the table with none).
+std::vector<Handler> Service::Handlers(Service* self) {
+  auto asset = [](const char* body, const char* type) {
+    return [body, type](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(body, type);
+    };
+  };
+  std::vector<Handler> h;
+  h.push_back({{"GET", "/"}, "/", asset(kIndexHtml, "text/html; charset=utf-8")});
+  h.push_back({{"GET", "/app.js"}, "/app.js", asset(kAppJs, "text/javascript; charset=utf-8")});
+  h.push_back({{"GET", "/app.css"}, "/app.css", asset(kAppCss, "text/css; charset=utf-8")});
+  h.push_back({{"GET", "/v1/health"}, "/v1/health", [](const httplib::Request&, httplib::Response& res) {
+                 SendJson(res, 200, {{"ok", true}, {"version", kVersion}});
+               }});
+  h.push_back({{"GET", "/v1/openapi.json"}, "/v1/openapi.json", asset(kOpenapiJson, "application/json")});
+  h.push_back({{"GET", "/v1/whoami"}, "/v1/whoami", [self](const httplib::Request&, httplib::Response& res) {
+                 const User& u = self->Caller();
+                 SendJson(res, 200, {{"user", u.name}, {"folders", u.allow}, {"max_running", u.max_running},
+                                     {"account", u.account}, {"machine", self->o_.machine.empty() ? "the pipeline's" : self->o_.machine}});
+               }});
+  h.push_back({{"POST", "/v1/runs"}, "/v1/runs", [self](const httplib::Request& req, httplib::Response& res) {
+                 json out = self->registry_.Submit(self->Caller(), req.body);
+                 res.set_header("Location", "/v1/runs/" + out["id"].get<std::string>());
+                 SendJson(res, 202, out);
+               }});
+  h.push_back({{"GET", "/v1/runs"}, "/v1/runs", [self](const httplib::Request& req, httplib::Response& res) {
+                 auto number = [&](const char* key, size_t dflt, size_t max) {
+                   if (!req.has_param(key)) return dflt;
+                   const std::string s = req.get_param_value(key);
+                   char* end = nullptr;
+                   const unsigned long v = std::strtoul(s.c_str(), &end, 10);
+                   if (s.empty() || !end || *end || s.size() > 9 || v > max)
+                     throw ApiError(400, "bad_request", fmt::format("?{}: expected a number from 0 to {}", key, max));
+                   return static_cast<size_t>(v);
+                 };
+                 const size_t offset = number("offset", 0, 1000000000), limit = number("limit", 50, 500);
+                 const User& u = self->Caller();
+                 SendJson(res, 200, {{"runs", self->registry_.List(u, offset, limit)}, {"offset", offset}, {"limit", limit},
+                                     {"total", self->registry_.Count(u)}});
+               }});
+  const std::string id = "([A-Za-z0-9._-]{1,128})";
+  h.push_back({{"GET", "/v1/runs/{id}"}, "/v1/runs/" + id, [self](const httplib::Request& req, httplib::Response& res) {
+                 SendJson(res, 200, self->registry_.View(self->Caller(), req.matches[1]));
+               }});
+  h.push_back({{"DELETE", "/v1/runs/{id}"}, "/v1/runs/" + id, [self](const httplib::Request& req, httplib::Response& res) {
+                 SendJson(res, 202, self->registry_.Cancel(self->Caller(), req.matches[1]));
+               }});
+  h.push_back({{"POST", "/v1/runs/{id}/resume"}, "/v1/runs/" + id + "/resume",
+               [self](const httplib::Request& req, httplib::Response& res) {
+                 SendJson(res, 202, self->registry_.Resume(self->Caller(), req.matches[1]));
+               }});
+  h.push_back({{"GET", "/v1/runs/{id}/results"}, "/v1/runs/" + id + "/results",
+               [self](const httplib::Request& req, httplib::Response& res) {
+                 const std::string f = self->registry_.RunDir(self->Caller(), req.matches[1]) + "/results.json";
+                 if (!PathExists(f)) throw ApiError(404, "no_results", "run " + std::string(req.matches[1]) + " has no results (yet)");
+                 res.set_content(ReadFile(f), "application/json");
+               }});
+  h.push_back({{"GET", "/v1/runs/{id}/report"}, "/v1/runs/" + id + "/report",
+               [self](const httplib::Request& req, httplib::Response& res) {
+                 const std::string dir = self->registry_.RunDir(self->Caller(), req.matches[1]);
+                 if (!PathExists(dir + "/journal.jsonl"))
+                   throw ApiError(404, "no_report", "run " + std::string(req.matches[1]) + " has not begun");
+                 const std::string out = dir + "/report.html";
+                 report::WriteReport(dir, out);
+                 res.set_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'unsafe-inline'");
+                 res.set_content(ReadFile(out), "text/html; charset=utf-8");
+               }});
+  h.push_back({{"GET", "/v1/runs/{id}/logs/{task}"}, "/v1/runs/" + id + "/logs/([^/]{1,64})",
+               [self](const httplib::Request& req, httplib::Response& res) {
+                 const User& u = self->Caller();
+                 const std::string task = req.matches[2];
+                 if (!ValidTaskName(task))
+                   throw ApiError(400, "bad_request", "logs: expected a task id such as r1-train, or \"coordinator\"");
+                 const std::string f = task == "coordinator" ? self->registry_.CoordinatorLog(u, req.matches[1])
+                                                             : self->registry_.RunDir(u, req.matches[1]) + "/logs/" + task + ".log";
+                 if (!PathExists(f)) throw ApiError(404, "no_log", "run " + std::string(req.matches[1]) + " has no log " + task);
+                 res.set_content(ReadFile(f), "text/plain; charset=utf-8");
+               }});
+  h.push_back({{"GET", "/v1/runs/{id}/events"}, "/v1/runs/" + id + "/events",
+               [self](const httplib::Request& req, httplib::Response& res) { self->Events(req, res); }});
+  h.push_back({{"GET", "/v1/events"}, "/v1/events",
+               [self](const httplib::Request& req, httplib::Response& res) { self->RunsEvents(req, res); }});
+  return h;
+}
+
+int Service::Run() {
+  const size_t colon = o_.listen.rfind(':');
+  if (colon == std::string::npos) Throw(ErrorKind::kInvalidInput, "--listen: expected HOST:PORT, got \"" + o_.listen + "\"");
+  std::string host = o_.listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  char* end = nullptr;
+  const long port = std::strtol(o_.listen.c_str() + colon + 1, &end, 10);
+  if (!end || *end || port < 0 || port > 65535 || colon + 1 == o_.listen.size())
+    Throw(ErrorKind::kInvalidInput, "--listen: the port must be 0..65535, got \"" + o_.listen.substr(colon + 1) + "\"");
+  const bool tls = !o_.tls_cert.empty() || !o_.tls_key.empty();
+  if (tls && (o_.tls_cert.empty() || o_.tls_key.empty()))
+    Throw(ErrorKind::kInvalidInput, "--tls-cert and --tls-key go together");
+  if (!tls && !IsLoopback(host) && !o_.insecure)
+    Throw(ErrorKind::kInvalidInput, "--listen " + o_.listen + ": serving tokens in clear text beyond this host is refused; "
+                                    "give --tls-cert and --tls-key (or --insecure, behind a TLS proxy of your own)");
+  std::unique_ptr<httplib::Server> srv;
+  if (tls) {
+    for (const auto& f : {o_.tls_cert, o_.tls_key})
+      if (!PathExists(f)) Throw(ErrorKind::kNotFound, f + ": no such file (--tls-cert / --tls-key)");
+    auto s = std::make_unique<httplib::SSLServer>(o_.tls_cert.c_str(), o_.tls_key.c_str());
+    if (!s->is_valid()) Throw(ErrorKind::kInvalidInput, "--tls-cert/--tls-key: OpenSSL refused " + o_.tls_cert + " / " + o_.tls_key);
+    srv = std::move(s);
+  } else {
+    srv = std::make_unique<httplib::Server>();
+  }
+  httplib::Server& s = *srv;
+  const size_t workers = o_.workers, waiting = o_.max_waiting;
+  s.new_task_queue = [workers, waiting] { return new BoundedPool(workers, waiting); };
+  s.set_payload_max_length(o_.max_body);
+  s.set_read_timeout(o_.read_timeout_s, 0);
+  s.set_write_timeout(10, 0);
+  s.set_keep_alive_timeout(5);
+  s.set_keep_alive_max_count(1000);
+  s.set_default_headers({{"X-Content-Type-Options", "nosniff"}, {"Referrer-Policy", "no-referrer"}});
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    t_user = nullptr;
+    t_users.reset();
+    if (t_reject) {
+      res.set_header("Connection", "close");
+      res.set_header("Retry-After", "1");
+      SendError(res, ApiError(503, "busy", "the service has too many connections; try again"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (req.path.rfind("/v1/", 0) != 0 || req.path == "/v1/health") return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string scheme = "Bearer ";
+    std::shared_ptr<const Users> users;
+    try {
+      users = users_.Get();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "msaflow serve: %s\n", e.what());
+      SendError(res, ApiError(503, "users_unreadable", "the service cannot read its users file"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const User* u = auth.rfind(scheme, 0) == 0 ? users->Authenticate(auth.substr(scheme.size())) : nullptr;
+    if (!u) {
+      SendError(res, ApiError(401, "unauthorized", auth.empty() ? "this needs an Authorization: Bearer <token> header"
+                                                                : "the bearer token is not one the service knows"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    t_users = users;
+    t_user = u;
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string msg = res.status == 404   ? "no such route"
+                            : res.status == 413 ? "the request body is over the limit"
+                                                : fmt::format("HTTP {} ({})", res.status, CodeFor(res.status));
+    SendJson(res, res.status, {{"error", {{"code", CodeFor(res.status)}, {"message", msg}}}});
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    try {
+      std::rethrow_exception(ep);
+    } catch (const ApiError& e) {
+      SendError(res, e);
+    } catch (const Error& e) {
+      const int status = e.kind() == ErrorKind::kNotFound ? 404 : e.kind() == ErrorKind::kInvalidInput ? 422 : 500;
+      SendJson(res, status, {{"error", {{"code", ErrorKindName(e.kind())}, {"message", e.what()}}}});
+    } catch (const std::exception& e) {
+      SendJson(res, 500, {{"error", {{"code", "internal"}, {"message", e.what()}}}});
+    }
+  });
+  for (Handler& h : Handlers(this)) {
+    if (h.route.method == "GET") s.Get(h.pattern, h.fn);
+    if (h.route.method == "POST") s.Post(h.pattern, h.fn);
+    if (h.route.method == "DELETE") s.Delete(h.pattern, h.fn);
+  }
+  int bound = static_cast<int>(port);
+  if (port == 0) {
+    bound = s.bind_to_any_port(host);
+  } else if (!s.bind_to_port(host, static_cast<int>(port))) {
+    bound = -1;
+  }
+  if (bound <= 0) Throw(ErrorKind::kIo, "--listen " + o_.listen + ": cannot listen there (in use, or not this host's address)");
+  registry_.StartQueue();
+  const std::string url = fmt::format("{}://{}:{}", tls ? "https" : "http", host.find(':') != std::string::npos ? "[" + host + "]" : host, bound);
+  if (!o_.ready_file.empty()) WriteFileAtomic(o_.ready_file, json{{"url", url}, {"pid", ::getpid()}}.dump() + "\n");
+  std::printf("msaflow serve: %s (runs in %s, at most %lld running)\n", url.c_str(), o_.runs_dir.c_str(),
+              static_cast<long long>(o_.max_running));
+  std::fflush(stdout);
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  std::thread watcher([&] {
+    while (!g_stop_signal && !stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    stopping_ = true;
+    s.stop();
+  });
+  const bool ok = s.listen_after_bind();
+  stopping_ = true;
+  watcher.join();
+  registry_.StopQueue();
+  if (!o_.ready_file.empty()) ::unlink(o_.ready_file.c_str());
+  if (g_stop_signal) std::printf("msaflow serve: stopped by signal %d\n", g_stop_signal.load());
+  return ok || g_stop_signal ? 0 : 1;
+}
+
+}  // namespace
+
+std::vector<Route> Routes() {
+  std::vector<Route> r;
+  for (const Handler& h : Service::Handlers(nullptr)) r.push_back(h.route);
+  return r;
+}
+
+const char* OpenApiDocument() { return kOpenapiJson; }
+
+int Serve(const ServeOptions& o) {
+  Service s(o);
+  return s.Run();
+}
+
+}  // namespace msaflow::service
