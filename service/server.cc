@@ -176,7 +176,18 @@ struct Handler {
 class Service {
  public:
   explicit Service(const ServeOptions& o)
-      : o_(o), users_(o.users_file), registry_(RegistryConfig{o.runs_dir, o.machine, o.max_running, o.msaflow_exe, 0.2, {}}) {}
+      : o_(o),
+        users_(o.users_file),
+        registry_(RegistryConfig{o.runs_dir, o.machine, o.max_running, o.msaflow_exe, 0.2,
+                                 [this](const std::string& name) -> int64_t {
+                                   try {
+                                     const auto users = users_.Get();
+                                     const User* u = users->Find(name);
+                                     return u ? u->max_running : 0;
+                                   } catch (const Error&) {
+                                     return 0;  // the users file is being replaced: the global bound holds
+                                   }
+                                 }}) {}
 
   static std::vector<Handler> Handlers(Service* self);
   int Run();

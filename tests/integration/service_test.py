@@ -1,0 +1,522 @@
+#!/usr/bin/env python3
+"""`msaflow serve` as a real process over real sockets (issue 27): submit -> events -> finished
+with the champion of `msaflow run`; 401, 404, 403, 413 and 422 as docs/service.md says; a
+cancelled run; SSE reconnects with Last-Event-ID missing and repeating nothing; kill -9 of the
+service mid-run and a restart, the interrupted run resumed through the API; the queue's
+--max-running and per-user quotas; TLS; hostile HTTP never stopping it.
+Usage: service_test.py MSAFLOW_EXE SOURCE_ROOT [Class.test_name ...]"""
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from small_pipeline import tiny_pipeline  # noqa: E402
+
+EXE = os.path.abspath(sys.argv[1])
+ROOT = os.path.abspath(sys.argv[2])
+DATA = os.path.realpath(os.path.join(ROOT, "data", "fashion-mnist"))
+MODELS = os.path.realpath(os.path.join(ROOT, "models"))
+
+
+def pipeline(name, rounds=1):
+    return tiny_pipeline(ROOT, name, rounds=rounds)
+
+
+class Service:
+    """A `msaflow serve` process with its users; request() speaks HTTP/1.1 to it."""
+
+    def __init__(self, work, users, extra=(), env=None, runs=None):
+        self.work = work
+        self.users_file = os.path.join(work, "users.json")
+        self.tokens = {}
+        for name, allow, quota in users:
+            if name in self.tokens:
+                continue
+            args = [EXE, "users", "add", name, "--users", self.users_file]
+            for a in allow:
+                args += ["--allow", a]
+            if quota:
+                args += ["--max-running", str(quota)]
+            r = subprocess.run(args, capture_output=True, text=True, check=True)
+            self.tokens[name] = r.stdout.strip().splitlines()[-1]
+        self.runs = runs or os.path.join(work, "runs")
+        self.extra = list(extra)
+        self.env = env
+        self.start()
+
+    def start(self, env=None):
+        ready = os.path.join(self.work, "ready.json")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        self.log = open(os.path.join(self.work, "serve.log"), "a")
+        self.proc = subprocess.Popen([EXE, "serve", "--listen", "127.0.0.1:0", "--runs", self.runs, "--users",
+                                      self.users_file, "--ready-file", ready] + self.extra,
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env or self.env)
+        deadline = time.time() + 30
+        while not os.path.exists(ready):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise AssertionError("msaflow serve did not start: " + open(self.log.name).read()[-2000:])
+            time.sleep(0.05)
+        with open(ready) as f:
+            url = json.load(f)["url"]
+        self.host, self.port = url.split("//")[1].rsplit(":", 1)
+        self.port = int(self.port)
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=60)
+        self.log.close()
+
+    def request(self, method, path, body=None, user=None, token=None, headers=None):
+        h = dict(headers or {})
+        if user:
+            h["Authorization"] = "Bearer " + self.tokens[user]
+        if token is not None:
+            h["Authorization"] = "Bearer " + token
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        c = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        try:
+            doc = json.loads(data) if data else None
+        except ValueError:
+            doc = data
+        return r.status, doc, r
+
+    def events(self, user, run_id, last_id=None, limit=None):
+        """Reads the run's event stream: [(id, type, data)] until `end`, or `limit` journal events."""
+        h = {"Authorization": "Bearer " + self.tokens[user]}
+        if last_id is not None:
+            h["Last-Event-ID"] = str(last_id)
+        c = http.client.HTTPConnection(self.host, self.port, timeout=300)
+        c.request("GET", f"/v1/runs/{run_id}/events", headers=h)
+        r = c.getresponse()
+        assert r.status == 200, (r.status, r.read())
+        out, block = [], {}
+        journal = 0
+        while True:
+            line = r.fp.readline()
+            if not line:
+                break
+            line = line.decode().rstrip("\n")
+            if line == "":
+                if "data" in block:
+                    out.append((block.get("id"), block.get("event", "message"), json.loads(block["data"])))
+                    if block.get("event") == "journal":
+                        journal += 1
+                    if block.get("event") == "end" or (limit and journal >= limit):
+                        break
+                block = {}
+            elif not line.startswith(":") and ": " in line:
+                k, v = line.split(": ", 1)
+                block[k] = v
+        c.close()
+        return out
+
+    def wait_state(self, user, run_id, states, timeout=300):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            status, v, _ = self.request("GET", "/v1/runs/" + run_id, user=user)
+            assert status == 200, (status, v)
+            if v["state"] in states:
+                return v
+            time.sleep(0.2)
+        raise AssertionError(f"run {run_id} never reached {states}: {v}")
+
+
+def journal_events(run_dir):
+    with open(os.path.join(run_dir, "journal.jsonl")) as f:
+        return [(i + 1, json.loads(line)) for i, line in enumerate(f) if i > 0 and line.strip()]
+
+
+_reference = {}
+
+
+def reference_champion():
+    """The champion of `msaflow run` on the tiny pipeline: what the service's runs must reach."""
+    if not _reference:
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "p.json")
+            with open(p, "w") as f:
+                json.dump(pipeline("svc"), f)
+            subprocess.run([EXE, "run", p, "--runs", os.path.join(d, "runs"), "--run-id", "ref"], check=True,
+                           capture_output=True)
+            with open(os.path.join(d, "runs", "ref", "results.json")) as f:
+                c = json.load(f)["champion"]
+            _reference.update(candidate=c["candidate"]["id"], accuracy=c["accuracy"])
+    return _reference
+
+
+class Api(unittest.TestCase):
+    """One service for the API's checks: users ana and ben, each with their own folders."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.work = cls.tmp.name
+        cls.own = os.path.join(cls.work, "ben-files")
+        os.makedirs(cls.own)
+        cls.svc = Service(cls.work, [("ana", [DATA, MODELS], 0), ("ben", [cls.own], 0)], extra=["--max-running", "2"])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.svc.stop()
+        cls.tmp.cleanup()
+
+    def submit(self, doc, user="ana", expect=202):
+        status, v, r = self.svc.request("POST", "/v1/runs", doc, user=user)
+        self.assertEqual(status, expect, v)
+        if expect == 202:
+            self.assertIn(v["state"], ("queued", "running"))
+            self.assertEqual(r.getheader("Location"), "/v1/runs/" + v["id"])
+        return v
+
+    def test_health_needs_no_token_and_everything_else_does(self):
+        status, v, _ = self.svc.request("GET", "/v1/health")
+        self.assertEqual((status, v["ok"]), (200, True))
+        for path in ("/v1/runs", "/v1/openapi.json", "/v1/whoami", "/v1/runs/x", "/v1/events"):
+            status, v, r = self.svc.request("GET", path)
+            self.assertEqual(status, 401, path)
+            self.assertEqual(v["error"]["code"], "unauthorized")
+            self.assertIn("Bearer", r.getheader("WWW-Authenticate"))
+            status, v, _ = self.svc.request("GET", path, token="0" * 64)
+            self.assertEqual(status, 401, path)
+            status, v, _ = self.svc.request("GET", path, headers={"Authorization": "Basic YW5hOmFuYQ=="})
+            self.assertEqual(status, 401, path)
+        status, v, _ = self.svc.request("GET", "/v1/openapi.json", user="ana")
+        self.assertEqual((status, v["openapi"]), (200, "3.0.3"))
+        status, v, _ = self.svc.request("GET", "/v1/whoami", user="ben")
+        self.assertEqual((status, v["user"], v["folders"]), (200, "ben", [os.path.realpath(self.own)]))
+        status, v, _ = self.svc.request("GET", "/v1/nowhere", user="ana")
+        self.assertEqual((status, v["error"]["code"]), (404, "not_found"))
+
+    def test_a_run_goes_to_the_champion_of_msaflow_run_and_its_events_resume_exactly(self):
+        v = self.submit(pipeline("svc"))
+        rid = v["id"]
+        # The first three journal events, then the rest from Last-Event-ID: together, the
+        # journal itself, nothing missing and nothing twice.
+        first = [e for e in self.svc.events("ana", rid, limit=3) if e[1] == "journal"]
+        self.assertEqual(len(first), 3)
+        rest = self.svc.events("ana", rid, last_id=first[-1][0])
+        self.assertEqual(rest[-1][1], "end")
+        self.assertEqual(rest[-1][2]["state"], "finished")
+        got = first + [e for e in rest if e[1] == "journal"]
+        ids = [int(e[0]) for e in got]
+        run_dir = os.path.join(self.svc.runs, "ana", rid)
+        journal = journal_events(run_dir)
+        self.assertEqual(ids, [line for line, _ in journal])
+        self.assertEqual([e[2] for e in got], [e for _, e in journal])
+        self.assertIn("run-end", [e[2]["event"] for e in got])
+        # A reconnect after the end: nothing again, only the end.
+        again = self.svc.events("ana", rid, last_id=ids[-1])
+        self.assertEqual([e[1] for e in again], ["state", "end"])
+        status, v, _ = self.svc.request("GET", "/v1/runs/" + rid, user="ana")
+        self.assertEqual(status, 200)
+        for key in ("id", "state", "pipeline", "created", "tasks", "champion", "result"):
+            self.assertIn(key, v)
+        self.assertEqual(v["state"], "finished")
+        ref = reference_champion()
+        self.assertEqual(v["champion"]["candidate"], ref["candidate"])
+        self.assertAlmostEqual(v["champion"]["accuracy"], ref["accuracy"], places=12)
+        self.assertTrue(all(t["state"] == "done" for t in v["tasks"]), v["tasks"])
+        status, res, _ = self.svc.request("GET", f"/v1/runs/{rid}/results", user="ana")
+        self.assertEqual((status, res["champion"]["candidate"]["id"]), (200, ref["candidate"]))
+        status, html, r = self.svc.request("GET", f"/v1/runs/{rid}/report", user="ana")
+        self.assertEqual(status, 200)
+        self.assertIn(b"<html", html[:200].lower())
+        status, part, r = self.svc.request("GET", f"/v1/runs/{rid}/logs/r1-train", user="ana",
+                                           headers={"Range": "bytes=0-9"})
+        self.assertEqual((status, len(part)), (206, 10))
+        status, _, _ = self.svc.request("GET", f"/v1/runs/{rid}/logs/coordinator", user="ana")
+        self.assertEqual(status, 200)
+        status, v, _ = self.svc.request("GET", f"/v1/runs/{rid}/logs/..%2F..%2Fusers", user="ana")
+        self.assertIn(status, (400, 404))
+        status, lst, _ = self.svc.request("GET", "/v1/runs?limit=1", user="ana")
+        self.assertEqual((status, lst["limit"], len(lst["runs"])), (200, 1, 1))
+        # Finished: nothing to cancel, nothing to resume.
+        self.assertEqual(self.svc.request("DELETE", "/v1/runs/" + rid, user="ana")[0], 409)
+        self.assertEqual(self.svc.request("POST", f"/v1/runs/{rid}/resume", user="ana")[0], 409)
+
+        # Another user's run does not exist for them, by any route.
+        for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/resume"), ("GET", "/results"),
+                             ("GET", "/report"), ("GET", "/logs/r1-train"), ("GET", "/events")):
+            status, v, _ = self.svc.request(method, f"/v1/runs/{rid}{path}", user="ben")
+            self.assertEqual(status, 404, (method, path, v))
+        status, lst, _ = self.svc.request("GET", "/v1/runs", user="ben")
+        self.assertNotIn(rid, [r["id"] for r in lst["runs"]])
+
+    def test_an_invalid_pipeline_gets_422_with_what_validate_says(self):
+        doc = pipeline("bad")
+        doc["rounds"]["max"] = "three"
+        doc["head"]["optimiser"] = "adam"
+        path = os.path.join(self.work, "bad.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        cli = subprocess.run([EXE, "validate", path], capture_output=True, text=True)
+        self.assertEqual(cli.returncode, 3)
+        status, v, _ = self.svc.request("POST", "/v1/runs", json.dumps(doc), user="ana")
+        self.assertEqual(status, 422, v)
+        e = v["error"]
+        self.assertEqual(e["code"], "invalid_pipeline")
+        # The CLI prints "<file>: <pointer>: <message> — <hint>": the same three parts.
+        self.assertIn(f"{path}: {e['pointer']}: {e['message']}", cli.stderr)
+        self.assertEqual(e["pointer"], "/head/optimiser")
+        self.assertIn('did you mean "optimizer"', e["hint"])
+        self.assertIn(e["hint"], cli.stderr)
+        for body, pointer in (("{not json", "/"), (json.dumps({"pipeline": 3}), "/pipeline"),
+                              (json.dumps({"pipeline": doc, "colour": "red"}), "/colour")):
+            status, v, _ = self.svc.request("POST", "/v1/runs", body, user="ana")
+            self.assertEqual((status, v["error"].get("pointer")), (422, pointer), v)
+        status, lst, _ = self.svc.request("GET", "/v1/runs", user="ana")
+        self.assertNotIn("bad", [r["name"] for r in lst["runs"]])
+
+    def test_files_outside_the_users_folders_are_refused_before_anything_runs(self):
+        before = sorted(os.listdir(os.path.join(self.svc.runs))) if os.path.isdir(self.svc.runs) else []
+        doc = pipeline("outside")
+        status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ben")  # ben may not read the dataset
+        self.assertEqual((status, v["error"]["code"], v["error"]["pointer"]), (403, "outside_your_folders",
+                                                                               "/datasets/train/images"))
+        # A symbolic link inside ben's folder to the dataset outside it, and a path climbing out.
+        link = os.path.join(self.own, "fm")
+        if not os.path.islink(link):
+            os.symlink(DATA, link)
+        doc["datasets"]["train"]["images"] = os.path.join(link, "train-images-idx3-ubyte.gz")
+        status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ben")
+        self.assertEqual((status, v["error"]["pointer"]), (403, "/datasets/train/images"))
+        doc["datasets"]["train"]["images"] = self.own + "/../../../" + DATA + "/train-images-idx3-ubyte.gz"
+        status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ben")
+        self.assertEqual((status, v["error"]["pointer"]), (403, "/datasets/train/images"))
+        doc = pipeline("nam")
+        doc["nam"] = "file:///tmp/elsewhere"
+        status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ana")
+        self.assertEqual((status, v["error"]["pointer"]), (403, "/nam"))
+        doc = pipeline("machine")
+        doc["machine"] = "/etc/passwd"
+        status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ana")
+        self.assertEqual((status, v["error"]["pointer"]), (403, "/machine"))
+        self.assertFalse(os.path.exists(os.path.join(self.svc.runs, "ben", ".service")))
+        after = sorted(os.listdir(os.path.join(self.svc.runs))) if os.path.isdir(self.svc.runs) else []
+        self.assertEqual([d for d in after if d not in before and d != "ana"], [])
+
+    def test_a_body_over_the_limit_gets_413(self):
+        status, v, _ = self.svc.request("POST", "/v1/runs", b"{" + b" " * (1 << 20) + b"}", user="ana")
+        self.assertEqual((status, v["error"]["code"]), (413, "payload_too_large"))
+
+    def test_cancel_stops_a_running_run_and_resume_continues_it(self):
+        doc = pipeline("cancel")
+        doc["head"]["epochs"] = [60]  # a train step long enough to be cancelled in
+        v = self.submit(doc)
+        rid = v["id"]
+        run_dir = os.path.join(self.svc.runs, "ana", rid)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if os.path.exists(os.path.join(run_dir, "journal.jsonl")) and any(
+                    e["event"] == "task-start" and e["task"] == "r1-train" for _, e in journal_events(run_dir)):
+                break
+            time.sleep(0.1)
+        status, v, _ = self.svc.request("DELETE", "/v1/runs/" + rid, user="ana")
+        self.assertEqual(status, 202, v)
+        v = self.svc.wait_state("ana", rid, ("cancelled", "failed", "interrupted", "finished"))
+        self.assertEqual(v["state"], "cancelled", v)
+        failed = [e for _, e in journal_events(run_dir) if e["event"] == "run-failed"][-1]
+        self.assertTrue(failed["cancelled"])
+        self.assertIn("user ana", failed["by"])
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        self.assertNotIn(run_dir, ps)
+        status, v, _ = self.svc.request("POST", f"/v1/runs/{rid}/resume", user="ana")
+        self.assertEqual(status, 202, v)
+        v = self.svc.wait_state("ana", rid, ("finished", "failed"))
+        self.assertEqual(v["state"], "finished", v)
+        self.assertIn("resume", [e["event"] for _, e in journal_events(run_dir)])
+
+    def test_hostile_http_gets_4xx_and_never_stops_the_service(self):
+        def raw(data, read=True):
+            s = socket.create_connection((self.svc.host, self.svc.port), timeout=20)
+            try:
+                s.sendall(data)
+                s.shutdown(socket.SHUT_WR)
+                out = b""
+                while read:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    out += chunk
+                return out
+            finally:
+                s.close()
+
+        def status_of(reply):
+            if not reply:
+                return None  # closed without a word: also not a crash
+            return int(reply.split(b" ", 2)[1])
+
+        token = self.svc.tokens["ana"].encode()
+        cases = [b"GARBAGE\r\n\r\n", b"GET\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n",
+                 b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+                 b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20000 + b"\r\n\r\n",
+                 b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token +
+                 b"\r\nContent-Length: 12\r\n\r\n{\"a\": \"\xff\xfe\"}",
+                 b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token +
+                 b"\r\nContent-Length: 5\r\n\r\n[1,2,",
+                 b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n",
+                 b"GET /v1/runs/%00%ff HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token + b"\r\n\r\n",
+                 b"GET /v1/runs?limit=-1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token + b"\r\n\r\n",
+                 b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + os.urandom(200)]
+        for c in cases:
+            st = status_of(raw(c))
+            self.assertTrue(st is None or 400 <= st < 500, (c[:60], st))
+        # 10,000 requests with random methods and paths, 8 clients at once.
+        rng = random.Random(7)
+        methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "BREW", "G\x01T"]
+        alphabet = "abcdefghijklmnopqrstuvwxyz0123456789/._-%?=&~"
+        reqs = []
+        for i in range(10000):
+            path = "/" + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+            if rng.random() < 0.3:
+                path = "/v1/runs/" + path.lstrip("/")
+            auth = b"Authorization: Bearer " + token + b"\r\n" if rng.random() < 0.5 else b""
+            reqs.append(f"{rng.choice(methods)} {path} HTTP/1.1\r\nHost: x\r\n".encode() + auth +
+                        b"Connection: close\r\n\r\n")
+        bad = []
+
+        def client(part):
+            for r in part:
+                st = status_of(raw(r))
+                if st is not None and not (400 <= st < 500):
+                    bad.append((r[:80], st))
+
+        threads = [threading.Thread(target=client, args=(reqs[i::8],)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(bad, [])
+        self.assertIsNone(self.svc.proc.poll())
+        self.assertEqual(self.svc.request("GET", "/v1/health")[0], 200)
+
+
+class Restart(unittest.TestCase):
+    """kill -9 of the service mid-run and a restart: every run listed with its true state, the
+    queue in its order, the interrupted run resumed through the API to the same champion."""
+
+    def test_kill_9_and_restart_lose_nothing(self):
+        with tempfile.TemporaryDirectory() as work:
+            env = dict(os.environ)
+            # The first run's feature reads are slowed, so it is surely mid-run when the service dies.
+            env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
+                                                     "delay_ms": 1500, "count": 6}])
+            svc = Service(work, [("ana", [DATA, MODELS], 0)], extra=["--max-running", "1"], env=env)
+            ids = []
+            for name in ("first", "second", "third"):
+                status, v, _ = svc.request("POST", "/v1/runs", pipeline(name), user="ana")
+                self.assertEqual(status, 202, v)
+                ids.append(v["id"])
+            first, second, third = ids
+            svc.wait_state("ana", first, ("running",))
+            self.assertEqual([svc.request("GET", "/v1/runs/" + i, user="ana")[1].get("position") for i in ids[1:]],
+                             [1, 2])
+            run_dir = os.path.join(svc.runs, "ana", first)
+            deadline = time.time() + 120
+            while not (os.path.exists(os.path.join(run_dir, "journal.jsonl")) and any(
+                    e["event"] == "task-start" and e["task"] == "r1-train" for _, e in journal_events(run_dir))):
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.1)
+            svc.stop(signal.SIGKILL)
+            deadline = time.time() + 30  # its coordinator follows it (its parent-death signal)
+            while first in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.1)
+            svc.start(env=dict(os.environ))
+            status, lst, _ = svc.request("GET", "/v1/runs", user="ana")
+            states = {r["id"]: r for r in lst["runs"]}
+            self.assertEqual(states[first]["state"], "interrupted", states[first])
+            self.assertIn(states[second]["state"], ("queued", "running"))
+            self.assertEqual(states[third]["state"], "queued")  # one at a time: second goes first
+            self.assertEqual([r["id"] for r in lst["runs"]], [third, second, first])
+            status, v, _ = svc.request("POST", f"/v1/runs/{first}/resume", user="ana")
+            self.assertEqual((status, v["state"]), (202, "queued"), v)
+            ref = reference_champion()
+            for i in ids:
+                v = svc.wait_state("ana", i, ("finished", "failed", "cancelled"), timeout=400)
+                self.assertEqual(v["state"], "finished", v)
+                self.assertEqual(v["champion"]["candidate"], ref["candidate"])
+                self.assertAlmostEqual(v["champion"]["accuracy"], ref["accuracy"], places=12)
+            svc.stop()
+
+
+class Queue(unittest.TestCase):
+    def test_max_running_and_quotas(self):
+        with tempfile.TemporaryDirectory() as work:
+            env = dict(os.environ)  # runs that wait on their features until they are cancelled
+            env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
+                                                     "delay_ms": 300000, "count": 0}])
+            svc = Service(work, [("ana", [DATA, MODELS], 1), ("ben", [DATA, MODELS], 0)],
+                          extra=["--max-running", "2"], env=env)
+            try:
+                doc = pipeline("q")
+                a1 = svc.request("POST", "/v1/runs", doc, user="ana")[1]["id"]
+                a2 = svc.request("POST", "/v1/runs", doc, user="ana")[1]["id"]
+                b1 = svc.request("POST", "/v1/runs", doc, user="ben")[1]["id"]
+                b2 = svc.request("POST", "/v1/runs", doc, user="ben")[1]["id"]
+                svc.wait_state("ana", a1, ("running",))
+                svc.wait_state("ben", b1, ("running",))  # ana's quota of 1 lets ben's run pass hers
+                time.sleep(1)
+                self.assertEqual(svc.request("GET", "/v1/runs/" + a2, user="ana")[1]["state"], "queued")
+                v = svc.request("GET", "/v1/runs/" + b2, user="ben")[1]
+                self.assertEqual((v["state"], v["position"]), ("queued", 2))  # behind ana's second
+                # Cancelled in the queue: it leaves it and never starts.
+                self.assertEqual(svc.request("DELETE", "/v1/runs/" + a2, user="ana")[0], 202)
+                self.assertEqual(svc.request("GET", "/v1/runs/" + a2, user="ana")[1]["state"], "cancelled")
+                self.assertEqual(svc.request("GET", "/v1/runs/" + b2, user="ben")[1]["position"], 1)
+                for user, rid in (("ana", a1), ("ben", b1), ("ben", b2)):
+                    svc.request("DELETE", "/v1/runs/" + rid, user=user)
+                for user, rid in (("ana", a1), ("ben", b1), ("ben", b2)):
+                    self.assertEqual(svc.wait_state(user, rid, ("cancelled",))["state"], "cancelled")
+                self.assertFalse(os.path.exists(os.path.join(svc.runs, "ana", a2)))
+            finally:
+                svc.stop()
+
+
+class Tls(unittest.TestCase):
+    def test_tls_and_the_refusal_of_clear_text_beyond_loopback(self):
+        with tempfile.TemporaryDirectory() as work:
+            users = os.path.join(work, "users.json")
+            subprocess.run([EXE, "users", "add", "ana", "--users", users], check=True, capture_output=True)
+            r = subprocess.run([EXE, "serve", "--listen", "0.0.0.0:0", "--users", users, "--runs", work + "/runs"],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertIn("--tls-cert", r.stderr)
+            cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                            "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                           check=True, capture_output=True)
+            os.makedirs(os.path.join(work, "tls"))
+            svc = Service(os.path.join(work, "tls"), [("ana", [], 0)], extra=["--tls-cert", cert, "--tls-key", key])
+            try:
+                ctx = ssl.create_default_context(cafile=cert)
+                c = http.client.HTTPSConnection(svc.host, svc.port, context=ctx, timeout=30)
+                c.request("GET", "/v1/whoami", headers={"Authorization": "Bearer " + svc.tokens["ana"]})
+                r = c.getresponse()
+                self.assertEqual((r.status, json.loads(r.read())["user"]), (200, "ana"))
+                c.close()
+            finally:
+                svc.stop()
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
