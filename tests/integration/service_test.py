@@ -518,5 +518,176 @@ class Tls(unittest.TestCase):
                 svc.stop()
 
 
+class Browser:
+    """Debian's headless Chromium driven over the DevTools protocol (python3-websocket): pages
+    evaluated in, console errors and uncaught exceptions collected, screenshots taken."""
+
+    def __init__(self, work, url):
+        import websocket
+        self.work = work
+        self.proc = subprocess.Popen([shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+                                      "--remote-debugging-port=0", f"--user-data-dir={work}/chromium",
+                                      "--window-size=1200,1600", url],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = os.path.join(work, "chromium", "DevToolsActivePort")
+        deadline = time.time() + 60
+        def port_text():
+            if not os.path.exists(port_file):
+                return ""
+            with open(port_file) as f:
+                return f.read()
+        while port_text().count("\n") < 1:
+            assert time.time() < deadline and self.proc.poll() is None, "chromium did not start"
+            time.sleep(0.1)
+        port = int(port_text().split()[0])
+        while True:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/json/list")
+            pages = [p for p in json.loads(c.getresponse().read()) if p["type"] == "page"]
+            c.close()
+            if pages:
+                break
+            assert time.time() < deadline
+            time.sleep(0.1)
+        self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60)
+        self.next_id = 0
+        self.errors = []
+        self.call("Runtime.enable")
+        self.call("Log.enable")
+
+    def _note(self, msg):
+        m, p = msg.get("method"), msg.get("params", {})
+        if m == "Runtime.exceptionThrown":
+            self.errors.append(p["exceptionDetails"].get("exception", {}).get("description", str(p)))
+        elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+            self.errors.append(" ".join(str(a.get("value", a.get("description"))) for a in p.get("args", [])))
+        elif m == "Log.entryAdded" and p["entry"].get("level") == "error":
+            e = p["entry"]
+            # The answers the test asks for (a wrong token, an invalid pipeline) are logged by
+            # the browser as failed loads; any other failed load is an error of the page.
+            if not (e.get("source") == "network" and ("status of 401" in e.get("text", "") or
+                                                      "status of 422" in e.get("text", ""))):
+                self.errors.append(e.get("text", "") + " " + e.get("url", ""))
+
+    def call(self, method, **params):
+        self.next_id += 1
+        my = self.next_id
+        self.ws.send(json.dumps({"id": my, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == my:
+                if "error" in msg:
+                    raise AssertionError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            self._note(msg)
+
+    def js(self, expr):
+        r = self.call("Runtime.evaluate", expression=expr, awaitPromise=True, returnByValue=True)
+        if "exceptionDetails" in r:
+            raise AssertionError(f"{expr[:80]}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def until(self, expr, timeout=120, what=None):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            v = self.js(expr)
+            if v:
+                return v
+            time.sleep(0.2)
+        raise AssertionError(f"never true: {what or expr}")
+
+    def screenshot(self, path):
+        import base64
+        data = self.call("Page.captureScreenshot")["data"]
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+
+    def close(self):
+        try:
+            self.ws.close()
+        finally:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+class Dashboard(unittest.TestCase):
+    """The dashboard in headless Chromium: sign in, a validation error shown at its pointer, a
+    pipeline submitted through the form and watched to `finished` without a reload, a second
+    one cancelled from its page; no console error. On failure a screenshot is kept in
+    $MSAFLOW_TEST_ARTIFACTS (default /tmp/msaflow-test-artifacts)."""
+
+    def test_sign_in_submit_watch_and_cancel(self):
+        self.assertIsNotNone(shutil.which("chromium"), "Debian's chromium is not installed (scripts/test.sh installs it)")
+        with tempfile.TemporaryDirectory() as work:
+            svc = Service(work, [("ana", [DATA, MODELS], 0)], extra=["--max-running", "1"])
+            browser = Browser(work, f"http://{svc.host}:{svc.port}/")
+            try:
+                b = browser
+                b.until("document.readyState === 'complete' && !!document.getElementById('token')")
+                b.js("window.__noReload = 1")
+                b.js(f"document.getElementById('token').value = 'wrong';"
+                     "document.querySelector('#signin-form button').click()")
+                b.until("document.getElementById('signin-error').textContent.includes('not valid')")
+                b.js(f"document.getElementById('token').value = {json.dumps(svc.tokens['ana'])};"
+                     "document.querySelector('#signin-form button').click()")
+                b.until("!document.getElementById('home').hidden")
+                self.assertIn("ana", b.js("document.getElementById('who').textContent"))
+                bad = pipeline("dash")
+                bad["rounds"]["max"] = 0
+                b.js(f"document.getElementById('pipeline').value = {json.dumps(json.dumps(bad, indent=1))};"
+                     "document.getElementById('submit').click()")
+                b.until("!document.getElementById('submit-error').hidden")
+                self.assertEqual(b.js("document.getElementById('error-pointer').textContent"), "/rounds/max")
+                self.assertTrue(b.js("document.getElementById('error-message').textContent.length > 0"))
+                good = pipeline("dash")
+                b.js(f"document.getElementById('pipeline').value = {json.dumps(json.dumps(good))};"
+                     "document.getElementById('submit').click()")
+                rid = b.until("(document.getElementById('submit-ok').textContent.match(/submitted as (\\S+)/) || [])[1]")
+                slow = pipeline("dash-slow")
+                slow["head"]["epochs"] = [400]
+                b.js(f"document.getElementById('pipeline').value = {json.dumps(json.dumps(slow))};"
+                     "document.getElementById('submit').click()")
+                second = b.until("((document.getElementById('submit-ok').textContent.match(/submitted as (\\S+)/) || [])[1]"
+                                 f" || {json.dumps(rid)}) !== {json.dumps(rid)} && "
+                                 "document.getElementById('submit-ok').textContent.match(/submitted as (\\S+)/)[1]")
+                # The table follows the runs live: the first reaches `finished` with no reload.
+                row = f"document.querySelector('#runs tr[data-id={json.dumps(rid)}]')"
+                b.until(f"{row} && {row}.children[1].textContent.startsWith('finished')", timeout=300,
+                        what="the first run shown finished")
+                self.assertEqual(b.js("window.__noReload"), 1)
+                self.assertTrue(b.js(f"{row}.children[3].textContent.length > 0"))  # its champion
+                # Its page: the tasks and the round table.
+                b.js(f"{row}.click()")
+                b.until("!document.getElementById('run').hidden && "
+                        "document.querySelectorAll('#tasks tbody tr').length >= 6")
+                self.assertEqual(b.js("document.getElementById('run-state').textContent"), "finished")
+                self.assertEqual(b.js("document.querySelectorAll('#rounds tbody tr').length"), 1)
+                b.js("document.getElementById('show-report').click()")
+                b.until("!document.getElementById('report').hidden && "
+                        "document.getElementById('report').srcdoc.includes('<svg')")
+                # The second run: cancelled from its page, which then says so without a reload.
+                b.js(f"location.hash = '#run/' + {json.dumps(second)}")
+                b.until(f"document.getElementById('run-title').textContent === {json.dumps(second)} && "
+                        "!document.getElementById('cancel').disabled")
+                b.js("document.getElementById('cancel').click()")
+                b.until("document.getElementById('run-state').textContent === 'cancelled'", timeout=120)
+                self.assertEqual(b.js("window.__noReload"), 1)
+                self.assertEqual(svc.request("GET", "/v1/runs/" + second, user="ana")[1]["state"], "cancelled")
+                self.assertEqual(b.errors, [])
+            except BaseException:
+                keep = os.environ.get("MSAFLOW_TEST_ARTIFACTS", "/tmp/msaflow-test-artifacts")
+                os.makedirs(keep, exist_ok=True)
+                try:
+                    browser.screenshot(os.path.join(keep, "dashboard-failure.png"))
+                    print("screenshot kept in", os.path.join(keep, "dashboard-failure.png"), file=sys.stderr)
+                except Exception as e:  # the browser itself may be what failed
+                    print("no screenshot:", e, file=sys.stderr)
+                print("console errors:", browser.errors, file=sys.stderr)
+                raise
+            finally:
+                browser.close()
+                svc.stop()
+
+
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
