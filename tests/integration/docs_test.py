@@ -32,12 +32,15 @@ def options(*words):
     return set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", out)) - {"--help"}
 
 
+GROUPS = ("nam", "users")  # commands of commands: a row per `nam serve`, `users add`, ...
+
+
 def table_rows():
     rows = {}
     text = (ROOT / "docs/cli.md").read_text()
     for m in re.finditer(r"^\| `([a-z][^`]*)` \|", text, re.M):
         words = m.group(1).split()
-        key = " ".join(words[:2]) if words[0] == "nam" else words[0]
+        key = " ".join(words[:2]) if words[0] in GROUPS else words[0]
         rows[key] = m.group(1)
     return rows
 
@@ -45,10 +48,11 @@ def table_rows():
 class CliTable(unittest.TestCase):
     def test_the_table_names_every_command_and_no_other(self):
         rows = table_rows()
-        listed = {k for k in rows if not k.startswith("nam ")} | {"nam"}
+        listed = {k for k in rows if k.split()[0] not in GROUPS} | set(GROUPS)
         self.assertEqual(listed, subcommands(), "docs/cli.md's table against `msaflow --help`")
-        self.assertEqual({k.split()[1] for k in rows if k.startswith("nam ")}, subcommands("nam"),
-                         "docs/cli.md's nam rows against `msaflow nam --help`")
+        for group in GROUPS:
+            self.assertEqual({k.split()[1] for k in rows if k.split()[0] == group}, subcommands(group),
+                             f"docs/cli.md's {group} rows against `msaflow {group} --help`")
 
     def test_every_option_a_command_takes_is_in_its_row(self):
         for key, row in table_rows().items():
@@ -61,7 +65,7 @@ class CliTable(unittest.TestCase):
 
 
 PATH = re.compile(r"(?<![\w./-])((?:cli|common|nam|kernels|workflow|parallel|modules|launch|record|orchestrator|"
-                  r"report|configs|pipelines|scripts|tests|bench|fuzz|docs)/[\w./-]*\w\.(?:h|cc|py|sh|md|json|cl|build))")
+                  r"report|service|configs|pipelines|scripts|tests|bench|fuzz|docs)/[\w./-]*\w\.(?:h|cc|py|sh|md|json|cl|build))")
 
 
 class Paths(unittest.TestCase):
