@@ -6,10 +6,12 @@
 #include <fmt/core.h>
 
 #include "common/error.h"
+#include "common/child_process.h"
 #include "common/files.h"
 #include "nam/store.h"
 #include "orchestrator/planner.h"
 #include "record/coordinator_lock.h"
+#include "record/journal.h"
 #include "workflow/candidates.h"
 
 namespace msaflow::orchestrator {
@@ -86,17 +88,38 @@ std::string Runs::SubmittedEnd(const Pipeline& p, const Machine& m, const std::s
 
 std::string Runs::Cancel(const std::string& run_dir, const std::string& by) const {
   const std::string dir = Absolute(run_dir);
-  if (!PathExists(dir + "/journal.jsonl"))
+  const bool submitted = PathExists(dir + "/submitted.json");
+  if (!PathExists(dir + "/journal.jsonl") && !submitted)
     Throw(ErrorKind::kNotFound, dir + ": no journal.jsonl (not a run directory, or its coordinator never started)");
   const pid_t holder = record::CoordinatorHolding(dir);
-  if (holder <= 0)
+  const bool ended = PathExists(dir + "/journal.jsonl") && [&] {
+    const auto s = record::Summarize(record::ReadJournal(dir + "/journal.jsonl"), dir + "/journal.jsonl");
+    return s.finished || s.failed;
+  }();
+  if (holder <= 0 && (!submitted || ended))
     Throw(ErrorKind::kInvalidInput, "run " + dir + " has no live coordinator on this host to stop (see `msaflow status " +
                                         dir + "`)");
   // The coordinator reads this when the signal ends its run: the journal says cancelled, and by whom.
   WriteFileAtomic(dir + "/" + kCancelRequest,
                   nlohmann::json{{"by", by}, {"time", record::JournalTime()}}.dump() + "\n");
-  if (::kill(holder, SIGTERM) != 0) ThrowErrno(fmt::format("kill -TERM {} (the coordinator of {})", holder, dir));
-  return fmt::format("asked the coordinator of {} (pid {}) to stop; it ends the run's tasks and jobs", dir, holder);
+  if (holder > 0) {
+    if (::kill(holder, SIGTERM) != 0) ThrowErrno(fmt::format("kill -TERM {} (the coordinator of {})", holder, dir));
+    return fmt::format("asked the coordinator of {} (pid {}) to stop; it ends the run's tasks and jobs", dir, holder);
+  }
+  // A submitted coordinator on another node (or still waiting in Slurm's queue): Slurm sends it
+  // SIGTERM, and it cancels the round's jobs as it ends.
+  nlohmann::json sub = nlohmann::json::parse(ReadFile(dir + "/submitted.json"), nullptr, false);
+  if (!sub.is_object() || !sub.contains("job") || !sub["job"].is_string())
+    Throw(ErrorKind::kCorrupt, dir + "/submitted.json: expected {\"job\": \"<Slurm job id>\", ...}");
+  const std::string job = sub["job"];
+  SpawnOptions o;
+  if (sub.contains("slurm_conf") && sub["slurm_conf"].is_string() && !sub["slurm_conf"].get<std::string>().empty())
+    o.set_env = {"SLURM_CONF=" + sub["slurm_conf"].get<std::string>()};
+  const Captured c = RunCaptured({"scancel", job}, o, 60);
+  if (!c.status.ok())
+    Throw(ErrorKind::kIo, fmt::format("scancel {} (the coordinator job of {}): {}{}", job, dir, c.status.Describe(),
+                                      c.err.empty() ? "" : ": " + c.err));
+  return fmt::format("cancelled the coordinator job {} of {}; it ends the run's jobs as it stops", job, dir);
 }
 
 RunView Runs::Observe(const std::string& run_dir, size_t from) const {

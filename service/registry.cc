@@ -397,8 +397,16 @@ json Registry::Cancel(const User& user, const std::string& id) {
   const std::string state = StateOf(user, id, &terminal);
   if (terminal) throw ApiError(409, "not_running", "run " + id + " is " + state + "; there is nothing to cancel");
   std::string said;
-  if (PathExists(dir + "/journal.jsonl") && record::CoordinatorHolding(dir) > 0) {
+  if ((PathExists(dir + "/journal.jsonl") && record::CoordinatorHolding(dir) > 0) ||
+      (r.launcher == "slurm" && PathExists(dir + "/submitted.json"))) {
     said = orchestrator::Runs(orchestrator::RunsConfig{}).Cancel(dir, by);
+    if (!PathExists(dir + "/journal.jsonl")) {  // its coordinator's job had not started: it never will
+      std::lock_guard<std::mutex> l(mu_);
+      Request& now = requests_.at(Key(r.user, r.id));
+      now.state = "cancelled";
+      now.cancelled_by = by;
+      Save(now);
+    }
   } else {
     // Its coordinator has not begun the run yet: stop it before it does.
     std::lock_guard<std::mutex> l(mu_);

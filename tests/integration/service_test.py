@@ -40,7 +40,7 @@ class Service:
         self.work = work
         self.users_file = os.path.join(work, "users.json")
         self.tokens = {}
-        for name, allow, quota in users:
+        for name, allow, quota, *account in users:  # account: optional, a Slurm account
             if name in self.tokens:
                 continue
             args = [EXE, "users", "add", name, "--users", self.users_file]
@@ -48,6 +48,8 @@ class Service:
                 args += ["--allow", a]
             if quota:
                 args += ["--max-running", str(quota)]
+            if account:
+                args += ["--account", account[0]]
             r = subprocess.run(args, capture_output=True, text=True, check=True)
             self.tokens[name] = r.stdout.strip().splitlines()[-1]
         self.runs = runs or os.path.join(work, "runs")

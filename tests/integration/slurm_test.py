@@ -16,6 +16,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from small_pipeline import small_pipeline  # noqa: E402
 from tmpdir_case import TempDirCase  # noqa: E402
+from service_test import DATA, MODELS, Service  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
 CLUSTER = os.path.join(ROOT, "scripts", "slurm-cluster.sh")
@@ -370,6 +371,41 @@ class Slurm(TempDirCase):
                          ["slurm-interrupted", "run-failed"])
         self.assertEqual(squeue(), "")  # the round's job and the NAM job are gone already
         self.assertEqual(leftovers(rd), [])
+
+    def test_the_service_runs_a_slurm_run_under_the_users_account_and_cancels_it(self):
+        # msaflow serve on this cluster (issue 27): the run's coordinator is submitted as a job,
+        # every job carries the user's Slurm account, and DELETE leaves nothing in squeue.
+        env = dict(os.environ)
+        env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
+                                                 "delay_ms": 1500, "count": 0}])
+        svc = Service(self.dir, [("ana", [DATA, MODELS], 0, "proj1")], extra=["--machine", MACHINE], env=env)
+        try:
+            status, v, _ = svc.request("POST", "/v1/runs", pipeline("svc-slurm", rounds=1), user="ana")
+            self.assertEqual((status, v["launcher"]), (202, "slurm"), v)
+            rid = v["id"]
+            rd = os.path.join(svc.runs, "ana", rid)
+            deadline = time.time() + 180
+            while not any(e["event"] == "task-start" and e["task"] == "r1-train" for e in events(rd)):
+                if time.time() > deadline:
+                    with open(os.path.join(svc.runs, "ana", ".service", rid + ".log")) as f:
+                        self.fail("the train step never started: " + f.read()[-3000:])
+                time.sleep(0.2)
+            jobs = [line.split()[0] for line in squeue().splitlines()]
+            self.assertGreaterEqual(len(jobs), 2, squeue())  # the coordinator's and the round's
+            for job in jobs:
+                show = subprocess.run(["scontrol", "show", "job", job.split("+")[0]], capture_output=True, text=True).stdout
+                self.assertIn("Account=proj1", show, show)
+            status, v, _ = svc.request("DELETE", "/v1/runs/" + rid, user="ana")
+            self.assertEqual(status, 202, v)
+            v = svc.wait_state("ana", rid, ("cancelled", "failed", "interrupted", "finished"), timeout=120)
+            self.assertEqual(v["state"], "cancelled", v)
+            deadline = time.time() + 60
+            while squeue() and time.time() < deadline:
+                time.sleep(0.5)
+            self.assertEqual(squeue(), "")
+            self.assertEqual(leftovers(rd), [])
+        finally:
+            svc.stop()
 
     def start_slow_features(self, pipeline_path, runs, run_id, count):
         """`msaflow run` under Slurm in the background, its first `count` reads of features
