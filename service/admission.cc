@@ -62,7 +62,7 @@ void CheckConfined(const workflow::Pipeline& p, const User& user) {
 }  // namespace
 
 std::string InsideFolders(const std::string& path, const std::vector<std::string>& folders) {
-  const std::string real = RealPath(path);
+  std::string real = RealPath(path);
   if (real.empty()) return "";
   for (const std::string& f : folders) {
     const std::string rf = RealPath(f);

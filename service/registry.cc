@@ -272,7 +272,7 @@ int64_t Registry::PositionLocked(const Request& r) const {
 
 std::string Registry::StateOf(const User& user, const std::string& id, bool* terminal) const {
   const json v = Describe(Find(user, id), false);
-  const std::string s = v.at("state");
+  std::string s = v.at("state");
   if (terminal) *terminal = Terminal(s);
   return s;
 }

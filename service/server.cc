@@ -191,6 +191,7 @@ class Service {
 
   static std::vector<Handler> Handlers(Service* self);
   int Run();
+  void Configure(httplib::Server& s);
 
  private:
   const User& Caller() const {
@@ -402,32 +403,8 @@ std::vector<Handler> Service::Handlers(Service* self) {
   return h;
 }
 
-int Service::Run() {
-  const size_t colon = o_.listen.rfind(':');
-  if (colon == std::string::npos) Throw(ErrorKind::kInvalidInput, "--listen: expected HOST:PORT, got \"" + o_.listen + "\"");
-  std::string host = o_.listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  char* end = nullptr;
-  const long port = std::strtol(o_.listen.c_str() + colon + 1, &end, 10);
-  if (!end || *end || port < 0 || port > 65535 || colon + 1 == o_.listen.size())
-    Throw(ErrorKind::kInvalidInput, "--listen: the port must be 0..65535, got \"" + o_.listen.substr(colon + 1) + "\"");
-  const bool tls = !o_.tls_cert.empty() || !o_.tls_key.empty();
-  if (tls && (o_.tls_cert.empty() || o_.tls_key.empty()))
-    Throw(ErrorKind::kInvalidInput, "--tls-cert and --tls-key go together");
-  if (!tls && !IsLoopback(host) && !o_.insecure)
-    Throw(ErrorKind::kInvalidInput, "--listen " + o_.listen + ": serving tokens in clear text beyond this host is refused; "
-                                    "give --tls-cert and --tls-key (or --insecure, behind a TLS proxy of your own)");
-  std::unique_ptr<httplib::Server> srv;
-  if (tls) {
-    for (const auto& f : {o_.tls_cert, o_.tls_key})
-      if (!PathExists(f)) Throw(ErrorKind::kNotFound, f + ": no such file (--tls-cert / --tls-key)");
-    auto s = std::make_unique<httplib::SSLServer>(o_.tls_cert.c_str(), o_.tls_key.c_str());
-    if (!s->is_valid()) Throw(ErrorKind::kInvalidInput, "--tls-cert/--tls-key: OpenSSL refused " + o_.tls_cert + " / " + o_.tls_key);
-    srv = std::move(s);
-  } else {
-    srv = std::make_unique<httplib::Server>();
-  }
-  httplib::Server& s = *srv;
+// Limits, authentication, errors as JSON, and the routes.
+void Service::Configure(httplib::Server& s) {
   const size_t workers = o_.workers, waiting = o_.max_waiting;
   s.new_task_queue = [workers, waiting] { return new BoundedPool(workers, waiting); };
   s.set_payload_max_length(o_.max_body);
@@ -476,7 +453,7 @@ int Service::Run() {
   }));
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     try {
-      std::rethrow_exception(ep);
+      std::rethrow_exception(std::move(ep));
     } catch (const ApiError& e) {
       SendError(res, e);
     } catch (const Error& e) {
@@ -491,6 +468,35 @@ int Service::Run() {
     if (h.route.method == "POST") s.Post(h.pattern, h.fn);
     if (h.route.method == "DELETE") s.Delete(h.pattern, h.fn);
   }
+}
+
+int Service::Run() {
+  const size_t colon = o_.listen.rfind(':');
+  if (colon == std::string::npos) Throw(ErrorKind::kInvalidInput, "--listen: expected HOST:PORT, got \"" + o_.listen + "\"");
+  std::string host = o_.listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  char* end = nullptr;
+  const long port = std::strtol(o_.listen.c_str() + colon + 1, &end, 10);
+  if (!end || *end || port < 0 || port > 65535 || colon + 1 == o_.listen.size())
+    Throw(ErrorKind::kInvalidInput, "--listen: the port must be 0..65535, got \"" + o_.listen.substr(colon + 1) + "\"");
+  const bool tls = !o_.tls_cert.empty() || !o_.tls_key.empty();
+  if (tls && (o_.tls_cert.empty() || o_.tls_key.empty()))
+    Throw(ErrorKind::kInvalidInput, "--tls-cert and --tls-key go together");
+  if (!tls && !IsLoopback(host) && !o_.insecure)
+    Throw(ErrorKind::kInvalidInput, "--listen " + o_.listen + ": serving tokens in clear text beyond this host is refused; "
+                                    "give --tls-cert and --tls-key (or --insecure, behind a TLS proxy of your own)");
+  std::unique_ptr<httplib::Server> srv;
+  if (tls) {
+    for (const auto& f : {o_.tls_cert, o_.tls_key})
+      if (!PathExists(f)) Throw(ErrorKind::kNotFound, f + ": no such file (--tls-cert / --tls-key)");
+    auto s = std::make_unique<httplib::SSLServer>(o_.tls_cert.c_str(), o_.tls_key.c_str());
+    if (!s->is_valid()) Throw(ErrorKind::kInvalidInput, "--tls-cert/--tls-key: OpenSSL refused " + o_.tls_cert + " / " + o_.tls_key);
+    srv = std::move(s);
+  } else {
+    srv = std::make_unique<httplib::Server>();
+  }
+  httplib::Server& s = *srv;
+  Configure(s);
   int bound = static_cast<int>(port);
   if (port == 0) {
     bound = s.bind_to_any_port(host);
