@@ -1,5 +1,5 @@
-// Journals followed as they grow, for the event streams: each journal is read once per tick
-// however many clients follow it (the new bytes only), and each client asks for the events
+// Journals followed as they grow, for the event streams: each journal's new bytes are read once
+// however many clients follow it, and each client asks for the events
 // after the last one it got. An event's id is its line in the journal (the format line is 1).
 #pragma once
 
@@ -28,7 +28,6 @@ class JournalFollowers {
     size_t offset = 0, lines = 0;  // bytes and lines read
     std::string partial;           // a line not finished yet
     std::vector<JournalLine> events;
-    double read_at = 0;
   };
   std::shared_ptr<Tail> Get(const std::string& path);
   std::mutex mu_;
