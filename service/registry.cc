@@ -1,6 +1,7 @@
 #include "service/registry.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -270,6 +271,70 @@ int64_t Registry::PositionLocked(const Request& r) const {
   return pos;
 }
 
+namespace {
+// What the view of an ended run was made from: the journal's and results.json's sizes and
+// modification times (nanoseconds). Empty when the journal cannot be read.
+std::string FileStamp(const std::string& dir) {
+  std::string stamp;
+  for (const char* f : {"/journal.jsonl", "/results.json"}) {
+    struct stat st {};
+    if (::stat((dir + f).c_str(), &st) != 0) {
+      if (stamp.empty()) return "";
+      stamp += "-";
+      continue;
+    }
+    stamp += fmt::format("{}.{}.{};", st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+  }
+  return stamp;
+}
+
+// The run's view from its journal (and results.json once finished): state, champion, rounds,
+// each task's row.
+json DescribeJournal(const std::string& dir, bool child_alive) {
+  json v;
+  const std::string jpath = dir + "/journal.jsonl";
+  const record::Journal journal = record::ReadJournal(jpath);
+  record::RunStatus st = record::StateFrom(record::Summarize(journal, jpath), record::CoordinatorHolding(dir), dir);
+  std::string state = record::StateName(st.state);
+  if (child_alive && state != "running" && state != "finished") state = "running";  // a resume about to take over
+  v["state"] = state;
+  v["line"] = st.line;
+  v["started"] = st.summary.started_at;
+  v["events"] = journal.events.empty() ? 0 : journal.events.back().line;
+  json rounds = json::array();
+  for (const auto& e : journal.events)
+    if (e.event == "round-end")
+      rounds.push_back({{"round", e.fields.value("round", 0)}, {"champion", e.fields.value("champion", "")},
+                        {"accuracy", e.fields.value("accuracy", 0.0)}, {"time", e.fields.value("time", "")}});
+  if (!rounds.empty()) v["champion"] = {{"candidate", rounds.back()["champion"]}, {"accuracy", rounds.back()["accuracy"]}};
+  if (st.state == record::RunState::kFailed || st.state == record::RunState::kCancelled ||
+      st.state == record::RunState::kInterrupted)
+    v["error"] = {{"code", state}, {"message", st.summary.error.empty() ? st.line : st.summary.error}};
+  if (st.state == record::RunState::kFinished && PathExists(dir + "/results.json")) {
+    json res = json::parse(ReadFile(dir + "/results.json"), nullptr, false);
+    if (res.is_object() && res.contains("champion")) {
+      const json& c = res["champion"];
+      json champ = {{"candidate", c.value("candidate", json::object()).value("id", "")},
+                    {"accuracy", c.value("accuracy", 0.0)}};
+      if (c.contains("test") && c["test"].is_object()) champ["test_accuracy"] = c["test"].value("accuracy", 0.0);
+      v["champion"] = champ;
+      v["result"] = {{"champion", champ}, {"stop", res.value("stop_reason", "")}, {"seconds", res.value("seconds", 0.0)},
+                     {"rounds", res.value("rounds", json::array()).size()}};
+    }
+  }
+  v["rounds"] = rounds;
+  json tasks = json::array();
+  for (const record::TaskRow& t : record::TaskRows(st)) {
+    json row = {{"task", t.task},   {"module", t.module},   {"state", t.state},    {"ranks", t.ranks},
+                {"starts", t.starts}, {"retries", t.retries}, {"started", t.started}};
+    if (t.seconds >= 0) row["seconds"] = t.seconds;
+    tasks.push_back(std::move(row));
+  }
+  v["tasks"] = tasks;
+  return v;
+}
+}  // namespace
+
 std::string Registry::StateOf(const User& user, const std::string& id, bool* terminal) const {
   const json v = Describe(Find(user, id), false);
   std::string s = v.at("state");
@@ -310,47 +375,28 @@ json Registry::Describe(const Request& r, bool full) const {
     }
     return v;
   }
-  const std::string jpath = dir + "/journal.jsonl";
-  const record::Journal journal = record::ReadJournal(jpath);
-  record::RunStatus st = record::StateFrom(record::Summarize(journal, jpath), record::CoordinatorHolding(dir), dir);
-  std::string state = record::StateName(st.state);
-  if (child_alive && state != "running" && state != "finished") state = "running";  // a resume about to take over
-  v["state"] = state;
-  v["line"] = st.line;
-  v["started"] = st.summary.started_at;
-  v["events"] = journal.events.empty() ? 0 : journal.events.back().line;
-  json rounds = json::array();
-  for (const auto& e : journal.events)
-    if (e.event == "round-end")
-      rounds.push_back({{"round", e.fields.value("round", 0)}, {"champion", e.fields.value("champion", "")},
-                        {"accuracy", e.fields.value("accuracy", 0.0)}, {"time", e.fields.value("time", "")}});
-  if (!rounds.empty()) v["champion"] = {{"candidate", rounds.back()["champion"]}, {"accuracy", rounds.back()["accuracy"]}};
-  if (st.state == record::RunState::kFailed || st.state == record::RunState::kCancelled ||
-      st.state == record::RunState::kInterrupted)
-    v["error"] = {{"code", state}, {"message", st.summary.error.empty() ? st.line : st.summary.error}};
-  if (st.state == record::RunState::kFinished && PathExists(dir + "/results.json")) {
-    json res = json::parse(ReadFile(dir + "/results.json"), nullptr, false);
-    if (res.is_object() && res.contains("champion")) {
-      const json& c = res["champion"];
-      json champ = {{"candidate", c.value("candidate", json::object()).value("id", "")},
-                    {"accuracy", c.value("accuracy", 0.0)}};
-      if (c.contains("test") && c["test"].is_object()) champ["test_accuracy"] = c["test"].value("accuracy", 0.0);
-      v["champion"] = champ;
-      v["result"] = {{"champion", champ}, {"stop", res.value("stop_reason", "")}, {"seconds", res.value("seconds", 0.0)},
-                     {"rounds", res.value("rounds", json::array()).size()}};
+  json view;
+  const std::string key = Key(r.user, r.id), stamp = child_alive ? "" : FileStamp(dir);
+  {
+    std::lock_guard<std::mutex> l(ended_mu_);
+    auto it = ended_.find(key);
+    if (!stamp.empty() && it != ended_.end() && it->second.stamp == stamp) view = it->second.view;
+  }
+  if (view.is_null()) {
+    view = DescribeJournal(dir, child_alive);
+    const std::string& state = view["state"].get_ref<const std::string&>();
+    if (!stamp.empty() && (state == "finished" || state == "failed" || state == "cancelled")) {
+      std::lock_guard<std::mutex> l(ended_mu_);
+      if (ended_.size() >= 4096) ended_.clear();  // a bound, not a policy: views are remade on demand
+      ended_[key] = {stamp, view};
     }
   }
-  if (!full) return v;
-  v["rounds"] = rounds;
-  json tasks = json::array();
-  for (const record::TaskRow& t : record::TaskRows(st)) {
-    json row = {{"task", t.task},   {"module", t.module},   {"state", t.state},    {"ranks", t.ranks},
-                {"starts", t.starts}, {"retries", t.retries}, {"started", t.started}};
-    if (t.seconds >= 0) row["seconds"] = t.seconds;
-    tasks.push_back(std::move(row));
+  if (!full) {
+    view.erase("rounds");
+    view.erase("tasks");
   }
-  v["tasks"] = tasks;
-  return v;
+  for (auto& [k, x] : v.items()) view[k] = x;
+  return view;
 }
 
 json Registry::View(const User& user, const std::string& id) const {

@@ -99,6 +99,15 @@ class Registry {
   std::map<std::string, Request> requests_;            // by "user/id"
   std::map<std::string, std::unique_ptr<Live>> live_;  // coordinators this process started, by "user/id"
   std::set<std::string> settled_;  // started runs seen ended (their state changes only by a resume)
+  // Views of ended runs (finished, failed, cancelled), each with the sizes and times of the
+  // files it was made from: status polls of an ended run then cost two stat calls, not a
+  // journal parsed (bench/serve_bench.py). A resume changes the journal, so the stamp.
+  struct Ended {
+    std::string stamp;
+    nlohmann::json view;
+  };
+  mutable std::mutex ended_mu_;
+  mutable std::map<std::string, Ended> ended_;
   int64_t next_seq_ = 1;
   std::thread queue_;
   std::atomic<bool> stop_{false};
