@@ -1,6 +1,8 @@
 #include "service/server.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -208,6 +210,7 @@ class Service {
   JournalFollowers followers_;
   std::atomic<size_t> streams_{0};
   std::atomic<bool> stopping_{false};
+  int listen_fd_ = -1;
 };
 
 // Takes one of the bounded event-stream slots, or answers 503.
@@ -407,6 +410,14 @@ std::vector<Handler> Service::Handlers(Service* self) {
 void Service::Configure(httplib::Server& s) {
   const size_t workers = o_.workers, waiting = o_.max_waiting;
   s.new_task_queue = [workers, waiting] { return new BoundedPool(workers, waiting); };
+  // Nagle's algorithm would hold a response's body behind its headers until the client's
+  // delayed ACK (40 ms a request); accepted sockets inherit the listener's TCP_NODELAY.
+  s.set_socket_options([this](socket_t sock) {
+    listen_fd_ = sock;  // the listening socket's (the only one this is called for)
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+  });
   s.set_payload_max_length(o_.max_body);
   s.set_read_timeout(o_.read_timeout_s, 0);
   s.set_write_timeout(10, 0);
@@ -504,6 +515,9 @@ int Service::Run() {
     bound = -1;
   }
   if (bound <= 0) Throw(ErrorKind::kIo, "--listen " + o_.listen + ": cannot listen there (in use, or not this host's address)");
+  // cpp-httplib 0.11 listens with a backlog of 5: 16 clients connecting at once would see
+  // SYNs dropped and retried a second later. Listening again only raises the backlog.
+  if (listen_fd_ >= 0) ::listen(listen_fd_, 1024);
   registry_.StartQueue();
   const std::string url = fmt::format("{}://{}:{}", tls ? "https" : "http", host.find(':') != std::string::npos ? "[" + host + "]" : host, bound);
   if (!o_.ready_file.empty()) WriteFileAtomic(o_.ready_file, json{{"url", url}, {"pid", ::getpid()}}.dump() + "\n");
