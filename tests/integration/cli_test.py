@@ -60,9 +60,10 @@ class Cli(TempDirCase):
             self.assertIn("Usage", r.stdout)
 
     def test_a_mistyped_command_is_a_usage_error_with_or_without_help(self):
-        """A typo must not pass a script: `msaflow serv --help` exits 2 naming the word and the
+        """A typo must not pass a script: `msaflow verfy --help` exits 2 naming the word and the
         nearest command (one level down too), where the top-level help with exit 0 came before."""
-        for args, word, near in ((["serv", "--help"], "serv", "nam serve"), (["serv"], "serv", "nam serve"),
+        for args, word, near in ((["verfy", "--help"], "verfy", "nam verify"), (["verfy"], "verfy", "nam verify"),
+                                 (["serv"], "serv", "serve"),
                                  (["stauts", "runs"], "stauts", "status"), (["nam", "lss"], "lss", "ls"),
                                  (["nam", "serv", "--help"], "serv", "serve")):
             with self.subTest(args=args):
