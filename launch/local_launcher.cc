@@ -77,6 +77,14 @@ Attempt RunAttempt(const Task& t, const std::vector<std::string>& argv, const st
   std::deque<std::string> tail;  // the last lines, for the failure message
   int fd = child.output_fd();
   while (fd >= 0) {
+    // Checked before every wait, not only when poll is interrupted: a signal that arrives
+    // while this loop reads or writes the log sets the flag without interrupting any poll,
+    // and would otherwise be noticed only when the step ends (a cancel then waited for it).
+    if (int sig = InterruptSignal()) {
+      child.Stop(StopSignal(t), 2.0);
+      Throw(ErrorKind::kTaskFailed, "interrupted by signal " + std::to_string(sig) + " during task " + t.id +
+                                        "; its processes were stopped");
+    }
     pollfd pfd{fd, POLLIN, 0};
     const int ready = ::poll(&pfd, 1, kLivenessPollMs);
     if (ready == 0) {
@@ -88,12 +96,7 @@ Attempt RunAttempt(const Task& t, const std::vector<std::string>& argv, const st
     }
     if (ready < 0) {
       if (errno != EINTR) ThrowErrno("poll");
-      if (int sig = InterruptSignal()) {
-        child.Stop(StopSignal(t), 2.0);
-        Throw(ErrorKind::kTaskFailed, "interrupted by signal " + std::to_string(sig) + " during task " + t.id +
-                                          "; its processes were stopped");
-      }
-      continue;
+      continue;  // the signal's flag is looked at above
     }
     char buf[4096];
     const ssize_t n = ::read(fd, buf, sizeof buf);
