@@ -33,6 +33,10 @@ struct Options {
   std::string users_file, user_name, user_account;  // users
   std::vector<std::string> user_allow;
   int64_t user_max_running = 0;
+  std::string candidate, labels;  // export, predict
+  bool with_preprocessing = false;
+  std::vector<std::string> images;
+  int64_t top = 3, limit = 0;
 };
 
 // Pipelines and runs (cli/run_commands.cc).
@@ -47,6 +51,9 @@ int Resume(Options& o);
 int Cancel(Options& o);
 // The service and its users file (cli/service_commands.cc).
 int Serve(Options& o);
+// A run's model outside msaflow (cli/model_commands.cc, docs/inference.md).
+int Export(Options& o);
+int Predict(Options& o);
 int UsersAdd(Options& o);
 int UsersRemove(Options& o);
 int UsersList(Options& o);

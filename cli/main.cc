@@ -214,6 +214,28 @@ void AddServiceCommands(CLI::App& app, cli::Options& o, std::vector<Command>& co
   commands.push_back({list, cli::UsersList});
 }
 
+// `msaflow export` and `msaflow predict` (docs/inference.md).
+void AddModelCommands(CLI::App& app, cli::Options& o, std::vector<Command>& commands) {
+  auto* ex = app.add_subcommand("export", "Write a finished run's champion (or a candidate) as one ONNX model: "
+                                          "backbone, pooling, head and softmax");
+  ex->add_option("run", o.run_dir, "the run's directory (runs/<id>)")->required();
+  ex->add_option("--candidate", o.candidate, "a candidate the run trained (default: the champion)");
+  ex->add_option("-o,--output", o.out_file, "the .onnx file to write")->required();
+  ex->add_flag("--with-preprocessing", o.with_preprocessing,
+               "take raw 8-bit images [N, rows, cols, channels]: resize and normalise in the graph");
+  auto* pr = app.add_subcommand("predict", "Classify images with a run's champion or an exported model");
+  pr->add_option("model", o.run_dir, "a run's directory, or a .onnx file `msaflow export` wrote")->required();
+  pr->add_option("images", o.images, "PNG or JPEG files, folders, or an IDX/.npy image file (with --labels)")
+      ->required();
+  pr->add_option("--labels", o.labels, "the label file of an IDX or .npy image file (reports the accuracy)");
+  pr->add_option("--candidate", o.candidate, "with a run: a candidate it trained (default: the champion)");
+  pr->add_option("--top", o.top, "classes shown per image")->check(CLI::Range(1, 1000))->capture_default_str();
+  pr->add_option("--limit", o.limit, "the first N images only (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  pr->add_flag("--json", o.as_json, "one JSON array, an object per image in input order");
+  commands.push_back({ex, cli::Export});
+  commands.push_back({pr, cli::Predict});
+}
+
 // An unknown command word is a usage error naming it and the nearest command, with or without
 // --help beside it (CLI11 would answer `msaflow serv --help` with the top-level help and exit 0,
 // so a script's typo would pass). Returns the message, or "" when every command word is known.
@@ -263,6 +285,7 @@ int main(int argc, char** argv) {
   AddRunCommands(app, o, commands, &argc, &argv);
   AddNamCommands(app, o, commands);
   AddServiceCommands(app, o, commands);
+  AddModelCommands(app, o, commands);
 
   if (const std::string unknown = UnknownCommand(app, argc, argv); !unknown.empty()) {
     std::fprintf(stderr, "msaflow: error: %s\n", unknown.c_str());

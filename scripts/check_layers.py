@@ -14,13 +14,14 @@ ALLOWED = {
     "workflow": {"common", "nam", "kernels"},
     "parallel": {"common", "kernels", "workflow"},
     "modules": {"common", "nam", "kernels", "workflow", "parallel"},
+    "inference": {"common", "nam", "kernels", "workflow", "modules"},
     "launch": {"common", "nam", "workflow"},
     "record": {"common", "workflow", "launch"},
     "orchestrator": {"common", "nam", "kernels", "workflow", "launch", "record"},
     "report": {"common", "workflow", "record", "orchestrator"},
     "service": {"common", "workflow", "launch", "record", "orchestrator", "report"},
     "cli": {"common", "nam", "kernels", "workflow", "parallel", "modules", "launch", "record", "orchestrator",
-            "report", "service"},
+            "report", "service", "inference"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
 

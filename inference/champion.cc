@@ -1,0 +1,185 @@
+#include "inference/champion.h"
+
+#include <fmt/core.h>
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "common/strings.h"
+#include "modules/model_object.h"
+#include "nam/file_store.h"
+#include "nam/store.h"
+#include "workflow/datasets.h"
+#include "workflow/kinds.h"
+#include "workflow/objects.h"
+
+namespace msaflow::inference {
+
+using nlohmann::json;
+
+namespace {
+
+// The run's NAM: the runs directory's persisted objects (a local run's NAM server keeps them
+// there, and is gone once the run ends), else the URI the run used.
+std::unique_ptr<nam::Store> OpenRunNam(const std::string& run_dir, const std::string& uri, const std::string& probe) {
+  const std::string persisted = std::filesystem::path(run_dir).parent_path().string() + "/nam";
+  if (uri.rfind("file://", 0) != 0 && std::filesystem::is_directory(persisted)) {
+    auto store = std::make_unique<nam::FileStore>(persisted);
+    if (store->Stat(probe)) return store;
+  }
+  if (uri.empty()) Throw(ErrorKind::kNotFound, run_dir + "/results.json names no NAM, and " + persisted + " has no " + probe);
+  try {
+    return nam::OpenStore(uri);
+  } catch (const Error& e) {
+    Throw(e.kind(), fmt::format("{}: the run's NAM ({}) cannot be reached, and {} does not hold its objects: {}",
+                                run_dir, uri, persisted, e.what()));
+  }
+}
+
+int RoundOf(const std::string& candidate_id) {
+  // "r<round>-c<index>"
+  if (candidate_id.size() < 4 || candidate_id[0] != 'r') return 0;
+  return std::atoi(candidate_id.c_str() + 1);
+}
+
+}  // namespace
+
+TrainedModel OpenTrainedModel(const std::string& run_dir_in, const std::string& candidate_id) {
+  TrainedModel m;
+  m.run_dir = std::filesystem::absolute(run_dir_in).lexically_normal().string();
+  if (!m.run_dir.empty() && m.run_dir.back() == '/') m.run_dir.pop_back();
+  const std::string results_path = m.run_dir + "/results.json";
+  if (!std::filesystem::is_directory(m.run_dir)) Throw(ErrorKind::kNotFound, run_dir_in + ": no such run directory");
+  if (!PathExists(results_path))
+    Throw(ErrorKind::kNotFound, run_dir_in + ": the run has not finished (no results.json); `msaflow status " +
+                                    run_dir_in + "` says where it is");
+  const json results = json::parse(ReadFile(results_path), nullptr, false);
+  if (!results.is_object() || !results.contains("champion") || !results["champion"].is_object())
+    Throw(ErrorKind::kCorrupt, results_path + ": not a run's results (no champion)");
+  const json source = json::parse(ReadFile(m.run_dir + "/pipeline.json"), nullptr, false);
+  if (source.is_discarded()) Throw(ErrorKind::kCorrupt, m.run_dir + "/pipeline.json: not JSON");
+  m.pipeline = workflow::PipelineFromSource(source);
+  m.run = results.value("run", std::filesystem::path(m.run_dir).filename().string());
+  m.metric = m.pipeline.metric;
+
+  // The entry: the champion, or the candidate of that id in the rounds' rankings.
+  json entry;
+  const std::string champion_id = results["champion"].value("candidate", json::object()).value("id", "");
+  if (candidate_id.empty() || candidate_id == champion_id) {
+    entry = results["champion"];
+    m.champion = true;
+  } else {
+    std::vector<std::string> ids;
+    for (const auto& r : results.value("rounds", json::array()))
+      for (const auto& c : r.value("candidates", json::array())) {
+        const std::string id = c.value("candidate", json::object()).value("id", "");
+        ids.push_back(id);
+        if (id == candidate_id) entry = c;
+      }
+    if (entry.is_null())
+      Throw(ErrorKind::kNotFound, fmt::format("--candidate {}: the run trained no such candidate (it has {})",
+                                              candidate_id, Join(ids, ", ")));
+  }
+  m.candidate = workflow::CandidateFromJson(entry.at("candidate"));
+  m.model_object = entry.value("model", "");
+  m.metric_value = entry.value(m.metric, entry.value("accuracy", 0.0));
+  m.selected_on = entry.value("selected_on", results.value("result", json::object()).value("selected_on", ""));
+  if (entry.contains("test")) m.test = entry["test"];
+  if (m.model_object.empty())
+    m.model_object = workflow::ModelObject(m.run, RoundOf(m.candidate.id), m.candidate.id);
+
+  for (const auto& bb : m.pipeline.backbones)
+    if (bb.name == m.candidate.backbone) m.backbone = bb;
+  if (m.backbone.name.empty())
+    Throw(ErrorKind::kCorrupt, fmt::format("{}: candidate {} names backbone '{}', which the run's pipeline lacks",
+                                           results_path, m.candidate.id, m.candidate.backbone));
+
+  auto store = OpenRunNam(m.run_dir, results.value("nam", ""), m.model_object);
+  m.head = modules::HeadFromModel(store->Get(m.model_object), m.candidate.head);
+  if (m.backbone.kind != "pixels") {
+    const nam::Object bb = store->Get(workflow::BackboneObject(m.backbone.name));
+    // The NAM keeps one backbone of a name: a later run may have loaded another under it.
+    const std::string loaded = bb.info.meta.value("digest", "");
+    for (int round = RoundOf(m.candidate.id); round >= 1; --round) {
+      auto done = store->Stat(workflow::TaskDoneObject(m.run, round, workflow::Step::kLoad));
+      if (!done) continue;
+      const json body = json::parse(store->Get(done->name).bytes, nullptr, false);
+      const std::string used = body.is_object() ? body.value("inputs", json::object())
+                                                      .value("backbones", json::object())
+                                                      .value(m.backbone.name, "")
+                                                : "";
+      if (!used.empty() && used != loaded)
+        Throw(ErrorKind::kCorrupt,
+              fmt::format("backbone '{}': the NAM now holds another model under that name (digest {}, the run "
+                          "loaded {}); resume or re-run the pipeline to load it again",
+                          m.backbone.name, loaded, used));
+      break;
+    }
+    m.backbone_onnx = bb.bytes;
+  }
+
+  // Class names: the test figures' per-class names, by class index.
+  m.class_names.assign(static_cast<size_t>(m.head.classes), "");
+  for (size_t i = 0; i < m.class_names.size(); ++i) m.class_names[i] = std::to_string(i);
+  if (m.test.is_object())
+    for (const auto& pc : m.test.value("per_class", json::array())) {
+      const int64_t k = pc.value("class_index", int64_t{-1});
+      if (k >= 0 && k < m.head.classes) m.class_names[static_cast<size_t>(k)] = pc.value("class", std::to_string(k));
+    }
+
+  // The images' size, from the test split's first image (raw pixels and preprocessing need it).
+  const workflow::SplitSource test = workflow::OpenSplit(m.pipeline, "test");
+  if (test.count() > 0) {
+    const kernels::ImageSet first = test.Read(0, 1);
+    m.image_rows = first.Rows(0);
+    m.image_cols = first.Cols(0);
+    m.image_channels = first.Channels(0);
+  }
+  return m;
+}
+
+kernels::ClassifierExport ExportSpec(const TrainedModel& m, bool with_preprocessing) {
+  kernels::ClassifierExport e;
+  e.backbone_onnx = m.backbone_onnx;
+  e.cut_tensor = m.backbone.feature_layer;
+  e.origin = "backbone '" + m.backbone.name + "'";
+  e.input = m.backbone.input;
+  e.image_rows = m.image_rows;
+  e.image_cols = m.image_cols;
+  e.image_channels = m.image_channels;
+  e.uniform_images = m.pipeline.test.format != "folder";
+  e.half_features = m.backbone.feature_dtype == "f16";
+  e.with_preprocessing = with_preprocessing;
+  e.head = m.head;
+  const auto& in = m.backbone.input;
+  json input = {{"preprocessing", with_preprocessing ? "in the graph: uint8 [N, rows, cols, channels] images"
+                                                     : "by the caller: float32 [N, C, H, W], (pixel / 255 - mean) / std"},
+                {"image", {{"rows", m.image_rows}, {"cols", m.image_cols}, {"channels", m.image_channels}}}};
+  if (m.backbone.kind == "pixels") {
+    input["model"] = {{"kind", "pixels"}, {"layout", "[N, rows, cols, channels], pixel / 255"}};
+  } else {
+    input["model"] = {{"channels", in.channels}, {"height", in.height}, {"width", in.width},
+                      {"mean", {in.mean[0], in.mean[1], in.mean[2]}}, {"std", {in.std[0], in.std[1], in.std[2]}},
+                      {"resize", "bilinear, half-pixel centres"}};
+  }
+  e.metadata = {
+      {"msaflow.format", "msaflow.classifier/1"},
+      {"msaflow.run", m.run},
+      {"msaflow.pipeline", m.pipeline.name},
+      {"msaflow.candidate", m.candidate.id},
+      {"msaflow.champion", m.champion ? "true" : "false"},
+      {"msaflow.backbone", json{{"name", m.backbone.name}, {"kind", m.backbone.kind},
+                                {"feature_layer", m.backbone.feature_layer}, {"precision", m.backbone.precision},
+                                {"feature_dtype", m.backbone.feature_dtype}}.dump()},
+      {"msaflow.head", workflow::ToJson(m.candidate)["head"].dump()},
+      {"msaflow.metric", json{{"name", m.metric}, {"value", m.metric_value}, {"split", m.selected_on}}.dump()},
+      {"msaflow.test", m.test.is_object() ? json{{"accuracy", m.test.value("accuracy", 0.0)}}.dump() : "null"},
+      {"msaflow.classes", json(m.class_names).dump()},
+      {"msaflow.input", input.dump()},
+      {"msaflow.output", "probabilities: float32 [N, classes], softmax"},
+  };
+  return e;
+}
+
+}  // namespace msaflow::inference

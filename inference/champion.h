@@ -1,0 +1,46 @@
+// A finished run's trained model, taken out of msaflow's NAM so that something else can use it:
+// the champion (or any candidate the run trained), its backbone cut as the run loaded it, its
+// head's weights, what the images were prepared like and what the classes are called.
+// `msaflow export` writes it as ONNX (kernels/onnx_export.h); `msaflow predict` runs it.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/head.h"
+#include "kernels/onnx_export.h"
+#include "workflow/candidates.h"
+#include "workflow/pipeline.h"
+
+namespace msaflow::inference {
+
+struct TrainedModel {
+  std::string run_dir, run;
+  workflow::Pipeline pipeline;
+  workflow::Candidate candidate;
+  bool champion = false;       // the run's champion (else another candidate it trained)
+  std::string model_object;    // its head in the NAM
+  kernels::Head head;
+  workflow::BackboneSpec backbone;
+  std::string backbone_onnx;   // the cut backbone the run loaded (empty for raw pixels)
+  std::vector<std::string> class_names;  // by class index: an image folder's names, else "0".."N-1"
+  std::string metric;          // the pipeline's metric, its value on the selection split
+  double metric_value = 0;
+  std::string selected_on;     // the split it was chosen on
+  nlohmann::json test;         // its test-split figures as the run reported them, or null
+  int64_t image_rows = 0, image_cols = 0, image_channels = 1;  // the test split's first image
+};
+
+// The candidate `candidate_id` (default: the champion) of the finished run in `run_dir`, read
+// from its results.json and its NAM (the runs directory's persisted NAM, or the NAM URI the
+// run used). Throws kNotFound for a run that has not finished or an unknown candidate (naming
+// the ones there are), kCorrupt when the NAM's backbone is no longer the one the run loaded.
+TrainedModel OpenTrainedModel(const std::string& run_dir, const std::string& candidate_id = "");
+
+// What kernels::ExportClassifierOnnx needs, with the run, candidate, metric, classes and
+// hyper-parameters as metadata_props (docs/inference.md lists the keys).
+kernels::ClassifierExport ExportSpec(const TrainedModel& m, bool with_preprocessing);
+
+}  // namespace msaflow::inference
