@@ -67,6 +67,113 @@ std::vector<float> FloatsOf(const onnx::TensorProto* t, size_t n, const std::str
   return v;
 }
 
+// The head's weights, by the names the export gives them (kernels/onnx_export.cc).
+void ReadHead(const onnx::GraphProto& g, const std::string& path, int64_t classes, kernels::Head* out) {
+  const auto* mean = Initializer(g, "msaflow/head/mean");
+  if (!mean || mean->dims_size() != 3) Throw(ErrorKind::kInvalidInput, path + ": no msaflow/head/mean initializer of [C, 1, 1]");
+  const int64_t in = mean->dims(0);
+  kernels::Head& h = *out;
+  h.in_dim = in;
+  h.classes = classes;
+  h.mean = FloatsOf(mean, static_cast<size_t>(in), path + ": msaflow/head/mean");
+  h.inv_std = FloatsOf(Initializer(g, "msaflow/head/inv_std"), static_cast<size_t>(in), path + ": msaflow/head/inv_std");
+  const auto layout = kernels::ParamLayout(h.config, in, classes);
+  const std::vector<std::string> blocks = h.config.type == "mlp"
+                                              ? std::vector<std::string>{"w1t", "b1", "w2t", "b2"}
+                                              : std::vector<std::string>{"wt", "b"};
+  if (layout.size() != blocks.size()) Throw(ErrorKind::kInvalidInput, path + ": the head's layout is not one msaflow knows");
+  h.params.resize(layout.back().offset + layout.back().size);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::string name = "msaflow/head/" + blocks[i];
+    auto v = FloatsOf(Initializer(g, name), layout[i].size, path + ": " + name);
+    if (blocks[i] == "w2t") {  // stored [classes, hidden] for Gemm's transB; the head holds [hidden, classes]
+      const int64_t hid = h.config.hidden;
+      std::vector<float> w(v.size());
+      for (int64_t r = 0; r < hid; ++r)
+        for (int64_t k = 0; k < classes; ++k) w[static_cast<size_t>(r * classes + k)] = v[static_cast<size_t>(k * hid + r)];
+      v.swap(w);
+    }
+    std::copy(v.begin(), v.end(), h.params.begin() + static_cast<std::ptrdiff_t>(layout[i].offset));
+  }
+}
+
+// The backbone alone, as ONNX bytes ImportOnnx takes: the export's own nodes (preprocessing,
+// pooling, head) taken out, and the tensor the backbone reads made the input again.
+std::string BackboneOnly(const onnx::ModelProto& m, const std::string& path, const kernels::InputSpec& input) {
+  onnx::ModelProto cut = m;
+  auto* cg = cut.mutable_graph();
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  bool prepared = false;
+  // The export wrote each Clip(x, lo, hi) of the backbone as HardSigmoid "<tag>/unit", a Mul
+  // by "<tag>/range" and, where lo != 0, an Add of "<tag>/lo" (kernels/onnx_export.cc): put
+  // the Clip back, so that this executor computes what the run's did, bit for bit.
+  std::map<std::string, std::string> clip_input;  // "<tag>/unit" -> x
+  auto scalar = [&](const std::string& name) {
+    const auto* t = Initializer(*cg, name);
+    return t ? FloatsOf(t, 1, path + ": " + name)[0] : 0.f;
+  };
+  auto clip = [&](const std::string& x, const std::string& tag, float lo, float hi, const std::string& y) {
+    onnx::NodeProto c;
+    c.set_op_type("Clip");
+    c.set_name(tag + "/clip");
+    c.add_input(x);
+    for (const auto& [suffix, v] : {std::pair<std::string, float>{"/clip_lo", lo}, {"/clip_hi", hi}}) {
+      onnx::TensorProto* t = cg->add_initializer();
+      t->set_name(tag + suffix);
+      t->set_data_type(onnx::TensorProto::FLOAT);
+      t->set_raw_data(std::string(reinterpret_cast<const char*>(&v), sizeof v));
+      c.add_input(tag + suffix);
+    }
+    c.add_output(y);
+    return c;
+  };
+  const auto nodes = cg->node();  // a copy: clip() adds initializers to the graph
+  for (const auto& n : nodes) {
+    if (n.name().rfind("msaflow/", 0) == 0) continue;
+    const std::string& nm = n.name();
+    if (n.op_type() == "HardSigmoid" && nm.rfind("msaflow.backbone/", 0) == 0 && nm.size() > 5 &&
+        nm.compare(nm.size() - 5, 5, "/unit") == 0) {
+      clip_input[n.output(0)] = n.input(0);
+      continue;
+    }
+    if (n.op_type() == "Mul" && n.input_size() == 2 && clip_input.count(n.input(0))) {
+      const std::string tag = n.input(0).substr(0, n.input(0).size() - 5);
+      const float range = scalar(tag + "/range");
+      if (Initializer(*cg, tag + "/lo")) {  // the Add follows
+        clip_input[n.output(0)] = clip_input[n.input(0)];
+        continue;
+      }
+      *kept.Add() = clip(clip_input[n.input(0)], tag, 0.f, range, n.output(0));
+      continue;
+    }
+    if (n.op_type() == "Add" && n.input_size() == 2 && clip_input.count(n.input(0))) {
+      const std::string tag = n.input(1).substr(0, n.input(1).size() - 3);
+      const float lo = scalar(tag + "/lo");
+      *kept.Add() = clip(clip_input[n.input(0)], tag, lo, lo + scalar(tag + "/range"), n.output(0));
+      continue;
+    }
+    for (const auto& i : n.input()) prepared |= i == "msaflow/prepared";
+    *kept.Add() = n;
+  }
+  cg->mutable_node()->Swap(&kept);
+  cg->clear_input();
+  auto* vi = cg->add_input();
+  vi->set_name(prepared ? "msaflow/prepared" : kernels::kExportInput);
+  auto* tt = vi->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : {int64_t{-1}, input.channels, input.height, input.width}) {
+    auto* dim = tt->mutable_shape()->add_dim();
+    if (d < 0) {
+      dim->set_dim_param("N");
+    } else {
+      dim->set_dim_value(d);
+    }
+  }
+  std::string cut_bytes;
+  cut.SerializeToString(&cut_bytes);
+  return cut_bytes;
+}
+
 }  // namespace
 
 Images ReadImages(const std::vector<std::string>& paths, const std::string& labels, int64_t limit) {
@@ -165,109 +272,9 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
   } catch (const json::exception& e) {
     Throw(ErrorKind::kInvalidInput, path + ": its msaflow metadata_props are damaged (" + e.what() + ")");
   }
-  const onnx::GraphProto& g = m.graph();
-  const int64_t classes = static_cast<int64_t>(c->class_names_.size());
-  const auto* mean = Initializer(g, "msaflow/head/mean");
-  if (!mean || mean->dims_size() != 3) Throw(ErrorKind::kInvalidInput, path + ": no msaflow/head/mean initializer of [C, 1, 1]");
-  const int64_t in = mean->dims(0);
-  kernels::Head& h = c->head_;
-  h.in_dim = in;
-  h.classes = classes;
-  h.mean = FloatsOf(mean, static_cast<size_t>(in), path + ": msaflow/head/mean");
-  h.inv_std = FloatsOf(Initializer(g, "msaflow/head/inv_std"), static_cast<size_t>(in), path + ": msaflow/head/inv_std");
-  const auto layout = kernels::ParamLayout(h.config, in, classes);
-  const std::vector<std::string> blocks = h.config.type == "mlp"
-                                              ? std::vector<std::string>{"w1t", "b1", "w2t", "b2"}
-                                              : std::vector<std::string>{"wt", "b"};
-  if (layout.size() != blocks.size()) Throw(ErrorKind::kInvalidInput, path + ": the head's layout is not one msaflow knows");
-  h.params.resize(layout.back().offset + layout.back().size);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const std::string name = "msaflow/head/" + blocks[i];
-    auto v = FloatsOf(Initializer(g, name), layout[i].size, path + ": " + name);
-    if (blocks[i] == "w2t") {  // stored [classes, hidden] for Gemm's transB; the head holds [hidden, classes]
-      const int64_t hid = h.config.hidden;
-      std::vector<float> w(v.size());
-      for (int64_t r = 0; r < hid; ++r)
-        for (int64_t k = 0; k < classes; ++k) w[static_cast<size_t>(r * classes + k)] = v[static_cast<size_t>(k * hid + r)];
-      v.swap(w);
-    }
-    std::copy(v.begin(), v.end(), h.params.begin() + static_cast<std::ptrdiff_t>(layout[i].offset));
-  }
+  ReadHead(m.graph(), path, static_cast<int64_t>(c->class_names_.size()), &c->head_);
   if (c->kind_ != "pixels") {
-    // The backbone alone: the export's own nodes (preprocessing, pooling, head) taken out, and
-    // the tensor the backbone reads made the input again.
-    onnx::ModelProto cut = m;
-    auto* cg = cut.mutable_graph();
-    google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
-    bool prepared = false;
-    // The export wrote each Clip(x, lo, hi) of the backbone as HardSigmoid "<tag>/unit", a Mul
-    // by "<tag>/range" and, where lo != 0, an Add of "<tag>/lo" (kernels/onnx_export.cc): put
-    // the Clip back, so that this executor computes what the run's did, bit for bit.
-    std::map<std::string, std::string> clip_input;  // "<tag>/unit" -> x
-    auto scalar = [&](const std::string& name) {
-      const auto* t = Initializer(*cg, name);
-      return t ? FloatsOf(t, 1, path + ": " + name)[0] : 0.f;
-    };
-    auto clip = [&](const std::string& x, const std::string& tag, float lo, float hi, const std::string& y) {
-      onnx::NodeProto c;
-      c.set_op_type("Clip");
-      c.set_name(tag + "/clip");
-      c.add_input(x);
-      for (const auto& [suffix, v] : {std::pair<std::string, float>{"/clip_lo", lo}, {"/clip_hi", hi}}) {
-        onnx::TensorProto* t = cg->add_initializer();
-        t->set_name(tag + suffix);
-        t->set_data_type(onnx::TensorProto::FLOAT);
-        t->set_raw_data(std::string(reinterpret_cast<const char*>(&v), sizeof v));
-        c.add_input(tag + suffix);
-      }
-      c.add_output(y);
-      return c;
-    };
-    const auto nodes = cg->node();  // a copy: clip() adds initializers to the graph
-    for (const auto& n : nodes) {
-      if (n.name().rfind("msaflow/", 0) == 0) continue;
-      const std::string& nm = n.name();
-      if (n.op_type() == "HardSigmoid" && nm.rfind("msaflow.backbone/", 0) == 0 && nm.size() > 5 &&
-          nm.compare(nm.size() - 5, 5, "/unit") == 0) {
-        clip_input[n.output(0)] = n.input(0);
-        continue;
-      }
-      if (n.op_type() == "Mul" && n.input_size() == 2 && clip_input.count(n.input(0))) {
-        const std::string tag = n.input(0).substr(0, n.input(0).size() - 5);
-        const float range = scalar(tag + "/range");
-        if (Initializer(*cg, tag + "/lo")) {  // the Add follows
-          clip_input[n.output(0)] = clip_input[n.input(0)];
-          continue;
-        }
-        *kept.Add() = clip(clip_input[n.input(0)], tag, 0.f, range, n.output(0));
-        continue;
-      }
-      if (n.op_type() == "Add" && n.input_size() == 2 && clip_input.count(n.input(0))) {
-        const std::string tag = n.input(1).substr(0, n.input(1).size() - 3);
-        const float lo = scalar(tag + "/lo");
-        *kept.Add() = clip(clip_input[n.input(0)], tag, lo, lo + scalar(tag + "/range"), n.output(0));
-        continue;
-      }
-      for (const auto& i : n.input()) prepared |= i == "msaflow/prepared";
-      *kept.Add() = n;
-    }
-    cg->mutable_node()->Swap(&kept);
-    cg->clear_input();
-    auto* vi = cg->add_input();
-    vi->set_name(prepared ? "msaflow/prepared" : kernels::kExportInput);
-    auto* tt = vi->mutable_type()->mutable_tensor_type();
-    tt->set_elem_type(onnx::TensorProto::FLOAT);
-    for (int64_t d : {int64_t{-1}, c->input_.channels, c->input_.height, c->input_.width}) {
-      auto* dim = tt->mutable_shape()->add_dim();
-      if (d < 0) {
-        dim->set_dim_param("N");
-      } else {
-        dim->set_dim_value(d);
-      }
-    }
-    std::string cut_bytes;
-    cut.SerializeToString(&cut_bytes);
-    c->graph_ = kernels::ImportOnnx(cut_bytes, path, bb.value("feature_layer", ""));
+    c->graph_ = kernels::ImportOnnx(BackboneOnly(m, path, c->input_), path, bb.value("feature_layer", ""));
     c->executor_ = std::make_unique<kernels::Executor>(c->graph_, kernels::Precision::kF32);
   }
   return c;

@@ -114,11 +114,9 @@ void DropAttrs(onnx::NodeProto* n, const std::set<std::string>& names) {
   n->mutable_attribute()->Swap(&kept);
 }
 
-// The backbone's nodes in their opset-13 form, appended to `out`; `b` receives new constants.
-void UpgradeNodes(const onnx::GraphProto& g, int64_t opset, const std::string& origin, Builder& b,
-                  google::protobuf::RepeatedPtrField<onnx::NodeProto>* out) {
-  int serial = 0;
-  std::map<std::string, float> scalars;  // one-value float constants, for Clip's bounds
+// The graph's one-value float constants (initializers and Constant nodes), for Clip's bounds.
+std::map<std::string, float> ScalarConstants(const onnx::GraphProto& g) {
+  std::map<std::string, float> scalars;
   auto scalar_of = [](const onnx::TensorProto& t, float* v) {
     if (t.data_type() != onnx::TensorProto::FLOAT) return false;
     if (t.has_raw_data() && t.raw_data().size() == sizeof(float)) {
@@ -140,6 +138,73 @@ void UpgradeNodes(const onnx::GraphProto& g, int64_t opset, const std::string& o
     if (nd.op_type() == "Constant" && nd.output_size() == 1)
       if (const auto* a = FindAttr(nd, "value"); a && a->has_t() && scalar_of(a->t(), &v)) scalars[nd.output(0)] = v;
   }
+  return scalars;
+}
+
+// Clip(x, lo, hi) written without Clip: OpenCV's dnn (4.6, Debian 12's) reads only Clip's
+// opset-6 form, whose bounds are attributes, which opset 13 no longer allows.
+// clip(x, lo, hi) is lo + (hi - lo) * HardSigmoid(x; 1 / (hi - lo), -lo / (hi - lo)), within a
+// rounding of the original; a lower bound of 0 and none above is a Relu, exactly.
+// inference/predict.cc recognises the pattern by its names and puts the Clip back.
+void RewriteClip(const onnx::NodeProto& n, int64_t opset, const std::map<std::string, float>& scalars,
+                 const std::string& tag, const std::string& where, Builder& b,
+                 google::protobuf::RepeatedPtrField<onnx::NodeProto>* out) {
+  float lo = std::numeric_limits<float>::lowest(), hi = std::numeric_limits<float>::max();
+  if (opset < 11) {
+    if (const auto* a = FindAttr(n, "min")) lo = a->f();
+    if (const auto* a = FindAttr(n, "max")) hi = a->f();
+  } else {
+    for (int k = 1; k <= 2 && k < n.input_size(); ++k) {
+      if (n.input(k).empty()) continue;
+      auto it = scalars.find(n.input(k));
+      if (it == scalars.end()) Throw(ErrorKind::kUnsupported, where + ": a bound that is not a constant scalar");
+      (k == 1 ? lo : hi) = it->second;
+    }
+  }
+  const bool has_lo = lo > std::numeric_limits<float>::lowest(), has_hi = hi < std::numeric_limits<float>::max();
+  const std::string x = n.input(0), y = n.output(0);
+  auto node = [&](const std::string& type, const std::vector<std::string>& ins, const std::string& out_name) {
+    onnx::NodeProto* p = out->Add();
+    p->set_op_type(type);
+    p->set_name(out_name == y ? n.name() : out_name);
+    for (const auto& i : ins) p->add_input(i);
+    p->add_output(out_name);
+    return p;
+  };
+  auto scalar = [&](const std::string& name, float v) {
+    b.Floats(tag + "/" + name, {}, &v, 1);
+    return tag + "/" + name;
+  };
+  if (!has_lo && !has_hi) {
+    node("Identity", {x}, y);
+  } else if (has_lo && !has_hi) {
+    if (lo == 0) {
+      node("Relu", {x}, y);
+    } else {
+      node("Sub", {x, scalar("lo", lo)}, tag + "/shifted");
+      node("Relu", {tag + "/shifted"}, tag + "/relu");
+      node("Add", {tag + "/relu", tag + "/lo"}, y);
+    }
+  } else if (!has_lo) {
+    node("Sub", {scalar("hi", hi), x}, tag + "/below");
+    node("Relu", {tag + "/below"}, tag + "/relu");
+    node("Sub", {tag + "/hi", tag + "/relu"}, y);
+  } else {
+    if (!(hi > lo)) Throw(ErrorKind::kUnsupported, where + ": bounds min >= max");
+    const float range = hi - lo;
+    auto* sig = node("HardSigmoid", {x}, tag + "/unit");
+    Builder::Float(sig, "alpha", 1.f / range);
+    Builder::Float(sig, "beta", -lo / range);
+    node("Mul", {tag + "/unit", scalar("range", range)}, lo == 0 ? y : tag + "/scaled");
+    if (lo != 0) node("Add", {tag + "/scaled", scalar("lo", lo)}, y);
+  }
+}
+
+// The backbone's nodes in their opset-13 form, appended to `out`; `b` receives new constants.
+void UpgradeNodes(const onnx::GraphProto& g, int64_t opset, const std::string& origin, Builder& b,
+                  google::protobuf::RepeatedPtrField<onnx::NodeProto>* out) {
+  int serial = 0;
+  const std::map<std::string, float> scalars = ScalarConstants(g);
   for (const auto& src : g.node()) {
     const std::string where = origin + ": node '" + (src.name().empty() ? src.output(0) : src.name()) + "' (" +
                               src.op_type() + ")";
@@ -180,59 +245,7 @@ void UpgradeNodes(const onnx::GraphProto& g, int64_t opset, const std::string& o
       continue;
     }
     if (op == "Clip") {
-      // Written without Clip: OpenCV's dnn (4.6, Debian 12's) reads only Clip's opset-6 form,
-      // whose bounds are attributes, which opset 13 no longer allows. clip(x, lo, hi) is
-      // lo + (hi - lo) * HardSigmoid(x; 1 / (hi - lo), -lo / (hi - lo)), within a rounding of
-      // the original; a bound of 0 and none above is a Relu, exactly.
-      float lo = std::numeric_limits<float>::lowest(), hi = std::numeric_limits<float>::max();
-      if (opset < 11) {
-        if (const auto* a = FindAttr(n, "min")) lo = a->f();
-        if (const auto* a = FindAttr(n, "max")) hi = a->f();
-      } else {
-        for (int k = 1; k <= 2 && k < n.input_size(); ++k) {
-          if (n.input(k).empty()) continue;
-          auto it = scalars.find(n.input(k));
-          if (it == scalars.end()) Throw(ErrorKind::kUnsupported, where + ": a bound that is not a constant scalar");
-          (k == 1 ? lo : hi) = it->second;
-        }
-      }
-      const bool has_lo = lo > std::numeric_limits<float>::lowest(), has_hi = hi < std::numeric_limits<float>::max();
-      const std::string x = n.input(0), y = n.output(0);
-      auto node = [&](const std::string& type, const std::vector<std::string>& ins, const std::string& out_name) {
-        onnx::NodeProto* p = out->Add();
-        p->set_op_type(type);
-        p->set_name(out_name == y ? n.name() : out_name);
-        for (const auto& i : ins) p->add_input(i);
-        p->add_output(out_name);
-        return p;
-      };
-      auto scalar = [&](const std::string& name, float v) {
-        b.Floats(tag + "/" + name, {}, &v, 1);
-        return tag + "/" + name;
-      };
-      if (!has_lo && !has_hi) {
-        node("Identity", {x}, y);
-      } else if (has_lo && !has_hi) {
-        if (lo == 0) {
-          node("Relu", {x}, y);
-        } else {
-          node("Sub", {x, scalar("lo", lo)}, tag + "/shifted");
-          node("Relu", {tag + "/shifted"}, tag + "/relu");
-          node("Add", {tag + "/relu", tag + "/lo"}, y);
-        }
-      } else if (!has_lo) {
-        node("Sub", {scalar("hi", hi), x}, tag + "/below");
-        node("Relu", {tag + "/below"}, tag + "/relu");
-        node("Sub", {tag + "/hi", tag + "/relu"}, y);
-      } else {
-        if (!(hi > lo)) Throw(ErrorKind::kUnsupported, where + ": bounds min >= max");
-        const float range = hi - lo;
-        auto* sig = node("HardSigmoid", {x}, tag + "/unit");
-        Builder::Float(sig, "alpha", 1.f / range);
-        Builder::Float(sig, "beta", -lo / range);
-        node("Mul", {tag + "/unit", scalar("range", range)}, lo == 0 ? y : tag + "/scaled");
-        if (lo != 0) node("Add", {tag + "/scaled", scalar("lo", lo)}, y);
-      }
+      RewriteClip(n, opset, scalars, tag, where, b, out);
       continue;
     }
     if (op == "BatchNormalization") {
@@ -287,7 +300,7 @@ std::string Preprocessing(Builder& b, const ClassifierExport& e) {
   std::string v = "msaflow/resized";
   std::set<int64_t> sliced;
   auto channel = [&](int64_t c) {
-    const std::string name = "msaflow/channel" + std::to_string(c);
+    std::string name = "msaflow/channel" + std::to_string(c);
     if (!sliced.insert(c).second) return name;  // one slice a channel, however often it is used
     b.Ints(name + "/from", {c});
     b.Ints(name + "/to", {c + 1});
@@ -324,23 +337,8 @@ std::string Preprocessing(Builder& b, const ClassifierExport& e) {
   return "msaflow/prepared";
 }
 
-}  // namespace
-
-std::string ExportClassifierOnnx(const ClassifierExport& e) {
-  const Head& h = e.head;
-  const bool pixels = e.backbone_onnx.empty();
-  onnx::ModelProto m;
-  int64_t opset = kOpset;
-  if (!pixels) {
-    if (!m.ParseFromString(e.backbone_onnx) || !m.has_graph())
-      Throw(ErrorKind::kInvalidInput, e.origin + ": not a valid ONNX model");
-    opset = 0;
-    for (const auto& op : m.opset_import())
-      if (op.domain().empty() || op.domain() == "ai.onnx") opset = op.version();
-    if (opset < 7)
-      Throw(ErrorKind::kUnsupported, e.origin + ": opset " + std::to_string(opset) +
-                                         "; the export carries models of opset 7 or later (numpy broadcasting)");
-  }
+// Opset 13, IR 7, msaflow as the producer, the metadata_props given.
+void Stamp(onnx::ModelProto& m, const std::map<std::string, std::string>& metadata) {
   m.clear_opset_import();
   auto* op = m.add_opset_import();
   op->set_domain("");
@@ -349,78 +347,17 @@ std::string ExportClassifierOnnx(const ClassifierExport& e) {
   m.set_producer_name("msaflow");
   m.set_producer_version(kVersion);
   m.clear_metadata_props();
-  for (const auto& [k, v] : e.metadata) {
+  for (const auto& [k, v] : metadata) {
     auto* p = m.add_metadata_props();
     p->set_key(k);
     p->set_value(v);
   }
-  onnx::GraphProto* g = m.mutable_graph();
-  g->set_name("msaflow-classifier");
-  g->clear_value_info();
-  g->clear_output();
-  std::set<std::string> inits;
-  for (const auto& t : g->initializer()) inits.insert(t.name());
-  std::string backbone_input;
-  for (const auto& vi : g->input())
-    if (!inits.count(vi.name())) backbone_input = vi.name();
-  if (!pixels && backbone_input.empty()) Throw(ErrorKind::kInvalidInput, e.origin + ": the model has no input");
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> old;
-  old.Swap(g->mutable_node());
-  g->clear_input();
-  Builder b(g);
-  const int64_t batch = e.input.batch > 0 ? e.input.batch : kBatchDim;
-  const int64_t rows = e.image_rows, cols = e.image_cols, ch = e.image_channels;
-  if (e.with_preprocessing && (((pixels || e.uniform_images) && (rows < 1 || cols < 1)) || (ch != 1 && ch != 3)))
-    Throw(ErrorKind::kInvalidInput, "export with preprocessing: images of " + std::to_string(rows) + " x " +
-                                        std::to_string(cols) + " x " + std::to_string(ch) +
-                                        "; expected a size and 1 or 3 channels");
-  if (e.with_preprocessing) {
-    SetType(g->add_input(), kExportInput, onnx::TensorProto::UINT8,
-            {batch, pixels ? rows : kHeightDim, pixels ? cols : kWidthDim, ch});
-  } else if (pixels) {
-    SetType(g->add_input(), kExportInput, onnx::TensorProto::FLOAT, {batch, rows, cols, ch});
-  } else {
-    SetType(g->add_input(), kExportInput, onnx::TensorProto::FLOAT, {batch, e.input.channels, kHeightDim, kWidthDim});
-  }
-  // The features as [N, C, 1, 1] until they are standardised: per-channel constants are what
-  // every runtime broadcasts over a batch (OpenCV's dnn 4.6 does not broadcast [1, C] over N).
+}
+
+// The head on `features` ([N, C, 1, 1]): (x - mean) * inv_std per feature, then its layers
+// (kernels/head.h's ParamLayout) up to the logits, "msaflow/head/logits".
+void AddHead(Builder& b, const Head& h, const std::string& features) {
   const int64_t in = h.in_dim, classes = h.classes;
-  std::string features;
-  if (pixels) {
-    std::string x = kExportInput;
-    if (e.with_preprocessing) {  // prepare: v / 255 in float
-      const float k = 255.f;
-      b.Floats("msaflow/255", {}, &k, 1);
-      Builder::Int(b.Node("Cast", {kExportInput}, "msaflow/raw_float"), "to", onnx::TensorProto::FLOAT);
-      b.Node("Div", {"msaflow/raw_float", "msaflow/255"}, "msaflow/unit");
-      x = "msaflow/unit";
-    }
-    b.Ints("msaflow/features_shape", {0, in, 1, 1});
-    b.Node("Reshape", {x, "msaflow/features_shape"}, "msaflow/features");
-  } else {
-    const std::string feed = e.with_preprocessing ? Preprocessing(b, e) : kExportInput;
-    google::protobuf::RepeatedPtrField<onnx::NodeProto> up;
-    onnx::GraphProto renamed;
-    *renamed.mutable_node() = old;
-    *renamed.mutable_initializer() = g->initializer();
-    for (auto& n : *renamed.mutable_node())
-      for (auto& input : *n.mutable_input())
-        if (input == backbone_input) input = feed;
-    UpgradeNodes(renamed, opset, e.origin, b, &up);
-    // The backbone's nodes go first (the preprocessing nodes, if any, feed them).
-    google::protobuf::RepeatedPtrField<onnx::NodeProto> all;
-    for (const auto& n : *g->mutable_node()) *all.Add() = n;
-    for (const auto& n : up) *all.Add() = n;
-    g->mutable_node()->Swap(&all);
-    b.Node("GlobalAveragePool", {e.cut_tensor}, "msaflow/features");
-  }
-  features = "msaflow/features";
-  if (e.half_features) {  // as the NAM held them: float16, round to nearest even
-    Builder::Int(b.Node("Cast", {features}, "msaflow/features_f16"), "to", onnx::TensorProto::FLOAT16);
-    Builder::Int(b.Node("Cast", {"msaflow/features_f16"}, "msaflow/features_stored"), "to", onnx::TensorProto::FLOAT);
-    features = "msaflow/features_stored";
-  }
-  // The head: (x - mean) * inv_std, then its layers (kernels/head.h's ParamLayout).
   if (in < 1 || classes < 1 || static_cast<int64_t>(h.mean.size()) != in || static_cast<int64_t>(h.inv_std.size()) != in)
     Throw(ErrorKind::kInvalidInput, "export: the head's shape does not match its statistics");
   b.Floats("msaflow/head/mean", {in, 1, 1}, h.mean);  // [C, 1, 1]: what OpenCV's dnn takes per channel
@@ -451,8 +388,100 @@ std::string ExportClassifierOnnx(const ClassifierExport& e) {
     Builder::Int(b.Node("Gemm", {"msaflow/head/standardised", "msaflow/head/wt", "msaflow/head/b"}, "msaflow/head/logits"),
                  "transB", 1);
   }
+}
+
+// The backbone's nodes, moved to opset 13 and reading `feed`, after the graph's nodes so far.
+void AddBackbone(onnx::GraphProto* g, const google::protobuf::RepeatedPtrField<onnx::NodeProto>& nodes,
+                 const std::string& backbone_input, const std::string& feed, int64_t opset, const std::string& origin,
+                 Builder& b) {
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> up;
+  onnx::GraphProto renamed;
+  *renamed.mutable_node() = nodes;
+  *renamed.mutable_initializer() = g->initializer();
+  for (auto& n : *renamed.mutable_node())
+    for (auto& input : *n.mutable_input())
+      if (input == backbone_input) input = feed;
+  UpgradeNodes(renamed, opset, origin, b, &up);
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> all;
+  for (const auto& n : g->node()) *all.Add() = n;
+  for (const auto& n : up) *all.Add() = n;
+  g->mutable_node()->Swap(&all);
+}
+
+}  // namespace
+
+std::string ExportClassifierOnnx(const ClassifierExport& e) {
+  const Head& h = e.head;
+  const bool pixels = e.backbone_onnx.empty();
+  onnx::ModelProto m;
+  int64_t opset = kOpset;
+  if (!pixels) {
+    if (!m.ParseFromString(e.backbone_onnx) || !m.has_graph())
+      Throw(ErrorKind::kInvalidInput, e.origin + ": not a valid ONNX model");
+    opset = 0;
+    for (const auto& op : m.opset_import())
+      if (op.domain().empty() || op.domain() == "ai.onnx") opset = op.version();
+    if (opset < 7)
+      Throw(ErrorKind::kUnsupported, e.origin + ": opset " + std::to_string(opset) +
+                                         "; the export carries models of opset 7 or later (numpy broadcasting)");
+  }
+  Stamp(m, e.metadata);
+  onnx::GraphProto* g = m.mutable_graph();
+  g->set_name("msaflow-classifier");
+  g->clear_value_info();
+  g->clear_output();
+  std::set<std::string> inits;
+  for (const auto& t : g->initializer()) inits.insert(t.name());
+  std::string backbone_input;
+  for (const auto& vi : g->input())
+    if (!inits.count(vi.name())) backbone_input = vi.name();
+  if (!pixels && backbone_input.empty()) Throw(ErrorKind::kInvalidInput, e.origin + ": the model has no input");
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> old;
+  old.Swap(g->mutable_node());
+  g->clear_input();
+  Builder b(g);
+  const int64_t batch = e.input.batch > 0 ? e.input.batch : kBatchDim;
+  const int64_t rows = e.image_rows, cols = e.image_cols, ch = e.image_channels;
+  if (e.with_preprocessing && (((pixels || e.uniform_images) && (rows < 1 || cols < 1)) || (ch != 1 && ch != 3)))
+    Throw(ErrorKind::kInvalidInput, "export with preprocessing: images of " + std::to_string(rows) + " x " +
+                                        std::to_string(cols) + " x " + std::to_string(ch) +
+                                        "; expected a size and 1 or 3 channels");
+  if (e.with_preprocessing) {
+    SetType(g->add_input(), kExportInput, onnx::TensorProto::UINT8,
+            {batch, pixels ? rows : kHeightDim, pixels ? cols : kWidthDim, ch});
+  } else if (pixels) {
+    SetType(g->add_input(), kExportInput, onnx::TensorProto::FLOAT, {batch, rows, cols, ch});
+  } else {
+    SetType(g->add_input(), kExportInput, onnx::TensorProto::FLOAT, {batch, e.input.channels, kHeightDim, kWidthDim});
+  }
+  // The features as [N, C, 1, 1] until they are standardised: per-channel constants are what
+  // every runtime broadcasts over a batch (OpenCV's dnn 4.6 does not broadcast [1, C] over N).
+  std::string features;
+  if (pixels) {
+    std::string x = kExportInput;
+    if (e.with_preprocessing) {  // prepare: v / 255 in float
+      const float k = 255.f;
+      b.Floats("msaflow/255", {}, &k, 1);
+      Builder::Int(b.Node("Cast", {kExportInput}, "msaflow/raw_float"), "to", onnx::TensorProto::FLOAT);
+      b.Node("Div", {"msaflow/raw_float", "msaflow/255"}, "msaflow/unit");
+      x = "msaflow/unit";
+    }
+    b.Ints("msaflow/features_shape", {0, h.in_dim, 1, 1});
+    b.Node("Reshape", {x, "msaflow/features_shape"}, "msaflow/features");
+  } else {
+    const std::string feed = e.with_preprocessing ? Preprocessing(b, e) : kExportInput;
+    AddBackbone(g, old, backbone_input, feed, opset, e.origin, b);  // after the preprocessing that feeds it
+    b.Node("GlobalAveragePool", {e.cut_tensor}, "msaflow/features");
+  }
+  features = "msaflow/features";
+  if (e.half_features) {  // as the NAM held them: float16, round to nearest even
+    Builder::Int(b.Node("Cast", {features}, "msaflow/features_f16"), "to", onnx::TensorProto::FLOAT16);
+    Builder::Int(b.Node("Cast", {"msaflow/features_f16"}, "msaflow/features_stored"), "to", onnx::TensorProto::FLOAT);
+    features = "msaflow/features_stored";
+  }
+  AddHead(b, h, features);
   Builder::Int(b.Node("Softmax", {"msaflow/head/logits"}, kExportOutput), "axis", 1);
-  SetType(g->add_output(), kExportOutput, onnx::TensorProto::FLOAT, {batch, classes});
+  SetType(g->add_output(), kExportOutput, onnx::TensorProto::FLOAT, {batch, h.classes});
   std::string out;
   if (!m.SerializeToString(&out)) Throw(ErrorKind::kIo, "export: the model could not be serialised");
   return out;
