@@ -30,6 +30,7 @@ struct Options {
   bool as_json = false, repair = false;
   std::string why_task;
   service::ServeOptions serve;  // serve
+  std::vector<std::string> serve_models;  // serve --model NAME=PATH
   std::string users_file, user_name, user_account;  // users
   std::vector<std::string> user_allow;
   int64_t user_max_running = 0;

@@ -1,5 +1,6 @@
 // The service: `msaflow serve` and `msaflow users add|remove|list` (its users file). The
 // service itself is service/server.h; this file binds options to it and prints.
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,18 @@ int Serve(Options& o) {
   if (!s.machine.empty() && s.machine != "local") s.machine = std::filesystem::absolute(s.machine).lexically_normal().string();
   if (s.max_running < 1 || s.max_running > 10000)
     Throw(ErrorKind::kInvalidInput, "serve: --max-running: expected 1..10000");
+  for (const std::string& m : o.serve_models) {  // NAME=PATH
+    const size_t eq = m.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == m.size())
+      Throw(ErrorKind::kInvalidInput, "serve: --model " + m + ": expected NAME=PATH (a run directory or an exported .onnx)");
+    const std::string name = m.substr(0, eq);
+    if (s.models.count(name)) Throw(ErrorKind::kInvalidInput, "serve: --model " + name + " is given twice");
+    s.models[name] = std::filesystem::absolute(m.substr(eq + 1)).lexically_normal().string();
+  }
+  if (s.max_batch < 1 || s.max_batch > 4096) Throw(ErrorKind::kInvalidInput, "serve: --max-batch: expected 1..4096");
+  if (!(s.max_delay_ms >= 0 && s.max_delay_ms <= 1000))
+    Throw(ErrorKind::kInvalidInput, "serve: --max-delay-ms: expected 0..1000");
+  s.max_queue = std::max(s.max_queue, 16 * s.max_batch);
   service::LoadUsers(s.users_file);  // a bad users file is said now, not at the first request
   if (!s.machine.empty()) workflow::LoadMachine(s.machine);
   return service::Serve(s);

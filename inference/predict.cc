@@ -280,34 +280,63 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
   return c;
 }
 
-std::vector<float> Classifier::Classify(const std::vector<kernels::DecodedImage>& images) {
-  const int64_t n = static_cast<int64_t>(images.size()), dim = head_.in_dim, k = head_.classes;
-  std::vector<float> features(static_cast<size_t>(n * dim));
-  if (kind_ == "pixels") {
-    for (int64_t i = 0; i < n; ++i) {
-      const auto& im = images[static_cast<size_t>(i)];
-      if (static_cast<int64_t>(im.pixels.size()) != dim)
+int64_t Classifier::PreparedSize() const {
+  return kind_ == "pixels" ? head_.in_dim : input_.channels * input_.height * input_.width;
+}
+
+std::vector<float> Classifier::Prepare(const std::vector<kernels::DecodedImage>& images) const {
+  const int64_t n = static_cast<int64_t>(images.size()), per = PreparedSize();
+  std::vector<float> out(static_cast<size_t>(n * per));
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& im = images[static_cast<size_t>(i)];
+    float* o = out.data() + i * per;
+    if (kind_ == "pixels") {
+      if (static_cast<int64_t>(im.pixels.size()) != per)
         Throw(ErrorKind::kInvalidInput,
               "image " + std::to_string(i) + ": " + std::to_string(im.rows) + " x " + std::to_string(im.cols) + " x " +
                   std::to_string(im.channels) + " pixels; this model (raw pixels) takes images of " +
-                  std::to_string(dim) + " values, the size it was trained on");
-      float* o = features.data() + i * dim;
-      for (int64_t j = 0; j < dim; ++j) o[j] = static_cast<float>(im.pixels[static_cast<size_t>(j)]) / 255.f;
+                  std::to_string(per) + " values, the size it was trained on");
+      for (int64_t j = 0; j < per; ++j) o[j] = static_cast<float>(im.pixels[static_cast<size_t>(j)]) / 255.f;
+    } else {
+      kernels::PrepareBatch(kernels::ImageBatch{im.pixels.data(), 1, im.rows, im.cols, im.channels}, input_, o);
     }
+  }
+  return out;
+}
+
+std::vector<float> Classifier::Classify(const std::vector<kernels::DecodedImage>& images) {
+  const std::vector<float> x = Prepare(images);
+  return ClassifyPrepared(x.data(), static_cast<int64_t>(images.size()));
+}
+
+std::vector<float> Classifier::ClassifyPrepared(const float* x, int64_t n) {
+  const int64_t dim = head_.in_dim, k = head_.classes;
+  std::vector<float> features(static_cast<size_t>(n * dim));
+  if (kind_ == "pixels") {
+    std::copy(x, x + n * dim, features.begin());
   } else {
-    const int64_t per = input_.channels * input_.height * input_.width;
+    const int64_t per = PreparedSize();
     const int64_t fixed = input_.batch;  // a model of fixed batch gets whole batches
     const int64_t step = fixed > 0 ? fixed : kBatch;
-    std::vector<float> batch(static_cast<size_t>(step * per));
+    std::vector<float> padded;
     for (int64_t s = 0; s < n; s += step) {
       const int64_t b = std::min(step, n - s);
-      for (int64_t i = 0; i < b; ++i) {
-        const auto& im = images[static_cast<size_t>(s + i)];
-        kernels::PrepareBatch(kernels::ImageBatch{im.pixels.data(), 1, im.rows, im.cols, im.channels}, input_,
-                              batch.data() + i * per);
+      // The batch the executor runs: the model's fixed one; else, when serving, the next power of
+      // two (the executor keeps a compiled plan per batch size: 7 sizes, not 64).
+      int64_t run = b;
+      if (fixed > 0) {
+        run = fixed;
+      } else if (pow2_batches_) {
+        run = 1;
+        while (run < b) run *= 2;
       }
-      if (fixed > 0 && b < fixed) std::fill(batch.begin() + b * per, batch.end(), 0.f);
-      auto f = executor_->Features(batch.data(), fixed > 0 ? fixed : b, input_.channels, input_.height, input_.width);
+      const float* batch = x + s * per;
+      if (run > b) {
+        padded.assign(static_cast<size_t>(run * per), 0.f);
+        std::copy(batch, batch + b * per, padded.begin());
+        batch = padded.data();
+      }
+      auto f = executor_->Features(batch, run, input_.channels, input_.height, input_.width);
       if (static_cast<int64_t>(f.size()) < b * dim)
         Throw(ErrorKind::kInvalidInput, "the backbone gives " + std::to_string(f.size() / static_cast<size_t>(b)) +
                                             " features an image; the head takes " + std::to_string(dim));

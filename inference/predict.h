@@ -25,6 +25,16 @@ class Classifier {
 
   // Probabilities, images.size() x classes(), row-major. Images of any size, 1 or 3 channels.
   std::vector<float> Classify(const std::vector<kernels::DecodedImage>& images);
+  // The two halves: images prepared (PreparedSize() floats each: C x H x W as kernels/prepare.h
+  // writes them, or raw pixels / 255), and prepared images classified.
+  std::vector<float> Prepare(const std::vector<kernels::DecodedImage>& images) const;
+  std::vector<float> ClassifyPrepared(const float* x, int64_t n);
+  int64_t PreparedSize() const;
+  // Run batches of a power-of-two size (padded): what a server with varying batches wants, so
+  // that the executor compiles a handful of plans (kernels/executor.h keeps one per shape).
+  void set_pow2_batches(bool on) { pow2_batches_ = on; }
+  bool raw_pixels() const { return kind_ == "pixels"; }
+  const kernels::InputSpec& input() const { return input_; }
   int64_t classes() const { return head_.classes; }
   const std::vector<std::string>& class_names() const { return class_names_; }
 
@@ -35,6 +45,7 @@ class Classifier {
   std::string kind_;  // "onnx" | "pixels"
   kernels::InputSpec input_;
   bool half_ = false;
+  bool pow2_batches_ = false;
   int64_t pixels_dim_ = 0;  // raw pixels: rows x cols x channels
   kernels::Head head_;
   std::vector<std::string> class_names_;

@@ -19,7 +19,7 @@ ALLOWED = {
     "record": {"common", "workflow", "launch"},
     "orchestrator": {"common", "nam", "kernels", "workflow", "launch", "record"},
     "report": {"common", "workflow", "record", "orchestrator"},
-    "service": {"common", "workflow", "launch", "record", "orchestrator", "report"},
+    "service": {"common", "kernels", "workflow", "launch", "record", "orchestrator", "report", "inference"},
     "cli": {"common", "nam", "kernels", "workflow", "parallel", "modules", "launch", "record", "orchestrator",
             "report", "service", "inference"},
 }

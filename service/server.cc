@@ -28,6 +28,7 @@
 #include "report/report.h"
 #include "service/api_error.h"
 #include "service/events.h"
+#include "service/inference_api.h"
 #include "service/registry.h"
 #include "service/users.h"
 #include "service_assets.h"
@@ -189,9 +190,11 @@ class Service {
                                    } catch (const Error&) {
                                      return 0;  // the users file is being replaced: the global bound holds
                                    }
-                                 }}) {}
+                                 }}),
+        models_(registry_, o.models, inference::BatchOptions{o.max_batch, o.max_delay_ms, o.max_queue}) {}
 
   static std::vector<Handler> Handlers(Service* self);
+  static void InferenceHandlers(Service* self, std::vector<Handler>& h);
   int Run();
   void Configure(httplib::Server& s);
 
@@ -207,6 +210,7 @@ class Service {
   ServeOptions o_;
   UsersSource users_;
   Registry registry_;
+  ModelServer models_;
   JournalFollowers followers_;
   std::atomic<size_t> streams_{0};
   std::atomic<bool> stopping_{false};
@@ -321,6 +325,31 @@ void Service::RunsEvents(const httplib::Request&, httplib::Response& res) {
 }
 
 // The routes and what serves them. `self` is only captured here (Routes() reads the table with none).
+// Inference: the Open Inference Protocol v2 subset (service/inference_api.h).
+void Service::InferenceHandlers(Service* self, std::vector<Handler>& h) {
+  h.push_back({{"GET", "/v2"}, "/v2", [](const httplib::Request&, httplib::Response& res) {
+                 SendJson(res, 200, {{"name", "msaflow"}, {"version", kVersion}, {"extensions", json::array()}});
+               }});
+  h.push_back({{"GET", "/v2/health/live"}, "/v2/health/live",
+               [](const httplib::Request&, httplib::Response& res) { SendJson(res, 200, {{"live", true}}); }});
+  h.push_back({{"GET", "/v2/health/ready"}, "/v2/health/ready", [self](const httplib::Request&, httplib::Response& res) {
+                 SendJson(res, self->stopping_ ? 503 : 200, {{"ready", !self->stopping_}});
+               }});
+  const std::string model = "/v2/models/([A-Za-z0-9._@:-]{1,200})";
+  h.push_back({{"GET", "/v2/models/{name}"}, model, [self](const httplib::Request& req, httplib::Response& res) {
+                 SendJson(res, 200, self->models_.Metadata(self->Caller(), req.matches[1]));
+               }});
+  h.push_back({{"GET", "/v2/models/{name}/ready"}, model + "/ready",
+               [self](const httplib::Request& req, httplib::Response& res) {
+                 self->models_.Metadata(self->Caller(), req.matches[1]);  // 404 unless it loads
+                 SendJson(res, 200, {{"name", req.matches[1]}, {"ready", true}});
+               }});
+  h.push_back({{"POST", "/v2/models/{name}/infer"}, model + "/infer",
+               [self](const httplib::Request& req, httplib::Response& res) {
+                 SendJson(res, 200, self->models_.Infer(self->Caller(), req.matches[1], req.body));
+               }});
+}
+
 std::vector<Handler> Service::Handlers(Service* self) {
   auto asset = [](const char* body, const char* type) {
     return [body, type](const httplib::Request&, httplib::Response& res) {
@@ -342,6 +371,8 @@ std::vector<Handler> Service::Handlers(Service* self) {
                                      {"account", u.account}, {"machine", self->o_.machine.empty() ? "the pipeline's" : self->o_.machine}});
                }});
   h.push_back({{"POST", "/v1/runs"}, "/v1/runs", [self](const httplib::Request& req, httplib::Response& res) {
+                 if (req.body.size() > self->o_.max_body)
+                   throw ApiError(413, "payload_too_large", fmt::format("a pipeline is at most {} bytes", self->o_.max_body));
                  json out = self->registry_.Submit(self->Caller(), req.body);
                  res.set_header("Location", "/v1/runs/" + out["id"].get<std::string>());
                  SendJson(res, 202, out);
@@ -403,6 +434,7 @@ std::vector<Handler> Service::Handlers(Service* self) {
                [self](const httplib::Request& req, httplib::Response& res) { self->Events(req, res); }});
   h.push_back({{"GET", "/v1/events"}, "/v1/events",
                [self](const httplib::Request& req, httplib::Response& res) { self->RunsEvents(req, res); }});
+  InferenceHandlers(self, h);
   return h;
 }
 
@@ -418,7 +450,7 @@ void Service::Configure(httplib::Server& s) {
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
   });
-  s.set_payload_max_length(o_.max_body);
+  s.set_payload_max_length(std::max(o_.max_body, o_.max_infer_body));  // a pipeline's own bound: POST /v1/runs
   s.set_read_timeout(o_.read_timeout_s, 0);
   s.set_write_timeout(10, 0);
   s.set_keep_alive_timeout(5);
@@ -433,7 +465,9 @@ void Service::Configure(httplib::Server& s) {
       SendError(res, ApiError(503, "busy", "the service has too many connections; try again"));
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (req.path.rfind("/v1/", 0) != 0 || req.path == "/v1/health") return httplib::Server::HandlerResponse::Unhandled;
+    const bool api = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/v2/", 0) == 0;
+    if (!api || req.path == "/v1/health" || req.path.rfind("/v2/health/", 0) == 0)
+      return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     const std::string scheme = "Bearer ";
     std::shared_ptr<const Users> users;
@@ -454,12 +488,16 @@ void Service::Configure(httplib::Server& s) {
     t_user = u;
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+  s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string msg = res.status == 404   ? "no such route"
-                            : res.status == 413 ? "the request body is over the limit"
-                                                : fmt::format("HTTP {} ({})", res.status, CodeFor(res.status));
-    SendJson(res, res.status, {{"error", {{"code", CodeFor(res.status)}, {"message", msg}}}});
+    std::string msg = res.status == 404   ? "no such route"
+                      : res.status == 413 ? "the request body is over the limit"
+                                          : fmt::format("HTTP {} ({})", res.status, CodeFor(res.status));
+    json err = {{"code", CodeFor(res.status)}, {"message", msg}};
+    // cpp-httplib takes at most 8 KiB as a form (curl -d's default type); JSON has no such bound.
+    if (res.status == 413 && req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0)
+      err["hint"] = "a body sent as a form is at most 8 KiB: send it with Content-Type: application/json";
+    SendJson(res, res.status, {{"error", err}});
     return httplib::Server::HandlerResponse::Handled;
   }));
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ struct ServeOptions {
   size_t max_streams = 128;   // event streams open at once; beyond, 503
   size_t max_body = 1 << 20;  // request body bytes; beyond, 413
   int read_timeout_s = 10;    // a client this slow to send its request is cut off
+  // Inference (/v2, service/inference_api.h): models every user may name, NAME -> a run
+  // directory or an exported .onnx; the batching of each model; the body of an infer request.
+  std::map<std::string, std::string> models;
+  int64_t max_batch = 64;
+  double max_delay_ms = 2;
+  int64_t max_queue = 1024;
+  size_t max_infer_body = size_t{64} << 20;
 };
 
 // Serves until SIGTERM or SIGINT; returns the exit code. Throws Error on a bad option (a

@@ -5,6 +5,7 @@ cancelled run; SSE reconnects with Last-Event-ID missing and repeating nothing; 
 service mid-run and a restart, the interrupted run resumed through the API; the queue's
 --max-running and per-user quotas; TLS; hostile HTTP never stopping it.
 Usage: service_test.py MSAFLOW_EXE SOURCE_ROOT [Class.test_name ...]"""
+import base64
 import http.client
 import json
 import os
@@ -31,6 +32,47 @@ MODELS = os.path.realpath(os.path.join(ROOT, "models"))
 
 def pipeline(name, rounds=1):
     return tiny_pipeline(ROOT, name, rounds=rounds)
+
+
+def read_idx(path, limit):
+    """The first `limit` images of an IDX file, each a list of rows*cols bytes."""
+    import gzip
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        data = f.read()
+    rows, cols = int.from_bytes(data[8:12], "big"), int.from_bytes(data[12:16], "big")
+    return [data[16 + i * rows * cols:16 + (i + 1) * rows * cols] for i in range(limit)]
+
+
+def encode_png(pixels, rows, cols):
+    """A gray 8-bit PNG of the image, with zlib only."""
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    raw = b"".join(b"\0" + bytes(pixels[r * cols:(r + 1) * cols]) for r in range(rows))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", cols, rows, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def prepare(pixels, rows, cols, h, w, mean, std):
+    """kernels/prepare.h in Python: bilinear with half-pixel centres, gray to 3 channels."""
+    def taps(n_in, n_out):
+        out = []
+        for o in range(n_out):
+            src = max((o + 0.5) * n_in / n_out - 0.5, 0.0)
+            i0 = min(int(src), n_in - 1)
+            out.append((i0, min(i0 + 1, n_in - 1), src - i0))
+        return out
+    ty, tx = taps(rows, h), taps(cols, w)
+    plane = []
+    for (y0, y1, wy) in ty:
+        for (x0, x1, wx) in tx:
+            top = pixels[y0 * cols + x0] + (pixels[y0 * cols + x1] - pixels[y0 * cols + x0]) * wx
+            bot = pixels[y1 * cols + x0] + (pixels[y1 * cols + x1] - pixels[y1 * cols + x0]) * wx
+            v = top + (bot - top) * wy
+            plane.append((v / 255 - mean) / std)
+    return plane * 3
 
 
 class Service:
@@ -318,6 +360,11 @@ class Api(unittest.TestCase):
     def test_a_body_over_the_limit_gets_413(self):
         status, v, _ = self.svc.request("POST", "/v1/runs", b"{" + b" " * (1 << 20) + b"}", user="ana")
         self.assertEqual((status, v["error"]["code"]), (413, "payload_too_large"))
+        # Sent as a form (curl -d's default type), cpp-httplib takes 8 KiB: the answer says so.
+        status, v, _ = self.svc.request("POST", "/v1/runs", b"{" + b" " * 9000 + b"}", user="ana",
+                                        headers={"Content-Type": "application/x-www-form-urlencoded"})
+        self.assertEqual(status, 413)
+        self.assertIn("Content-Type: application/json", v["error"]["hint"])
 
     def test_cancel_stops_a_running_run_and_resume_continues_it(self):
         doc = pipeline("cancel")
@@ -492,6 +539,164 @@ class Queue(unittest.TestCase):
                 self.assertFalse(os.path.exists(os.path.join(svc.runs, "ana", a2)))
             finally:
                 svc.stop()
+
+
+class Inference(unittest.TestCase):
+    """/v2: the Open Inference Protocol over a run's champion (issue 28), through the real server:
+    a batch, a single image, FP32/UINT8/BYTES, each bad request a 4xx, names by run id and by
+    <pipeline>@champion, 64 concurrent clients with no error and resident memory held."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        work = cls.tmp.name
+        doc = pipeline("inf", rounds=1)
+        p = os.path.join(work, "inf.json")
+        with open(p, "w") as f:
+            json.dump(doc, f)
+        subprocess.run([EXE, "run", p, "--runs", os.path.join(work, "cli-runs"), "--run-id", "inf"], check=True,
+                       capture_output=True, timeout=600)
+        cls.run_dir = os.path.join(work, "cli-runs", "inf")
+        test = doc["datasets"]["test"]
+        cls.images = read_idx(test["images"], 16)
+        r = subprocess.run([EXE, "predict", cls.run_dir, test["images"], "--labels", test["labels"], "--limit", "16",
+                            "--json"], check=True, capture_output=True, text=True)
+        cls.ref = [e["probabilities"] for e in json.loads(r.stdout)]
+        cls.svc = Service(work, [("ana", [DATA, MODELS], 0), ("bob", [DATA, MODELS], 0)],
+                          extra=["--model", "tiny=" + cls.run_dir])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.svc.stop()
+        cls.tmp.cleanup()
+
+    def infer(self, model, inputs, user="ana", **extra):
+        body = dict(extra, inputs=inputs)
+        return self.svc.request("POST", f"/v2/models/{model}/infer", body, user=user,
+                                headers={"Content-Type": "application/json"})
+
+    def close(self, got, want, tol=1e-6):
+        self.assertEqual(len(got), len(want))
+        for a, b in zip(got, want):
+            self.assertLessEqual(abs(a - b), tol * max(1.0, abs(b)), (a, b))
+
+    def test_a_batch_and_single_images_in_each_datatype(self):
+        n = len(self.images)
+        status, out, _ = self.infer("tiny", [{"name": "image", "datatype": "UINT8", "shape": [n, 28, 28, 1],
+                                               "data": [int(v) for im in self.images for v in im]}], id="b1")
+        self.assertEqual(status, 200, out)
+        self.assertEqual(out["id"], "b1")
+        [t] = out["outputs"]
+        self.assertEqual((t["name"], t["datatype"], t["shape"]), ("probabilities", "FP32", [n, 10]))
+        self.close(t["data"], [v for row in self.ref for v in row])
+        # One image as a PNG file, base64: the same row.
+        png = encode_png(self.images[3], 28, 28)
+        status, out, _ = self.infer("tiny", [{"name": "image", "datatype": "BYTES", "shape": [1],
+                                               "data": [base64.b64encode(png).decode()]}])
+        self.assertEqual(status, 200, out)
+        self.close(out["outputs"][0]["data"], self.ref[3])
+        # The metadata names what it takes.
+        status, meta, _ = self.svc.request("GET", "/v2/models/tiny", user="ana")
+        self.assertEqual(status, 200, meta)
+        self.assertEqual(meta["inputs"][0]["shape"], [-1, 3, 48, 48])
+        self.assertEqual(meta["outputs"][0]["shape"], [-1, 10])
+        # FP32, prepared by the caller as msaflow prepares: what the UINT8 image gave.
+        prepared = prepare(self.images[0], 28, 28, 48, 48, 0.5, 0.5)
+        status, out, _ = self.infer("tiny", [{"name": "image", "datatype": "FP32", "shape": [1, 3, 48, 48],
+                                               "data": prepared}])
+        self.assertEqual(status, 200, out)
+        self.close(out["outputs"][0]["data"], self.ref[0], tol=1e-4)
+        for path in ("/v2/health/live", "/v2/health/ready", "/v2"):
+            self.assertEqual(self.svc.request("GET", path)[0], 200, path)
+
+    def test_each_bad_request_gets_a_4xx_that_says_why(self):
+        good = {"name": "image", "datatype": "UINT8", "shape": [1, 28, 28, 1], "data": [0] * 784}
+        cases = [
+            ([dict(good, shape=[1, 28, 28, 2])], 400, "channels"),
+            ([dict(good, shape=[2, 28, 28, 1])], 400, "1568"),
+            ([dict(good, datatype="FP16")], 400, "FP32, UINT8 or BYTES"),
+            ([dict(good, datatype="FP32", shape=[1, 3, 48, 47], data=[0.0] * 6768)], 400, "FP32 [1, 3, 48, 48]"),
+            ([dict(good, data=[300] + [0] * 783)], 400, "0 to 255"),
+            ([{"name": "image", "datatype": "BYTES", "shape": [1],
+               "data": [base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 30).decode()]}], 400, "inputs[0].data[0]"),
+            ([{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["not base64!"]}], 400, "base64"),
+            ([], 400, "one tensor"),
+        ]
+        for inputs, code, text in cases:
+            with self.subTest(text=text):
+                status, out, _ = self.infer("tiny", inputs)
+                self.assertEqual(status, code, out)
+                self.assertIn(text, out["error"]["message"])
+        status, out, _ = self.svc.request("POST", "/v2/models/tiny/infer", "{not json", user="ana",
+                                          headers={"Content-Type": "application/json"})
+        self.assertEqual(status, 400, out)
+        self.assertEqual(self.infer("nope", [good])[0], 404)
+        self.assertEqual(self.svc.request("GET", "/v2/models/nope", user="ana")[0], 404)
+        self.assertEqual(self.svc.request("POST", "/v2/models/tiny/infer", {"inputs": [good]})[0], 401)
+        self.assertEqual(self.svc.request("GET", "/v2/models/tiny", token="wrong")[0], 401)
+        self.assertEqual(self.svc.request("GET", "/v2/health/live")[0], 200)
+
+    def test_runs_by_id_and_pipeline_champion_only_for_their_owner(self):
+        status, sub, _ = self.svc.request("POST", "/v1/runs", pipeline("alias"), user="ana")
+        self.assertEqual(status, 202, sub)
+        self.svc.wait_state("ana", sub["id"], ("finished",))
+        one = [{"name": "image", "datatype": "UINT8", "shape": [1, 28, 28, 1], "data": [int(v) for v in self.images[5]]}]
+        status, by_id, _ = self.infer(sub["id"], one)
+        self.assertEqual(status, 200, by_id)
+        status, by_alias, _ = self.infer("alias@champion", one)
+        self.assertEqual(status, 200, by_alias)
+        self.assertEqual(by_alias["outputs"][0]["data"], by_id["outputs"][0]["data"])
+        _, view, _ = self.svc.request("GET", "/v1/runs/" + sub["id"], user="ana")
+        status, _, _ = self.infer(sub["id"] + ":" + view["champion"]["candidate"], one)
+        self.assertEqual(status, 200)
+        # bob sees neither
+        self.assertEqual(self.infer(sub["id"], one, user="bob")[0], 404)
+        self.assertEqual(self.infer("alias@champion", one, user="bob")[0], 404)
+
+    def test_64_concurrent_clients_no_error_and_memory_held(self):
+        one = json.dumps({"inputs": [{"name": "image", "datatype": "UINT8", "shape": [1, 28, 28, 1],
+                                      "data": [int(v) for v in self.images[2]]}]})
+        headers = {"Authorization": "Bearer " + self.svc.tokens["ana"], "Content-Type": "application/json"}
+        errors, counts = [], [0] * 64
+
+        def client(i, seconds):
+            c = http.client.HTTPConnection(self.svc.host, self.svc.port, timeout=60)
+            end = time.time() + seconds
+            while time.time() < end:
+                c.request("POST", "/v2/models/tiny/infer", body=one, headers=headers)
+                r = c.getresponse()
+                body = r.read()
+                if r.status != 200:
+                    errors.append((r.status, body[:200]))
+                    return
+                counts[i] += 1
+            c.close()
+
+        def rss():
+            with open(f"/proc/{self.svc.proc.pid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+
+        def burst(seconds):
+            threads = [threading.Thread(target=client, args=(i, seconds)) for i in range(64)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        # Warm-up: every batch size's plan compiled, and the connection threads (a pool of 160,
+        # each touching its stack and malloc arena when first used) and allocator grown.
+        sizes = []
+        for seconds in (3, 3, 5, 5):
+            before = sum(counts)
+            burst(seconds)
+            sizes.append(rss())
+            print(f"64 clients, {seconds} s: {(sum(counts) - before) / seconds:.0f} requests/s, "
+                  f"resident memory {sizes[-1] / 1024:.1f} MiB")
+        self.assertFalse(errors, errors[:3])
+        self.assertTrue(all(counts), "a client was never served")
+        growth = sizes[-1] - sizes[-2]
+        print(f"growth over the last 5 s: {growth / 1024:.1f} MiB")
+        self.assertLess(growth, 4 * 1024, "resident memory still grew after the warm-up")
 
 
 class Tls(unittest.TestCase):
