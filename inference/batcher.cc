@@ -54,6 +54,16 @@ std::vector<float> Batcher::Infer(std::vector<float> prepared, int64_t n) {
 void Batcher::Loop() {
   const int64_t per = model_->PreparedSize(), k = model_->classes();
   std::vector<float> batch;
+  // Every batch size's plan compiled before the first request: no request pays for one, and
+  // the memory they take is taken now, not when load first makes a full batch.
+  try {
+    for (int64_t b = 1; b <= std::min<int64_t>(o_.max_batch, 64); b *= 2) {
+      batch.assign(static_cast<size_t>(b * per), 0.f);
+      model_->ClassifyPrepared(batch.data(), b);
+    }
+  } catch (const Error&) {
+    // a model that cannot run zeros fails each request with its own message instead
+  }
   for (;;) {
     std::vector<std::unique_ptr<Job>> jobs;
     {

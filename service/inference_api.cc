@@ -138,6 +138,7 @@ json ModelServer::Metadata(const User& u, const std::string& name) {
   const Loaded m = Resolve(u, name);
   const inference::Classifier& c = m.batcher->model();
   const auto& in = c.input();
+  const inference::BatchStats st = m.batcher->stats();
   const json shape = c.raw_pixels() ? json::array({-1, c.PreparedSize()}) : json::array({-1, in.channels, in.height, in.width});
   return {{"name", name},
           {"versions", json::array({"1"})},
@@ -150,7 +151,8 @@ json ModelServer::Metadata(const User& u, const std::string& name) {
              {"FP32 [N, ...as above]: images prepared as the run prepared them",
               "UINT8 [N, height, width, channels]: images, prepared here", "BYTES [N]: PNG or JPEG files, base64"}},
             {"max_batch", o_.max_batch},
-            {"max_delay_ms", o_.max_delay_ms}}}};
+            {"max_delay_ms", o_.max_delay_ms},
+            {"served", {{"requests", st.requests}, {"images", st.images}, {"batches", st.batches}, {"refused", st.refused}}}}}};
 }
 
 json ModelServer::Infer(const User& u, const std::string& name, const std::string& body) {

@@ -696,6 +696,10 @@ class Inference(unittest.TestCase):
         self.assertTrue(all(counts), "a client was never served")
         growth = sizes[-1] - sizes[-2]
         print(f"growth over the last 5 s: {growth / 1024:.1f} MiB")
+        # The requests were batched: fewer batches than requests.
+        served = self.svc.request("GET", "/v2/models/tiny", user="ana")[1]["parameters"]["served"]
+        print(f"served: {served}, {served['images'] / served['batches']:.1f} images a batch")
+        self.assertGreater(served["images"] / served["batches"], 1.5)
         self.assertLess(growth, 4 * 1024, "resident memory still grew after the warm-up")
 
 
