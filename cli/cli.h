@@ -37,7 +37,7 @@ struct Options {
   std::string candidate, labels;  // export, predict
   bool with_preprocessing = false;
   std::vector<std::string> images;
-  int64_t top = 3, limit = 0;
+  int64_t top = 3, limit = 0, predict_batch = 64;
 };
 
 // Pipelines and runs (cli/run_commands.cc).

@@ -237,6 +237,8 @@ void AddModelCommands(CLI::App& app, cli::Options& o, std::vector<Command>& comm
   pr->add_option("--top", o.top, "classes shown per image")->check(CLI::Range(1, 1000))->capture_default_str();
   pr->add_option("--limit", o.limit, "the first N images only (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   pr->add_flag("--json", o.as_json, "one JSON array, an object per image in input order");
+  pr->add_option("--batch", o.predict_batch, "images the backbone runs at once")->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   commands.push_back({ex, cli::Export});
   commands.push_back({pr, cli::Predict});
 }

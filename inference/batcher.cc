@@ -28,7 +28,7 @@ BatchStats Batcher::stats() const {
   return stats_;
 }
 
-std::vector<float> Batcher::Infer(std::vector<float> prepared, int64_t n) {
+std::vector<float> Batcher::Infer(std::vector<float> prepared, int64_t n, Arrival* arrival) {
   if (n < 1) return {};
   if (static_cast<int64_t>(prepared.size()) != n * model_->PreparedSize())
     Throw(ErrorKind::kInvalidInput, "infer: " + std::to_string(prepared.size()) + " values for " + std::to_string(n) +
@@ -46,8 +46,9 @@ std::vector<float> Batcher::Infer(std::vector<float> prepared, int64_t n) {
     }
     queued_images_ += n;
     queue_.push_back(std::move(job));
+    if (arrival) arrival->Done();  // counted as queued now, under the lock the batch thread waits with
   }
-  wake_.notify_one();
+  wake_.notify_all();
   return result.get();
 }
 
@@ -75,10 +76,12 @@ void Batcher::Loop() {
         queue_.clear();
         return;
       }
-      // Company for the first request: until the batch is full or its delay is over.
+      // Company for the first request: while others are on their way, until the batch is full
+      // or the delay is over.
       const auto deadline =
           std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(o_.max_delay_ms);
-      wake_.wait_until(l, deadline, [&] { return stop_ || queued_images_ >= o_.max_batch; });
+      wake_.wait_until(l, deadline,
+                       [&] { return stop_ || queued_images_ >= o_.max_batch || arriving_.load() == 0; });
       int64_t images = 0;
       while (!queue_.empty() && (jobs.empty() || images + queue_.front()->n <= o_.max_batch)) {
         images += queue_.front()->n;

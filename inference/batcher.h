@@ -1,10 +1,12 @@
 // Dynamic batching for a model served to many clients (msaflow serve's /v2 inference): requests
-// wait in a bounded queue and one thread runs them together, up to `max_batch` images or
-// `max_delay_ms` after the first one waiting, whichever comes first, then hands each request
-// its rows. A request that would overfill the queue is refused at once (kUnavailable), never
+// wait in a bounded queue and one thread runs them together, up to `max_batch` images, then
+// hands each request its rows. The first request waiting waits for company at most
+// `max_delay_ms`, and only while other requests are on their way (Arrival): a lone client's
+// request runs at once, and under load the requests that came while a batch ran form the next. A request that would overfill the queue is refused at once (kUnavailable), never
 // held. The Classifier (whose executor is not thread-safe) is used by that thread only.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -35,9 +37,26 @@ class Batcher {
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
+  // A request on its way (being read and prepared on its connection's thread): while one is, the
+  // batch thread waits (up to max_delay_ms) for it; when none is, a lone request runs at once.
+  // Hold the returned guard until Infer is called (or the request fails).
+  class Arrival {
+   public:
+    explicit Arrival(Batcher* b) : b_(b) { b_->arriving_.fetch_add(1); }
+    ~Arrival() { Done(); }
+    Arrival(const Arrival&) = delete;
+    Arrival& operator=(const Arrival&) = delete;
+    void Done() {
+      if (b_) b_->arriving_.fetch_sub(1);
+      b_ = nullptr;
+    }
+
+   private:
+    Batcher* b_;
+  };
   // n prepared images (model().PreparedSize() floats each) -> n x classes probabilities.
   // Throws kUnavailable when the queue is full, or what classifying threw.
-  std::vector<float> Infer(std::vector<float> prepared, int64_t n);
+  std::vector<float> Infer(std::vector<float> prepared, int64_t n, Arrival* arrival = nullptr);
 
   const Classifier& model() const { return *model_; }
   BatchStats stats() const;
@@ -56,6 +75,7 @@ class Batcher {
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Job>> queue_;
   int64_t queued_images_ = 0;
+  std::atomic<int64_t> arriving_{0};
   bool stop_ = false;
   BatchStats stats_;
   std::thread thread_;

@@ -24,8 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kBatch = 64;  // the steps' batch
-
 bool IsImageFile(const fs::path& p) {
   std::string ext = p.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -317,30 +315,33 @@ std::vector<float> Classifier::ClassifyPrepared(const float* x, int64_t n) {
   } else {
     const int64_t per = PreparedSize();
     const int64_t fixed = input_.batch;  // a model of fixed batch gets whole batches
-    const int64_t step = fixed > 0 ? fixed : kBatch;
+    const int64_t step = fixed > 0 ? fixed : batch_;
     std::vector<float> padded;
-    for (int64_t s = 0; s < n; s += step) {
+    for (int64_t s = 0, took = 0; s < n; s += took) {
       const int64_t b = std::min(step, n - s);
-      // The batch the executor runs: the model's fixed one; else, when serving, the next power of
-      // two (the executor keeps a compiled plan per batch size: 7 sizes, not 64).
+      // The batch the executor runs: the model's fixed one; else, when serving, the largest power
+      // of two that fits (the executor keeps a compiled plan per batch size: 7 sizes, not 64;
+      // 40 images run as 32 and 8, none padded).
       int64_t run = b;
       if (fixed > 0) {
         run = fixed;
       } else if (pow2_batches_) {
         run = 1;
-        while (run < b) run *= 2;
+        while (run * 2 <= b) run *= 2;
       }
+      const int64_t take = std::min(run, b);
+      took = take;
       const float* batch = x + s * per;
-      if (run > b) {
+      if (run > take) {
         padded.assign(static_cast<size_t>(run * per), 0.f);
-        std::copy(batch, batch + b * per, padded.begin());
+        std::copy(batch, batch + take * per, padded.begin());
         batch = padded.data();
       }
       auto f = executor_->Features(batch, run, input_.channels, input_.height, input_.width);
-      if (static_cast<int64_t>(f.size()) < b * dim)
-        Throw(ErrorKind::kInvalidInput, "the backbone gives " + std::to_string(f.size() / static_cast<size_t>(b)) +
+      if (static_cast<int64_t>(f.size()) < take * dim)
+        Throw(ErrorKind::kInvalidInput, "the backbone gives " + std::to_string(f.size() / static_cast<size_t>(run)) +
                                             " features an image; the head takes " + std::to_string(dim));
-      std::copy(f.begin(), f.begin() + b * dim, features.begin() + s * dim);
+      std::copy(f.begin(), f.begin() + take * dim, features.begin() + s * dim);
     }
   }
   if (half_) {  // as the NAM stored them

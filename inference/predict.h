@@ -33,6 +33,8 @@ class Classifier {
   // Run batches of a power-of-two size (padded): what a server with varying batches wants, so
   // that the executor compiles a handful of plans (kernels/executor.h keeps one per shape).
   void set_pow2_batches(bool on) { pow2_batches_ = on; }
+  // Images the executor runs at once (default 64, the steps' batch).
+  void set_batch(int64_t b) { batch_ = b < 1 ? 1 : b; }
   bool raw_pixels() const { return kind_ == "pixels"; }
   const kernels::InputSpec& input() const { return input_; }
   int64_t classes() const { return head_.classes; }
@@ -46,6 +48,7 @@ class Classifier {
   kernels::InputSpec input_;
   bool half_ = false;
   bool pow2_batches_ = false;
+  int64_t batch_ = 64;
   int64_t pixels_dim_ = 0;  // raw pixels: rows x cols x channels
   kernels::Head head_;
   std::vector<std::string> class_names_;

@@ -157,6 +157,7 @@ json ModelServer::Metadata(const User& u, const std::string& name) {
 
 json ModelServer::Infer(const User& u, const std::string& name, const std::string& body) {
   const Loaded m = Resolve(u, name);
+  inference::Batcher::Arrival arrival(m.batcher.get());  // the batch thread may wait for this one
   const inference::Classifier& c = m.batcher->model();
   const json req = json::parse(body, nullptr, false);
   if (req.is_discarded() || !req.is_object()) throw Bad("the body is not a JSON object");
@@ -236,7 +237,7 @@ json ModelServer::Infer(const User& u, const std::string& name, const std::strin
   }
   std::vector<float> p;
   try {
-    p = m.batcher->Infer(std::move(x), n);
+    p = m.batcher->Infer(std::move(x), n, &arrival);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kUnavailable) throw ApiError(503, "busy", e.what());
     throw;
