@@ -700,7 +700,10 @@ class Inference(unittest.TestCase):
         served = self.svc.request("GET", "/v2/models/tiny", user="ana")[1]["parameters"]["served"]
         print(f"served: {served}, {served['images'] / served['batches']:.1f} images a batch")
         self.assertGreater(served["images"] / served["batches"], 1.5)
-        self.assertLess(growth, 4 * 1024, "resident memory still grew after the warm-up")
+        if "ASAN_OPTIONS" in os.environ:  # scripts/sanitize.sh: ASan's quarantine holds freed memory (256 MiB)
+            print("under AddressSanitizer: resident memory is not the program's; not checked")
+        else:
+            self.assertLess(growth, 4 * 1024, "resident memory still grew after the warm-up")
 
 
 class Tls(unittest.TestCase):
