@@ -149,6 +149,45 @@ class Export(unittest.TestCase):
     def test_digits_champion(self):
         self.check_champion("digits")
 
+    def test_features_stored_as_float16(self):
+        """A backbone whose features the run stored as float16: the export rounds them the same
+        way (Cast to float16 and back), so msaflow's executor on the file is the run's model."""
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from small_pipeline import tiny_pipeline
+        doc = tiny_pipeline(ROOT, "half", rounds=1)
+        doc["backbones"] = [dict(b, feature_dtype="f16") for b in doc["backbones"] if b["name"] == "ppocrv4"]
+        path = os.path.join(WORK.name, "half.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        msaflow("run", path, "--runs", WORK.name, "--run-id", "half")
+        run_dir = os.path.join(WORK.name, "half")
+        with open(os.path.join(run_dir, "results.json")) as f:
+            champion = json.load(f)["champion"]
+        test = doc["datasets"]["test"]
+        limit = test["limit"]
+        images, labels = read_idx(test["images"], limit), read_idx(test["labels"], limit)
+        ref = predictions(msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", str(limit),
+                                  "--json").stdout)
+        reported = sum(c["correct"] for c in champion["test"]["per_class"])
+        self.assertEqual(int((ref.argmax(1) == labels).sum()), reported)
+        model = os.path.join(WORK.name, "half.onnx")
+        msaflow("export", run_dir, "-o", model)
+        onnx.checker.check_model(onnx.load(model), full_check=True)
+        self.assertIn("Cast", [n.op_type for n in onnx.load(model).graph.node])
+        got = predictions(msaflow("predict", model, test["images"], "--labels", test["labels"], "--limit", str(limit),
+                                  "--json").stdout)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=0)
+        # OpenCV's dnn reads it and picks the same classes; its probabilities are further off
+        # (measured 6e-4: float16's rounding steps magnify its other summation order).
+        x = np.stack([cv2.resize(im.astype(np.float32), (48, 48), interpolation=cv2.INTER_LINEAR) for im in images])
+        x = np.repeat(((x / np.float32(255) - 0.5) / 0.5).astype(np.float32)[:, None], 3, axis=1)
+        net = cv2.dnn.readNetFromONNX(model)
+        net.setInput(x)
+        out = net.forward().astype(np.float64)
+        print(f"  float16 features: OpenCV's dnn vs msaflow: max abs {np.abs(out - ref).max():.2e}")
+        self.assertTrue((out.argmax(1) == ref.argmax(1)).all())
+        self.assertLess(np.abs(out - ref).max(), 5e-3)
+
     def test_bad_inputs_get_one_clear_error(self):
         run_dir, res, pipe = run_of("quickstart")
         test = pipe["datasets"]["test"]
