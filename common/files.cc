@@ -35,6 +35,33 @@ void SyncDir(const std::string& dir) {
 
 }  // namespace
 
+std::string ReadInputFile(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) Throw(ErrorKind::kNotFound, path + ": no such file");
+    ThrowErrno("open " + path);
+  }
+  struct stat st {};
+  const bool ok = ::fstat(fd, &st) == 0;
+  ::close(fd);
+  if (!ok) ThrowErrno("stat " + path);
+  if (!S_ISREG(st.st_mode))
+    Throw(ErrorKind::kInvalidInput, path + ": not a regular file (" +
+                                        (S_ISDIR(st.st_mode)    ? "a directory"
+                                         : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                         : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                                                      : "a socket or other special file") +
+                                        "); expected " + what);
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    Throw(ErrorKind::kInvalidInput, path + ": " + std::to_string(st.st_size) + " bytes; " + what + " is at most " +
+                                        std::to_string(max_bytes) + " bytes");
+  std::string out = ReadFile(path);
+  if (out.size() > max_bytes)  // grown since
+    Throw(ErrorKind::kInvalidInput, path + ": over " + std::to_string(max_bytes) + " bytes; " + what + " is at most that");
+  return out;
+}
+
 std::string ReadFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {

@@ -11,6 +11,12 @@ namespace msaflow {
 // Reads the whole file. Throws kNotFound if it does not exist, kIo on other failures.
 std::string ReadFile(const std::string& path);
 
+// A file a user names as input (a pipeline, a machine file, an ONNX model): the same, but only a
+// regular file of at most `max_bytes`. A device (/dev/zero), a FIFO or a directory is refused
+// with kInvalidInput naming the path and `what` was expected, before any byte is read and
+// without blocking on the FIFO's writer; so is a file over the bound.
+std::string ReadInputFile(const std::string& path, const std::string& what, uint64_t max_bytes);
+
 // Writes `data` to a temporary file beside `path`, fsyncs it, renames it over `path` and fsyncs
 // the directory: a reader sees the old file or the new one, never a mix. Creates parent
 // directories. Throws kIo.

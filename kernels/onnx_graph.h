@@ -48,6 +48,9 @@ struct Graph {
   int64_t opset = 0;
 };
 
+// The largest model file msaflow reads: protobuf's own bound on a message (2 GiB).
+inline constexpr uint64_t kMaxOnnxBytes = uint64_t{2} << 30;
+
 // Operators the executor implements (kernels/executor.cc).
 bool IsSupportedOp(const std::string& op);
 

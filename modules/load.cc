@@ -46,7 +46,7 @@ void Load(StepContext& c) {
       }
       c.WorkAhead();
     } else {
-      std::string model = ReadFile(bb.onnx);
+      std::string model = ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes);
       const auto& in = bb.input;
       // int8 quantizes by ranges measured on the training images: they are part of what the
       // backbone gives.

@@ -31,7 +31,7 @@ void CheckBackboneInput(const kernels::Graph& g, const BackboneSpec& bb) {
 void CheckBackbones(const Pipeline& p) {
   for (const auto& bb : p.backbones) {
     if (bb.kind != "onnx") continue;
-    kernels::Graph g = kernels::ImportOnnx(ReadFile(bb.onnx), bb.onnx, bb.feature_layer);
+    kernels::Graph g = kernels::ImportOnnx(ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes), bb.onnx, bb.feature_layer);
     CheckBackboneInput(g, bb);
     kernels::Executor ex(std::move(g));  // every operator up to the feature layer is one the executor runs
   }

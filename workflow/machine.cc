@@ -274,7 +274,7 @@ Machine LoadMachine(const std::string& name_or_path) {
     return m;
   }
   std::string base = std::filesystem::absolute(name_or_path).parent_path().string();
-  Machine m = ParseMachine(ReadFile(name_or_path), name_or_path, base);
+  Machine m = ParseMachine(ReadInputFile(name_or_path, "a machine file (JSON)", 1 << 20), name_or_path, base);
   m.source = std::filesystem::absolute(name_or_path).lexically_normal().string();
   return m;
 }

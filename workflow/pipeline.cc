@@ -481,7 +481,7 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
 }
 
 Pipeline LoadPipeline(const std::string& path) {
-  std::string text = ReadFile(path);
+  std::string text = ReadInputFile(path, "a pipeline file (JSON)", 16 << 20);
   std::string base = std::filesystem::absolute(path).parent_path().string();
   return ParsePipeline(text, path, base);
 }

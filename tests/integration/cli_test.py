@@ -44,6 +44,34 @@ class Cli(TempDirCase):
         self.assertEqual(r.returncode, 4)
         self.assertIn("/nonexistent/model.onnx: no such file", r.stderr)
 
+    def test_a_device_or_fifo_named_as_a_file_is_refused_without_reading_it(self):
+        """/dev/zero as a model or machine file once read until memory was gone, and a FIFO blocked
+        for ever (a service accepting pipelines must never): now refused at once, exit 3."""
+        fifo = os.path.join(self.dir, "model.onnx")
+        os.mkfifo(fifo)
+        for key, value, text in (("onnx", "/dev/zero", "/dev/zero: not a regular file (a device); expected an ONNX model"),
+                                 ("onnx", fifo, "model.onnx: not a regular file (a FIFO); expected an ONNX model"),
+                                 ("machine", "/dev/zero", "expected a machine file (JSON)")):
+            with self.subTest(key=key, value=value):
+                doc = self.quickstart()
+                for b in doc["backbones"]:  # the others found, so that this one is the one refused
+                    if "onnx" in b:
+                        b["onnx"] = os.path.normpath(os.path.join(ROOT, "pipelines", b["onnx"]))
+                for split in doc["datasets"].values():
+                    for f in ("images", "labels"):
+                        if f in split:
+                            split[f] = os.path.normpath(os.path.join(ROOT, "pipelines", split[f]))
+                if key == "onnx":
+                    doc["backbones"][0]["onnx"] = value
+                else:
+                    doc["machine"] = value
+                r = msaflow("validate", self.write("p.json", doc))  # 120 s timeout: a FIFO would hang it
+                self.assertEqual(r.returncode, 3, r.stderr)
+                self.assertIn(text, r.stderr)
+        r = msaflow("validate", "/dev/zero")
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("expected a pipeline file (JSON)", r.stderr)
+
     def test_not_json(self):
         r = msaflow("validate", self.write("p.json", "{oops"))
         self.assertEqual(r.returncode, 3)
