@@ -195,6 +195,11 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
   for (char c : b.name)
     if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
       r.Fail(ptr + "/name", Quote(v["name"]) + " must use only [a-z0-9._-] (it names NAM objects)");
+  // A NAM object name's segment: not empty, "." or "..", and short enough for the names built on it.
+  if (b.name.empty() || b.name == "." || b.name == "..")
+    r.Fail(ptr + "/name", Quote(v["name"]) + " cannot name NAM objects; expected a name such as \"mobilenetv2\"");
+  if (b.name.size() > 64)
+    r.Fail(ptr + "/name", Quote(v["name"]) + " is " + std::to_string(b.name.size()) + " characters long; at most 64");
   if (v.contains("kind")) b.kind = r.Enum(v["kind"], ptr + "/kind", {"onnx", "pixels"});
   if (v.contains("feature_dtype")) b.feature_dtype = r.Enum(v["feature_dtype"], ptr + "/feature_dtype", {"f32", "f16"});
   if (b.kind == "pixels") {
@@ -292,6 +297,10 @@ void ReadHeader(const Reader& r, const json& doc, const std::string& base_dir, P
   if (doc.contains("format") && r.String(doc["format"], "/format") != kPipelineFormat)
     r.Fail("/format", Quote(doc["format"]) + " is not a supported format; expected \"" + kPipelineFormat + "\"");
   p.name = r.String(doc["name"], "/name");
+  // It starts every run id: no control character (a NUL, a newline) and no '/'.
+  for (char c : p.name)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '/')
+      r.Fail("/name", Quote(doc["name"]) + " has a control character or '/'; a run's id starts with the name");
   // Run ids start with the name and name NAM objects (at most 255 bytes with what follows).
   if (p.name.size() > 64)
     r.Fail("/name", Quote(doc["name"]) + " is " + std::to_string(p.name.size()) + " characters long; at most 64");

@@ -90,6 +90,16 @@ TEST(Pipeline, ExactErrors) {
   EXPECT_EQ(ErrorOf("{\"name\": "), "p.json: not valid JSON (parse error at line 1, column 10: syntax error while "
                                     "parsing value - unexpected end of input; expected '[', '{', or a literal)");
   EXPECT_EQ(ErrorOf("[]"), "p.json: /: expected an object, got an array");
+  // Names that would fail only when the run writes NAM objects or makes its id (issue 31).
+  EXPECT_EQ(ErrorOf(With("{\"name\": \"m\",", "{\"name\": \"..\",")),
+            "p.json: /backbones/0/name: \"..\" cannot name NAM objects; expected a name such as \"mobilenetv2\"");
+  const std::string long_name = ErrorOf(With("{\"name\": \"m\",", "{\"name\": \"" + std::string(65, 'm') + "\","));
+  EXPECT_EQ(long_name.rfind("p.json: /backbones/0/name: \"mmm", 0), 0u) << long_name;
+  EXPECT_NE(long_name.find("is 65 characters long; at most 64"), std::string::npos) << long_name;
+  EXPECT_EQ(ErrorOf(With("\"name\": \"t\"", "\"name\": \"a/b\"")),
+            "p.json: /name: \"a/b\" has a control character or '/'; a run's id starts with the name");
+  EXPECT_EQ(ErrorOf(With("\"name\": \"t\"", "\"name\": \"a\\nb\"")),
+            "p.json: /name: \"a\\nb\" has a control character or '/'; a run's id starts with the name");
 }
 
 TEST(Pipeline, BackbonePrecisionAndFeatureDtype) {
