@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "integration"))
 from cpu import describe  # noqa: E402
 from small_pipeline import tiny_pipeline  # noqa: E402
+from sse import sse_events  # noqa: E402
 from workdir import work_directory  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,22 +88,13 @@ def subscriber(host, port, token, rid, out, i):
     conn = http.client.HTTPConnection(host, port, timeout=600)
     conn.request("GET", f"/v1/runs/{rid}/events", headers={"Authorization": "Bearer " + token})
     r = conn.getresponse()
-    ids, block, last_at = [], {}, None
-    while True:
-        line = r.fp.readline()
-        if not line:
+    ids, last_at = [], None
+    for e in sse_events(r):
+        if e.get("event") == "journal":
+            ids.append(int(e["id"]))
+            last_at = time.time()
+        if e.get("event") == "end":
             break
-        line = line.decode().rstrip("\n")
-        if line == "":
-            if block.get("event") == "journal":
-                ids.append(int(block["id"]))
-                last_at = time.time()
-            if block.get("event") == "end":
-                break
-            block = {}
-        elif ": " in line and not line.startswith(":"):
-            k, v = line.split(": ", 1)
-            block[k] = v
     conn.close()
     out[i] = (r.status, ids, last_at)
 

@@ -23,6 +23,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from small_pipeline import tiny_pipeline  # noqa: E402
+from sse import sse_events  # noqa: E402
 
 EXE = os.path.abspath(sys.argv[1])
 ROOT = os.path.abspath(sys.argv[2])
@@ -151,24 +152,13 @@ class Service:
         c.request("GET", f"/v1/runs/{run_id}/events", headers=h)
         r = c.getresponse()
         assert r.status == 200, (r.status, r.read())
-        out, block = [], {}
-        journal = 0
-        while True:
-            line = r.fp.readline()
-            if not line:
+        out, journal = [], 0
+        for e in sse_events(r):
+            out.append((e.get("id"), e.get("event", "message"), json.loads(e["data"])))
+            if e.get("event") == "journal":
+                journal += 1
+            if e.get("event") == "end" or (limit and journal >= limit):
                 break
-            line = line.decode().rstrip("\n")
-            if line == "":
-                if "data" in block:
-                    out.append((block.get("id"), block.get("event", "message"), json.loads(block["data"])))
-                    if block.get("event") == "journal":
-                        journal += 1
-                    if block.get("event") == "end" or (limit and journal >= limit):
-                        break
-                block = {}
-            elif not line.startswith(":") and ": " in line:
-                k, v = line.split(": ", 1)
-                block[k] = v
         c.close()
         return out
 
