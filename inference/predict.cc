@@ -45,7 +45,7 @@ void AddSet(const kernels::ImageSet& s, const std::string& path, Images* out) {
 }
 
 void AddFile(const std::string& path, int label, Images* out) {
-  out->images.push_back(kernels::DecodeImage(ReadFile(path), path));
+  out->images.push_back(kernels::DecodeImage(ReadInputFile(path, "a PNG or JPEG file", uint64_t{1} << 30), path));
   out->names.push_back(path);
   out->labels.push_back(label);
 }
@@ -234,7 +234,7 @@ Classifier::Classifier(const TrainedModel& m) {
 }
 
 std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
-  const std::string bytes = ReadFile(path);
+  const std::string bytes = ReadInputFile(path, "an ONNX model", kernels::kMaxOnnxBytes);
   onnx::ModelProto m;
   if (bytes.empty() || !m.ParseFromString(bytes) || !m.has_graph())
     Throw(ErrorKind::kInvalidInput, path + ": not an ONNX model");

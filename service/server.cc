@@ -324,7 +324,6 @@ void Service::RunsEvents(const httplib::Request&, httplib::Response& res) {
       [this](bool) { streams_.fetch_sub(1); });
 }
 
-// The routes and what serves them. `self` is only captured here (Routes() reads the table with none).
 // Inference: the Open Inference Protocol v2 subset (service/inference_api.h).
 void Service::InferenceHandlers(Service* self, std::vector<Handler>& h) {
   h.push_back({{"GET", "/v2"}, "/v2", [](const httplib::Request&, httplib::Response& res) {
@@ -350,6 +349,7 @@ void Service::InferenceHandlers(Service* self, std::vector<Handler>& h) {
                }});
 }
 
+// The routes and what serves them. `self` is only captured here (Routes() reads the table with none).
 std::vector<Handler> Service::Handlers(Service* self) {
   auto asset = [](const char* body, const char* type) {
     return [body, type](const httplib::Request&, httplib::Response& res) {
@@ -463,6 +463,15 @@ void Service::Configure(httplib::Server& s) {
       res.set_header("Connection", "close");
       res.set_header("Retry-After", "1");
       SendError(res, ApiError(503, "busy", "the service has too many connections; try again"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // Only an infer request may carry more than a pipeline's bound (64 MiB against 1 MiB): a
+    // declared length over it is refused before the body is read.
+    const bool infer = req.path.rfind("/v2/models/", 0) == 0 && req.path.size() > 6 &&
+                       req.path.compare(req.path.size() - 6, 6, "/infer") == 0;
+    if (!infer && req.get_header_value<uint64_t>("Content-Length") > o_.max_body) {
+      res.set_header("Connection", "close");
+      SendError(res, ApiError(413, "payload_too_large", fmt::format("a request body here is at most {} bytes", o_.max_body)));
       return httplib::Server::HandlerResponse::Handled;
     }
     const bool api = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/v2/", 0) == 0;

@@ -197,6 +197,7 @@ class Export(unittest.TestCase):
             (["export", run_dir, "--candidate", "r9-c99", "-o", out], 4, "r1-c00"),
             (["predict", run_dir, os.path.join(WORK.name, "missing.png")], 4, "missing.png: no such file"),
             (["predict", run_dir, test["images"]], 3, "add --labels FILE"),
+            (["predict", run_dir, "/dev/zero"], 3, "/dev/zero: not a regular file (a device)"),
         ]
         bad_png = os.path.join(WORK.name, "bad.png")
         with open(bad_png, "wb") as f:
