@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -10,6 +11,8 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "kernels/fold.h"
+#include "kernels/tensor_ops.h"
 
 namespace msaflow::kernels {
 
@@ -38,15 +41,19 @@ void PushStep(std::vector<EltStep>& chain, const EltStep& s) {
   if (IsLinear(chain.back()) && chain.back().alpha == 1.f && chain.back().beta == 0.f) chain.pop_back();
 }
 
-enum class Kind { kConv, kEltwise, kBinary, kPool, kGlobalPool, kConcat };
+// kPad, kReshape, kTranspose and kSlice move data on plain f32 tensors (kernels/tensor_ops.h);
+// kFold is shape arithmetic that must fold when the plan is compiled (kernels/fold.h).
+enum class Kind { kConv, kEltwise, kBinary, kPool, kGlobalPool, kConcat, kGemm, kPad, kReshape, kTranspose, kSlice, kFold };
 
 }  // namespace
 
 struct Executor::Op {
   Kind kind;
   std::string name;                 // ONNX node name, for errors
-  std::vector<std::string> inputs;  // activations or constants
+  std::vector<std::string> inputs;  // activations or constants; the data input first
   std::string output;
+  Node node;                        // as imported: folded from when its inputs are known
+  // Conv; Gemm (weights [O, K])
   // Conv
   ConstTensor weights, bias;
   Dims strides{1, 1}, dilations{1, 1}, pads{0, 0, 0, 0};  // pads: top, left, bottom, right
@@ -61,8 +68,15 @@ struct Executor::Op {
   algorithm pool = algorithm::pooling_max;
   Dims kernel;
   int64_t ceil_mode = 0;
+  bool include_pad = false;
+  int64_t keepdims = 1;  // GlobalPool from ReduceMean
   // Concat
   int64_t axis = 1;
+  // Data movement, resolved per plan: Pad; Transpose; Slice (Split output `part`)
+  PadSpec pad;
+  Dims perm;
+  size_t part = 0;
+  SliceSpec slice;
 };
 
 struct Executor::Engine {
@@ -72,8 +86,19 @@ struct Executor::Engine {
 
 struct Executor::Plan {
   struct Step {
+    Step() = default;
+    Step(dnnl::primitive p, std::unordered_map<int, memory> a) : prim(std::move(p)), args(std::move(a)) {}
     dnnl::primitive prim;
     std::unordered_map<int, memory> args;
+    std::function<void()> fn;  // set: a C++ step on plain tensors, run after the stream drains
+    void Run(dnnl::stream& strm) {
+      if (fn) {
+        strm.wait();
+        fn();
+      } else {
+        prim.execute(strm, args);
+      }
+    }
   };
   std::vector<Step> steps;
   // Observe plans: tensor `name` is in `mem` once steps [0, after) have run.
@@ -144,6 +169,62 @@ void RewriteHardSwish(Graph& g) {
       n.inputs = {x};
       break;
     }
+  }
+}
+
+// x * Sigmoid(x) (SiLU, as exporters write it) becomes one swish; x * HardSigmoid(x; 1/6, 1/2)
+// becomes one HardSwish (torch.onnx's hardswish below opset 14).
+void RewriteGatedActivations(Graph& g) {
+  std::map<std::string, size_t> producer;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  for (auto& n : g.nodes) {
+    if (n.op != "Mul" || n.inputs.size() != 2) continue;
+    for (int side = 0; side < 2; ++side) {
+      auto p = producer.find(n.inputs[1 - side]);
+      if (p == producer.end()) continue;
+      const Node& gate = g.nodes[p->second];
+      if (gate.inputs.empty() || gate.inputs[0] != n.inputs[side]) continue;
+      const bool swish = gate.op == "Sigmoid";
+      const bool hardswish = gate.op == "HardSigmoid" && std::fabs(gate.Float("alpha", 0.2f) - 1.f / 6.f) < 1e-7f &&
+                             gate.Float("beta", 0.5f) == 0.5f;
+      if (!swish && !hardswish) continue;
+      n.op = swish ? "msaflow.Swish" : "HardSwish";
+      n.inputs = {n.inputs[side]};
+      break;
+    }
+  }
+}
+
+// A constant-zero Pad of the spatial axes whose one reader is a convolution (as converters from
+// TensorFlow write "SAME" padding) becomes that convolution's own padding.
+void RewritePadIntoConv(Graph& g) {
+  std::map<std::string, int> readers;
+  for (const auto& n : g.nodes)
+    for (const auto& in : n.inputs) readers[in]++;
+  readers[g.output]++;
+  std::map<std::string, size_t> producer;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  for (auto& conv : g.nodes) {
+    if (conv.op != "Conv" || conv.inputs.empty() || conv.Str("auto_pad", "NOTSET") != "NOTSET") continue;
+    auto p = producer.find(conv.inputs[0]);
+    if (p == producer.end() || readers[conv.inputs[0]] != 1) continue;
+    const Node& pad = g.nodes[p->second];
+    if (pad.op != "Pad" || pad.Str("mode", "constant") != "constant") continue;
+    PadSpec spec;
+    try {
+      spec = ResolvePad(pad, [&](const std::string& t) { return ConstOf(g, t); }, 4);
+    } catch (const Error&) {
+      continue;  // pads computed at run time, or malformed: the Pad runs (or fails) on its own
+    }
+    const Dims& q = spec.pads;  // N, C, H, W begins, then ends
+    if (spec.value != 0.f || q[0] || q[1] || q[4] || q[5]) continue;
+    if (std::any_of(q.begin(), q.end(), [](int64_t v) { return v < 0; })) continue;
+    Dims cp = conv.Has("pads") ? conv.Ints("pads") : Dims{0, 0, 0, 0};
+    if (cp.size() != 4) continue;
+    conv.attrs["pads"].ints = {cp[0] + q[2], cp[1] + q[3], cp[2] + q[6], cp[3] + q[7]};
+    conv.inputs[0] = pad.inputs[0];
   }
 }
 
@@ -226,10 +307,8 @@ Executor::Op MakeArithmetic(const Graph& g, const Node& n) {
     if (op_type == "Add") s.beta = c;
     if (op_type == "Mul") s.alpha = c;
     if (op_type == "Sub") c1 ? (s.beta = -c) : (s.alpha = -1.f, s.beta = c);
-    if (op_type == "Div") {
-      if (c0) Unsupported(n, "division of a constant by a tensor is not supported");
-      s.alpha = 1.f / c;
-    }
+    if (op_type == "Div" && c0) return MakeEltwise(n, x, {{algorithm::eltwise_pow, c, -1.f}});  // c * x^-1
+    if (op_type == "Div") s.alpha = 1.f / c;
     return MakeEltwise(n, x, {s});
   }
   Executor::Op op;
@@ -240,7 +319,6 @@ Executor::Op MakeArithmetic(const Graph& g, const Node& n) {
            : op_type == "Sub" ? algorithm::binary_sub
            : op_type == "Mul" ? algorithm::binary_mul
                               : algorithm::binary_div;
-  if (ConstOf(g, n.inputs[0])) Unsupported(n, "the first input must not be a constant tensor");
   return op;
 }
 
@@ -261,11 +339,11 @@ Executor::Op MakePool(const Node& n) {
   if (n.Has("dilations") && n.Ints("dilations") != Dims{1, 1}) Unsupported(n, "dilated pooling");
   op.auto_pad = n.Str("auto_pad", "NOTSET");
   op.ceil_mode = n.Int("ceil_mode", 0);
-  if (op.ceil_mode) Unsupported(n, "ceil_mode=1 is not supported");
-  if (n.outputs.size() > 1) Unsupported(n, "MaxPool indices output is not supported");
-  op.pool = n.op == "MaxPool"                 ? algorithm::pooling_max
-            : n.Int("count_include_pad", 0) ? algorithm::pooling_avg_include_padding
-                                             : algorithm::pooling_avg_exclude_padding;
+  if (n.outputs.size() > 1 && !n.outputs[1].empty()) Unsupported(n, "MaxPool indices output is not supported");
+  op.include_pad = n.op == "AveragePool" && n.Int("count_include_pad", 0) != 0;
+  op.pool = n.op == "MaxPool"  ? algorithm::pooling_max
+            : op.include_pad ? algorithm::pooling_avg_include_padding
+                             : algorithm::pooling_avg_exclude_padding;
   return op;
 }
 
@@ -275,8 +353,68 @@ Executor::Op MakeConcat(const Graph& g, const Node& n) {
   op.name = n.name;
   op.inputs = n.inputs;
   op.axis = n.Int("axis", 1);
+  (void)g;  // constant inputs: shape arithmetic, folded per plan; refused there on image tensors
+  return op;
+}
+
+// ReduceMean over the two spatial axes of an NCHW tensor: global average pooling.
+Executor::Op MakeReduceMean(const Graph& g, const Node& n) {
+  bool present;
+  std::vector<int64_t> axes =
+      IntsArg(n, 1, "axes", [&](const std::string& t) { return ConstOf(g, t); }, &present);
+  std::sort(axes.begin(), axes.end());
+  if (axes != std::vector<int64_t>{2, 3} && axes != std::vector<int64_t>{-2, -1})
+    Unsupported(n, "only the mean over the spatial axes (2, 3) of an NCHW tensor is supported");
+  Executor::Op op;
+  op.kind = Kind::kGlobalPool;
+  op.name = n.name;
+  op.inputs = {n.inputs[0]};
+  op.pool = algorithm::pooling_avg_exclude_padding;
+  op.keepdims = n.Int("keepdims", 1);
+  return op;
+}
+
+// Gemm (Y = alpha A B' + beta C, B and C constants) and MatMul by a constant matrix: an inner
+// product over [N, K] with weights [O, K].
+Executor::Op MakeGemm(const Graph& g, const Node& n) {
+  Executor::Op op;
+  op.kind = Kind::kGemm;
+  op.name = n.name;
+  if (n.inputs.size() < 2) Unsupported(n, "expected inputs A, B");
+  const ConstTensor* b = ConstOf(g, n.inputs[1]);
+  if (!b || b->dims.size() != 2) Unsupported(n, "B must be a constant matrix");
+  if (n.Int("transA", 0) != 0) Unsupported(n, "transA=1 is not supported");
+  const bool trans_b = n.op == "Gemm" && n.Int("transB", 0) != 0;
+  const float alpha = n.op == "Gemm" ? n.Float("alpha", 1.f) : 1.f, beta = n.op == "Gemm" ? n.Float("beta", 1.f) : 1.f;
+  const int64_t k = trans_b ? b->dims[1] : b->dims[0], o = trans_b ? b->dims[0] : b->dims[1];
+  op.weights.dims = {o, k};
+  op.weights.data.resize(static_cast<size_t>(o * k));
+  for (int64_t r = 0; r < o; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      op.weights.data[static_cast<size_t>(r * k + c)] =
+          alpha * b->data[static_cast<size_t>(trans_b ? r * k + c : c * o + r)];
+  op.bias.dims = {o};
+  op.bias.data.assign(static_cast<size_t>(o), 0.f);
+  if (n.inputs.size() > 2 && !n.inputs[2].empty()) {
+    const ConstTensor* c = ConstOf(g, n.inputs[2]);
+    if (!c) Unsupported(n, "C must be a constant");
+    if (c->numel() != 1 && c->numel() != o) Unsupported(n, "C must be a scalar or one value per output");
+    for (int64_t r = 0; r < o; ++r) op.bias.data[static_cast<size_t>(r)] = beta * c->data[c->numel() == 1 ? 0 : static_cast<size_t>(r)];
+  }
+  op.inputs = {n.inputs[0]};
+  return op;
+}
+
+// Operators whose data input comes first and whose other inputs (shapes, pads, axes) are read
+// when the plan is compiled.
+Executor::Op MakeDataMove(const Node& n, Kind kind) {
+  Executor::Op op;
+  op.kind = kind;
+  op.name = n.name;
   for (const auto& in : n.inputs)
-    if (ConstOf(g, in)) Unsupported(n, "constant inputs are not supported");
+    if (!in.empty()) op.inputs.push_back(in);
+  if (op.inputs.empty() || op.inputs[0] != n.inputs[0]) Unsupported(n, "the data input is missing");
+  if (kind == Kind::kTranspose) op.perm = n.Ints("perm");
   return op;
 }
 
@@ -301,8 +439,16 @@ Executor::Op MakeOp(const Graph& g, const Node& n) {
     return MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_hardswish, 0.f, 0.f}, {algorithm::eltwise_linear, 6.f, 0.f}});
   if (t == "Sigmoid") return MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_logistic, 0.f, 0.f}});
   if (t == "Add" || t == "Sub" || t == "Mul" || t == "Div") return MakeArithmetic(g, n);
+  if (t == "msaflow.Swish") return MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_swish, 1.f, 0.f}});
   if (t == "GlobalAveragePool" || t == "AveragePool" || t == "MaxPool") return MakePool(n);
+  if (t == "ReduceMean") return MakeReduceMean(g, n);
   if (t == "Concat") return MakeConcat(g, n);
+  if (t == "Gemm" || t == "MatMul") return MakeGemm(g, n);
+  if (t == "Pad") return MakeDataMove(n, Kind::kPad);
+  if (t == "Reshape" || t == "Flatten" || t == "Squeeze" || t == "Unsqueeze") return MakeDataMove(n, Kind::kReshape);
+  if (t == "Transpose") return MakeDataMove(n, Kind::kTranspose);
+  if (t == "Slice" || t == "Split") return MakeDataMove(n, Kind::kSlice);
+  if (t == "Shape" || t == "Gather" || t == "Cast" || t == "ConstantOfShape") return MakeDataMove(n, Kind::kFold);
   Unsupported(n, "operator is not supported by the msaflow executor");
 }
 
@@ -323,6 +469,8 @@ std::vector<Executor::Op> DropDeadOps(std::vector<Executor::Op> ops, const std::
 
 std::vector<Executor::Op> BuildOps(Graph& g) {
   RewriteHardSwish(g);
+  RewriteGatedActivations(g);
+  RewritePadIntoConv(g);
   std::vector<Executor::Op> ops;
   std::map<std::string, std::string> alias;  // Identity/Dropout outputs
   auto resolve = [&](const std::string& t) {
@@ -336,6 +484,17 @@ std::vector<Executor::Op> BuildOps(Graph& g) {
       continue;
     }
     Executor::Op op = MakeOp(g, n);
+    op.node = n;
+    if (n.op == "Split") {  // one slice per output
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        if (n.outputs[k].empty()) continue;
+        Executor::Op part = op;
+        part.part = k;
+        part.output = n.outputs[k];
+        ops.push_back(std::move(part));
+      }
+      continue;
+    }
     op.output = n.outputs.at(0);
     ops.push_back(std::move(op));
   }
@@ -365,7 +524,7 @@ std::vector<Executor::Op> FuseEltwise(std::vector<Executor::Op> ops, const std::
       auto p = producer.find(op.inputs[0]);
       if (p != producer.end() && uses[op.inputs[0]] == 1) {
         Executor::Op& prev = ops[p->second];
-        if (prev.kind == Kind::kConv || prev.kind == Kind::kEltwise) {
+        if (prev.kind == Kind::kConv || prev.kind == Kind::kEltwise || prev.kind == Kind::kGemm) {
           auto& chain = prev.sum_input.empty() ? prev.post : prev.post_sum;
           for (const auto& s : op.post) PushStep(chain, s);
           prev.output = op.output;
@@ -386,8 +545,10 @@ std::vector<Executor::Op> FuseEltwise(std::vector<Executor::Op> ops, const std::
 memory::dims ToDims(const Dims& d) { return memory::dims(d.begin(), d.end()); }
 
 // Output size and (begin, end) padding of one spatial axis.
+// ceil_mode (pooling): the last window may hang over the end, as long as it starts inside the
+// input or its begin padding; the overhang becomes end padding.
 void SpatialOut(const std::string& auto_pad, int64_t in, int64_t k, int64_t s, int64_t d, int64_t pb, int64_t pe,
-                int64_t* out, int64_t* pad_b, int64_t* pad_e) {
+                int64_t* out, int64_t* pad_b, int64_t* pad_e, bool ceil_mode = false) {
   int64_t ke = (k - 1) * d + 1;
   if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
     *out = (in + s - 1) / s;
@@ -399,7 +560,16 @@ void SpatialOut(const std::string& auto_pad, int64_t in, int64_t k, int64_t s, i
     if (auto_pad == "VALID") pb = pe = 0;
     *pad_b = pb;
     *pad_e = pe;
-    *out = (in + pb + pe - ke) / s + 1;
+    const int64_t span = in + pb + pe - ke;
+    if (span < 0) {
+      *out = 0;
+    } else if (!ceil_mode) {
+      *out = span / s + 1;
+    } else {
+      *out = (span + s - 1) / s + 1;
+      if ((*out - 1) * s >= in + pb) --*out;
+      *pad_e = std::max(pe, (*out - 1) * s + ke - in - pb);
+    }
   }
 }
 
@@ -454,12 +624,14 @@ Executor::Executor(Graph graph, Precision precision)
     : graph_(std::move(graph)), precision_(precision), engine_(std::make_unique<Engine>()) {
   std::string why;
   if (!PrecisionAvailable(precision, &why)) Throw(ErrorKind::kUnsupported, std::string("executor: ") + why);
-  ops_ = FuseEltwise(BuildOps(graph_), graph_.output);
+  // Unfused: shape arithmetic written as elementwise ops must fold node by node per plan.
+  ops_ = BuildOps(graph_);
+  fused_op_count_ = FuseEltwise(ops_, graph_.output).size();
 }
 
 Executor::~Executor() = default;
 
-size_t Executor::FusedOpCount() const { return ops_.size(); }
+size_t Executor::FusedOpCount() const { return fused_op_count_; }
 
 int64_t Executor::FeatureDim(int64_t c, int64_t h, int64_t w) {
   const int64_t n = graph_.input_dims.empty() || graph_.input_dims[0] <= 0 ? 1 : graph_.input_dims[0];
@@ -484,7 +656,7 @@ void Executor::Calibrate(const float* x, int64_t n, int64_t c, int64_t h, int64_
   plan.input.set_data_handle(const_cast<float*>(x));
   size_t next = 0;
   for (size_t i = 0; i < plan.steps.size(); ++i) {
-    plan.steps[i].prim.execute(engine_->strm, plan.steps[i].args);
+    plan.steps[i].Run(engine_->strm);
     for (; next < plan.observations.size() && plan.observations[next].after == i + 1; ++next) {
       engine_->strm.wait();
       const memory& m = plan.observations[next].mem;  // f32; blocked layouts pad with zeros
@@ -501,7 +673,7 @@ std::vector<float> Executor::Features(const float* x, int64_t n, int64_t c, int6
     Throw(ErrorKind::kInvalidInput, "executor: int8 needs calibration ranges first (Calibrate or SetRanges)");
   Plan& plan = PlanFor({n, c, h, w});
   plan.input.set_data_handle(const_cast<float*>(x));
-  for (auto& s : plan.steps) s.prim.execute(engine_->strm, s.args);
+  for (auto& s : plan.steps) s.Run(engine_->strm);
   engine_->strm.wait();
   std::vector<float> out(static_cast<size_t>(n * plan.channels));
   std::memcpy(out.data(), plan.output.get_data_handle(), out.size() * sizeof(float));
@@ -510,28 +682,79 @@ std::vector<float> Executor::Features(const float* x, int64_t n, int64_t c, int6
 
 namespace {
 
-// The shape pass: every tensor's dims from the input's, each op's padding made explicit
-// (auto_pad resolved), the concat axis made positive. Throws for an input no op computes, a
-// channel count the weights do not take, an output that would be empty.
-std::map<std::string, Dims> InferShapes(std::vector<Executor::Op>& ops, const Graph& g, const Dims& in_dims) {
+// One plan's ops with everything its input dims decide: shape arithmetic folded into constants,
+// every tensor's dims, each op's padding made explicit (auto_pad, ceil_mode), axes made
+// positive, the attributes-or-inputs of pads, reshapes and slices read, and the ops that turn
+// out to be identities (zero pads, same-shape reshapes) dropped with their readers renamed.
+struct Resolved {
+  std::vector<Executor::Op> ops;
+  std::map<std::string, Dims> shapes;           // the tensors the plan computes
+  std::map<std::string, ConstTensor> folded;    // constants computed from shapes
+  std::string output;                           // the cut tensor, after renames
+};
+
+std::string DimsText(const Dims& d) {
+  std::string t;
+  for (int64_t v : d) t += (t.empty() ? "" : "x") + std::to_string(v);
+  return t.empty() ? "scalar" : t;
+}
+
+// Throws for an input no op computes, a channel count the weights do not take, shapes that do
+// not broadcast, an output that would be empty.
+Resolved Resolve(std::vector<Executor::Op> ops, const Graph& g, const Dims& in_dims) {
   using Op = Executor::Op;
-  std::map<std::string, Dims> shapes;
-  shapes[g.input] = in_dims;
+  Resolved r;
+  r.shapes[g.input] = in_dims;
+  std::map<std::string, std::string> rename;
+  auto renamed = [&](const std::string& t) {
+    auto it = rename.find(t);
+    return it == rename.end() ? t : it->second;
+  };
+  const KnownFn known = [&](const std::string& t) -> const ConstTensor* {
+    auto f = r.folded.find(t);
+    return f != r.folded.end() ? &f->second : ConstOf(g, t);
+  };
+  const ShapeFn shape_of = [&](const std::string& t) -> const Dims* {
+    auto it = r.shapes.find(t);
+    return it == r.shapes.end() ? nullptr : &it->second;
+  };
   for (Op& op : ops) {
-    for (const auto& in : op.inputs)
-      if (!shapes.count(in) && !g.consts.count(in))
-        Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input '" + in + "' is not computed");
-    auto sh = [&](const std::string& t) -> Dims {
-      if (shapes.count(t)) return shapes[t];
-      Dims d = g.consts.at(t).dims;
-      while (d.size() < 4) d.insert(d.begin(), 1);
-      return d;
+    for (auto& in : op.inputs) in = renamed(in);
+    for (auto& in : op.node.inputs) in = renamed(in);
+    const Node& n = op.node;
+    auto fail = [&](ErrorKind kind, const std::string& what) { Throw(kind, "node '" + op.name + "' (" + n.op + "): " + what); };
+    if (op.kind != Kind::kConv && op.kind != Kind::kPool && op.kind != Kind::kGlobalPool && op.kind != Kind::kGemm) {
+      std::vector<ConstTensor> outs;
+      if (FoldNode(n, known, shape_of, &outs)) {
+        for (size_t k = 0; k < outs.size() && k < n.outputs.size(); ++k) r.folded[n.outputs[k]] = std::move(outs[k]);
+        continue;
+      }
+    }
+    if (op.kind == Kind::kFold)
+      fail(ErrorKind::kUnsupported, "runs on image tensors here; only shape arithmetic (folded once the input size is "
+                                    "known) is supported for this operator");
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      const std::string& in = op.inputs[k];
+      const bool computed = r.shapes.count(in) != 0;
+      if (!computed && !known(in)) fail(ErrorKind::kInvalidInput, "input '" + in + "' is not computed");
+      const bool data_input = k == 0 || op.kind == Kind::kConcat;
+      if (data_input && !computed && op.kind != Kind::kBinary)
+        fail(ErrorKind::kUnsupported, "input '" + in + "' is a constant; the executor runs this operator on computed tensors");
+    }
+    auto dims_of = [&](const std::string& t) -> Dims {
+      auto it = r.shapes.find(t);
+      return it != r.shapes.end() ? it->second : known(t)->dims;
     };
-    Dims x = sh(op.inputs[0]), out;
+    Dims x = dims_of(op.inputs[0]), out;
+    auto rank4 = [&] {
+      if (x.size() != 4) fail(ErrorKind::kUnsupported, "expects an NCHW tensor; its input is " + DimsText(x));
+    };
+    bool identity = false;
     switch (op.kind) {
       case Kind::kConv: {
+        rank4();
         const Dims& w = op.weights.dims;
-        if (x.size() != 4 || x[1] != w[1] * op.group)
+        if (x[1] != w[1] * op.group)
           Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input has " + std::to_string(x[1]) +
                                               " channels, weights expect " + std::to_string(w[1] * op.group));
         out = {x[0], w[0], 0, 0};
@@ -545,43 +768,108 @@ std::map<std::string, Dims> InferShapes(std::vector<Executor::Op>& ops, const Gr
         break;
       }
       case Kind::kPool:
+        rank4();
         out = {x[0], x[1], 0, 0};
         for (int a = 0; a < 2; ++a) {
           int64_t pb, pe;
           SpatialOut(op.auto_pad, x[2 + a], op.kernel[a], op.strides[a], 1, op.pads[a], op.pads[2 + a], &out[2 + a],
-                     &pb, &pe);
+                     &pb, &pe, op.ceil_mode != 0);
+          // Averages counting the padding: ONNX counts the given padding, not ceil_mode's overhang.
+          if (op.include_pad && pe != op.pads[2 + a])
+            fail(ErrorKind::kUnsupported, "count_include_pad=1 with a ceil_mode window over the end is not supported");
           op.pads[a] = pb;
           op.pads[2 + a] = pe;
         }
         break;
-      case Kind::kGlobalPool: out = {x[0], x[1], 1, 1}; break;
+      case Kind::kGlobalPool:
+        rank4();
+        out = op.keepdims ? Dims{x[0], x[1], 1, 1} : Dims{x[0], x[1]};
+        break;
       case Kind::kEltwise: out = x; break;
       case Kind::kBinary: {
-        Dims y = sh(op.inputs[1]);
-        if (y.size() != 4) Throw(ErrorKind::kUnsupported, "node '" + op.name + "': rank above 4");
-        out = x;
-        for (int a = 0; a < 4; ++a) {
-          if (y[a] != x[a] && y[a] != 1)
-            Throw(ErrorKind::kUnsupported, "node '" + op.name + "': the second input must broadcast to the first");
-        }
+        bool ok;
+        const Dims y = dims_of(op.inputs[1]);
+        out = BroadcastDims(x, y, &ok);
+        if (!ok) fail(ErrorKind::kInvalidInput, "inputs of " + DimsText(x) + " and " + DimsText(y) + " do not broadcast");
+        if (out.size() > 6) fail(ErrorKind::kUnsupported, "rank above 6");
         break;
       }
       case Kind::kConcat: {
         out = x;
-        int64_t ax = op.axis < 0 ? op.axis + 4 : op.axis;
-        if (ax < 0 || ax > 3) Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': bad concat axis");
-        op.axis = ax;
-        for (size_t k = 1; k < op.inputs.size(); ++k) out[static_cast<size_t>(ax)] += sh(op.inputs[k])[static_cast<size_t>(ax)];
+        op.axis = NormalizeAxis(n, op.axis, x.size());
+        const auto ax = static_cast<size_t>(op.axis);
+        for (size_t k = 1; k < op.inputs.size(); ++k) {
+          const Dims y = dims_of(op.inputs[k]);
+          bool same = y.size() == x.size();
+          for (size_t a = 0; same && a < x.size(); ++a) same = a == ax || y[a] == x[a];
+          if (!same) fail(ErrorKind::kInvalidInput, "inputs of " + DimsText(x) + " and " + DimsText(y) + " do not concatenate on axis " + std::to_string(ax));
+          out[ax] += y[ax];
+        }
         break;
       }
+      case Kind::kGemm:
+        if (x.size() != 2 || x[1] != op.weights.dims[1])
+          fail(ErrorKind::kInvalidInput, "input of " + DimsText(x) + "; the weights take N x " + std::to_string(op.weights.dims[1]));
+        out = {x[0], op.weights.dims[0]};
+        break;
+      case Kind::kPad: {
+        op.pad = ResolvePad(n, known, x.size());
+        out = x;
+        identity = true;
+        for (size_t a = 0; a < x.size(); ++a) {
+          const int64_t b = op.pad.pads[a], e = op.pad.pads[x.size() + a];
+          if (op.pad.mode == PadMode::kReflect && (b >= x[a] || e >= x[a]))
+            fail(ErrorKind::kInvalidInput, "reflect pads of " + std::to_string(std::max(b, e)) + " on an axis of " + std::to_string(x[a]));
+          if (op.pad.mode == PadMode::kEdge && x[a] == 0 && (b > 0 || e > 0)) fail(ErrorKind::kInvalidInput, "edge pads on an empty axis");
+          out[a] += b + e;
+          identity = identity && b == 0 && e == 0;
+        }
+        break;
+      }
+      case Kind::kReshape:
+        out = ReshapedDims(n, known, x);
+        identity = out == x;
+        break;
+      case Kind::kTranspose: {
+        Dims perm = op.perm;
+        if (perm.empty())
+          for (size_t a = x.size(); a-- > 0;) perm.push_back(static_cast<int64_t>(a));
+        Dims sorted = perm;
+        std::sort(sorted.begin(), sorted.end());
+        for (size_t a = 0; a < sorted.size(); ++a)
+          if (sorted.size() != x.size() || sorted[a] != static_cast<int64_t>(a)) fail(ErrorKind::kInvalidInput, "perm is not a permutation of the input's axes");
+        op.perm = perm;
+        identity = true;
+        for (size_t a = 0; a < perm.size(); ++a) {
+          out.push_back(x[static_cast<size_t>(perm[a])]);
+          identity = identity && perm[a] == static_cast<int64_t>(a);
+        }
+        break;
+      }
+      case Kind::kSlice: {
+        op.slice = n.op == "Split" ? ResolveSplit(n, known, x, op.part) : ResolveSlice(n, known, x);
+        out = op.slice.len;
+        identity = out == x;
+        for (size_t a = 0; a < x.size(); ++a) identity = identity && op.slice.start[a] == 0 && op.slice.step[a] == 1;
+        break;
+      }
+      case Kind::kFold: break;  // refused above
+    }
+    if (x.size() > 6 || out.size() > 6) fail(ErrorKind::kUnsupported, "tensors of rank above 6");
+    if (identity) {
+      rename[op.output] = op.inputs[0];
+      continue;
     }
     for (auto v : out)
       if (v <= 0)
-        Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input of " + std::to_string(x[2]) + "x" +
-                                            std::to_string(x[3]) + " is too small (output would be empty)");
-    shapes[op.output] = out;
+        Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': an input of " + DimsText(x) +
+                                            " is too small (output would be empty)");
+    r.shapes[op.output] = out;
+    r.ops.push_back(std::move(op));
   }
-  return shapes;
+  r.output = renamed(g.output);
+  if (!r.shapes.count(r.output)) Throw(ErrorKind::kUnsupported, "the feature layer '" + g.output + "' is a constant");
+  return r;
 }
 
 // Residual adds fused as a convolution's "sum" post-op, now that shapes are known: Add(conv_out,
@@ -595,8 +883,8 @@ std::vector<Executor::Op> FoldResidualAdds(std::vector<Executor::Op> ops, const 
   std::vector<char> dead(ops.size(), 0);
   for (size_t i = 0; i < ops.size(); ++i) {
     Op& op = ops[i];
-    if (op.kind == Kind::kBinary && op.bin == algorithm::binary_add && shapes.count(op.inputs[1]) &&
-        shapes.at(op.inputs[0]) == shapes.at(op.inputs[1])) {
+    if (op.kind == Kind::kBinary && op.bin == algorithm::binary_add && shapes.count(op.inputs[0]) &&
+        shapes.count(op.inputs[1]) && shapes.at(op.inputs[0]) == shapes.at(op.inputs[1])) {
       for (int side = 0; side < 2; ++side) {
         auto p = producer.find(op.inputs[side]);
         if (p == producer.end() || uses[op.inputs[side]] != 1) continue;
@@ -638,9 +926,9 @@ class PlanBuilder {
     int buffer = -1;
   };
 
-  PlanBuilder(Executor::Plan& plan, const dnnl::engine& eng, dnnl::stream& strm, const Graph& g, Precision precision,
-              const Executor::Ranges& ranges)
-      : plan_(plan), eng_(eng), strm_(strm), g_(g), precision_(precision), ranges_(ranges),
+  PlanBuilder(Executor::Plan& plan, const dnnl::engine& eng, dnnl::stream& strm, const Graph& g, const Resolved& r,
+              Precision precision, const Executor::Ranges& ranges)
+      : plan_(plan), eng_(eng), strm_(strm), g_(g), r_(r), precision_(precision), ranges_(ranges),
         // Activations and weights in this type; biases, the input and the features stay f32.
         // (int8: convolutions compute in 8 bits; the tensors they do not both write and read
         // stay f32.)
@@ -656,7 +944,7 @@ class PlanBuilder {
   // below zero).
   void ChooseInt8Types(const std::vector<Executor::Op>& ops) {
     if (precision_ != Precision::kInt8) return;
-    std::set<std::string> read_elsewhere{g_.output};
+    std::set<std::string> read_elsewhere{r_.output};
     for (const Executor::Op& op : ops)
       if (op.kind != Kind::kConv) read_elsewhere.insert(op.inputs.begin(), op.inputs.end());
     for (const Executor::Op& op : ops) {
@@ -675,15 +963,25 @@ class PlanBuilder {
   void Emit(Executor::Op& op, size_t i, const Dims& out_dims, const std::map<std::string, size_t>& last_use,
             bool observe) {
     std::vector<int> temps;
-    const Value& src = values_.at(op.inputs[0]);
     try {
-      switch (op.kind) {
-        case Kind::kConv: EmitConv(op, src, out_dims, temps); break;
-        case Kind::kEltwise: EmitEltwise(op, src, out_dims); break;
-        case Kind::kBinary: EmitBinary(op, src, out_dims, temps); break;
-        case Kind::kPool:
-        case Kind::kGlobalPool: EmitPool(op, src, out_dims); break;
-        case Kind::kConcat: EmitConcat(op, out_dims); break;
+      if (op.kind == Kind::kBinary) {
+        EmitBinary(op, out_dims, temps);
+      } else {
+        const Value& src = values_.at(op.inputs[0]);
+        switch (op.kind) {
+          case Kind::kConv: EmitConv(op, src, out_dims, temps); break;
+          case Kind::kEltwise: EmitEltwise(op, src, out_dims); break;
+          case Kind::kPool:
+          case Kind::kGlobalPool: EmitPool(op, src, out_dims); break;
+          case Kind::kConcat: EmitConcat(op, out_dims); break;
+          case Kind::kGemm: EmitGemm(op, src, out_dims, temps); break;
+          case Kind::kPad:
+          case Kind::kReshape:
+          case Kind::kTranspose:
+          case Kind::kSlice: EmitDataMove(op, src, out_dims, temps); break;
+          case Kind::kBinary:
+          case Kind::kFold: break;  // above; folded by Resolve
+        }
       }
     } catch (const dnnl::error& e) {
       Throw(ErrorKind::kUnsupported, "node '" + op.name + "': oneDNN could not build it: " + e.what());
@@ -703,10 +1001,18 @@ class PlanBuilder {
   // Global average pooling of the cut tensor into plain [N, C, 1, 1], and the buffers handed to
   // the plan.
   void Output() {
-    const Value& cut = values_.at(g_.output);
-    if (cut.dims.size() != 4) Throw(ErrorKind::kUnsupported, "the feature layer must be 4-D (NCHW)");
+    const Value& cut = values_.at(r_.output);
+    if (cut.dims.size() != 4 && cut.dims.size() != 2)
+      Throw(ErrorKind::kUnsupported, "the feature layer '" + g_.output + "' is " + DimsText(cut.dims) +
+                                         "; expected an NCHW tensor (average-pooled) or N x features");
     plan_.channels = cut.dims[1];
     plan_.output = memory(memory::desc({cut.dims[0], cut.dims[1], 1, 1}, dt::f32, tag::abcd), eng_);
+    if (cut.dims.size() == 2) {  // already one vector per image
+      memory flat(PlainDesc(cut.dims, dt::f32), eng_, plan_.output.get_data_handle());
+      plan_.steps.push_back({dnnl::reorder(cut.mem, flat), {{DNNL_ARG_FROM, cut.mem}, {DNNL_ARG_TO, flat}}});
+      for (auto& b : buffers_) plan_.buffers.push_back(b.data);
+      return;
+    }
     dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::pooling_avg_exclude_padding,
                                      cut.mem.get_desc(),
                                      memory::desc({cut.dims[0], cut.dims[1], 1, 1}, cut.mem.get_desc().data_type(), tag::any),
@@ -760,10 +1066,25 @@ class PlanBuilder {
     plan_.steps.push_back({dnnl::reorder(v.mem, m), {{DNNL_ARG_FROM, v.mem}, {DNNL_ARG_TO, m}}});
     return m;
   }
-  memory ConstMemory(const ConstTensor& t, const Dims& dims4) {
-    memory m(memory::desc(ToDims(dims4), dt::f32, tag::abcd), eng_);
+  // A constant as a plain f32 tensor of `dims` (its own dims, or them with leading 1s).
+  memory ConstMemory(const ConstTensor& t, const Dims& dims) {
+    memory m(PlainDesc(dims, dt::f32), eng_);
     std::memcpy(m.get_data_handle(), t.data.data(), t.data.size() * sizeof(float));
+    plan_.buffers.push_back(std::make_shared<memory>(m));
     return m;
+  }
+  static memory::desc PlainDesc(const Dims& dims, dt type) {
+    const Dims st = PlainStrides(dims);
+    return memory::desc(ToDims(dims), type, memory::dims(st.begin(), st.end()));
+  }
+  // `v` as a plain f32 tensor (a reorder into a temporary when it is stored otherwise).
+  memory Plain(const Value& v, std::vector<int>* temps) { return AsFormat(v, PlainDesc(v.dims, dt::f32), temps); }
+  // A tensor the plan computes, or a constant (graph or folded), as plain f32 where needed.
+  const ConstTensor* Known(const std::string& t) const {
+    auto f = r_.folded.find(t);
+    if (f != r_.folded.end()) return &f->second;
+    auto c = g_.consts.find(t);
+    return c == g_.consts.end() ? nullptr : &c->second;
   }
   // int8: a tensor's calibrated largest magnitude, and its scale (range / 127, or 255 for u8).
   float RangeOf(const std::string& t) const {
@@ -875,29 +1196,143 @@ class PlanBuilder {
     }
   }
 
-  void EmitBinary(const Executor::Op& op, const Value& src, const Dims& out_dims, std::vector<int>& temps) {
+  // oneDNN's binary broadcasts its second input only: the computed input of the output's shape
+  // goes first (Sub and Div swapped back by a post-op); where neither has it, a C++ step.
+  void EmitBinary(const Executor::Op& op, const Dims& out_dims, std::vector<int>& temps) {
+    const std::string *first = &op.inputs[0], *second = &op.inputs[1];
+    auto full = [&](const std::string& t) { return values_.count(t) && values_.at(t).dims == out_dims; };
+    algorithm alg = op.bin;
+    dnnl::post_ops po;
+    if (!full(*first) && full(*second)) {
+      std::swap(first, second);
+      if (alg == algorithm::binary_sub) po.append_eltwise(1.f, algorithm::eltwise_linear, -1.f, 0.f);  // -(b - a)
+      if (alg == algorithm::binary_div) po.append_eltwise(1.f, algorithm::eltwise_pow, 1.f, -1.f);    // (b / a)^-1
+    } else if (!full(*first)) {
+      EmitBroadcastBinary(op, out_dims, temps);
+      return;
+    }
+    const Value& src = values_.at(*first);
     memory m1;
-    const std::string& in1 = op.inputs[1];
-    if (values_.count(in1)) {
-      const Value& v1 = values_.at(in1);
-      m1 = v1.dims == src.dims ? AsFormat(v1, src.mem.get_desc(), &temps) : v1.mem;
+    if (values_.count(*second)) {
+      const Value& v1 = values_.at(*second);
+      if (v1.dims == src.dims) {
+        m1 = AsFormat(v1, src.mem.get_desc(), &temps);
+      } else if (v1.dims.size() == src.dims.size()) {
+        m1 = v1.mem;
+      } else {  // fewer axes: the same plain values with leading 1s
+        EmitBroadcastBinary(op, out_dims, temps);
+        return;
+      }
     } else {
-      Dims d1 = g_.consts.at(in1).dims;
-      while (d1.size() < 4) d1.insert(d1.begin(), 1);
-      m1 = ConstMemory(g_.consts.at(in1), d1);
+      const ConstTensor& c = *Known(*second);
+      Dims d1 = c.dims;
+      while (d1.size() < src.dims.size()) d1.insert(d1.begin(), 1);
+      m1 = ConstMemory(c, d1);
       if (src.mem.get_desc().data_type() != dt::f32) {  // the constant in the activations' type
-        memory conv(memory::desc(ToDims(d1), src.mem.get_desc().data_type(), tag::abcd), eng_);
+        memory conv(PlainDesc(d1, src.mem.get_desc().data_type()), eng_);
         dnnl::reorder(m1, conv).execute(strm_, m1, conv);
         strm_.wait();
+        plan_.buffers.push_back(std::make_shared<memory>(conv));
         m1 = conv;
       }
-      plan_.buffers.push_back(std::make_shared<memory>(m1));
     }
-    dnnl::binary::desc d(op.bin, src.mem.get_desc(), m1.get_desc(), src.mem.get_desc());
-    dnnl::binary::primitive_desc pd(d, eng_);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(po);
+    dnnl::binary::desc d(alg, src.mem.get_desc(), m1.get_desc(), src.mem.get_desc());
+    dnnl::binary::primitive_desc pd(d, attr, eng_);
     Value& dst = NewValue(op.output, pd.dst_desc(), out_dims);
     plan_.steps.push_back(
         {dnnl::binary(pd), {{DNNL_ARG_SRC_0, src.mem}, {DNNL_ARG_SRC_1, m1}, {DNNL_ARG_DST, dst.mem}}});
+  }
+
+  // Both inputs broadcast (or ranks differ): plain f32 in C++.
+  void EmitBroadcastBinary(const Executor::Op& op, const Dims& out_dims, std::vector<int>& temps) {
+    memory in[2];
+    Dims dims[2];
+    for (int k = 0; k < 2; ++k) {
+      const std::string& t = op.inputs[static_cast<size_t>(k)];
+      if (values_.count(t)) {
+        in[k] = Plain(values_.at(t), &temps);
+        dims[k] = values_.at(t).dims;
+      } else {
+        dims[k] = Known(t)->dims;
+        in[k] = ConstMemory(*Known(t), dims[k]);
+      }
+    }
+    Value& dst = NewValue(op.output, PlainDesc(out_dims, dt::f32), out_dims);
+    const BinaryOp bop = op.bin == algorithm::binary_add   ? BinaryOp::kAdd
+                         : op.bin == algorithm::binary_sub ? BinaryOp::kSub
+                         : op.bin == algorithm::binary_mul ? BinaryOp::kMul
+                                                           : BinaryOp::kDiv;
+    memory a = in[0], b = in[1], out = dst.mem;
+    const Dims da = dims[0], db = dims[1];
+    Executor::Plan::Step step;
+    step.fn = [=] {
+      BroadcastBinary(bop, static_cast<const float*>(a.get_data_handle()), da, static_cast<const float*>(b.get_data_handle()),
+                      db, out_dims, static_cast<float*>(out.get_data_handle()));
+    };
+    plan_.steps.push_back(std::move(step));
+  }
+
+  // Gemm / MatMul by constant weights: oneDNN's inner product, its eltwise chain fused.
+  void EmitGemm(Executor::Op& op, const Value& src, const Dims& out_dims, std::vector<int>& temps) {
+    ConstTensor w = op.weights, b = op.bias;
+    while (!op.post.empty() && IsLinear(op.post.front())) {  // a*(W x + b) + c = (aW) x + (ab + c)
+      const EltStep s = op.post.front();
+      for (auto& v : w.data) v *= s.alpha;
+      for (auto& v : b.data) v = v * s.alpha + s.beta;
+      op.post.erase(op.post.begin());
+    }
+    memory::desc src_md = PlainDesc(src.dims, dt::f32), w_any(ToDims(w.dims), dt::f32, tag::any),
+                 b_md({w.dims[0]}, dt::f32, tag::a), dst_md = PlainDesc(out_dims, dt::f32);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(MakePostOps(op));
+    dnnl::inner_product_forward::desc d(dnnl::prop_kind::forward_inference, src_md, w_any, b_md, dst_md);
+    dnnl::inner_product_forward::primitive_desc pd(d, attr, eng_);
+    memory s = AsFormat(src, pd.src_desc(), &temps);
+    memory user_w(memory::desc(ToDims(w.dims), dt::f32, tag::ab), eng_, w.data.data());
+    memory wm(pd.weights_desc(), eng_);
+    dnnl::reorder(user_w, wm).execute(strm_, user_w, wm);
+    strm_.wait();
+    memory bm(b_md, eng_);
+    std::memcpy(bm.get_data_handle(), b.data.data(), b.data.size() * sizeof(float));
+    plan_.buffers.push_back(std::make_shared<memory>(wm));
+    plan_.buffers.push_back(std::make_shared<memory>(bm));
+    Value& dst = NewValue(op.output, pd.dst_desc(), out_dims);
+    plan_.steps.push_back({dnnl::inner_product_forward(pd),
+                           {{DNNL_ARG_SRC, s}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}, {DNNL_ARG_DST, dst.mem}}});
+  }
+
+  // Pad, Reshape (Flatten, Squeeze, Unsqueeze), Transpose, Slice (Split): plain f32 in C++.
+  void EmitDataMove(const Executor::Op& op, const Value& src, const Dims& out_dims, std::vector<int>& temps) {
+    memory in = Plain(src, &temps);
+    Value& dst = NewValue(op.output, PlainDesc(out_dims, dt::f32), out_dims);
+    memory out = dst.mem;
+    const Dims x = src.dims;
+    Executor::Plan::Step step;
+    auto from = [in] { return static_cast<const float*>(in.get_data_handle()); };
+    auto to = [out] { return static_cast<float*>(out.get_data_handle()); };
+    if (op.kind == Kind::kPad) {
+      const PadSpec p = op.pad;
+      step.fn = [=] { PadCopy(from(), x, p.pads, p.mode, p.value, to()); };
+    } else if (op.kind == Kind::kReshape) {
+      const size_t bytes = static_cast<size_t>(NumElements(x)) * sizeof(float);
+      step.fn = [=] { std::memcpy(to(), from(), bytes); };
+    } else {
+      const Dims st = PlainStrides(x);
+      Dims strides(out_dims.size());
+      int64_t offset = 0;
+      for (size_t a = 0; a < out_dims.size(); ++a) {
+        if (op.kind == Kind::kTranspose) {
+          strides[a] = st[static_cast<size_t>(op.perm[a])];
+        } else {
+          offset += op.slice.start[a] * st[a];
+          strides[a] = op.slice.step[a] * st[a];
+        }
+      }
+      step.fn = [=] { StridedCopy(from(), offset, strides, out_dims, to()); };
+    }
+    plan_.steps.push_back(std::move(step));
   }
 
   void EmitPool(const Executor::Op& op, const Value& src, const Dims& out_dims) {
@@ -909,6 +1344,16 @@ class PlanBuilder {
       strides = ToDims(op.strides);
       pl = {op.pads[0], op.pads[1]};
       pr = {op.pads[2], op.pads[3]};
+    }
+    if (out_dims.size() == 2) {  // ReduceMean without keepdims: pooled into plain N x C x 1 x 1, read as N x C
+      const memory::desc md4 = PlainDesc({out_dims[0], out_dims[1], 1, 1}, src.mem.get_desc().data_type());
+      dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, op.pool, src.mem.get_desc(), md4, strides,
+                                       kernel, {0, 0}, pl, pr);
+      dnnl::pooling_v2_forward::primitive_desc pd(d, eng_);
+      Value& dst = NewValue(op.output, PlainDesc(out_dims, src.mem.get_desc().data_type()), out_dims);
+      memory pooled(md4, eng_, dst.mem.get_data_handle());
+      plan_.steps.push_back({dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, pooled}}});
+      return;
     }
     memory::desc dst_any(ToDims(out_dims), src.mem.get_desc().data_type(), tag::any);
     dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, op.pool, src.mem.get_desc(), dst_any,
@@ -936,6 +1381,7 @@ class PlanBuilder {
   const dnnl::engine& eng_;
   dnnl::stream& strm_;
   const Graph& g_;
+  const Resolved& r_;
   const Precision precision_;
   const Executor::Ranges& ranges_;
   const dt act_;
@@ -960,18 +1406,18 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool obse
   }
   auto plan = std::make_unique<Plan>();
   const Dims in_dims(shape.begin(), shape.end());
-  std::vector<Op> ops = ops_;
-  const std::map<std::string, Dims> shapes = InferShapes(ops, graph_, in_dims);
-  ops = FuseEltwise(FoldResidualAdds(std::move(ops), shapes, graph_.output), graph_.output);
+  const Resolved r = Resolve(ops_, graph_, in_dims);
+  const std::map<std::string, Dims>& shapes = r.shapes;
+  std::vector<Op> ops = FuseEltwise(FoldResidualAdds(r.ops, shapes, r.output), r.output);
   // Last use of each tensor, to return buffers to the pool.
   std::map<std::string, size_t> last_use;
   for (size_t i = 0; i < ops.size(); ++i) {
     for (const auto& in : ops[i].inputs) last_use[in] = i;
     if (!ops[i].sum_input.empty()) last_use[ops[i].sum_input] = i;
   }
-  last_use[graph_.output] = ops.size();
+  last_use[r.output] = ops.size();
 
-  PlanBuilder b(*plan, engine_->eng, engine_->strm, graph_, observe ? Precision::kF32 : precision_, ranges_);
+  PlanBuilder b(*plan, engine_->eng, engine_->strm, graph_, r, observe ? Precision::kF32 : precision_, ranges_);
   b.Input(in_dims);
   b.ChooseInt8Types(ops);
   for (size_t i = 0; i < ops.size(); ++i) b.Emit(ops[i], i, shapes.at(ops[i].output), last_use, observe);
@@ -979,6 +1425,20 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool obse
   Plan& ref = *plan;
   cache[shape] = std::move(plan);
   return ref;
+}
+
+void Executor::CheckShape(int64_t n, int64_t c, int64_t h, int64_t w) const {
+  const Dims in{n, c, h, w};
+  for (size_t i = 0; i < 4; ++i)
+    if (graph_.input_dims[i] > 0 && graph_.input_dims[i] != in[i])
+      Throw(ErrorKind::kInvalidInput, "executor: input '" + graph_.input + "' dim " + std::to_string(i) +
+                                          " is fixed at " + std::to_string(graph_.input_dims[i]) + " by the model, got " +
+                                          std::to_string(in[i]));
+  const Resolved r = Resolve(ops_, graph_, in);
+  const Dims& cut = r.shapes.at(r.output);
+  if (cut.size() != 4 && cut.size() != 2)
+    Throw(ErrorKind::kUnsupported, "the feature layer '" + graph_.output + "' is " + DimsText(cut) +
+                                       "; expected an NCHW tensor (average-pooled) or N x features");
 }
 
 }  // namespace msaflow::kernels

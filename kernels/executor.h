@@ -57,6 +57,11 @@ class Executor {
   // Channels of the cut tensor for an input of this shape (compiles the plan if needed).
   int64_t FeatureDim(int64_t c, int64_t h, int64_t w);
 
+  // Checks, without compiling anything, that the graph runs on n images of c x h x w: shape
+  // arithmetic folds, every shape fits its operator, the feature layer is NCHW or N x features.
+  // Throws as Features would (kUnsupported / kInvalidInput naming the node).
+  void CheckShape(int64_t n, int64_t c, int64_t h, int64_t w) const;
+
   // Number of fused operations after graph rewrites (for logs and tests).
   size_t FusedOpCount() const;
 
@@ -78,6 +83,7 @@ class Executor {
   Plan& PlanFor(const std::array<int64_t, 4>& shape, bool observe = false);
 
   std::vector<Op> ops_;
+  size_t fused_op_count_ = 0;
   Graph graph_;
   Precision precision_;
   struct Engine;

@@ -254,6 +254,40 @@ void UpgradeNodes(const onnx::GraphProto& g, int64_t opset, const std::string& o
       DropAttrs(&n, {"spatial", "is_test", "training_mode"});
       while (n.output_size() > 1) n.mutable_output()->RemoveLast();  // the training outputs
     }
+    // Lists that became inputs: axes (Squeeze, Unsqueeze, opset 13), split (Split, 13), pads and
+    // value (Pad, 11), starts, ends and axes (Slice, 10). ReduceMean keeps its axes attribute
+    // until opset 18.
+    auto to_input = [&](const std::string& attr, size_t slot, const std::string& stem) {
+      const auto* at = FindAttr(n, attr);
+      if (!at) return false;
+      const std::string name = tag + "/" + stem;
+      b.Ints(name, std::vector<int64_t>(at->ints().begin(), at->ints().end()));
+      while (static_cast<size_t>(n.input_size()) < slot) n.add_input("");
+      if (static_cast<size_t>(n.input_size()) == slot) {
+        n.add_input(name);
+      } else {
+        n.set_input(static_cast<int>(slot), name);
+      }
+      DropAttrs(&n, {attr});
+      return true;
+    };
+    if ((op == "Squeeze" || op == "Unsqueeze") && opset < 13) to_input("axes", 1, "axes");
+    if (op == "Split" && opset < 13) to_input("split", 1, "split");
+    if (op == "Slice" && opset < 10) {
+      to_input("starts", 1, "starts");
+      to_input("ends", 2, "ends");
+      to_input("axes", 3, "axes");
+    }
+    if (op == "Pad" && opset < 11) {
+      const auto* v = FindAttr(n, "value");
+      const float value = v ? v->f() : 0.f;
+      to_input("pads", 1, "pads");
+      if (value != 0.f) {
+        b.Floats(tag + "/value", {}, &value, 1);
+        n.add_input(tag + "/value");
+      }
+      DropAttrs(&n, {"value"});
+    }
     if (op == "AveragePool" || op == "MaxPool") {
       if (const auto* d = FindAttr(n, "dilations")) {
         for (int64_t v : d->ints())

@@ -19,7 +19,12 @@ const std::set<std::string>& SupportedOps() {
   static const std::set<std::string> ops = {
       "Conv",    "BatchNormalization", "Relu",    "Clip",    "HardSigmoid", "HardSwish",
       "Sigmoid", "Add",                "Sub",     "Mul",     "Div",         "GlobalAveragePool",
-      "AveragePool", "MaxPool",        "Concat",  "Identity", "Dropout",    "Constant"};
+      "AveragePool", "MaxPool",        "Concat",  "Identity", "Dropout",    "Constant",
+      // Data layout and pooling as exported CNNs write them.
+      "Pad",     "ReduceMean",         "Flatten", "Reshape", "Squeeze",     "Unsqueeze",
+      "Transpose", "Slice",            "Split",   "Gemm",    "MatMul",
+      // Shape arithmetic, folded when a plan is compiled (kernels/fold.cc).
+      "Shape",   "Gather",             "Cast",    "ConstantOfShape"};
   return ops;
 }
 
@@ -45,9 +50,13 @@ ConstTensor ToConst(const onnx::TensorProto& t, const std::string& where) {
       width = 8;
       have = raw ? static_cast<int64_t>(t.raw_data().size() / 8) : t.int64_data_size();
       break;
+    case onnx::TensorProto::INT32:
+      width = 4;
+      have = raw ? static_cast<int64_t>(t.raw_data().size() / 4) : t.int32_data_size();
+      break;
     default:
       Throw(ErrorKind::kUnsupported, where + ": tensor '" + t.name() + "' has data type " +
-                                         std::to_string(t.data_type()) + "; expected float or int64");
+                                         std::to_string(t.data_type()) + "; expected float, int64 or int32");
   }
   // Checked before anything is allocated: dims cannot make a small file claim gigabytes.
   if (raw && t.raw_data().size() % width != 0)
@@ -58,18 +67,29 @@ ConstTensor ToConst(const onnx::TensorProto& t, const std::string& where) {
     Throw(ErrorKind::kInvalidInput, where + ": tensor '" + t.name() + "' holds " + std::to_string(have) +
                                         " values, its dims say " + std::to_string(n));
   c.data.resize(static_cast<size_t>(n));
-  if (width == 4 && raw) {
+  if (t.data_type() == onnx::TensorProto::FLOAT && raw) {
     std::memcpy(c.data.data(), t.raw_data().data(), static_cast<size_t>(n) * 4);
-  } else if (width == 4) {
+  } else if (t.data_type() == onnx::TensorProto::FLOAT) {
     std::copy(t.float_data().begin(), t.float_data().end(), c.data.begin());
   } else {
+    c.is_int = true;
+    c.ints.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       int64_t v;
-      if (raw) {
+      if (width == 8 && raw) {
         std::memcpy(&v, t.raw_data().data() + 8 * i, 8);
-      } else {
+      } else if (width == 8) {
         v = t.int64_data(static_cast<int>(i));
+      } else {
+        int32_t v32;
+        if (raw) {
+          std::memcpy(&v32, t.raw_data().data() + 4 * i, 4);
+        } else {
+          v32 = t.int32_data(static_cast<int>(i));
+        }
+        v = v32;
       }
+      c.ints[static_cast<size_t>(i)] = v;
       c.data[static_cast<size_t>(i)] = static_cast<float>(v);
     }
   }

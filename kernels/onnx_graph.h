@@ -12,6 +12,10 @@ namespace msaflow::kernels {
 struct ConstTensor {
   std::vector<int64_t> dims;
   std::vector<float> data;
+  // Integer tensors (shapes, axes, indices) keep their exact values here too; `data` holds them
+  // as floats for the code that only reads scalars.
+  bool is_int = false;
+  std::vector<int64_t> ints;
   int64_t numel() const { return static_cast<int64_t>(data.size()); }
 };
 

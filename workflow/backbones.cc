@@ -33,7 +33,14 @@ void CheckBackbones(const Pipeline& p) {
     if (bb.kind != "onnx") continue;
     kernels::Graph g = kernels::ImportOnnx(ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes), bb.onnx, bb.feature_layer);
     CheckBackboneInput(g, bb);
-    kernels::Executor ex(std::move(g));  // every operator up to the feature layer is one the executor runs
+    // Every operator up to the feature layer is one the executor runs, on the pipeline's input
+    // size (shape arithmetic folded, broadcasts and pads checked), as the load step will.
+    try {
+      const kernels::Executor ex(std::move(g));
+      ex.CheckShape(bb.input.batch > 0 ? bb.input.batch : 64, bb.input.channels, bb.input.height, bb.input.width);
+    } catch (const Error& e) {
+      Throw(e.kind(), fmt::format("backbone '{}': {}: {}", bb.name, bb.onnx, e.what()));
+    }
   }
 }
 

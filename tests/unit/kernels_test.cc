@@ -15,6 +15,7 @@
 #include "common/files.h"
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
+#include "kernels/fold.h"
 #include "kernels/half.h"
 #include "kernels/head.h"
 #include "kernels/head_batch.h"
@@ -462,6 +463,70 @@ TEST(Onnx, CutModelReimports) {
   EXPECT_EQ(g.nodes.size(), 4u);
   EXPECT_EQ(g.input, "x");
   EXPECT_EQ(g.input_dims, (std::vector<int64_t>{-1, 2, -1, -1}));
+}
+
+// The shape arithmetic the executor folds, on the cases ONNX defines with care.
+TEST(Fold, SlicesClampNegativeIndicesAndStepBackwards) {
+  Node n;
+  n.name = "s";
+  n.op = "Slice";
+  n.inputs = {"x", "starts", "ends", "axes", "steps"};
+  std::map<std::string, ConstTensor> c;
+  auto ints = [](std::vector<int64_t> v) {
+    ConstTensor t;
+    t.dims = {static_cast<int64_t>(v.size())};
+    t.is_int = true;
+    t.ints = v;
+    for (int64_t x : v) t.data.push_back(static_cast<float>(x));
+    return t;
+  };
+  KnownFn known = [&](const std::string& t) { return c.count(t) ? &c.at(t) : nullptr; };
+  // Axis 1 from the end backwards, axis 0 from -3 to "infinity".
+  c["starts"] = ints({-1, -3});
+  c["ends"] = ints({std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()});
+  c["axes"] = ints({1, 0});
+  c["steps"] = ints({-2, 1});
+  SliceSpec s = ResolveSlice(n, known, {5, 4});
+  EXPECT_EQ(s.start, (TensorDims{2, 3}));
+  EXPECT_EQ(s.step, (TensorDims{1, -2}));
+  EXPECT_EQ(s.len, (TensorDims{3, 2}));  // rows 2, 3, 4; columns 3, 1
+  c["steps"] = ints({0, 1});
+  EXPECT_THROW(ResolveSlice(n, known, {5, 4}), Error);
+}
+
+TEST(Fold, ReshapeCopiesZerosAndInfersOneDim) {
+  Node n;
+  n.name = "r";
+  n.op = "Reshape";
+  n.inputs = {"x", "shape"};
+  ConstTensor shape;
+  shape.dims = {3};
+  shape.is_int = true;
+  shape.ints = {0, -1, 2};
+  shape.data = {0, -1, 2};
+  KnownFn known = [&](const std::string& t) { return t == "shape" ? &shape : nullptr; };
+  EXPECT_EQ(ReshapedDims(n, known, {2, 3, 4}), (TensorDims{2, 6, 2}));
+  shape.ints = {0, -1, 5};
+  EXPECT_THROW(ReshapedDims(n, known, {2, 3, 4}), Error);  // 12 per row is no multiple of 5
+  shape.ints = {-1, -1, 2};
+  EXPECT_THROW(ReshapedDims(n, known, {2, 3, 4}), Error);
+}
+
+TEST(TensorOps, PadModesAndBroadcastStrides) {
+  const float x[3] = {1, 2, 3};
+  float out[7];
+  PadCopy(x, {3}, {2, 2}, PadMode::kReflect, 0, out);
+  EXPECT_EQ(std::vector<float>(out, out + 7), (std::vector<float>{3, 2, 1, 2, 3, 2, 1}));
+  PadCopy(x, {3}, {2, 2}, PadMode::kEdge, 0, out);
+  EXPECT_EQ(std::vector<float>(out, out + 7), (std::vector<float>{1, 1, 1, 2, 3, 3, 3}));
+  PadCopy(x, {3}, {-1, 1}, PadMode::kConstant, 9, out);  // crop one at the start
+  EXPECT_EQ(std::vector<float>(out, out + 3), (std::vector<float>{2, 3, 9}));
+  bool ok;
+  EXPECT_EQ(BroadcastDims({2, 1, 4}, {3, 1}, &ok), (TensorDims{2, 3, 4}));
+  EXPECT_TRUE(ok);
+  BroadcastDims({2, 3}, {4}, &ok);
+  EXPECT_FALSE(ok);
+  EXPECT_EQ(BroadcastStrides({3, 1}, {2, 3, 4}), (TensorDims{0, 1, 0}));
 }
 
 TEST(Executor, RejectsInputContradictingFixedDims) {
