@@ -308,10 +308,10 @@ int main(int argc, char** argv) {
     for (const auto& [command, handler] : commands)
       if (command->parsed()) return handler(o);
   } catch (const Error& e) {
-    std::fprintf(stderr, "msaflow: error: %s\n", e.what());
+    std::fprintf(stderr, "msaflow: error: %s\n", OneLine(e.message()).c_str());
     return cli::ExitCode(e.kind());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "msaflow: internal error: %s\n", e.what());
+    std::fprintf(stderr, "msaflow: internal error: %s\n", OneLine(e.what()).c_str());
     return 70;
   }
   return 0;

@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "modules/steps.h"
 #include "parallel/mpi_comm.h"
 #include "workflow/kinds.h"
@@ -35,7 +36,7 @@ int RunModule(const std::string& step, const std::string& task_file, int* argc, 
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "msaflow: error: %s%s\n", world.size() > 1 ? fmt::format("[rank {}] ", world.rank()).c_str() : "",
-                 e.what());
+                 OneLine(e.message()).c_str());
     std::fflush(stderr);
     mpi.AbortIfParallel(ExitCode(e.kind()));
     return ExitCode(e.kind());

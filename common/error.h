@@ -22,11 +22,14 @@ enum class ErrorKind {
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind), message_(what) {}
   ErrorKind kind() const { return kind_; }
+  // The whole message, NUL bytes included (what() ends at the first one).
+  const std::string& message() const { return message_; }
 
  private:
   ErrorKind kind_;
+  std::string message_;
 };
 
 // Shorthands: throw Invalid("pipeline.json: /rounds/max: expected ...").

@@ -1,6 +1,7 @@
 #include "common/strings.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 namespace msaflow {
@@ -31,14 +32,17 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 std::string Nearest(const std::string& got, const std::vector<std::string>& candidates) {
   size_t best = SIZE_MAX;
   std::string pick;
+  const size_t limit = std::max<size_t>(2, got.size() / 3);
+  if (got.size() > 1024) return "";  // no name is that long: nothing to suggest, and no O(n*m) search
   for (const auto& c : candidates) {
+    // The distance is at least the difference in length: no need to compute it past the limit.
+    if ((c.size() > got.size() ? c.size() - got.size() : got.size() - c.size()) > limit || c.size() > 4096) continue;
     size_t d = EditDistance(got, c);
     if (d < best) {
       best = d;
       pick = c;
     }
   }
-  size_t limit = std::max<size_t>(2, got.size() / 3);
   return best > limit ? "" : pick;
 }
 
@@ -82,6 +86,79 @@ std::string Printable(std::string_view s, size_t max, bool utf8) {
     }
   }
   if (s.size() > n) out += "… (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+std::string OneLine(std::string_view message) {
+  constexpr size_t kQuoted = 80, kRun = 200, kKeep = 60;
+  // Long quoted values first: '<value>' -> '<first 60 bytes>… (N bytes)'. A quote opens after
+  // a space, '(', '[', '=' or ':' (not the apostrophe of "model's") and closes before anything
+  // but a letter or digit.
+  auto opens = [&](size_t k) { return k == 0 || std::string_view(" ([=:\"").find(message[k - 1]) != std::string_view::npos; };
+  auto closes = [&](size_t k) { return k + 1 == message.size() || !std::isalnum(static_cast<unsigned char>(message[k + 1])); };
+  std::string cut;
+  size_t i = 0;
+  while (i < message.size()) {
+    size_t open = message.find('\'', i);
+    while (open != std::string_view::npos && !opens(open)) open = message.find('\'', open + 1);
+    if (open == std::string_view::npos) break;
+    size_t close = message.find('\'', open + 1);
+    while (close != std::string_view::npos && !closes(close)) close = message.find('\'', close + 1);
+    if (close == std::string_view::npos) break;
+    const std::string_view value = message.substr(open + 1, close - open - 1);
+    cut.append(message.substr(i, open + 1 - i));
+    if (value.size() > kQuoted) {
+      size_t n = kKeep;
+      while (n > 0 && (static_cast<unsigned char>(value[n]) & 0xc0) == 0x80) --n;
+      cut.append(value.substr(0, n));
+      cut += "… (" + std::to_string(value.size()) + " bytes)";
+    } else {
+      cut.append(value);
+    }
+    cut += '\'';
+    i = close + 1;
+  }
+  cut.append(message.substr(std::min(i, message.size())));
+  // Then long unbroken runs (a path, a value not quoted), and every control byte escaped (a
+  // backslash stays one: JSON's "\u0000" reads as it was written).
+  auto escaped = [](std::string_view w, size_t max) {
+    size_t n = std::min(w.size(), max);
+    while (n < w.size() && n > 0 && (static_cast<unsigned char>(w[n]) & 0xc0) == 0x80) --n;
+    std::string e;
+    for (size_t k = 0; k < n; ++k) {
+      const auto c = static_cast<unsigned char>(w[k]);
+      if (c == '\n') {
+        e += "\\n";
+      } else if (c == '\t') {
+        e += "\\t";
+      } else if (c < 0x20 || c == 0x7f) {
+        static const char* hex = "0123456789abcdef";
+        e += "\\x";
+        e += hex[c >> 4];
+        e += hex[c & 15];
+      } else {
+        e += static_cast<char>(c);
+      }
+    }
+    if (w.size() > n) e += "… (" + std::to_string(w.size()) + " bytes)";
+    return e;
+  };
+  std::string out;
+  size_t start = 0;
+  while (start < cut.size()) {
+    size_t end = cut.find(' ', start);
+    if (end == std::string::npos) end = cut.size();
+    const std::string_view word = std::string_view(cut).substr(start, end - start);
+    if (word.size() > kRun) {  // cut, keeping the punctuation that ends it ("path:")
+      const bool punct = std::string_view(":,;").find(word.back()) != std::string_view::npos;
+      out += escaped(word.substr(0, word.size() - (punct ? 1 : 0)), kKeep);
+      if (punct) out += word.back();
+    } else {
+      out += escaped(word, word.size());
+    }
+    if (end < cut.size()) out += ' ';
+    start = end + 1;
+  }
   return out;
 }
 

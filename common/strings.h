@@ -17,6 +17,10 @@ std::string DidYouMean(const std::string& got, const std::vector<std::string>& c
 // \xHH; cut after `max` bytes with "… (N bytes)". With `utf8`, bytes >= 0x80 are kept (for
 // text known to be UTF-8, such as class names) and the cut falls between characters.
 std::string Printable(std::string_view s, size_t max = 80, bool utf8 = false);
+// A whole error message fit for one line (docs/errors.md): a quoted value ('...') longer than
+// 80 bytes and any run of 160 bytes without a space are cut with their length, control bytes
+// escaped (\n, \x00); UTF-8 text is kept.
+std::string OneLine(std::string_view message);
 // Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
 bool IsUtf8(std::string_view s);
 // "1.5 KiB", "3.2 MiB".

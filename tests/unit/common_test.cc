@@ -362,5 +362,18 @@ TEST(Strings, PrintableKeepsUtf8WhenAskedAndCutsBetweenCharacters) {
   EXPECT_EQ(Printable("abcd", 2), "ab… (4 bytes)");
 }
 
+// An error message printed whole, as docs/errors.md promises: one line, long values cut with
+// their length, and the apostrophe of "model's" taken for no quote.
+TEST(Strings, OneLineEscapesAndCutsLongValuesOnly) {
+  EXPECT_EQ(OneLine(std::string("layer 'a\0b\nc' missing", 21)), "layer 'a\\x00b\\nc' missing");
+  const std::string big(1000, 'x');
+  EXPECT_EQ(OneLine("no tensor named '" + big + "' (the feature layer)"),
+            "no tensor named '" + std::string(60, 'x') + "… (1000 bytes)' (the feature layer)");
+  EXPECT_EQ(OneLine("/onnx: /" + big + ": no such file"), "/onnx: /" + std::string(59, 'x') + "… (1001 bytes): no such file");
+  const std::string text = "the model's input is " + std::string(100, 'y') + " and 'z' is fine";
+  EXPECT_EQ(OneLine(text), text);
+  EXPECT_EQ(Nearest(std::string(1 << 20, 'a'), {"aaa", "b"}), "");  // at once: no O(n*m) search
+}
+
 }  // namespace
 }  // namespace msaflow
