@@ -95,6 +95,8 @@ int PlanOrRun(Options& o, bool plan) {
     std::printf("%s", runs.Plan(p, m).c_str());
     return 0;
   }
+  // What validate checks, in its order: a run stops where validate would, with the same line.
+  orchestrator::CheckPipeline(p, m, o.pipeline_path, o.runs_dir);
   launch::InstallInterruptHandlers();  // Ctrl-C / scancel of the coordinator: end what it started
   report::ProgressPrinter progress(stdout);
   runs.Start(p, m, o.run_id, progress);

@@ -143,24 +143,62 @@ std::vector<bool> StratifiedSplit(const std::vector<uint8_t>& labels, double fra
   return in_val;
 }
 
-ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path, int64_t limit) {
-  GzReader images(images_path);
-  std::string img;
-  images.Read(16, &img);
-  if (img.size() < 16)
-    Throw(ErrorKind::kInvalidInput, images_path + ": " + std::to_string(img.size()) +
+namespace {
+
+// The images file's header, checked: count, rows, cols.
+struct IdxHeader {
+  int64_t n = 0, rows = 0, cols = 0;
+};
+IdxHeader ReadIdxHeader(GzReader& images, const std::string& images_path, std::string* img) {
+  images.Read(16, img);
+  if (img->size() < 16)
+    Throw(ErrorKind::kInvalidInput, images_path + ": " + std::to_string(img->size()) +
                                         " bytes; an IDX image file has a 16-byte header");
-  uint32_t magic = BigEndian32(img, 0);
+  uint32_t magic = BigEndian32(*img, 0);
   if (magic != kImagesMagic)
     Throw(ErrorKind::kInvalidInput, images_path + ": magic " + Hex(magic) + ", expected " + Hex(kImagesMagic) +
                                         " (IDX unsigned-byte images, 3 dims)");
+  IdxHeader h;
+  h.n = BigEndian32(*img, 4);
+  h.rows = BigEndian32(*img, 8);
+  h.cols = BigEndian32(*img, 12);
+  if (h.rows <= 0 || h.cols <= 0 || h.rows > 4096 || h.cols > 4096)
+    Throw(ErrorKind::kInvalidInput, images_path + ": image size " + std::to_string(h.rows) + "x" +
+                                        std::to_string(h.cols) + " out of range (1..4096)");
+  return h;
+}
+
+// The first `count` of the n labels, the file checked whole.
+std::vector<uint8_t> ReadIdxLabelFile(const std::string& labels_path, int64_t n, const std::string& images_path,
+                                      int64_t count) {
+  std::string lab = ReadMaybeGz(labels_path);
+  if (lab.size() < 8)
+    Throw(ErrorKind::kInvalidInput, labels_path + ": " + std::to_string(lab.size()) +
+                                        " bytes; an IDX label file has an 8-byte header");
+  const uint32_t magic = BigEndian32(lab, 0);
+  if (magic != kLabelsMagic)
+    Throw(ErrorKind::kInvalidInput, labels_path + ": magic " + Hex(magic) + ", expected " + Hex(kLabelsMagic) +
+                                        " (IDX unsigned-byte labels, 1 dim)");
+  int64_t nl = BigEndian32(lab, 4);
+  if (static_cast<int64_t>(lab.size() - 8) != nl)
+    Throw(ErrorKind::kInvalidInput, labels_path + ": body has " + std::to_string(lab.size() - 8) +
+                                        " bytes, header says " + std::to_string(nl) + " labels");
+  if (nl != n)
+    Throw(ErrorKind::kInvalidInput, labels_path + ": " + std::to_string(nl) + " labels for " + std::to_string(n) +
+                                        " images in " + images_path);
+  return std::vector<uint8_t>(lab.begin() + 8, lab.begin() + 8 + count);
+}
+
+}  // namespace
+
+ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path, int64_t limit) {
+  GzReader images(images_path);
+  std::string img;
+  const IdxHeader h = ReadIdxHeader(images, images_path, &img);
+  const int64_t n = h.n;
   ImageSet s;
-  int64_t n = BigEndian32(img, 4);
-  s.rows = BigEndian32(img, 8);
-  s.cols = BigEndian32(img, 12);
-  if (s.rows <= 0 || s.cols <= 0 || s.rows > 4096 || s.cols > 4096)
-    Throw(ErrorKind::kInvalidInput, images_path + ": image size " + std::to_string(s.rows) + "x" +
-                                        std::to_string(s.cols) + " out of range (1..4096)");
+  s.rows = h.rows;
+  s.cols = h.cols;
   int64_t px = s.rows * s.cols;
   s.count = limit > 0 ? std::min(n, limit) : n;
   const std::string shape = std::to_string(n) + " images of " + std::to_string(s.rows) + "x" + std::to_string(s.cols);
@@ -178,24 +216,16 @@ ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path,
       Throw(ErrorKind::kInvalidInput, images_path + ": body has " + std::to_string(have) + " bytes, header says " +
                                           shape + " = " + std::to_string(n * px) + " bytes");
   }
-  std::string lab = ReadMaybeGz(labels_path);
-  if (lab.size() < 8)
-    Throw(ErrorKind::kInvalidInput, labels_path + ": " + std::to_string(lab.size()) +
-                                        " bytes; an IDX label file has an 8-byte header");
-  magic = BigEndian32(lab, 0);
-  if (magic != kLabelsMagic)
-    Throw(ErrorKind::kInvalidInput, labels_path + ": magic " + Hex(magic) + ", expected " + Hex(kLabelsMagic) +
-                                        " (IDX unsigned-byte labels, 1 dim)");
-  int64_t nl = BigEndian32(lab, 4);
-  if (static_cast<int64_t>(lab.size() - 8) != nl)
-    Throw(ErrorKind::kInvalidInput, labels_path + ": body has " + std::to_string(lab.size() - 8) +
-                                        " bytes, header says " + std::to_string(nl) + " labels");
-  if (nl != n)
-    Throw(ErrorKind::kInvalidInput, labels_path + ": " + std::to_string(nl) + " labels for " + std::to_string(n) +
-                                        " images in " + images_path);
+  s.labels = ReadIdxLabelFile(labels_path, n, images_path, s.count);
   s.pixels.assign(img.begin() + 16, img.begin() + 16 + s.count * px);
-  s.labels.assign(lab.begin() + 8, lab.begin() + 8 + s.count);
   return s;
+}
+
+std::vector<uint8_t> ReadIdxLabels(const std::string& images_path, const std::string& labels_path, int64_t limit) {
+  GzReader images(images_path);
+  std::string img;
+  const IdxHeader h = ReadIdxHeader(images, images_path, &img);
+  return ReadIdxLabelFile(labels_path, h.n, images_path, limit > 0 ? std::min(h.n, limit) : h.n);
 }
 
 void WriteIdxImages(const std::string& path, int64_t count, int64_t rows, int64_t cols, const uint8_t* pixels) {

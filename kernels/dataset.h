@@ -47,6 +47,8 @@ std::vector<bool> StratifiedSplit(const std::vector<uint8_t>& labels, double fra
 // With a limit below the header's count only the images it takes are read (and decompressed):
 // the body must hold them, and what follows them is not looked at.
 ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path, int64_t limit);
+// Only the labels (the images file's header checked, its pixels not read): for `validate`.
+std::vector<uint8_t> ReadIdxLabels(const std::string& images_path, const std::string& labels_path, int64_t limit);
 
 // Writes an IDX image or label file (uncompressed) atomically; used by the data scripts/tests.
 void WriteIdxImages(const std::string& path, int64_t count, int64_t rows, int64_t cols, const uint8_t* pixels);

@@ -1,6 +1,8 @@
 #include "kernels/npy.h"
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "common/error.h"
@@ -55,7 +57,8 @@ std::string ShapeText(const std::vector<int64_t>& s) {
 }
 
 // The images' header, checked: uint8, C order, (N, H, W) or (N, H, W, C) with C 1 or 3.
-NpyHeader ImagesHeader(const std::string& img, const std::string& path) {
+// `img` holds at least the header; `file_size` is the whole file's.
+NpyHeader ImagesHeader(const std::string& img, uint64_t file_size, const std::string& path) {
   NpyHeader h = ParseNpyHeader(img, path);
   if (h.descr != "|u1" && h.descr != "<u1" && h.descr != ">u1" && h.descr != "=u1")
     Bad(path, "dtype '" + h.descr + "'; images must be uint8 (|u1)");
@@ -67,8 +70,8 @@ NpyHeader ImagesHeader(const std::string& img, const std::string& path) {
   if (h.shape[1] < 1 || h.shape[2] < 1) Bad(path, "shape " + ShapeText(h.shape) + ": images of size 0");
   if (h.shape[1] > 16384 || h.shape[2] > 16384) Bad(path, "shape " + ShapeText(h.shape) + ": images larger than 16384 a side");
   const int64_t n = CountOf(h);
-  if (n < 0 || static_cast<uint64_t>(n) != img.size() - h.data_offset)
-    Bad(path, "body has " + std::to_string(img.size() - h.data_offset) + " bytes, the shape " + ShapeText(h.shape) +
+  if (n < 0 || static_cast<uint64_t>(n) != file_size - h.data_offset)
+    Bad(path, "body has " + std::to_string(file_size - h.data_offset) + " bytes, the shape " + ShapeText(h.shape) +
                   " needs " + std::to_string(n));
   return h;
 }
@@ -151,7 +154,7 @@ NpyHeader ParseNpyHeader(const std::string& b, const std::string& path) {
 
 ImageSet ReadNpy(const std::string& images_path, const std::string& labels_path, int64_t limit) {
   const std::string img = ReadExisting(images_path);
-  const NpyHeader h = ImagesHeader(img, images_path);
+  const NpyHeader h = ImagesHeader(img, img.size(), images_path);
   ImageSet s;
   s.rows = h.shape[1];
   s.cols = h.shape[2];
@@ -165,7 +168,19 @@ ImageSet ReadNpy(const std::string& images_path, const std::string& labels_path,
 }
 
 std::vector<uint8_t> ReadNpyLabels(const std::string& images_path, const std::string& labels_path, int64_t limit) {
-  const NpyHeader h = ImagesHeader(ReadExisting(images_path), images_path);
+  // The images' header only (NEP 1 headers are at most 4 GiB in theory, a few hundred bytes in
+  // practice; 1 MiB is read), and the file's size for the body check.
+  if (!PathExists(images_path)) Throw(ErrorKind::kNotFound, images_path + ": no such file");
+  if (!std::filesystem::is_regular_file(images_path))
+    Throw(ErrorKind::kInvalidInput, images_path + ": not a regular file (a device, FIFO or folder); expected a .npy file");
+  std::ifstream f(images_path, std::ios::binary);
+  std::string head(1 << 20, '\0');
+  f.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(f.gcount()));
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(images_path, ec);
+  if (ec) Throw(ErrorKind::kIo, images_path + ": " + ec.message());
+  const NpyHeader h = ImagesHeader(head, size, images_path);
   const int64_t count = limit > 0 ? std::min(h.shape[0], limit) : h.shape[0];
   return Labels(ReadExisting(labels_path), labels_path, h.shape[0], images_path, count);
 }

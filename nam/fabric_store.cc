@@ -92,6 +92,7 @@ FabricUri ParseFabricUri(const std::string& uri) {
     rest = rest.substr(0, q);
   }
   SplitHostPort(rest, "NAM URI '" + uri + "'", &u.host, &u.port);
+  if (std::stoul(u.port) == 0) Throw(ErrorKind::kInvalidInput, "NAM URI '" + uri + "': port 0; a server's port is 1..65535");
   if (const char* t = std::getenv("MSAFLOW_NAM_TIMEOUT"); t && *t) {
     char* end = nullptr;
     double v = std::strtod(t, &end);

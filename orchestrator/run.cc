@@ -338,7 +338,28 @@ std::string PreRunChecks(const Pipeline& p, const Machine& m, const std::string&
   return nam;
 }
 
+void CheckNotInProcessNam(const Pipeline& p) {
+  if (p.nam.rfind("mem://", 0) == 0)
+    Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": /nam: NAM URI '" + p.nam + "' is in-process memory (for "
+                                        "tests): a run's steps are processes of their own and would not see each other's "
+                                        "objects; use file://DIR or fabric://HOST:PORT, or leave \"nam\" out");
+}
+
+void CheckRanks(const Pipeline& p, const Machine& m) {
+  for (const auto& [step, s] : p.steps) {
+    if (!s.ranks_given || workflow::SingleWriter(step)) continue;
+    const auto& mod = m.Module(s.module, "");
+    if (s.ranks > mod.max_ranks)
+      Throw(ErrorKind::kInvalidInput,
+            fmt::format("pipeline {}: /steps/{}/ranks: {} ranks, but module {} of machine {} allows at most {} "
+                        "(max_ranks in the machine file); ask for {} or fewer", p.name, workflow::StepName(step),
+                        s.ranks, mod.name, m.name, mod.max_ranks, mod.max_ranks));
+  }
+}
+
 std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& opt, RunObserver& obs) {
+  if (!opt.make_launcher) CheckNotInProcessNam(p);  // a test's in-process launcher shares one process
+  CheckRanks(p, m);
   std::string id = opt.run_id.empty() ? NewRunId(p.name) : opt.run_id;
   nam::ValidateObjectName(id);
   std::string dir = std::filesystem::absolute(opt.runs_dir + "/" + id).lexically_normal().string();
@@ -443,6 +464,15 @@ std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_
     } catch (const Error& e) {
       Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": /nam: " + e.what());
     }
+  }
+  if (p.nam.rfind("file://", 0) == 0) {
+    const std::string dir = p.nam.substr(7);
+    std::error_code ec;
+    if (dir.empty())
+      Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": /nam: NAM URI 'file://' names no directory; expected file://DIR");
+    if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
+      Throw(ErrorKind::kInvalidInput, "pipeline " + p.name + ": /nam: NAM URI '" + p.nam + "': " + dir +
+                                          " is not a directory; expected file://DIR (made if missing)");
   }
   if (!p.nam.empty()) return p.nam;
   if (!m.nam.uri.empty()) return m.nam.uri;

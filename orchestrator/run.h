@@ -50,6 +50,11 @@ bool ResumeRun(const std::string& run_dir, const RunOptions& opt, RunObserver& o
 // device here, labels or splits no model can be trained on, models prepare could not feed.
 // Returns the NAM the run will use (NamFor).
 std::string PreRunChecks(const Pipeline& p, const Machine& m, const std::string& runs_dir);
+// A mem:// NAM for a run whose steps are processes: refused (kInvalidInput naming /nam).
+void CheckNotInProcessNam(const Pipeline& p);
+// Ranks a pipeline asks for beyond its module's max_ranks: refused, the maximum named (a run
+// would otherwise get fewer than it asked for without a word).
+void CheckRanks(const Pipeline& p, const Machine& m);
 
 // The NAM a run uses: the pipeline's URI, else the machine's, else "serve" (a server the run
 // starts, persisting to <runs>/nam) when the machine asks for one, else file://<runs>/nam.

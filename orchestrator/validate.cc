@@ -18,9 +18,12 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
   for (size_t i = 0; i < p.backbones.size(); ++i)
     if (p.backbones[i].kind == "onnx" && !PathExists(p.backbones[i].onnx))
       Throw(ErrorKind::kNotFound, fmt::format("{}: /backbones/{}/onnx: {}: no such file", origin, i, p.backbones[i].onnx));
-  workflow::CheckDatasetFiles(p, origin);  // without reading them
+  workflow::CheckDatasetFiles(p, origin);  // regular files and folders, before any is opened
+  workflow::CheckDatasetLabels(p);         // headers, labels and classes; no pixel read
   workflow::CheckBackbones(p);             // the models' operators, feature layers and inputs
   NamFor(p, m, runs_dir);                  // the NAM URI as a run would use it
+  CheckNotInProcessNam(p);
+  CheckRanks(p, m);
   FpgaPreflight(p, m);                     // fpga "opencl" needs an OpenCL device here (launcher local)
   // The train layout against the machine (ranks + servers within the module's max_ranks).
   const auto& train = p.steps.at(workflow::Step::kTrain);

@@ -28,7 +28,8 @@ struct Base {
 
 namespace {
 
-Base OpenBase(const SplitSpec& s) {
+// pixels = false: the labels only (headers checked, no pixel read), for `validate`.
+Base OpenBase(const SplitSpec& s, bool pixels = true) {
   Base b;
   b.origin = s.origin();
   if (s.format == "folder") {
@@ -36,6 +37,9 @@ Base OpenBase(const SplitSpec& s) {
     b.labels = l->labels;
     b.class_names = l->class_names;
     b.folder = std::move(l);
+  } else if (!pixels) {
+    b.labels = s.format == "npy" ? kernels::ReadNpyLabels(s.images, s.labels, s.limit)
+                                 : kernels::ReadIdxLabels(s.images, s.labels, s.limit);
   } else {
     auto set = std::make_shared<kernels::ImageSet>(s.format == "npy" ? kernels::ReadNpy(s.images, s.labels, s.limit)
                                                                      : kernels::ReadIdx(s.images, s.labels, s.limit));
@@ -209,6 +213,20 @@ int64_t CheckSplits(const Pipeline& p, const std::vector<SplitSource>& splits) {
 }
 
 int64_t CheckDatasets(const Pipeline& p) { return CheckSplits(p, OpenSplits(p)); }
+
+int64_t CheckDatasetLabels(const Pipeline& p) {
+  std::vector<SplitSource> splits;
+  std::optional<Base> train;
+  for (const auto& split : SplitNames(p)) {
+    if (Carved(p, split)) {
+      if (!train) train = OpenBase(p.train, /*pixels=*/false);
+      splits.push_back(SplitFrom(p, split, *train));
+    } else {
+      splits.push_back(SplitFrom(p, split, OpenBase(SpecOf(p, split), /*pixels=*/false)));
+    }
+  }
+  return CheckSplits(p, splits);
+}
 
 void CheckDatasetFiles(const Pipeline& p, const std::string& origin) {
   auto check = [&](const SplitSpec& s, const std::string& ptr) {

@@ -65,6 +65,10 @@ int64_t CheckSplits(const Pipeline& p, const std::vector<SplitSource>& splits);
 // Opens every split of `p` (labels; IDX and .npy files are read) and checks them as above:
 // what a run does before it starts anything.
 int64_t CheckDatasets(const Pipeline& p);
+// The same checks from the labels alone: IDX and .npy image headers (magic, shape, dtype, the
+// .npy body's size), label files whole, image folders listed with every file's first bytes
+// (PNG or JPEG) and no empty class; no pixel is read or decoded. What `validate` runs.
+int64_t CheckDatasetLabels(const Pipeline& p);
 // What `validate` can check without reading the data: every dataset file exists and is a file,
 // every image folder a folder. Throws kNotFound / kInvalidInput naming `origin` and the pointer.
 void CheckDatasetFiles(const Pipeline& p, const std::string& origin);

@@ -387,7 +387,10 @@ void ReadSteps(const Reader& r, const json& doc, Pipeline& p) {
       r.Object(v, ptr, keys, {});
       StepSpec& s = p.steps[step];
       if (v.contains("module")) s.module = r.Enum(v["module"], ptr + "/module", {"cm", "esb", "dam"});
-      if (v.contains("ranks")) s.ranks = r.Int(v["ranks"], ptr + "/ranks", 1, 4096);
+      if (v.contains("ranks")) {
+        s.ranks = r.Int(v["ranks"], ptr + "/ranks", 1, 4096);
+        s.ranks_given = true;
+      }
       if (v.contains("shards")) s.shards = r.Int(v["shards"], ptr + "/shards", 1, 65536);
       if (v.contains("farm")) s.farm = r.Enum(v["farm"], ptr + "/farm", {"counter", "dispatcher"});
       if (step == Step::kTrain) ReadTrainParallel(r, v, ptr, &s);

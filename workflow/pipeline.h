@@ -70,6 +70,7 @@ struct TrainParallelSpec {
 struct StepSpec {
   std::string module;
   int64_t ranks = 1;           // train: the ranks that compute gradients
+  bool ranks_given = false;    // the pipeline says "ranks" (else a default the machine may lower)
   TrainParallelSpec parallel;  // train only
   int64_t shards = 0;          // evaluate only; 0 = 2 per rank
   std::string farm = "counter";  // evaluate only: counter | dispatcher (parallel/task_farm.h)

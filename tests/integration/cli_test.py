@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -163,6 +164,92 @@ class Cli(TempDirCase):
             self.assertEqual(r.stderr.strip(), "msaflow: error: pipeline quickstart: /nam: NAM URI "
                                                "'fabric://127.0.0.1:99999': port 99999 is out of range")
         self.assertEqual(sorted(os.listdir(self.dir)), ["p.json"])
+
+    def test_validate_refuses_every_input_run_would_refuse_at_once_and_on_one_line(self):
+        """Issue 31's trial, case by case: validate refuses each with its exit code and one line
+        (values escaped and cut), quickly (a bound far above the ~0.3 s measured, to catch the
+        13 s did-you-mean search or a read of /dev/zero, not to time anything), and run stops
+        where validate did, with the same line and nothing written."""
+        import numpy as np
+        d = self.dir
+        np.save(os.path.join(d, "x.npy"), np.zeros((6, 8, 8), np.uint8))
+        np.save(os.path.join(d, "y.npy"), np.array([0, 1, 2, 0, 1, 2]))
+        np.save(os.path.join(d, "xf.npy"), np.zeros((6, 8, 8), np.float32))
+        np.save(os.path.join(d, "y3.npy"), np.array([0, 1, 2]))
+        for c in ("a", "b"):
+            os.makedirs(os.path.join(d, "gif", c))
+            os.makedirs(os.path.join(d, "empty", c))
+        png = bytes.fromhex("89504e470d0a1a0a")  # PNG's signature: the listing reads no more
+        for path, data in (("gif/a/1.png", b"GIF89a" + bytes(16)), ("gif/b/1.png", png), ("empty/a/1.png", png)):
+            with open(os.path.join(d, path), "wb") as f:
+                f.write(data)
+
+        def npy(doc, x="x.npy", y="y.npy"):
+            doc["datasets"] = {"train": {"format": "npy", "images": os.path.join(d, x), "labels": os.path.join(d, y)},
+                               "test": {"format": "npy", "images": os.path.join(d, "x.npy"),
+                                        "labels": os.path.join(d, "y.npy")},
+                               "validation": {"from": "train", "fraction": 0.5}}
+            doc["backbones"] = [{"name": "pixels", "kind": "pixels"}]
+
+        def folder(doc, root):
+            doc["datasets"] = {"train": {"format": "folder", "root": os.path.join(d, root)},
+                               "test": {"format": "folder", "root": os.path.join(d, root)}, "select_on": "test"}
+            doc["select_on"] = "test"
+            del doc["datasets"]["select_on"]
+            doc["backbones"] = [{"name": "pixels", "kind": "pixels"}]
+
+        model = os.path.join(ROOT, "models", "mobilenet_v2.onnx")
+        huge = "x" * 1000000
+        cases = [
+            ("NUL in a layer", lambda p: p["backbones"][0].update(feature_layer="ab\0cd"), 4,
+             f"{model}: no tensor named 'ab\\x00cd' (the feature layer)"),
+            ("newline in a layer", lambda p: p["backbones"][0].update(feature_layer="ab\ncd"), 4,
+             f"{model}: no tensor named 'ab\\ncd' (the feature layer)"),
+            ("1 MB layer", lambda p: p["backbones"][0].update(feature_layer=huge), 4,
+             f"{model}: no tensor named '{'x' * 60}… (1000000 bytes)' (the feature layer)"),
+            ("1 MB path", lambda p: p["backbones"][0].update(onnx="/" + huge), 4,
+             f"PIPE: /backbones/0/onnx: /{'x' * 59}… (1000001 bytes): no such file"),
+            ("300-character backbone", lambda p: p["backbones"][2].update(name="b" * 300), 3,
+             "(302 characters) is 300 characters long; at most 64"),
+            ("backbone ..", lambda p: p["backbones"][2].update(name=".."), 3, "/backbones/2/name"),
+            ("NUL in the name", lambda p: p.update(name="a\0b"), 3, '/name: "a\\u0000b" has a control character or'),
+            ("IPv4 of 256", lambda p: p.update(nam="fabric://256.1.1.1:5"), 3,
+             "pipeline quickstart: /nam: NAM URI 'fabric://256.1.1.1:5': host '256.1.1.1' is not an IPv4 address "
+             "(four numbers 0..255)"),
+            ("file://", lambda p: p.update(nam="file://"), 3,
+             "pipeline quickstart: /nam: NAM URI 'file://' names no directory; expected file://DIR"),
+            ("file:///dev/zero", lambda p: p.update(nam="file:///dev/zero"), 3,
+             "pipeline quickstart: /nam: NAM URI 'file:///dev/zero': /dev/zero is not a directory; expected "
+             "file://DIR (made if missing)"),
+            ("mem://", lambda p: p.update(nam="mem://"), 3, "NAM URI 'mem://' is in-process memory (for tests)"),
+            ("ranks 1000", lambda p: p["steps"]["train"].update(ranks=1000), 3,
+             "pipeline quickstart: /steps/train/ranks: 1000 ranks, but module dam of machine local allows at most 64 "
+             "(max_ranks in the machine file); ask for 64 or fewer"),
+            ("float images", lambda p: npy(p, x="xf.npy"), 3, f"{d}/xf.npy: dtype '<f4'; images must be uint8 (|u1)"),
+            ("short labels", lambda p: npy(p, y="y3.npy"), 3, f"{d}/y3.npy: 3 labels for 6 images in {d}/x.npy"),
+            ("too few classes", lambda p: (npy(p), p["datasets"].update(classes=2)), 3,
+             "is outside 0..1 (2 classes, /datasets/classes)"),
+            ("a GIF named .png", lambda p: folder(p, "gif"), 3, f"{d}/gif/a/1.png: neither PNG nor JPEG (by its first bytes)"),
+            ("an empty class", lambda p: folder(p, "empty"), 3, f"{d}/empty/b: class 'b' has no .png, .jpg or .jpeg images"),
+        ]
+        runs = os.path.join(d, "runs")
+        for label, mutate, code, text in cases:
+            with self.subTest(case=label):
+                doc = self.absolute_quickstart()
+                mutate(doc)
+                path = self.write("p.json", doc)
+                text = text.replace("PIPE", path)
+                t0 = time.monotonic()
+                r = msaflow("validate", path)
+                took = time.monotonic() - t0
+                self.assertEqual(r.returncode, code, r.stderr[:500])
+                self.assertEqual(r.stderr.count("\n"), 1, r.stderr[:500])
+                self.assertLess(len(r.stderr), 400)
+                self.assertIn(text, r.stderr)
+                self.assertLess(took, 5.0)
+                ran = msaflow("run", path, "--runs", runs)
+                self.assertEqual((ran.returncode, ran.stderr), (r.returncode, r.stderr))
+                self.assertFalse(os.path.exists(runs) and os.listdir(runs), "run got further than validate")
 
     def no_opencl(self):
         """The environment of a machine without OpenCL: the ICD loader looks in an empty folder."""
