@@ -699,6 +699,141 @@ std::string DimsText(const Dims& d) {
   return t.empty() ? "scalar" : t;
 }
 
+// Pad, Reshape, Transpose and Slice: their specs read (pads, target shape, perm, starts) and
+// their output dims.
+Dims DataMoveDims(Executor::Op& op, const Dims& x, const KnownFn& known, bool* is_identity) {
+  const Node& n = op.node;
+  auto fail = [&](ErrorKind kind, const std::string& what) { Throw(kind, "node '" + op.name + "' (" + n.op + "): " + what); };
+  Dims out;
+  bool& identity = *is_identity;
+  switch (op.kind) {
+    case Kind::kPad: {
+      op.pad = ResolvePad(n, known, x.size());
+      out = x;
+      identity = true;
+      for (size_t a = 0; a < x.size(); ++a) {
+        const int64_t b = op.pad.pads[a], e = op.pad.pads[x.size() + a];
+        if (op.pad.mode == PadMode::kReflect && (b >= x[a] || e >= x[a]))
+          fail(ErrorKind::kInvalidInput, "reflect pads of " + std::to_string(std::max(b, e)) + " on an axis of " + std::to_string(x[a]));
+        if (op.pad.mode == PadMode::kEdge && x[a] == 0 && (b > 0 || e > 0)) fail(ErrorKind::kInvalidInput, "edge pads on an empty axis");
+        out[a] += b + e;
+        identity = identity && b == 0 && e == 0;
+      }
+      break;
+    }
+    case Kind::kReshape:
+      out = ReshapedDims(n, known, x);
+      identity = out == x;
+      break;
+    case Kind::kTranspose: {
+      Dims perm = op.perm;
+      if (perm.empty())
+        for (size_t a = x.size(); a-- > 0;) perm.push_back(static_cast<int64_t>(a));
+      Dims sorted = perm;
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t a = 0; a < sorted.size(); ++a)
+        if (sorted.size() != x.size() || sorted[a] != static_cast<int64_t>(a)) fail(ErrorKind::kInvalidInput, "perm is not a permutation of the input's axes");
+      op.perm = perm;
+      identity = true;
+      for (size_t a = 0; a < perm.size(); ++a) {
+        out.push_back(x[static_cast<size_t>(perm[a])]);
+        identity = identity && perm[a] == static_cast<int64_t>(a);
+      }
+      break;
+    }
+    case Kind::kSlice: {
+      op.slice = n.op == "Split" ? ResolveSplit(n, known, x, op.part) : ResolveSlice(n, known, x);
+      out = op.slice.len;
+      identity = out == x;
+      for (size_t a = 0; a < x.size(); ++a) identity = identity && op.slice.start[a] == 0 && op.slice.step[a] == 1;
+      break;
+    }
+    default: break;
+  }
+  return out;
+}
+
+// The output dims of `op` for an input of `x` (its first input); its padding, axes, pads,
+// perm and slice made explicit. *is_identity: the op changes nothing (its readers are renamed).
+Dims OpOutputDims(Executor::Op& op, const Dims& x, const std::function<Dims(const std::string&)>& dims_of,
+                  const KnownFn& known, bool* is_identity) {
+  const Node& n = op.node;
+  auto fail = [&](ErrorKind kind, const std::string& what) { Throw(kind, "node '" + op.name + "' (" + n.op + "): " + what); };
+  auto rank4 = [&] {
+    if (x.size() != 4) fail(ErrorKind::kUnsupported, "expects an NCHW tensor; its input is " + DimsText(x));
+  };
+  Dims out;
+  switch (op.kind) {
+    case Kind::kConv: {
+      rank4();
+      const Dims& w = op.weights.dims;
+      if (x[1] != w[1] * op.group)
+        Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input has " + std::to_string(x[1]) +
+                                            " channels, weights expect " + std::to_string(w[1] * op.group));
+      out = {x[0], w[0], 0, 0};
+      for (int a = 0; a < 2; ++a) {
+        int64_t pb, pe;
+        SpatialOut(op.auto_pad, x[2 + a], w[2 + a], op.strides[a], op.dilations[a], op.pads[a], op.pads[2 + a],
+                   &out[2 + a], &pb, &pe);
+        op.pads[a] = pb;
+        op.pads[2 + a] = pe;
+      }
+      break;
+    }
+    case Kind::kPool:
+      rank4();
+      out = {x[0], x[1], 0, 0};
+      for (int a = 0; a < 2; ++a) {
+        int64_t pb, pe;
+        SpatialOut(op.auto_pad, x[2 + a], op.kernel[a], op.strides[a], 1, op.pads[a], op.pads[2 + a], &out[2 + a],
+                   &pb, &pe, op.ceil_mode != 0);
+        // Averages counting the padding: ONNX counts the given padding, not ceil_mode's overhang.
+        if (op.include_pad && pe != op.pads[2 + a])
+          fail(ErrorKind::kUnsupported, "count_include_pad=1 with a ceil_mode window over the end is not supported");
+        op.pads[a] = pb;
+        op.pads[2 + a] = pe;
+      }
+      break;
+    case Kind::kGlobalPool:
+      rank4();
+      out = op.keepdims ? Dims{x[0], x[1], 1, 1} : Dims{x[0], x[1]};
+      break;
+    case Kind::kEltwise: out = x; break;
+    case Kind::kBinary: {
+      bool ok;
+      const Dims y = dims_of(op.inputs[1]);
+      out = BroadcastDims(x, y, &ok);
+      if (!ok) fail(ErrorKind::kInvalidInput, "inputs of " + DimsText(x) + " and " + DimsText(y) + " do not broadcast");
+      if (out.size() > 6) fail(ErrorKind::kUnsupported, "rank above 6");
+      break;
+    }
+    case Kind::kConcat: {
+      out = x;
+      op.axis = NormalizeAxis(n, op.axis, x.size());
+      const auto ax = static_cast<size_t>(op.axis);
+      for (size_t k = 1; k < op.inputs.size(); ++k) {
+        const Dims y = dims_of(op.inputs[k]);
+        bool same = y.size() == x.size();
+        for (size_t a = 0; same && a < x.size(); ++a) same = a == ax || y[a] == x[a];
+        if (!same) fail(ErrorKind::kInvalidInput, "inputs of " + DimsText(x) + " and " + DimsText(y) + " do not concatenate on axis " + std::to_string(ax));
+        out[ax] += y[ax];
+      }
+      break;
+    }
+    case Kind::kGemm:
+      if (x.size() != 2 || x[1] != op.weights.dims[1])
+        fail(ErrorKind::kInvalidInput, "input of " + DimsText(x) + "; the weights take N x " + std::to_string(op.weights.dims[1]));
+      out = {x[0], op.weights.dims[0]};
+      break;
+    case Kind::kPad:
+    case Kind::kReshape:
+    case Kind::kTranspose:
+    case Kind::kSlice: out = DataMoveDims(op, x, known, is_identity); break;
+    case Kind::kFold: break;  // refused above
+  }
+  return out;
+}
+
 // Throws for an input no op computes, a channel count the weights do not take, shapes that do
 // not broadcast, an output that would be empty.
 Resolved Resolve(std::vector<Executor::Op> ops, const Graph& g, const Dims& in_dims) {
@@ -745,117 +880,13 @@ Resolved Resolve(std::vector<Executor::Op> ops, const Graph& g, const Dims& in_d
       auto it = r.shapes.find(t);
       return it != r.shapes.end() ? it->second : known(t)->dims;
     };
-    Dims x = dims_of(op.inputs[0]), out;
-    auto rank4 = [&] {
-      if (x.size() != 4) fail(ErrorKind::kUnsupported, "expects an NCHW tensor; its input is " + DimsText(x));
-    };
+    const Dims x = dims_of(op.inputs[0]);
     bool identity = false;
-    switch (op.kind) {
-      case Kind::kConv: {
-        rank4();
-        const Dims& w = op.weights.dims;
-        if (x[1] != w[1] * op.group)
-          Throw(ErrorKind::kInvalidInput, "node '" + op.name + "': input has " + std::to_string(x[1]) +
-                                              " channels, weights expect " + std::to_string(w[1] * op.group));
-        out = {x[0], w[0], 0, 0};
-        for (int a = 0; a < 2; ++a) {
-          int64_t pb, pe;
-          SpatialOut(op.auto_pad, x[2 + a], w[2 + a], op.strides[a], op.dilations[a], op.pads[a], op.pads[2 + a],
-                     &out[2 + a], &pb, &pe);
-          op.pads[a] = pb;
-          op.pads[2 + a] = pe;
-        }
-        break;
-      }
-      case Kind::kPool:
-        rank4();
-        out = {x[0], x[1], 0, 0};
-        for (int a = 0; a < 2; ++a) {
-          int64_t pb, pe;
-          SpatialOut(op.auto_pad, x[2 + a], op.kernel[a], op.strides[a], 1, op.pads[a], op.pads[2 + a], &out[2 + a],
-                     &pb, &pe, op.ceil_mode != 0);
-          // Averages counting the padding: ONNX counts the given padding, not ceil_mode's overhang.
-          if (op.include_pad && pe != op.pads[2 + a])
-            fail(ErrorKind::kUnsupported, "count_include_pad=1 with a ceil_mode window over the end is not supported");
-          op.pads[a] = pb;
-          op.pads[2 + a] = pe;
-        }
-        break;
-      case Kind::kGlobalPool:
-        rank4();
-        out = op.keepdims ? Dims{x[0], x[1], 1, 1} : Dims{x[0], x[1]};
-        break;
-      case Kind::kEltwise: out = x; break;
-      case Kind::kBinary: {
-        bool ok;
-        const Dims y = dims_of(op.inputs[1]);
-        out = BroadcastDims(x, y, &ok);
-        if (!ok) fail(ErrorKind::kInvalidInput, "inputs of " + DimsText(x) + " and " + DimsText(y) + " do not broadcast");
-        if (out.size() > 6) fail(ErrorKind::kUnsupported, "rank above 6");
-        break;
-      }
-      case Kind::kConcat: {
-        out = x;
-        op.axis = NormalizeAxis(n, op.axis, x.size());
-        const auto ax = static_cast<size_t>(op.axis);
-        for (size_t k = 1; k < op.inputs.size(); ++k) {
-          const Dims y = dims_of(op.inputs[k]);
-          bool same = y.size() == x.size();
-          for (size_t a = 0; same && a < x.size(); ++a) same = a == ax || y[a] == x[a];
-          if (!same) fail(ErrorKind::kInvalidInput, "inputs of " + DimsText(x) + " and " + DimsText(y) + " do not concatenate on axis " + std::to_string(ax));
-          out[ax] += y[ax];
-        }
-        break;
-      }
-      case Kind::kGemm:
-        if (x.size() != 2 || x[1] != op.weights.dims[1])
-          fail(ErrorKind::kInvalidInput, "input of " + DimsText(x) + "; the weights take N x " + std::to_string(op.weights.dims[1]));
-        out = {x[0], op.weights.dims[0]};
-        break;
-      case Kind::kPad: {
-        op.pad = ResolvePad(n, known, x.size());
-        out = x;
-        identity = true;
-        for (size_t a = 0; a < x.size(); ++a) {
-          const int64_t b = op.pad.pads[a], e = op.pad.pads[x.size() + a];
-          if (op.pad.mode == PadMode::kReflect && (b >= x[a] || e >= x[a]))
-            fail(ErrorKind::kInvalidInput, "reflect pads of " + std::to_string(std::max(b, e)) + " on an axis of " + std::to_string(x[a]));
-          if (op.pad.mode == PadMode::kEdge && x[a] == 0 && (b > 0 || e > 0)) fail(ErrorKind::kInvalidInput, "edge pads on an empty axis");
-          out[a] += b + e;
-          identity = identity && b == 0 && e == 0;
-        }
-        break;
-      }
-      case Kind::kReshape:
-        out = ReshapedDims(n, known, x);
-        identity = out == x;
-        break;
-      case Kind::kTranspose: {
-        Dims perm = op.perm;
-        if (perm.empty())
-          for (size_t a = x.size(); a-- > 0;) perm.push_back(static_cast<int64_t>(a));
-        Dims sorted = perm;
-        std::sort(sorted.begin(), sorted.end());
-        for (size_t a = 0; a < sorted.size(); ++a)
-          if (sorted.size() != x.size() || sorted[a] != static_cast<int64_t>(a)) fail(ErrorKind::kInvalidInput, "perm is not a permutation of the input's axes");
-        op.perm = perm;
-        identity = true;
-        for (size_t a = 0; a < perm.size(); ++a) {
-          out.push_back(x[static_cast<size_t>(perm[a])]);
-          identity = identity && perm[a] == static_cast<int64_t>(a);
-        }
-        break;
-      }
-      case Kind::kSlice: {
-        op.slice = n.op == "Split" ? ResolveSplit(n, known, x, op.part) : ResolveSlice(n, known, x);
-        out = op.slice.len;
-        identity = out == x;
-        for (size_t a = 0; a < x.size(); ++a) identity = identity && op.slice.start[a] == 0 && op.slice.step[a] == 1;
-        break;
-      }
-      case Kind::kFold: break;  // refused above
-    }
+    const Dims out = OpOutputDims(op, x, dims_of, known, &identity);
     if (x.size() > 6 || out.size() > 6) fail(ErrorKind::kUnsupported, "tensors of rank above 6");
+    // 2^34 floats (64 GiB): far beyond any activation; also keeps every size product in range.
+    if (BoundedElements(out, int64_t{1} << 34) < 0)
+      fail(ErrorKind::kUnsupported, "an output of " + DimsText(out) + " (more than 2^34 elements)");
     if (identity) {
       rename[op.output] = op.inputs[0];
       continue;
@@ -1374,7 +1405,7 @@ class PlanBuilder {
     Value& dst = NewValue(op.output, pd.dst_desc(), out_dims);
     std::unordered_map<int, memory> args{{DNNL_ARG_DST, dst.mem}};
     for (size_t k = 0; k < mems.size(); ++k) args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(k)] = mems[k];
-    plan_.steps.push_back({dnnl::concat(pd), args});
+    plan_.steps.emplace_back(dnnl::concat(pd), args);
   }
 
   Executor::Plan& plan_;

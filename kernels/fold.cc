@@ -19,6 +19,10 @@ namespace {
 constexpr int64_t kMaxFoldedElements = int64_t{1} << 24;
 
 ConstTensor Make(const TensorDims& dims, bool is_int) {
+  // Checked before anything is allocated: a hostile model cannot make a fold claim gigabytes.
+  if (BoundedElements(dims, kMaxFoldedElements) < 0)
+    Throw(ErrorKind::kUnsupported, "shape arithmetic: a constant of more than " + std::to_string(kMaxFoldedElements) +
+                                       " elements (or a negative dim)");
   ConstTensor t;
   t.dims = dims;
   const auto n = static_cast<size_t>(NumElements(dims));
@@ -157,7 +161,7 @@ TensorDims ReshapedDims(const Node& n, const KnownFn& known, const TensorDims& i
   if (n.op == "Squeeze") {
     std::vector<char> drop(in.size(), 0);
     if (!present) {
-      for (size_t a = 0; a < in.size(); ++a) drop[a] = in[a] == 1;
+      for (size_t a = 0; a < in.size(); ++a) drop[a] = in[a] == 1 ? 1 : 0;
     }
     for (int64_t ax : axes) {
       const auto a = static_cast<size_t>(NormalizeAxis(n, ax, in.size()));
@@ -200,6 +204,7 @@ TensorDims ReshapedDims(const Node& n, const KnownFn& known, const TensorDims& i
       continue;
     }
     if (d < 0) Bad(n, ErrorKind::kInvalidInput, "negative dim " + std::to_string(d) + " in the target shape");
+    if (d > 0 && known_product > total / d + 1) Bad(n, ErrorKind::kInvalidInput, "a target shape larger than its input");
     out[a] = d;
     known_product *= d;
   }
@@ -305,6 +310,60 @@ PadSpec ResolvePad(const Node& n, const KnownFn& known, size_t rank) {
   return p;
 }
 
+namespace {
+
+// Gather along one axis (negative indices from the end).
+ConstTensor FoldGather(const Node& n, const ConstTensor& x, const ConstTensor& ind) {
+  if (x.dims.empty()) Bad(n, ErrorKind::kInvalidInput, "gathers from a scalar");
+  const auto axis = static_cast<size_t>(NormalizeAxis(n, n.Int("axis", 0), x.dims.size()));
+  TensorDims out(x.dims.begin(), x.dims.begin() + static_cast<int64_t>(axis));
+  out.insert(out.end(), ind.dims.begin(), ind.dims.end());
+  out.insert(out.end(), x.dims.begin() + static_cast<int64_t>(axis) + 1, x.dims.end());
+  if (BoundedElements(out, kMaxFoldedElements) < 0) Bad(n, ErrorKind::kUnsupported, "gathers a constant too large to fold");
+  int64_t outer = 1, inner = 1;
+  for (size_t a = 0; a < axis; ++a) outer *= x.dims[a];
+  for (size_t a = axis + 1; a < x.dims.size(); ++a) inner *= x.dims[a];
+  const std::vector<int64_t> ids = AsInts(ind);
+  std::vector<int64_t> index;  // element (o, k, i) comes from (o * d + k) * inner + i
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t id : ids) {
+      const int64_t d = x.dims[axis];
+      if (id < -d || id >= d) Bad(n, ErrorKind::kInvalidInput, "index " + std::to_string(id) + " outside a dim of " + std::to_string(d));
+      const int64_t k = id < 0 ? id + d : id;
+      for (int64_t i = 0; i < inner; ++i) index.push_back((o * d + k) * inner + i);
+    }
+  return Take(x, out, index);
+}
+
+// Concat of known tensors (shape lists, mostly).
+ConstTensor FoldConcat(const Node& n, const ConstTensor& x, const KnownFn& known) {
+  const auto axis = static_cast<size_t>(NormalizeAxis(n, n.Int("axis", 0), x.dims.size()));
+  TensorDims out = x.dims;
+  out[axis] = 0;
+  std::vector<const ConstTensor*> parts;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    parts.push_back(&Input(n, k, known));
+    if (parts.back()->dims.size() != x.dims.size()) Bad(n, ErrorKind::kInvalidInput, "inputs of different ranks");
+    for (size_t a = 0; a < x.dims.size(); ++a)
+      if (a != axis && parts.back()->dims[a] != x.dims[a]) Bad(n, ErrorKind::kInvalidInput, "inputs differ off the concatenation axis");
+    out[axis] += parts.back()->dims[axis];
+  }
+  int64_t outer = 1;
+  for (size_t a = 0; a < axis; ++a) outer *= out[a];
+  bool ints = true;
+  for (const auto* p : parts) ints = ints && p->is_int;
+  ConstTensor t = Make(out, ints);
+  int64_t at = 0;
+  for (int64_t o = 0; o < outer; ++o)
+    for (const auto* p : parts) {
+      const int64_t chunk = p->numel() / std::max<int64_t>(outer, 1);
+      for (int64_t i = 0; i < chunk; ++i) Set(t, at++, At(*p, o * chunk + i));
+    }
+  return t;
+}
+
+}  // namespace
+
 bool FoldNode(const Node& n, const KnownFn& known, const ShapeFn& shape_of, std::vector<ConstTensor>* outs) {
   outs->clear();
   const std::string& op = n.op;
@@ -336,47 +395,9 @@ bool FoldNode(const Node& n, const KnownFn& known, const ShapeFn& shape_of, std:
   } else if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
     outs->push_back(Arithmetic(n, x, Input(n, 1, known)));
   } else if (op == "Gather") {
-    const ConstTensor& ind = Input(n, 1, known);
-    if (x.dims.empty()) Bad(n, ErrorKind::kInvalidInput, "gathers from a scalar");
-    const auto axis = static_cast<size_t>(NormalizeAxis(n, n.Int("axis", 0), x.dims.size()));
-    TensorDims out(x.dims.begin(), x.dims.begin() + static_cast<int64_t>(axis));
-    out.insert(out.end(), ind.dims.begin(), ind.dims.end());
-    out.insert(out.end(), x.dims.begin() + static_cast<int64_t>(axis) + 1, x.dims.end());
-    int64_t outer = 1, inner = 1;
-    for (size_t a = 0; a < axis; ++a) outer *= x.dims[a];
-    for (size_t a = axis + 1; a < x.dims.size(); ++a) inner *= x.dims[a];
-    const std::vector<int64_t> ids = AsInts(ind);
-    std::vector<int64_t> index;  // element (o, k, i) comes from (o * d + k) * inner + i
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t id : ids) {
-        const int64_t d = x.dims[axis];
-        if (id < -d || id >= d) Bad(n, ErrorKind::kInvalidInput, "index " + std::to_string(id) + " outside a dim of " + std::to_string(d));
-        const int64_t k = id < 0 ? id + d : id;
-        for (int64_t i = 0; i < inner; ++i) index.push_back((o * d + k) * inner + i);
-      }
-    outs->push_back(Take(x, out, index));
+    outs->push_back(FoldGather(n, x, Input(n, 1, known)));
   } else if (op == "Concat") {
-    const auto axis = static_cast<size_t>(NormalizeAxis(n, n.Int("axis", 0), x.dims.size()));
-    TensorDims out = x.dims;
-    out[axis] = 0;
-    std::vector<const ConstTensor*> parts;
-    for (size_t k = 0; k < n.inputs.size(); ++k) {
-      parts.push_back(&Input(n, k, known));
-      if (parts.back()->dims.size() != x.dims.size()) Bad(n, ErrorKind::kInvalidInput, "inputs of different ranks");
-      out[axis] += parts.back()->dims[axis];
-    }
-    int64_t outer = 1;
-    for (size_t a = 0; a < axis; ++a) outer *= out[a];
-    bool ints = true;
-    for (const auto* p : parts) ints = ints && p->is_int;
-    ConstTensor t = Make(out, ints);
-    int64_t at = 0;
-    for (int64_t o = 0; o < outer; ++o)
-      for (const auto* p : parts) {
-        const int64_t chunk = p->numel() / std::max<int64_t>(outer, 1);
-        for (int64_t i = 0; i < chunk; ++i) Set(t, at++, At(*p, o * chunk + i));
-      }
-    outs->push_back(std::move(t));
+    outs->push_back(FoldConcat(n, x, known));
   } else if (op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze") {
     ConstTensor t = x;
     t.dims = ReshapedDims(n, known, x.dims);
@@ -397,8 +418,9 @@ bool FoldNode(const Node& n, const KnownFn& known, const ShapeFn& shape_of, std:
       if (d < 0) Bad(n, ErrorKind::kInvalidInput, "a negative dim");
     ConstTensor value;
     if (n.Has("value")) value = n.attrs.at("value").t;
+    if (BoundedElements(dims, kMaxFoldedElements) < 0)
+      Bad(n, ErrorKind::kUnsupported, "a constant of more than " + std::to_string(kMaxFoldedElements) + " elements");
     ConstTensor t = Make(dims, value.is_int);
-    if (t.numel() > kMaxFoldedElements) Bad(n, ErrorKind::kUnsupported, "a constant of " + std::to_string(t.numel()) + " elements");
     for (int64_t i = 0; i < t.numel(); ++i) Set(t, i, value.numel() ? At(value, 0) : 0.0);
     outs->push_back(std::move(t));
   } else {

@@ -10,6 +10,15 @@ int64_t NumElements(const TensorDims& d) {
   return n;
 }
 
+int64_t BoundedElements(const TensorDims& d, int64_t limit) {
+  int64_t n = 1;
+  for (int64_t v : d) {
+    if (v < 0 || (v > 0 && n > limit / v)) return -1;
+    n *= v;
+  }
+  return n;
+}
+
 TensorDims PlainStrides(const TensorDims& d) {
   TensorDims s(d.size(), 1);
   for (size_t a = d.size(); a-- > 1;) s[a - 1] = s[a] * d[a];

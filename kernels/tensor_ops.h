@@ -14,6 +14,9 @@ using TensorDims = std::vector<int64_t>;
 // The product of the dims (1 for a scalar).
 int64_t NumElements(const TensorDims& d);
 
+// The product of the dims, or -1 when a dim is negative or the product passes `limit`.
+int64_t BoundedElements(const TensorDims& d, int64_t limit);
+
 // Row-major strides of a plain tensor.
 TensorDims PlainStrides(const TensorDims& d);
 
