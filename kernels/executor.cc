@@ -228,6 +228,16 @@ void RewritePadIntoConv(Graph& g) {
   }
 }
 
+// A window's kernel, strides and dilations at least 1, pads at least 0, all of them at most
+// 65536 (so that no size arithmetic on them overflows or divides by zero).
+void CheckWindow(const Node& n, const Dims& kernel, const Dims& strides, const Dims& dilations, const Dims& pads) {
+  auto in = [](const Dims& v, int64_t lo) {
+    return std::all_of(v.begin(), v.end(), [lo](int64_t x) { return x >= lo && x <= 65536; });
+  };
+  if (!in(kernel, 1) || !in(strides, 1) || !in(dilations, 1) || !in(pads, 0))
+    Unsupported(n, "kernel, strides and dilations must be 1..65536 and pads 0..65536");
+}
+
 Executor::Op MakeConv(const Graph& g, const Node& n) {
   Executor::Op op;
   op.kind = Kind::kConv;
@@ -257,6 +267,7 @@ Executor::Op MakeConv(const Graph& g, const Node& n) {
   op.auto_pad = n.Str("auto_pad", "NOTSET");
   if (op.strides.size() != 2 || op.dilations.size() != 2) Unsupported(n, "expected 2-D strides and dilations");
   if (op.group < 1 || w->dims[0] % op.group != 0) Unsupported(n, "invalid group count");
+  CheckWindow(n, {w->dims[2], w->dims[3]}, op.strides, op.dilations, op.pads);
   return op;
 }
 
@@ -338,6 +349,8 @@ Executor::Op MakePool(const Node& n) {
   if (n.Has("pads")) op.pads = n.Ints("pads");
   if (n.Has("dilations") && n.Ints("dilations") != Dims{1, 1}) Unsupported(n, "dilated pooling");
   op.auto_pad = n.Str("auto_pad", "NOTSET");
+  if (op.strides.size() != 2 || op.pads.size() != 4) Unsupported(n, "expected 2-D strides and 4 pads");
+  CheckWindow(n, op.kernel, op.strides, {1, 1}, op.pads);
   op.ceil_mode = n.Int("ceil_mode", 0);
   if (n.outputs.size() > 1 && !n.outputs[1].empty()) Unsupported(n, "MaxPool indices output is not supported");
   op.include_pad = n.op == "AveragePool" && n.Int("count_include_pad", 0) != 0;
@@ -422,6 +435,8 @@ Executor::Op MakeDataMove(const Node& n, Kind kind) {
 // kUnsupported naming the node for an operator or a form the executor does not run.
 Executor::Op MakeOp(const Graph& g, const Node& n) {
   const std::string& t = n.op;
+  if (n.inputs.empty() || n.inputs[0].empty()) Unsupported(n, "the node has no input");
+  if (n.outputs.empty() || n.outputs[0].empty()) Unsupported(n, "the node has no output");
   if (t == "Conv") return MakeConv(g, n);
   if (t == "BatchNormalization") return MakeBatchNorm(g, n);
   if (t == "Relu") return MakeEltwise(n, n.inputs[0], {{algorithm::eltwise_relu, 0.f, 0.f}});
@@ -480,6 +495,7 @@ std::vector<Executor::Op> BuildOps(Graph& g) {
   for (Node n : g.nodes) {
     for (auto& in : n.inputs) in = resolve(in);
     if (n.op == "Identity" || n.op == "Dropout") {
+      if (n.inputs.empty() || n.outputs.empty()) Unsupported(n, "the node has no input or no output");
       alias[n.outputs[0]] = n.inputs[0];
       continue;
     }

@@ -17,6 +17,16 @@ namespace {
 
 // Above this a folded tensor is not shape arithmetic: an activation-sized constant.
 constexpr int64_t kMaxFoldedElements = int64_t{1} << 24;
+// Pads, steps and split sizes beyond this are no tensor's: refused before any arithmetic on them.
+constexpr int64_t kMaxExtent = int64_t{1} << 32;
+
+// A float read where an integer is meant (a float shape tensor, a Cast to int64), truncated;
+// NaN, infinities and values past int64 are refused rather than converted (undefined in C++).
+int64_t ToInt(double v) {
+  if (!(v > -9.2e18 && v < 9.2e18))
+    Throw(ErrorKind::kInvalidInput, "shape arithmetic: " + std::to_string(v) + " where an integer is expected");
+  return static_cast<int64_t>(v);
+}
 
 ConstTensor Make(const TensorDims& dims, bool is_int) {
   // Checked before anything is allocated: a hostile model cannot make a fold claim gigabytes.
@@ -40,7 +50,7 @@ double At(const ConstTensor& t, int64_t i) {
 void Set(ConstTensor& t, int64_t i, double v) {
   const auto k = static_cast<size_t>(i);
   if (t.is_int) {
-    t.ints[k] = static_cast<int64_t>(v);
+    t.ints[k] = ToInt(v);
     t.data[k] = static_cast<float>(t.ints[k]);
   } else {
     t.data[k] = static_cast<float>(v);
@@ -84,7 +94,7 @@ const ConstTensor& Input(const Node& n, size_t i, const KnownFn& known) {
 std::vector<int64_t> AsInts(const ConstTensor& t) {
   if (t.is_int) return t.ints;
   std::vector<int64_t> v;
-  for (float f : t.data) v.push_back(static_cast<int64_t>(f));
+  for (float f : t.data) v.push_back(ToInt(f));
   return v;
 }
 
@@ -109,17 +119,20 @@ ConstTensor Arithmetic(const Node& n, const ConstTensor& a, const ConstTensor& b
     const auto k = static_cast<int64_t>(i);
     if (ints) {
       const int64_t x = a.ints[static_cast<size_t>(ia[i])], y = b.ints[static_cast<size_t>(ib[i])];
-      int64_t r;
+      int64_t r = 0;
+      bool overflow = false;
       if (n.op == "Add") {
-        r = x + y;
+        overflow = __builtin_add_overflow(x, y, &r);
       } else if (n.op == "Sub") {
-        r = x - y;
+        overflow = __builtin_sub_overflow(x, y, &r);
       } else if (n.op == "Mul") {
-        r = x * y;
+        overflow = __builtin_mul_overflow(x, y, &r);
       } else {
         if (y == 0) Bad(n, ErrorKind::kInvalidInput, "integer division by zero");
-        r = x / y;  // ONNX integer Div truncates, as C does
+        overflow = x == std::numeric_limits<int64_t>::min() && y == -1;
+        if (!overflow) r = x / y;  // ONNX integer Div truncates, as C does
       }
+      if (overflow) Bad(n, ErrorKind::kInvalidInput, "integer overflow in shape arithmetic");
       t.ints[i] = r;
       t.data[i] = static_cast<float>(r);
     } else {
@@ -236,7 +249,8 @@ SliceSpec ResolveSlice(const Node& n, const KnownFn& known, const TensorDims& in
   for (size_t k = 0; k < starts.size(); ++k) {
     const auto a = static_cast<size_t>(NormalizeAxis(n, axes[k], in.size()));
     const int64_t d = in[a], step = steps[k];
-    if (step == 0) Bad(n, ErrorKind::kInvalidInput, "a step of 0");
+    if (step == 0 || step > kMaxExtent || step < -kMaxExtent)
+      Bad(n, ErrorKind::kInvalidInput, "a step of " + std::to_string(step) + "; expected a non-zero step within ±2^32");
     auto fix = [d](int64_t v) { return v < 0 ? (v < -d ? -1 : v + d) : v; };  // -1: before the start
     int64_t b = fix(starts[k]), e = fix(ends[k]);
     if (step > 0) {
@@ -264,7 +278,10 @@ SliceSpec ResolveSplit(const Node& n, const KnownFn& known, const TensorDims& in
     for (int64_t p = 0; p < parts; ++p) sizes.push_back(std::min(each, in[axis] - p * each));
   }
   int64_t total = 0;
-  for (int64_t v : sizes) total += v;
+  for (int64_t v : sizes) {
+    if (v < 0 || v > kMaxExtent) Bad(n, ErrorKind::kInvalidInput, "a split size of " + std::to_string(v));
+    total += v;
+  }
   if (sizes.size() != n.outputs.size() || total != in[axis])
     Bad(n, ErrorKind::kInvalidInput, "split sizes do not add up to the axis (" + std::to_string(in[axis]) + ")");
   SliceSpec s{TensorDims(in.size(), 0), TensorDims(in.size(), 1), in};
@@ -291,6 +308,8 @@ PadSpec ResolvePad(const Node& n, const KnownFn& known, size_t rank) {
   if (p.pads.size() != 2 * rank)
     Bad(n, ErrorKind::kInvalidInput, std::to_string(p.pads.size()) + " pads for a rank-" + std::to_string(rank) + " tensor; expected " +
                                          std::to_string(2 * rank));
+  for (int64_t v : p.pads)
+    if (v > kMaxExtent || v < -kMaxExtent) Bad(n, ErrorKind::kInvalidInput, "a pad of " + std::to_string(v) + "; expected within ±2^32");
   const std::string mode = n.Str("mode", "constant");
   if (mode == "constant") {
     p.mode = PadMode::kConstant;
