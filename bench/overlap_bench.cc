@@ -97,9 +97,15 @@ Row Measure(const std::string& what, nam::Store& store, const kernels::Head& hea
   int64_t c1 = 0, c2 = 0, c3 = 0;
   for (int i = 0; i < reps; ++i) {  // interleaved, so drifts in the machine's load hit all three
     OverlapChoice in_turn(OverlapMode::kOff), ahead(OverlapMode::kOn), automatic(OverlapMode::kAuto);
-    serial.push_back(w.Run(in_turn, &c1));
-    overlapped.push_back(w.Run(ahead, &c2));
-    chosen.push_back(w.Run(automatic, &c3));  // a fresh choice each time: its probing is paid for in every rep
+    // The order turns every repetition: none of the three always runs right after another (the
+    // NAM server's threads, the caches and the clock speed carry over from one run to the next).
+    for (int k = 0; k < 3; ++k) {
+      switch ((i + k) % 3) {
+        case 0: serial.push_back(w.Run(in_turn, &c1)); break;
+        case 1: overlapped.push_back(w.Run(ahead, &c2)); break;
+        default: chosen.push_back(w.Run(automatic, &c3)); break;  // a fresh choice: its probing paid every rep
+      }
+    }
     if (c1 != c2 || c1 != c3) Throw(ErrorKind::kInternal, what + ": the three runs predicted differently");
     if (i == 0) choice_said = automatic.Describe();
   }
