@@ -1,5 +1,7 @@
 #include "nam/fabric_store.h"
 
+#include <arpa/inet.h>
+
 #include <fcntl.h>
 #include <rdma/fi_errno.h>
 #include <sys/mman.h>
@@ -81,6 +83,38 @@ std::string Hostname() {
 
 }  // namespace
 
+namespace {
+
+// A server's host as a client names it: an IPv6 literal, a dotted IPv4 address (each part
+// 0..255), or a host name (a listen address may also be "*"; SplitHostPort takes both).
+void CheckServerHost(const std::string& h, const std::string& what) {
+  auto bad_host = [&](const std::string& why) {
+    Throw(ErrorKind::kInvalidInput, what + ": host '" + h + "' " + why);
+  };
+  if (h.find(':') != std::string::npos) {
+    in6_addr a6;
+    if (inet_pton(AF_INET6, h.c_str(), &a6) != 1) bad_host("is not an IPv6 address");
+  } else if (!h.empty() && h.find_first_not_of("0123456789.") == std::string::npos) {
+    in_addr a4;
+    if (inet_pton(AF_INET, h.c_str(), &a4) != 1) bad_host("is not an IPv4 address (four numbers 0..255)");
+  } else {
+    if (h.size() > 253) bad_host("is longer than a host name can be (253)");
+    size_t label = 0;
+    for (char c : h) {
+      if (c == '.') {
+        if (label == 0) bad_host("has an empty label");
+        label = 0;
+      } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') {
+        if (++label > 63) bad_host("has a label longer than 63 characters");
+      } else {
+        bad_host("has a character a host name cannot have");
+      }
+    }
+  }
+}
+
+}  // namespace
+
 FabricUri ParseFabricUri(const std::string& uri) {
   const std::string scheme = "fabric://";
   if (uri.rfind(scheme, 0) != 0) Throw(ErrorKind::kInvalidInput, "NAM URI '" + uri + "': expected fabric://HOST:PORT");
@@ -93,6 +127,7 @@ FabricUri ParseFabricUri(const std::string& uri) {
   }
   SplitHostPort(rest, "NAM URI '" + uri + "'", &u.host, &u.port);
   if (std::stoul(u.port) == 0) Throw(ErrorKind::kInvalidInput, "NAM URI '" + uri + "': port 0; a server's port is 1..65535");
+  CheckServerHost(u.host, "NAM URI '" + uri + "'");
   if (const char* t = std::getenv("MSAFLOW_NAM_TIMEOUT"); t && *t) {
     char* end = nullptr;
     double v = std::strtod(t, &end);

@@ -44,31 +44,6 @@ void SplitHostPort(const std::string& text, const std::string& what, std::string
   for (char c : *port)
     if (!std::isdigit(static_cast<unsigned char>(c))) Throw(ErrorKind::kInvalidInput, what + ": port '" + *port + "' is not a number");
   if (port->size() > 5 || std::stoul(*port) > 65535) Throw(ErrorKind::kInvalidInput, what + ": port " + *port + " is out of range");
-  // The host: an IPv6 literal, a dotted IPv4 address (each part 0..255), or a host name.
-  const std::string& h = *host;
-  auto bad_host = [&](const std::string& why) {
-    Throw(ErrorKind::kInvalidInput, what + ": host '" + h + "' " + why);
-  };
-  if (h.find(':') != std::string::npos) {
-    in6_addr a6;
-    if (inet_pton(AF_INET6, h.c_str(), &a6) != 1) bad_host("is not an IPv6 address");
-  } else if (!h.empty() && h.find_first_not_of("0123456789.") == std::string::npos) {
-    in_addr a4;
-    if (inet_pton(AF_INET, h.c_str(), &a4) != 1) bad_host("is not an IPv4 address (four numbers 0..255)");
-  } else {
-    if (h.size() > 253) bad_host("is longer than a host name can be (253)");
-    size_t label = 0;
-    for (char c : h) {
-      if (c == '.') {
-        if (label == 0) bad_host("has an empty label");
-        label = 0;
-      } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') {
-        if (++label > 63) bad_host("has a label longer than 63 characters");
-      } else {
-        bad_host("has a character a host name cannot have");
-      }
-    }
-  }
 }
 
 bool IsLoopbackHost(const std::string& host) {
