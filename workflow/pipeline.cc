@@ -1,5 +1,6 @@
 #include "workflow/pipeline.h"
 
+#include <cctype>
 #include <filesystem>
 #include <set>
 #include <utility>
@@ -210,7 +211,12 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
   for (const char* k : {"onnx", "feature_layer", "input"})
     if (!v.contains(k)) r.Fail(ptr, std::string("missing required key \"") + k + "\"");
   b.onnx = r.Path(v["onnx"], ptr + "/onnx");
-  b.feature_layer = r.String(v["feature_layer"], ptr + "/feature_layer");
+  // A list of layers is read by ReadBackbones (one backbone per layer); here its first.
+  if (v["feature_layer"].is_array() && (v["feature_layer"].empty() || v["feature_layer"].size() > 16))
+    r.Fail(ptr + "/feature_layer", "expected a layer name or a list of 1 to 16 of them");
+  b.feature_layer = v["feature_layer"].is_array()
+                        ? r.String(v["feature_layer"][0], ptr + "/feature_layer/0")
+                        : r.String(v["feature_layer"], ptr + "/feature_layer");
   if (v.contains("precision")) b.precision = r.Enum(v["precision"], ptr + "/precision", {"f32", "bf16", "int8"});
   const json& in = v["input"];
   std::string ip = ptr + "/input";
@@ -329,14 +335,51 @@ void ReadDatasets(const Reader& r, const json& doc, Pipeline& p) {
                         "test split (the reported accuracy is then optimistic)");
 }
 
+// The name of the backbone a model cut at `layer` becomes: "<name>.<layer>", the layer's
+// characters outside [a-z0-9._-] as '-', cut to 64 characters.
+std::string LayerBackboneName(const std::string& name, const std::string& layer) {
+  std::string tail;
+  for (char c : layer) {
+    const char l = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    tail += (l >= 'a' && l <= 'z') || (l >= '0' && l <= '9') || l == '.' || l == '_' || l == '-' ? l : '-';
+  }
+  const size_t first = tail.find_first_not_of("-.");
+  tail = first == std::string::npos ? "" : tail.substr(first);
+  std::string out = name + "." + tail;
+  return out.size() > 64 ? out.substr(0, 64) : out;
+}
+
+// A backbone whose "feature_layer" is a list is one backbone per layer (a model zoo's "cut
+// where?"), named by LayerBackboneName.
+std::vector<BackboneSpec> ExpandLayers(const Reader& r, const json& v, const std::string& ptr, BackboneSpec b) {
+  if (!v.contains("feature_layer") || !v["feature_layer"].is_array()) return {b};
+  const json& layers = v["feature_layer"];
+  const std::string lp = ptr + "/feature_layer";
+  if (layers.empty() || layers.size() > 16) r.Fail(lp, "expected a layer name or a list of 1 to 16 of them");
+  std::vector<BackboneSpec> out;
+  std::set<std::string> seen;
+  for (size_t k = 0; k < layers.size(); ++k) {
+    BackboneSpec one = b;
+    one.feature_layer = r.String(layers[k], lp + "/" + std::to_string(k));
+    if (!seen.insert(one.feature_layer).second) r.Fail(lp + "/" + std::to_string(k), Quote(layers[k]) + " is listed twice");
+    one.name = LayerBackboneName(b.name, one.feature_layer);
+    out.push_back(std::move(one));
+  }
+  return out;
+}
+
 void ReadBackbones(const Reader& r, const json& bbs, Pipeline& p) {
   if (!bbs.is_array() || bbs.empty()) r.Fail("/backbones", "expected a non-empty array of backbones, got " + TypeName(bbs));
   std::set<std::string> names;
   for (size_t i = 0; i < bbs.size(); ++i) {
     std::string ptr = "/backbones/" + std::to_string(i);
-    p.backbones.push_back(ReadBackbone(r, bbs[i], ptr));
-    if (!names.insert(p.backbones.back().name).second)
-      r.Fail(ptr + "/name", Quote(bbs[i]["name"]) + " is used by an earlier backbone; names must be unique");
+    BackboneSpec b = ReadBackbone(r, bbs[i], ptr);
+    b.pointer = ptr;
+    for (auto& one : ExpandLayers(r, bbs[i], ptr, std::move(b))) {
+      if (!names.insert(one.name).second)
+        r.Fail(ptr + "/name", Quote(json(one.name)) + " is used by an earlier backbone; names must be unique");
+      p.backbones.push_back(std::move(one));
+    }
   }
 }
 

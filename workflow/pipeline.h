@@ -43,6 +43,8 @@ struct BackboneSpec {
   std::string precision = "f32";
   // How prepare stores the features in the NAM: "f32", or "f16" (half the memory).
   std::string feature_dtype = "f32";
+  std::string pointer;  // where the pipeline JSON gives it ("/backbones/1"; several share one when
+                        // "feature_layer" lists layers: one backbone per layer)
 };
 
 struct HeadSpace {

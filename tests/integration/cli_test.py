@@ -28,6 +28,22 @@ class Cli(TempDirCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("valid (3 backbones", r.stdout)
 
+    def test_a_model_cut_at_several_layers_is_one_backbone_per_layer(self):
+        doc = self.absolute_quickstart()
+        doc["backbones"][0]["feature_layer"] = ["block_13_expand_relu", "block_6_expand_relu"]
+        path = self.write("p.json", doc)
+        r = msaflow("validate", path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("valid (4 backbones", r.stdout)
+        r = msaflow("plan", path, "--runs", os.path.join(self.dir, "runs"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for name in ("mobilenetv2.block_13_expand_relu", "mobilenetv2.block_6_expand_relu"):
+            self.assertIn(name, r.stdout)
+        doc["backbones"][0]["feature_layer"] = ["block_13_expand_relu", "block_99"]
+        r = msaflow("validate", self.write("p.json", doc))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("no tensor named 'block_99' (the feature layer)", r.stderr)
+
     def test_bad_mode_names_pointer_and_suggests(self):
         doc = self.quickstart()
         doc["steps"]["train"]["mode"] = "asnyc"

@@ -117,6 +117,24 @@ TEST(Pipeline, BackbonePrecisionAndFeatureDtype) {
             "p.json: /backbones/1/precision: not allowed for kind \"pixels\" (raw pixels are the features)");
 }
 
+// A model zoo's "cut where?": one ONNX file at several layers is one backbone per layer.
+TEST(Pipeline, AListOfLayersIsOneBackbonePerLayer) {
+  Pipeline p = ParsePipeline(With("\"feature_layer\": \"x\"", "\"feature_layer\": [\"x\", \"/Stage2/Mul_output_0\"]"),
+                             "p.json", "/base");
+  ASSERT_EQ(p.backbones.size(), 3u);
+  EXPECT_EQ(p.backbones[0].name, "m.x");
+  EXPECT_EQ(p.backbones[0].feature_layer, "x");
+  EXPECT_EQ(p.backbones[1].name, "m.stage2-mul_output_0");
+  EXPECT_EQ(p.backbones[1].feature_layer, "/Stage2/Mul_output_0");
+  EXPECT_EQ(p.backbones[1].onnx, p.backbones[0].onnx);
+  EXPECT_EQ(p.backbones[1].pointer, "/backbones/0");
+  EXPECT_EQ(p.backbones[2].name, "pixels");
+  EXPECT_EQ(ErrorOf(With("\"feature_layer\": \"x\"", "\"feature_layer\": [\"x\", \"x\"]")),
+            "p.json: /backbones/0/feature_layer/1: \"x\" is listed twice");
+  EXPECT_EQ(ErrorOf(With("\"feature_layer\": \"x\"", "\"feature_layer\": []")),
+            "p.json: /backbones/0/feature_layer: expected a layer name or a list of 1 to 16 of them");
+}
+
 // Regression tests for inputs that crashed or misled (issue 14), named after what they found.
 TEST(Pipeline, NumberOverflowIsInvalidJsonNotAnInternalError) {
   EXPECT_EQ(ErrorOf(With("\"max\": 3", "\"max\": 1e999")),
