@@ -13,6 +13,7 @@
 // read, the client's CPU idle meanwhile, as for a NAM across the fabric).
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -90,7 +91,7 @@ Row Measure(const std::string& what, nam::Store& store, const kernels::Head& hea
   const double read_s = bench::Median(reads), head_s = bench::Median(heads);
   // As much of the head's work as reading a part takes: whole passes, or part of the rows.
   const double f = read_s / head_s;
-  w.repeat = std::max(1, static_cast<int>(f + 0.5));
+  w.repeat = std::max(1, static_cast<int>(std::lround(f)));
   if (f < 1) w.rows = std::max<int64_t>(16, static_cast<int64_t>(f * kRows));
   std::vector<double> serial, overlapped, chosen;
   std::string choice_said;

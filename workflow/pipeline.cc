@@ -351,7 +351,7 @@ std::string LayerBackboneName(const std::string& name, const std::string& layer)
 
 // A backbone whose "feature_layer" is a list is one backbone per layer (a model zoo's "cut
 // where?"), named by LayerBackboneName.
-std::vector<BackboneSpec> ExpandLayers(const Reader& r, const json& v, const std::string& ptr, BackboneSpec b) {
+std::vector<BackboneSpec> ExpandLayers(const Reader& r, const json& v, const std::string& ptr, const BackboneSpec& b) {
   if (!v.contains("feature_layer") || !v["feature_layer"].is_array()) return {b};
   const json& layers = v["feature_layer"];
   const std::string lp = ptr + "/feature_layer";
@@ -375,7 +375,7 @@ void ReadBackbones(const Reader& r, const json& bbs, Pipeline& p) {
     std::string ptr = "/backbones/" + std::to_string(i);
     BackboneSpec b = ReadBackbone(r, bbs[i], ptr);
     b.pointer = ptr;
-    for (auto& one : ExpandLayers(r, bbs[i], ptr, std::move(b))) {
+    for (auto& one : ExpandLayers(r, bbs[i], ptr, b)) {
       if (!names.insert(one.name).second)
         r.Fail(ptr + "/name", Quote(json(one.name)) + " is used by an earlier backbone; names must be unique");
       p.backbones.push_back(std::move(one));
