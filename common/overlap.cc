@@ -117,12 +117,6 @@ void OverlapChoice::Decide(Phase to, std::string why) {
 
 void OverlapChoice::SawOverlapped(double item_s, double fetch_s, double fetch_cpu_s) {
   ++items_;
-  if (phase_ == Phase::kProbe) {
-    ++probe_step_;
-    if (fetch_s >= kInMemory) probe_items_.push_back(item_s);
-    MaybeDecideFromProbe();
-    return;
-  }
   if (phase_ != Phase::kTrial || fetch_s < kInMemory) return;
   trial_items_.push_back(item_s);
   fetch_s_ += fetch_s;
@@ -137,30 +131,24 @@ void OverlapChoice::SawOverlapped(double item_s, double fetch_s, double fetch_cp
     phase_ = Phase::kProbe;  // it costs CPU: see whether reading in turn is faster
 }
 
-void OverlapChoice::MaybeDecideFromProbe() {
-  if (static_cast<int>(in_turn_items_.size()) < kProbe || static_cast<int>(probe_items_.size()) < kProbe) return;
-  const double in_turn = Median(in_turn_items_), overlapped = Median(probe_items_);
+void OverlapChoice::SawInTurn(double fetch_s, double consume_s) {
+  ++items_;
+  if (phase_ != Phase::kProbe || fetch_s < kInMemory) return;
+  in_turn_items_.push_back(fetch_s + consume_s);
+  consume_s_ += consume_s;
+  if (static_cast<int>(in_turn_items_.size()) < kProbe) return;
+  const double in_turn = Median(in_turn_items_), overlapped = Median(trial_items_);
   const double gain = in_turn / overlapped;
   const std::string figures =
       fmt::format("a fetch costs CPU ({:.0f} % of its {:.2f} ms on a CPU); an item took {:.2f} ms overlapped, {:.2f} ms "
-                  "in turn ({:.2f}x, {} of each by turns)",
-                  100 * fetch_cpu_s_ / fetch_s_, 1e3 * fetch_s_ / kProbe, 1e3 * overlapped, 1e3 * in_turn, gain, kProbe);
+                  "in turn ({:.2f}x)",
+                  100 * fetch_cpu_s_ / fetch_s_, 1e3 * fetch_s_ / kProbe, 1e3 * overlapped, 1e3 * in_turn, gain);
   if (gain >= kGain)
     Decide(Phase::kOverlapped, figures + ": there are cores to spare");
   else
     Decide(Phase::kInTurn, figures + fmt::format(": under {:.1f}x, the fetch and the computing compete for the same "
                                                  "cores",
                                                  kGain));
-}
-
-void OverlapChoice::SawInTurn(double fetch_s, double consume_s) {
-  ++items_;
-  if (phase_ != Phase::kProbe) return;
-  ++probe_step_;
-  if (fetch_s < kInMemory) return;  // the change-over item (fetched ahead), or one already in memory
-  in_turn_items_.push_back(fetch_s + consume_s);
-  consume_s_ += consume_s;
-  MaybeDecideFromProbe();
 }
 
 std::string OverlapChoice::chosen() const {
@@ -189,7 +177,7 @@ nlohmann::json OverlapChoice::Json() const {
   if (!trial_items_.empty()) {
     j["fetch_ms"] = 1e3 * fetch_s_ / static_cast<double>(trial_items_.size());
     j["fetch_cpu_share"] = fetch_cpu_s_ / fetch_s_;
-    j["overlapped_item_ms"] = 1e3 * Median(probe_items_.empty() ? trial_items_ : probe_items_);
+    j["overlapped_item_ms"] = 1e3 * Median(trial_items_);
   }
   if (!in_turn_items_.empty()) j["in_turn_item_ms"] = 1e3 * Median(in_turn_items_);
   return j;

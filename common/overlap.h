@@ -71,11 +71,9 @@ enum class OverlapMode { kOff, kOn, kAuto };
 // fetch's thread wanted a CPU (ran, or waited in a run queue). A fetch that mostly waits (under
 // half of it on a CPU: a link, a disk) hides behind any computing: overlapping stays, at no
 // cost. A fetch that costs CPU competes with the computing for the same cores (a NAM server on
-// the node, a copy out of a mapped pool), so items are then read in turn and overlapped by
-// turns (in turn, overlapped, one item between to change over), kProbe of each, and
+// the node, a copy out of a mapped pool), so the next kProbe items are read in turn, and
 // overlapping is kept only if an item took at least kGain times less that way (medians, so one
-// item slowed by something else decides nothing; taken by turns, so that the first items'
-// warm-up, or a drift in the machine's load, weighs on both ways alike, not on one). Fetches that found their item already in
+// item slowed by something else decides nothing). Fetches that found their item already in
 // memory (under 20 µs) tell nothing and are not counted.
 class OverlapChoice {
  public:
@@ -86,9 +84,7 @@ class OverlapChoice {
   static constexpr double kWaits = 0.3;
   explicit OverlapChoice(OverlapMode mode = OverlapMode::kAuto) : mode_(mode) {}
   // Whether the next item's fetch runs beside the current item's consume.
-  bool ahead() const {
-    return phase_ == Phase::kOverlapped || phase_ == Phase::kTrial || (phase_ == Phase::kProbe && probe_step_ % 3 == 2);
-  }
+  bool ahead() const { return phase_ == Phase::kOverlapped || phase_ == Phase::kTrial; }
   // An item consumed while the next was fetched: from its consume's start to that fetch's end;
   // the fetch's wall seconds and the seconds its thread wanted a CPU.
   void SawOverlapped(double item_s, double fetch_s, double fetch_cpu_s);
@@ -108,7 +104,6 @@ class OverlapChoice {
  private:
   enum class Phase { kTrial, kProbe, kOverlapped, kInTurn };  // ahead, then in turn, then decided
   void Decide(Phase to, std::string why);
-  void MaybeDecideFromProbe();
   OverlapMode mode_;
   Phase phase_ = mode_ == OverlapMode::kOn ? Phase::kOverlapped
                  : mode_ == OverlapMode::kOff ? Phase::kInTurn
@@ -116,8 +111,6 @@ class OverlapChoice {
   int64_t items_ = 0;
   double fetch_s_ = 0, fetch_cpu_s_ = 0, consume_s_ = 0;
   std::vector<double> in_turn_items_, trial_items_;  // seconds per item, for the medians
-  std::vector<double> probe_items_;  // overlapped items taken by turns with the in-turn ones
-  int64_t probe_step_ = 0;           // items seen while probing: in turn, overlapped, change-over
   std::string why_;
 };
 
