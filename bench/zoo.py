@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """bench/zoo.py — the CNN families users bring, as msaflow backbones (issue 31).
 
-    apt-get install python3-torchvision      # PyTorch and torchvision from Debian
+    scripts/bench-baselines.sh               # once: PyTorch and torchvision from Debian
     /usr/bin/python3 bench/zoo.py [--size 96] [--images 256] [--reps 3]
 
 Ten torchvision classifiers at random initialisation (resnet18, vgg11's feature part,
@@ -109,7 +109,7 @@ def main():
         import torch
         import torchvision  # noqa: F401
     except ImportError as e:
-        sys.exit(f"zoo: {e.name} is missing: apt-get install python3-torchvision")
+        sys.exit(f"zoo: {e.name} is missing: run scripts/bench-baselines.sh")
     torch.set_num_threads(os.cpu_count())
     names = a.models.split(",")
     with work_directory(a.keep, "msaflow-zoo-") as work:

@@ -63,7 +63,11 @@ std::string HumanBytes(double bytes) {
   return buf;
 }
 
-std::string Printable(std::string_view s, size_t max, bool utf8) {
+namespace {
+
+// `s` with control bytes escaped (\n, \t, \xHH), cut after `max` bytes with "… (N bytes)".
+// utf8: bytes >= 0x80 kept and the cut between characters; backslash: "\\" for a backslash.
+std::string EscapeCut(std::string_view s, size_t max, bool utf8, bool backslash) {
   std::string out;
   size_t n = std::min(s.size(), max);
   if (utf8)
@@ -74,7 +78,7 @@ std::string Printable(std::string_view s, size_t max, bool utf8) {
       out += "\\n";
     } else if (c == '\t') {
       out += "\\t";
-    } else if (c == '\\') {
+    } else if (c == '\\' && backslash) {
       out += "\\\\";
     } else if (c < 0x20 || c == 0x7f || (c > 0x7f && !utf8)) {
       static const char* hex = "0123456789abcdef";
@@ -88,6 +92,10 @@ std::string Printable(std::string_view s, size_t max, bool utf8) {
   if (s.size() > n) out += "… (" + std::to_string(s.size()) + " bytes)";
   return out;
 }
+
+}  // namespace
+
+std::string Printable(std::string_view s, size_t max, bool utf8) { return EscapeCut(s, max, utf8, /*backslash=*/true); }
 
 std::string OneLine(std::string_view message) {
   constexpr size_t kQuoted = 80, kRun = 200, kKeep = 60;
@@ -121,28 +129,7 @@ std::string OneLine(std::string_view message) {
   cut.append(message.substr(std::min(i, message.size())));
   // Then long unbroken runs (a path, a value not quoted), and every control byte escaped (a
   // backslash stays one: JSON's "\u0000" reads as it was written).
-  auto escaped = [](std::string_view w, size_t max) {
-    size_t n = std::min(w.size(), max);
-    while (n < w.size() && n > 0 && (static_cast<unsigned char>(w[n]) & 0xc0) == 0x80) --n;
-    std::string e;
-    for (size_t k = 0; k < n; ++k) {
-      const auto c = static_cast<unsigned char>(w[k]);
-      if (c == '\n') {
-        e += "\\n";
-      } else if (c == '\t') {
-        e += "\\t";
-      } else if (c < 0x20 || c == 0x7f) {
-        static const char* hex = "0123456789abcdef";
-        e += "\\x";
-        e += hex[c >> 4];
-        e += hex[c & 15];
-      } else {
-        e += static_cast<char>(c);
-      }
-    }
-    if (w.size() > n) e += "… (" + std::to_string(w.size()) + " bytes)";
-    return e;
-  };
+  auto escaped = [](std::string_view w, size_t max) { return EscapeCut(w, max, /*utf8=*/true, /*backslash=*/false); };
   std::string out;
   size_t start = 0;
   while (start < cut.size()) {

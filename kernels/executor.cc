@@ -142,12 +142,18 @@ bool ClipBounds(const Graph& g, const Node& n, float* lo, float* hi) {
   return true;
 }
 
-// Rewrites x * clip(x + 3, 0, 6) (the decomposed hardswish that exporters emit) into one
-// HardSwish followed by a scale of 6, which the following "/ 6" cancels.
-void RewriteHardSwish(Graph& g) {
+// The index of the node producing each tensor.
+std::map<std::string, size_t> Producers(const Graph& g) {
   std::map<std::string, size_t> producer;
   for (size_t i = 0; i < g.nodes.size(); ++i)
     for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  return producer;
+}
+
+// Rewrites x * clip(x + 3, 0, 6) (the decomposed hardswish that exporters emit) into one
+// HardSwish followed by a scale of 6, which the following "/ 6" cancels.
+void RewriteHardSwish(Graph& g) {
+  const std::map<std::string, size_t> producer = Producers(g);
   for (auto& n : g.nodes) {
     if (n.op != "Mul" || n.inputs.size() != 2) continue;
     for (int side = 0; side < 2; ++side) {
@@ -175,9 +181,7 @@ void RewriteHardSwish(Graph& g) {
 // x * Sigmoid(x) (SiLU, as exporters write it) becomes one swish; x * HardSigmoid(x; 1/6, 1/2)
 // becomes one HardSwish (torch.onnx's hardswish below opset 14).
 void RewriteGatedActivations(Graph& g) {
-  std::map<std::string, size_t> producer;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  const std::map<std::string, size_t> producer = Producers(g);
   for (auto& n : g.nodes) {
     if (n.op != "Mul" || n.inputs.size() != 2) continue;
     for (int side = 0; side < 2; ++side) {
@@ -203,9 +207,7 @@ void RewritePadIntoConv(Graph& g) {
   for (const auto& n : g.nodes)
     for (const auto& in : n.inputs) readers[in]++;
   readers[g.output]++;
-  std::map<std::string, size_t> producer;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  const std::map<std::string, size_t> producer = Producers(g);
   for (auto& conv : g.nodes) {
     if (conv.op != "Conv" || conv.inputs.empty() || conv.Str("auto_pad", "NOTSET") != "NOTSET") continue;
     auto p = producer.find(conv.inputs[0]);
