@@ -156,8 +156,12 @@ kernels::ClassifierExport ExportSpec(const TrainedModel& m, bool with_preprocess
   json input = {{"preprocessing", with_preprocessing ? "in the graph: uint8 [N, rows, cols, channels] images"
                                                      : "by the caller: float32 [N, C, H, W], (pixel / 255 - mean) / std"},
                 {"image", {{"rows", m.image_rows}, {"cols", m.image_cols}, {"channels", m.image_channels}}}};
-  if (m.backbone.kind == "pixels") {
+  if (m.backbone.kind == "pixels" && !m.backbone.prepared()) {
     input["model"] = {{"kind", "pixels"}, {"layout", "[N, rows, cols, channels], pixel / 255"}};
+  } else if (m.backbone.kind == "pixels") {  // resized raw pixels: prepared images are the features
+    input["model"] = {{"kind", "pixels"}, {"channels", in.channels}, {"height", in.height}, {"width", in.width},
+                      {"mean", {0, 0, 0}}, {"std", {1, 1, 1}}, {"resize", "bilinear, half-pixel centres"},
+                      {"layout", "[N, C, H, W], pixel / 255"}};
   } else {
     input["model"] = {{"channels", in.channels}, {"height", in.height}, {"width", in.width},
                       {"mean", {in.mean[0], in.mean[1], in.mean[2]}}, {"std", {in.std[0], in.std[1], in.std[2]}},

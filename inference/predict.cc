@@ -1,5 +1,6 @@
 #include "inference/predict.h"
 
+#include <fmt/core.h>
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
@@ -231,6 +232,15 @@ Classifier::Classifier(const TrainedModel& m) {
     graph_ = kernels::ImportOnnx(m.backbone_onnx, "backbone '" + m.backbone.name + "'", m.backbone.feature_layer);
     executor_ = std::make_unique<kernels::Executor>(graph_, kernels::ParsePrecision("f32"));
   }
+  CheckResizedPixels("model " + m.model_object);
+}
+
+// Resized raw pixels are the head's input as prepared: the sizes must agree.
+void Classifier::CheckResizedPixels(const std::string& where) const {
+  if (kind_ == "pixels" && !raw_pixels() && PreparedSize() != head_.in_dim)
+    Throw(ErrorKind::kInvalidInput,
+          fmt::format("{}: raw pixels resized to {} x {} x {} are {} features, but the head takes {}", where,
+                      input_.channels, input_.height, input_.width, PreparedSize(), head_.in_dim));
 }
 
 std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
@@ -256,7 +266,7 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
     c->class_names_ = names.get<std::vector<std::string>>();
     const json& img = input.at("image");
     c->pixels_dim_ = img.at("rows").get<int64_t>() * img.at("cols").get<int64_t>() * img.at("channels").get<int64_t>();
-    if (c->kind_ != "pixels") {
+    if (c->kind_ != "pixels" || input.at("model").contains("height")) {  // resized raw pixels too
       const json& mi = input.at("model");
       c->input_.channels = mi.at("channels");
       c->input_.height = mi.at("height");
@@ -271,6 +281,7 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
     Throw(ErrorKind::kInvalidInput, path + ": its msaflow metadata_props are damaged (" + e.what() + ")");
   }
   ReadHead(m.graph(), path, static_cast<int64_t>(c->class_names_.size()), &c->head_);
+  c->CheckResizedPixels(path);
   if (c->kind_ != "pixels") {
     c->graph_ = kernels::ImportOnnx(BackboneOnly(m, path, c->input_), path, bb.value("feature_layer", ""));
     c->executor_ = std::make_unique<kernels::Executor>(c->graph_, kernels::Precision::kF32);
@@ -279,7 +290,7 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
 }
 
 int64_t Classifier::PreparedSize() const {
-  return kind_ == "pixels" ? head_.in_dim : input_.channels * input_.height * input_.width;
+  return raw_pixels() ? head_.in_dim : input_.channels * input_.height * input_.width;
 }
 
 std::vector<float> Classifier::Prepare(const std::vector<kernels::DecodedImage>& images) const {
@@ -288,7 +299,7 @@ std::vector<float> Classifier::Prepare(const std::vector<kernels::DecodedImage>&
   for (int64_t i = 0; i < n; ++i) {
     const auto& im = images[static_cast<size_t>(i)];
     float* o = out.data() + i * per;
-    if (kind_ == "pixels") {
+    if (raw_pixels()) {
       if (static_cast<int64_t>(im.pixels.size()) != per)
         Throw(ErrorKind::kInvalidInput,
               "image " + std::to_string(i) + ": " + std::to_string(im.rows) + " x " + std::to_string(im.cols) + " x " +

@@ -35,14 +35,16 @@ class Classifier {
   void set_pow2_batches(bool on) { pow2_batches_ = on; }
   // Images the executor runs at once (default 64, the steps' batch).
   void set_batch(int64_t b) { batch_ = b < 1 ? 1 : b; }
-  bool raw_pixels() const { return kind_ == "pixels"; }
+  // Takes raw pixels as read (/ 255, no preparation); resized raw pixels take prepared images as
+  // an ONNX backbone does, and are their own features.
+  bool raw_pixels() const { return kind_ == "pixels" && input_.height == 0; }
   const kernels::InputSpec& input() const { return input_; }
   int64_t classes() const { return head_.classes; }
   const std::vector<std::string>& class_names() const { return class_names_; }
 
  private:
   Classifier() = default;
-  void Init();
+  void CheckResizedPixels(const std::string& where) const;
 
   std::string kind_;  // "onnx" | "pixels"
   kernels::InputSpec input_;

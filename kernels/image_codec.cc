@@ -25,7 +25,7 @@ void CheckSize(const std::string& path, int64_t rows, int64_t cols) {
     Bad(path, std::to_string(cols) + " x " + std::to_string(rows) + " pixels; at most " + std::to_string(kMaxSide) + " a side");
 }
 
-DecodedImage DecodePng(std::string_view bytes, const std::string& path) {
+DecodedImage DecodePng(std::string_view bytes, const std::string& path, bool header_only) {
   png_image img;
   std::memset(&img, 0, sizeof img);
   img.version = PNG_IMAGE_VERSION;
@@ -41,6 +41,10 @@ DecodedImage DecodePng(std::string_view bytes, const std::string& path) {
   const bool colour = (img.format & PNG_FORMAT_FLAG_COLOR) != 0;
   img.format = colour ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
   d.channels = colour ? 3 : 1;
+  if (header_only) {
+    png_image_free(&img);
+    return d;
+  }
   d.pixels.resize(static_cast<size_t>(PNG_IMAGE_SIZE(img)));  // 32-bit in libpng: width x height x channels
   png_color black{0, 0, 0};
   if (!png_image_finish_read(&img, &black, d.pixels.data(), 0, nullptr)) {
@@ -68,7 +72,7 @@ void OnJpegWarning(j_common_ptr cinfo, int level) {
   if (level < 0) OnJpegError(cinfo);
 }
 
-DecodedImage DecodeJpeg(std::string_view bytes, const std::string& path) {
+DecodedImage DecodeJpeg(std::string_view bytes, const std::string& path, bool header_only) {
   jpeg_decompress_struct cinfo;
   JpegError err;
   cinfo.err = jpeg_std_error(&err.mgr);
@@ -91,6 +95,14 @@ DecodedImage DecodeJpeg(std::string_view bytes, const std::string& path) {
     Bad(path, "a JPEG with " + std::to_string(n) + " components (CMYK?); expected gray or colour (YCbCr/RGB)");
   }
   cinfo.out_color_space = cinfo.num_components == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  if (header_only) {  // unscaled: the output's size is the image's
+    d.rows = cinfo.image_height;
+    d.cols = cinfo.image_width;
+    d.channels = cinfo.num_components;
+    jpeg_destroy_decompress(&cinfo);
+    CheckSize(path, d.rows, d.cols);
+    return d;
+  }
   jpeg_start_decompress(&cinfo);
   d.rows = cinfo.output_height;
   d.cols = cinfo.output_width;
@@ -109,16 +121,20 @@ DecodedImage DecodeJpeg(std::string_view bytes, const std::string& path) {
   return d;
 }
 
-}  // namespace
-
-DecodedImage DecodeImage(std::string_view bytes, const std::string& path) {
+DecodedImage Decode(std::string_view bytes, const std::string& path, bool header_only) {
   if (bytes.empty()) Bad(path, "an empty file (0 bytes)");
   static const unsigned char kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  if (bytes.size() >= 8 && std::memcmp(bytes.data(), kPng, 8) == 0) return DecodePng(bytes, path);
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), kPng, 8) == 0) return DecodePng(bytes, path, header_only);
   if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xff && static_cast<unsigned char>(bytes[1]) == 0xd8 &&
       static_cast<unsigned char>(bytes[2]) == 0xff)
-    return DecodeJpeg(bytes, path);
+    return DecodeJpeg(bytes, path, header_only);
   Bad(path, "neither PNG nor JPEG (by its first bytes)");
 }
+
+}  // namespace
+
+DecodedImage DecodeImage(std::string_view bytes, const std::string& path) { return Decode(bytes, path, false); }
+
+DecodedImage ReadImageHeader(std::string_view bytes, const std::string& path) { return Decode(bytes, path, true); }
 
 }  // namespace msaflow::kernels

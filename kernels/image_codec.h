@@ -19,4 +19,9 @@ struct DecodedImage {
 // image, a CMYK JPEG, or an image larger than 16384 pixels a side.
 DecodedImage DecodeImage(std::string_view bytes, const std::string& path);
 
+// The size and channels DecodeImage would give (pixels left empty), from the header alone: no
+// pixel is decoded. Throws as DecodeImage does for what the header shows (a JPEG's header may
+// follow its metadata: `bytes` must reach the start of the image data).
+DecodedImage ReadImageHeader(std::string_view bytes, const std::string& path);
+
 }  // namespace msaflow::kernels

@@ -480,18 +480,27 @@ std::string ExportClassifierOnnx(const ClassifierExport& e) {
     Throw(ErrorKind::kInvalidInput, "export with preprocessing: images of " + std::to_string(rows) + " x " +
                                         std::to_string(cols) + " x " + std::to_string(ch) +
                                         "; expected a size and 1 or 3 channels");
+  // Raw pixels resized to the input's size are prepared as a backbone's input is (and are the
+  // features then); raw pixels as read are the features as they come.
+  const bool resized = pixels && e.input.height > 0;
+  const bool as_read = pixels && !resized;
   if (e.with_preprocessing) {
     SetType(g->add_input(), kExportInput, onnx::TensorProto::UINT8,
-            {batch, pixels ? rows : kHeightDim, pixels ? cols : kWidthDim, ch});
-  } else if (pixels) {
+            {batch, as_read ? rows : kHeightDim, as_read ? cols : kWidthDim, ch});
+  } else if (as_read) {
     SetType(g->add_input(), kExportInput, onnx::TensorProto::FLOAT, {batch, rows, cols, ch});
-  } else {
-    SetType(g->add_input(), kExportInput, onnx::TensorProto::FLOAT, {batch, e.input.channels, kHeightDim, kWidthDim});
+  } else {  // prepared images; resized pixels are of exactly the input's size
+    SetType(g->add_input(), kExportInput, onnx::TensorProto::FLOAT,
+            {batch, e.input.channels, resized ? e.input.height : kHeightDim, resized ? e.input.width : kWidthDim});
   }
   // The features as [N, C, 1, 1] until they are standardised: per-channel constants are what
   // every runtime broadcasts over a batch (OpenCV's dnn 4.6 does not broadcast [1, C] over N).
   std::string features;
-  if (pixels) {
+  if (resized) {
+    const std::string x = e.with_preprocessing ? Preprocessing(b, e) : kExportInput;
+    b.Ints("msaflow/features_shape", {0, h.in_dim, 1, 1});
+    b.Node("Reshape", {x, "msaflow/features_shape"}, "msaflow/features");
+  } else if (pixels) {
     std::string x = kExportInput;
     if (e.with_preprocessing) {  // prepare: v / 255 in float
       const float k = 255.f;

@@ -26,7 +26,8 @@ inline constexpr const char* kExportInput = "image";
 inline constexpr const char* kExportOutput = "probabilities";
 
 struct ClassifierExport {
-  // The cut backbone (CutOnnx's bytes) and the tensor it ends at; empty for raw pixels.
+  // The cut backbone (CutOnnx's bytes) and the tensor it ends at; empty for raw pixels (resized
+  // to `input` when input.height > 0, else taken as they come).
   std::string backbone_onnx, cut_tensor;
   std::string origin;  // names the backbone in errors
   InputSpec input;     // what the backbone is fed: channels, height, width, mean, std

@@ -37,7 +37,10 @@ void Load(StepContext& c) {
     nlohmann::json meta = {{"kind", bb.kind}, {"name", bb.name}};
     std::string bytes;
     if (bb.kind == "pixels") {
-      meta["digest"] = ChecksumHex(std::string("pixels/v1") + StorageSuffix(bb));
+      // Resized pixels are other features than pixels as read (which keep the digest they had).
+      const auto& in = bb.input;
+      const std::string resized = bb.prepared() ? fmt::format(" resized {}x{}x{}", in.channels, in.height, in.width) : "";
+      meta["digest"] = ChecksumHex(std::string("pixels/v1") + resized + StorageSuffix(bb));
       c.inputs["backbones"][bb.name] = meta["digest"];
       auto have = c.store->Stat(obj);
       if (have && have->meta.value("digest", "") == meta["digest"]) {

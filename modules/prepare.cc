@@ -86,7 +86,7 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
       w.put_wait_s += Since(t0);
     }
   };
-  if (bb.kind == "pixels") {
+  if (!bb.prepared()) {  // raw pixels as read: the bytes / 255
     for (int64_t p = p0; p < p1; ++p) {
       auto t0 = Clock::now();
       float* o = out[p % 2].data();
@@ -114,8 +114,13 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
         [&](int64_t i) {
           const int64_t s = lo + i * B, b = std::min(B, hi - s);
           const int64_t p = s / idx.part_rows;
-          auto f = ex->Features(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
-          std::copy(f.begin(), f.begin() + b * dim, out[p % 2].begin() + (s - idx.PartLo(p)) * dim);
+          float* to = out[p % 2].data() + (s - idx.PartLo(p)) * dim;
+          if (ex) {
+            auto f = ex->Features(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
+            std::copy(f.begin(), f.begin() + b * dim, to);
+          } else {  // resized raw pixels: the prepared images are the features
+            std::copy(batch[i % 2].begin(), batch[i % 2].begin() + b * dim, to);
+          }
           if (s + b == idx.PartHi(p)) write_part(p);
           if (i + 1 == next_report && i + 1 < batches) {
             c.Say(fmt::format("progress: features {} {}/{} images", label, s + b - lo, hi - lo));
@@ -210,10 +215,12 @@ std::string DatasetDigest(StepContext& c, const workflow::SplitSource& src) {
 int64_t FeatureDim(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
                    std::unique_ptr<kernels::Executor>& ex) {
   if (bb.kind == "pixels") {
+    if (bb.prepared()) return bb.input.channels * bb.input.height * bb.input.width;
     kernels::ImageSet first = src.Read(0, 1);
     if (!first.uniform())
       Throw(ErrorKind::kInvalidInput, "backbone '" + bb.name + "' (raw pixels) needs images of one size; " +
-                                          src.Where(-1) + " is an image folder, whose sizes may vary: use an ONNX backbone");
+                                          src.Where(-1) + " is an image folder, whose sizes may vary: give the backbone "
+                                          "an \"input\": {\"height\", \"width\"} to resize them to");
     return first.rows * first.cols * first.channels;
   }
   if (!ex) {
@@ -294,7 +301,7 @@ void Prepare(StepContext& c) {
                              {"prepare_wait_s", w.batches.wait_s},
                              {"put_s", w.put_s},
                              {"put_wait_s", w.put_wait_s}};
-      if (bb.kind != "pixels") mine["overlap"] = c.OverlapReport()["image batches " + bb.name];
+      if (bb.prepared()) mine["overlap"] = c.OverlapReport()["image batches " + bb.name];
       auto stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
       if (c.root()) {
         nlohmann::json meta = FeaturesMeta(src.count(), dim, classes, idx.part_rows, idx.half);
@@ -313,7 +320,7 @@ void Prepare(StepContext& c) {
       entry["seconds"] = secs;
       entry["ranks"] = size;
       entry["parts"] = idx.parts;
-      if (c.root() && bb.kind != "pixels") entry["fpga"] = PrepareFpgaTimes(c, bb, src, ds, stats);
+      if (c.root() && bb.prepared()) entry["fpga"] = PrepareFpgaTimes(c, bb, src, ds, stats);
       summary["computed"].push_back(entry);
     }
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <optional>
 
@@ -12,6 +13,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "kernels/image_codec.h"
 #include "kernels/image_folder.h"
 #include "kernels/npy.h"
 
@@ -214,6 +216,60 @@ int64_t CheckSplits(const Pipeline& p, const std::vector<SplitSource>& splits) {
 
 int64_t CheckDatasets(const Pipeline& p) { return CheckSplits(p, OpenSplits(p)); }
 
+namespace {
+
+// An image file's size and channels from its header: its first 64 KiB, or the whole file where
+// a JPEG's metadata pushes its header further.
+kernels::DecodedImage FileHeader(const std::string& path) {
+  constexpr std::streamsize kPrefix = 64 << 10;
+  std::ifstream f(path, std::ios::binary);
+  if (!f) Throw(ErrorKind::kIo, path + ": cannot be read");
+  std::string head(static_cast<size_t>(kPrefix), '\0');
+  f.read(head.data(), kPrefix);
+  head.resize(static_cast<size_t>(f.gcount()));
+  if (f.gcount() < kPrefix) return kernels::ReadImageHeader(head, path);
+  try {
+    return kernels::ReadImageHeader(head, path);
+  } catch (const Error&) {
+    return kernels::ReadImageHeader(ReadFile(path), path);
+  }
+}
+
+std::string SizeText(const kernels::DecodedImage& h) {
+  return fmt::format("{} x {} {}", h.rows, h.cols, h.channels == 1 ? "gray" : "RGB");
+}
+
+// Raw pixels taken as read are as many features as an image has pixels: every image of every
+// split needs the first one's size. Image folders are checked from their files' headers (IDX
+// and .npy files hold images of one size by their format).
+void CheckOneImageSize(const Pipeline& p, const std::vector<SplitSource>& splits) {
+  const BackboneSpec* raw = nullptr;
+  for (const auto& bb : p.backbones)
+    if (!bb.prepared()) raw = &bb;
+  if (!raw) return;
+  std::optional<kernels::DecodedImage> first;
+  std::string first_file;
+  for (const auto& s : splits) {
+    if (!s.folder()) continue;
+    for (int64_t i = 0; i < s.count(); ++i) {
+      const std::string file = s.Where(i);
+      const kernels::DecodedImage h = FileHeader(file);
+      if (!first) {
+        first = h;
+        first_file = file;
+      } else if (h.rows != first->rows || h.cols != first->cols || h.channels != first->channels) {
+        Throw(ErrorKind::kInvalidInput,
+              fmt::format("pipeline {}: {}: backbone '{}' (raw pixels) needs images of one size, and {} is {} but {} is {}: give "
+                          "the backbone an \"input\": {{\"height\": {}, \"width\": {}}} to resize every image to "
+                          "one size", p.name, raw->pointer.empty() ? "/backbones" : raw->pointer, raw->name, first_file,
+                          SizeText(*first), file, SizeText(h), first->rows, first->cols));
+      }
+    }
+  }
+}
+
+}  // namespace
+
 int64_t CheckDatasetLabels(const Pipeline& p) {
   std::vector<SplitSource> splits;
   std::optional<Base> train;
@@ -225,7 +281,9 @@ int64_t CheckDatasetLabels(const Pipeline& p) {
       splits.push_back(SplitFrom(p, split, OpenBase(SpecOf(p, split), /*pixels=*/false)));
     }
   }
-  return CheckSplits(p, splits);
+  const int64_t classes = CheckSplits(p, splits);
+  CheckOneImageSize(p, splits);
+  return classes;
 }
 
 void CheckDatasetFiles(const Pipeline& p, const std::string& origin) {

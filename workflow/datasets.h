@@ -29,6 +29,8 @@ class SplitSource {
   std::string Digest() const;
   // Where row i came from: "<file>" (folders) or "<images file>, image <k>".
   std::string Where(int64_t i) const;
+  // An image folder (whose images may differ in size), not an IDX or .npy file.
+  bool folder() const { return folder_ != nullptr; }
 
  private:
   friend SplitSource SplitFrom(const Pipeline& p, const std::string& split, const Base& b);
@@ -67,7 +69,8 @@ int64_t CheckSplits(const Pipeline& p, const std::vector<SplitSource>& splits);
 int64_t CheckDatasets(const Pipeline& p);
 // The same checks from the labels alone: IDX and .npy image headers (magic, shape, dtype, the
 // .npy body's size), label files whole, image folders listed with every file's first bytes
-// (PNG or JPEG) and no empty class; no pixel is read or decoded. What `validate` runs.
+// (PNG or JPEG) and no empty class; no pixel is read or decoded; with a raw-pixels backbone that
+// takes images as read, every folder image's header shows one size. What `validate` runs.
 int64_t CheckDatasetLabels(const Pipeline& p);
 // What `validate` can check without reading the data: every dataset file exists and is a file,
 // every image folder a folder. Throws kNotFound / kInvalidInput naming `origin` and the pointer.

@@ -204,8 +204,21 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
   if (v.contains("kind")) b.kind = r.Enum(v["kind"], ptr + "/kind", {"onnx", "pixels"});
   if (v.contains("feature_dtype")) b.feature_dtype = r.Enum(v["feature_dtype"], ptr + "/feature_dtype", {"f32", "f16"});
   if (b.kind == "pixels") {
-    for (const char* k : {"onnx", "feature_layer", "input", "precision"})
+    for (const char* k : {"onnx", "feature_layer", "precision"})
       if (v.contains(k)) r.Fail(ptr + "/" + k, "not allowed for kind \"pixels\" (raw pixels are the features)");
+    if (v.contains("input")) {  // every image resized to this size first (folders of mixed sizes)
+      const json& in = v["input"];
+      const std::string ip = ptr + "/input";
+      r.Object(in, ip, {"height", "width", "channels"}, {"height", "width"});
+      b.input.height = r.Int(in["height"], ip + "/height", 1, 1024);
+      b.input.width = r.Int(in["width"], ip + "/width", 1, 1024);
+      if (in.contains("channels")) b.input.channels = r.Int(in["channels"], ip + "/channels", 1, 3);
+      const int64_t dim = b.input.height * b.input.width * b.input.channels;
+      if (dim > kMaxPixelFeatures)
+        r.Fail(ip, std::to_string(b.input.height) + " x " + std::to_string(b.input.width) + " x " +
+                       std::to_string(b.input.channels) + " = " + std::to_string(dim) +
+                       " features per image; raw pixels may have at most " + std::to_string(kMaxPixelFeatures));
+    }
     return b;
   }
   for (const char* k : {"onnx", "feature_layer", "input"})

@@ -32,12 +32,20 @@ struct SplitSpec {
   const std::string& origin() const { return format == "folder" ? root : images; }
 };
 
+// Raw pixels resized to "input" give at most this many features an image (512 x 512 x 3 fits).
+constexpr int64_t kMaxPixelFeatures = int64_t{1} << 20;
+
 struct BackboneSpec {
   std::string name;
   std::string kind = "onnx";  // "onnx" | "pixels" (raw pixels: the baseline)
   std::string onnx;           // absolute path
   std::string feature_layer;
+  // The images' size for the model; for raw pixels, given or not: with it every image is resized
+  // to it (then the pixels, channel-planar, are the features), without it they are taken as read.
   kernels::InputSpec input;
+  // The images go through preparation (resize, channels, normalisation): every ONNX backbone, and
+  // raw pixels with an "input".
+  bool prepared() const { return kind != "pixels" || input.height > 0; }
   // The executor's arithmetic: "f32", "bf16" (AVX-512 CPUs) or "int8" (VNNI CPUs; calibrated on the
   // first training images when loaded) (kernels/executor.h).
   std::string precision = "f32";

