@@ -504,8 +504,9 @@ json AbsoluteSource(json doc, const Pipeline& p) {
   absolute("train", p.train);
   absolute("test", p.test);
   if (p.validation) absolute("validation", *p.validation);
-  for (size_t i = 0; i < p.backbones.size(); ++i)
-    if (p.backbones[i].kind == "onnx") doc["backbones"][i]["onnx"] = p.backbones[i].onnx;
+  // By the entry each backbone came from: a "feature_layer" list makes several of one entry.
+  for (const auto& bb : p.backbones)
+    if (bb.kind == "onnx") doc[json::json_pointer(bb.pointer + "/onnx")] = bb.onnx;
   if (!p.nam.empty()) doc["nam"] = p.nam;
   return doc;
 }

@@ -129,6 +129,13 @@ TEST(Pipeline, AListOfLayersIsOneBackbonePerLayer) {
   EXPECT_EQ(p.backbones[1].onnx, p.backbones[0].onnx);
   EXPECT_EQ(p.backbones[1].pointer, "/backbones/0");
   EXPECT_EQ(p.backbones[2].name, "pixels");
+  // The source tasks carry round-trips: the list stays one entry, the pixels entry after it
+  // gains no "onnx" (a run of such a pipeline once failed in load on exactly that).
+  Pipeline q = PipelineFromSource(p.source);
+  ASSERT_EQ(q.backbones.size(), 3u);
+  EXPECT_EQ(q.backbones[1].onnx, "/base/m.onnx");
+  EXPECT_EQ(q.backbones[2].kind, "pixels");
+  EXPECT_FALSE(p.source["backbones"][1].contains("onnx"));
   EXPECT_EQ(ErrorOf(With("\"feature_layer\": \"x\"", "\"feature_layer\": [\"x\", \"x\"]")),
             "p.json: /backbones/0/feature_layer/1: \"x\" is listed twice");
   EXPECT_EQ(ErrorOf(With("\"feature_layer\": \"x\"", "\"feature_layer\": []")),
