@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "modules/rank.h"
 #include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/scaling.h"
@@ -38,12 +39,14 @@ struct Options {
   bool with_preprocessing = false;
   std::vector<std::string> images;
   int64_t top = 3, limit = 0, predict_batch = 64;
+  modules::RankOptions rank;  // rank
 };
 
 // Pipelines and runs (cli/run_commands.cc).
 int Validate(Options& o);
 int PlanOrRun(Options& o, bool plan);  // plan: print round 1's plan; else run the pipeline here
 int Scaling(Options& o);
+int Rank(Options& o);  // the backbones by kNN and LogME on a subset (docs/search.md)
 int Submit(Options& o);
 int Status(Options& o);
 int Why(Options& o);

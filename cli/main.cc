@@ -69,7 +69,24 @@ void AddPipelineCommands(CLI::App& app, cli::Options& o, std::vector<Command>& c
   scaling->add_option("--runs", o.runs_dir, "directory for the study")->capture_default_str();
   scaling->add_option("--machine", o.machine_override, "machine name or file (overrides the pipeline's)");
 
+  auto* rank = app.add_subcommand("rank", "Rank a pipeline's backbones by how well their features suit its training "
+                                          "data, on a stratified subset, training nothing: a table of leave-one-out "
+                                          "kNN accuracy, LogME and seconds (docs/search.md)");
+  rank->add_option("pipeline", o.pipeline_path, "pipeline JSON file")->required();
+  rank->add_option("--fraction", o.rank.fraction, "of each class's training images")
+      ->check(CLI::Range(0.001, 1.0))
+      ->capture_default_str();
+  rank->add_option("--min-per-class", o.rank.min_per_class, "at least this many images a class (all when it has fewer)")
+      ->check(CLI::Range(int64_t{2}, int64_t{100000}))
+      ->capture_default_str();
+  rank->add_option("--max-images", o.rank.max_images, "the subset is cut to this many (the estimates grow as its square)")
+      ->check(CLI::Range(int64_t{10}, int64_t{20000}))
+      ->capture_default_str();
+  rank->add_option("--seed", o.rank.seed, "which images the subset takes")->capture_default_str();
+  rank->add_flag("--json", o.as_json, "one JSON object");
+
   commands.push_back({validate, cli::Validate});
+  commands.push_back({rank, cli::Rank});
   commands.push_back({plan, [](cli::Options& opt) { return cli::PlanOrRun(opt, true); }});
   commands.push_back({submit, cli::Submit});
   commands.push_back({run, [](cli::Options& opt) { return cli::PlanOrRun(opt, false); }});

@@ -70,6 +70,38 @@ int Validate(Options& o) {
   return 0;
 }
 
+int Rank(Options& o) {
+  const workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
+  const workflow::Machine m = MachineOf(o, p);
+  orchestrator::CheckPipeline(p, m, o.pipeline_path, o.runs_dir);  // what run would refuse, refused here
+  const modules::Ranking r = modules::RankBackbones(p, o.rank, [&](const std::string& line) {
+    if (!o.as_json) std::fprintf(stderr, "%s\n", line.c_str());
+  });
+  if (o.as_json) {
+    nlohmann::json j = {{"pipeline", p.name}, {"train_images", r.train_images}, {"subset_images", r.subset_images},
+                        {"classes", r.classes}, {"fraction", o.rank.fraction}, {"min_per_class", o.rank.min_per_class},
+                        {"seed", o.rank.seed}, {"subset_rows", r.rows}, {"backbones", nlohmann::json::array()}};
+    for (const auto& b : r.backbones)
+      j["backbones"].push_back({{"backbone", b.backbone}, {"knn", b.knn}, {"logme", b.logme}, {"dim", b.dim},
+                                {"features_s", b.features_s}, {"estimate_s", b.estimate_s}, {"note", b.note}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s: %lld backbones on %lld of %lld training images (%g%% of each class, at least %lld), %lld classes\n",
+              p.name.c_str(), static_cast<long long>(r.backbones.size()), static_cast<long long>(r.subset_images),
+              static_cast<long long>(r.train_images), 100 * o.rank.fraction, static_cast<long long>(o.rank.min_per_class),
+              static_cast<long long>(r.classes));
+  size_t w = 8;
+  for (const auto& b : r.backbones) w = std::max(w, b.backbone.size());
+  std::printf("  %-*s  %5s  %8s  %8s  %9s\n", static_cast<int>(w), "backbone", "kNN", "LogME", "features", "seconds");
+  for (const auto& b : r.backbones)
+    std::printf("  %-*s  %5.3f  %8.4f  %8lld  %9.2f%s\n", static_cast<int>(w), b.backbone.c_str(), b.knn, b.logme,
+                static_cast<long long>(b.dim), b.features_s + b.estimate_s, b.note.empty() ? "" : ("  (" + b.note + ")").c_str());
+  std::printf("kNN: leave-one-out accuracy of the 5 nearest (standardised features); LogME: evidence per image "
+              "(higher is better; comparable between backbones on this data only)\n");
+  return 0;
+}
+
 int PlanOrRun(Options& o, bool plan) {
   workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
   const workflow::Machine m = MachineOf(o, p);

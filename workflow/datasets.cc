@@ -62,6 +62,17 @@ kernels::ImageSet SplitSource::Read(int64_t lo, int64_t hi) const {
   return kernels::Subset(*set_, rows);
 }
 
+kernels::ImageSet SplitSource::ReadRows(const std::vector<int64_t>& rows) const {
+  std::vector<int64_t> base;
+  base.reserve(rows.size());
+  for (int64_t r : rows) {
+    if (r < 0 || r >= count()) Throw(ErrorKind::kInternal, "SplitSource::ReadRows: row " + std::to_string(r) + " of " + std::to_string(count()));
+    base.push_back(rows_[static_cast<size_t>(r)]);
+  }
+  if (folder_) return kernels::DecodeFolderRows(*folder_, base);
+  return kernels::Subset(*set_, base);
+}
+
 std::string SplitSource::Digest() const {
   if (set_) {
     if (static_cast<int64_t>(rows_.size()) == set_->count) return set_->Digest();  // the whole file

