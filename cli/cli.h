@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "modules/rank.h"
+#include "workflow/rank.h"
 #include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/scaling.h"
@@ -39,7 +39,7 @@ struct Options {
   bool with_preprocessing = false;
   std::vector<std::string> images;
   int64_t top = 3, limit = 0, predict_batch = 64;
-  modules::RankOptions rank;  // rank
+  workflow::RankOptions rank;  // rank
 };
 
 // Pipelines and runs (cli/run_commands.cc).

@@ -110,7 +110,8 @@ void AddRunCommands(CLI::App& app, cli::Options& o, std::vector<Command>& comman
   auto* why = app.add_subcommand("why", "Say whether a task of a run ran or was reused, and what changed since the "
                                         "last run that had it");
   why->add_option("run_dir", o.run_dir, "runs/<id>")->required();
-  why->add_option("task", o.why_task, "task id, r<round>-<step> (e.g. r1-prepare)")->required();
+  why->add_option("task", o.why_task, "task id, r<round>-<step> (e.g. r1-prepare); or, in a halving run, a backbone: "
+                                      "why rung 0 kept or dropped it")->required();
 
   auto* resume = app.add_subcommand("resume", "Continue a run whose coordinator died or failed: what finished is "
                                               "reused, the rest runs");

@@ -15,6 +15,7 @@
 #include "launch/launcher.h"
 #include "modules/steps.h"
 #include "orchestrator/fpga_preflight.h"
+#include "orchestrator/halving.h"
 #include "orchestrator/placement.h"
 #include "orchestrator/planner.h"
 #include "orchestrator/runs.h"
@@ -74,7 +75,7 @@ int Rank(Options& o) {
   const workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
   const workflow::Machine m = MachineOf(o, p);
   orchestrator::CheckPipeline(p, m, o.pipeline_path, o.runs_dir);  // what run would refuse, refused here
-  const modules::Ranking r = modules::RankBackbones(p, o.rank, [&](const std::string& line) {
+  const workflow::Ranking r = workflow::RankBackbones(p, o.rank, [&](const std::string& line) {
     if (!o.as_json) std::fprintf(stderr, "%s\n", line.c_str());
   });
   if (o.as_json) {
@@ -227,6 +228,16 @@ int Report(Options& o) {
 }
 
 int Why(Options& o) {
+  // A backbone of a halving run: what rung 0 decided for it, and on what figures.
+  if (const nlohmann::json rung0 = orchestrator::ReadRung0(o.run_dir); !rung0.is_null())
+    for (const auto& b : rung0["backbones"])
+      if (b.value("backbone", "") == o.why_task) {
+        std::printf("%s in run %s: %s (kNN %.3f, LogME %.4f on %lld training images, rounds.rank_by %s)\n",
+                    o.why_task.c_str(), std::filesystem::path(o.run_dir).filename().c_str(), b.value("why", "").c_str(),
+                    b.value("knn", 0.0), b.value("logme", 0.0), static_cast<long long>(rung0.value("subset_images", 0)),
+                    rung0.value("rank_by", "").c_str());
+        return 0;
+      }
   record::ExplainTask(o.run_dir, o.why_task, stdout);
   return 0;
 }

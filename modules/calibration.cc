@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "modules/prepare_images.h"
+#include "kernels/fpga/device.h"
 #include "workflow/datasets.h"
 
 namespace msaflow::modules {
@@ -19,7 +19,7 @@ void CalibrateOnTrainingImages(StepContext& c, const workflow::BackboneSpec& bb,
   std::vector<float> x(static_cast<size_t>(batch * per));
   for (int64_t s = 0; s < n; s += batch) {
     const int64_t b = std::min(batch, n - s);
-    PrepareImages(c.Fpga(), images, 0, s, b, in, x.data());
+    kernels::fpga::PrepareImages(c.Fpga(), images, 0, s, b, in, x.data());
     if (in.batch > 0) {  // a fixed-batch model: the last batch is filled up with its first image
       for (int64_t k = b; k < batch; ++k) std::copy(x.begin(), x.begin() + per, x.begin() + k * per);
     }

@@ -15,12 +15,12 @@
 
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
+#include "kernels/fpga/device.h"
 #include "kernels/onnx_graph.h"
 #include "common/error.h"
 #include "workflow/datasets.h"
 #include "modules/calibration.h"
 #include "modules/features.h"
-#include "modules/prepare_images.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
@@ -107,7 +107,7 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
         batches,
         [&](int64_t i) {
           const int64_t s = lo + i * B, b = std::min(B, hi - s);
-          PrepareImages(*fpga, ds, lo, s, b, in, batch[i % 2].data());
+          kernels::fpga::PrepareImages(*fpga, ds, lo, s, b, in, batch[i % 2].data());
           if (in.batch > 0 && b < B)  // a model with a fixed batch gets whole batches: zeros after the last image
             std::fill(batch[i % 2].begin() + b * per, batch[i % 2].end(), 0.f);
         },

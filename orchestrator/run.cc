@@ -22,6 +22,7 @@
 #include "record/journal.h"
 #include "record/provenance.h"
 #include "launch/shared_nam.h"
+#include "orchestrator/halving.h"
 #include "workflow/backbones.h"
 #include "workflow/datasets.h"
 #include "launch/nam_process.h"
@@ -73,7 +74,9 @@ class RunDriver {
       for (int round = 1; round <= p_.rounds.max; ++round)
         if (Round(round, launcher)) break;
       const double secs = opt_.clock->SecondsSince(start);
-      WriteFileAtomic(dir_ + "/results.json", loop_.Results(id_, nam_uri_, secs).dump(2) + "\n");
+      json results = loop_.Results(id_, nam_uri_, secs);
+      if (json rung0 = ReadRung0(dir_); !rung0.is_null()) results["halving"] = {{"rung0", std::move(rung0)}};
+      WriteFileAtomic(dir_ + "/results.json", results.dump(2) + "\n");
       WriteProvenance(true);
       const Ranked& champ = loop_.champion();
       journal_.Event("run-end", {{"champion", champ.candidate.id}, {"accuracy", champ.metric}, {"stop", loop_.stop_reason()}});
@@ -396,7 +399,9 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     }
     std::filesystem::remove_all(staging);
   }
-  RunDriver(p, m, opt, obs, id, dir, JournalWriter::Append(dir + "/journal.jsonl"), RunSummary{}).Drive();
+  JournalWriter journal = JournalWriter::Append(dir + "/journal.jsonl");
+  const Pipeline rounds_p = HalvingRung0(p, dir, journal, obs);  // p itself but for strategy halving
+  RunDriver(rounds_p, m, opt, obs, id, dir, std::move(journal), RunSummary{}).Drive();
   return dir;
 }
 
@@ -434,7 +439,8 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
                        before.failed ? "it failed: " + Printable(before.error, 200) : "its coordinator died",
                        before.tasks_done.size(), before.rounds_ended));
   const std::string id = before.run;  // not read from `before` in the call that moves it
-  RunDriver(p, m, opt, obs, id, dir, std::move(journal), std::move(before)).Drive();
+  const Pipeline rounds_p = HalvingRung0(p, dir, journal, obs);  // the decision read back, if it was made
+  RunDriver(rounds_p, m, opt, obs, id, dir, std::move(journal), std::move(before)).Drive();
   return true;
 }
 

@@ -8,6 +8,7 @@
 #include "orchestrator/planner.h"
 #include "orchestrator/run.h"
 #include "workflow/backbones.h"
+#include "workflow/candidates.h"
 #include "workflow/datasets.h"
 
 namespace msaflow::orchestrator {
@@ -33,6 +34,15 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
   lines.push_back(fmt::format("train: mode {} on {} rank{}{}", workflow::TrainModeName(layout.mode), layout.ranks,
                               layout.ranks > 1 ? "s" : "",
                               layout.servers ? fmt::format(" + {} parameter server(s)", layout.servers) : ""));
+  if (p.rounds.strategy == "halving") {  // what the strategy will do, round by round (docs/search.md)
+    const size_t b = p.backbones.size(), eta = static_cast<size_t>(p.rounds.eta);
+    std::string heads;
+    for (int64_t r = 1, n = p.rounds.candidates; r <= p.rounds.max; ++r, n = (n + p.rounds.eta - 1) / p.rounds.eta)
+      heads += fmt::format("{}{} x {} epochs", r == 1 ? "" : ", then ", n, workflow::HalvingEpochs(p, static_cast<int>(r)));
+    lines.push_back(fmt::format("rounds: halving: rung 0 ranks {} backbone{} by {} on {:g}% of each class and keeps {}; "
+                                "heads {} (in all, continued)", b, b == 1 ? "" : "s", p.rounds.rank_by,
+                                100 * p.rounds.rank_fraction, (b + eta - 1) / eta, heads));
+  }
   for (const auto& [step, s] : p.steps) {
     if (!workflow::UsesFpga(step)) continue;
     const auto& mod = m.Module(s.module, "");

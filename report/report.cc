@@ -342,6 +342,24 @@ std::string TaskTable(const Story& s) {
   return out + "</table>";
 }
 
+// The halving strategy's rung 0 (results.json "halving"): every backbone's estimates and what
+// became of it.
+std::string Rung0Table(const json& results) {
+  if (!results.is_object() || !results.contains("halving")) return "";
+  const json& r0 = results["halving"].value("rung0", json::object());
+  std::string out = fmt::format(
+      "<h2>Rung 0: backbones ranked before training</h2>\n<p>{} of {} training images, ranked by {}; the best "
+      "1/{} kept ({:.1f} s).</p>\n<table><tr><th>backbone</th><th>kNN</th><th>LogME</th><th>features</th>"
+      "<th>decision</th></tr>",
+      r0.value("subset_images", 0), r0.value("train_images", 0), Escape(r0.value("rank_by", "")), r0.value("eta", 0),
+      r0.value("seconds", 0.0));
+  for (const json& b : r0.value("backbones", json::array()))
+    out += fmt::format("<tr><td>{}</td><td>{:.3f}</td><td>{:.4f}</td><td>{}</td><td>{}</td></tr>",
+                       Escape(b.value("backbone", "")), b.value("knn", 0.0), b.value("logme", 0.0), b.value("dim", 0),
+                       Escape(b.value("why", "")));
+  return out + "</table>\n";
+}
+
 constexpr char kStyle[] = R"(
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:820px;color:#222}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}
@@ -381,6 +399,7 @@ std::string RenderBody(const ReportInput& in) {
     out += fmt::format(", test accuracy {:.4f}", champ["test"].value("accuracy", 0.0));
   if (in.results.is_object()) out += fmt::format(" (stopped: {})", Escape(in.results.value("stop_reason", "")));
   out += ".</p>\n";
+  out += Rung0Table(in.results);
   out += "<h2>Accuracy of every candidate per round</h2>\n" + AccuracyPlot(s, split) + "\n";
   out += "<h2>Task times per module</h2>\n" + Gantt(s) + "\n";
   if (s.untimed) out += fmt::format("<p>{} task(s) have no recorded start time and are not drawn.</p>\n", s.untimed);

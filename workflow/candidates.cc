@@ -114,11 +114,51 @@ std::string HeadLabel(const kernels::HeadConfig& h) {
   return t + " " + h.optimizer + " lr=" + Sci(h.lr) + " l2=" + Sci(h.l2) + " e=" + std::to_string(h.epochs);
 }
 
-std::vector<Candidate> FirstRound(const Pipeline& p) { return Sample(p, 1); }
+int64_t HalvingEpochs(const Pipeline& p, int round) {
+  const int64_t full = *std::max_element(p.head.epochs.begin(), p.head.epochs.end());
+  double e = static_cast<double>(full);
+  for (int64_t r = round; r < p.rounds.max; ++r) e /= static_cast<double>(p.rounds.eta);
+  return std::max<int64_t>(round, std::llround(e));  // every round adds at least one epoch
+}
+
+std::vector<Candidate> FirstRound(const Pipeline& p) {
+  std::vector<Candidate> out = Sample(p, 1);
+  if (p.rounds.strategy == "halving")
+    for (auto& c : out) c.head.epochs = HalvingEpochs(p, 1);
+  return out;
+}
+
+namespace {
+
+// halving's round r: the previous round's candidates, best first, the top ceil(n / eta)
+// continued.
+std::vector<Candidate> Continue(const Pipeline& p, int round, const std::vector<Ranked>& ranking) {
+  const std::string prefix = "r" + std::to_string(round - 1) + "-";
+  std::vector<const Ranked*> last;
+  for (const Ranked& r : ranking)
+    if (r.candidate.id.rfind(prefix, 0) == 0) last.push_back(&r);
+  const size_t eta = static_cast<size_t>(p.rounds.eta);
+  const size_t keep = std::max<size_t>(1, (last.size() + eta - 1) / eta);
+  const int64_t more = HalvingEpochs(p, round) - HalvingEpochs(p, round - 1);
+  std::vector<Candidate> out;
+  for (size_t i = 0; i < keep && i < last.size(); ++i) {
+    Candidate c = last[i]->candidate;
+    c.parent = c.id;
+    c.warm_start = last[i]->model;
+    c.id = Id(round, i);
+    c.head.epochs = std::max<int64_t>(1, more);
+    c.head.data_seed = DataSeedFor(p, round);
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
 
 std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking,
                                  const std::vector<Ranked>& backbone_best) {
   if (p.rounds.strategy == "random" || ranking.empty()) return Sample(p, round);
+  if (p.rounds.strategy == "halving") return Continue(p, round, ranking);
   size_t k = std::min<size_t>(static_cast<size_t>(p.rounds.top_k), ranking.size());
   std::vector<const Ranked*> parents;
   std::set<std::string> represented;

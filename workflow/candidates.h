@@ -24,7 +24,8 @@ Candidate CandidateFromJson(const nlohmann::json& j);
 std::string HeadLabel(const kernels::HeadConfig& h);  // "mlp-128 adam lr=1e-3 l2=1e-4 e=20"
 
 // Round 1: `rounds.candidates` configurations sampled without replacement from the search
-// space, backbones taken in turn so every backbone is tried. Deterministic for rounds.seed.
+// space, backbones taken in turn so every backbone is tried (halving: for HalvingEpochs(p, 1)
+// epochs each). Deterministic for rounds.seed.
 std::vector<Candidate> FirstRound(const Pipeline& p);
 
 struct Ranked {
@@ -42,7 +43,13 @@ struct Ranked {
 // with learning rate and L2 scaled by 0.5/2 and 0.3/3, new seeds, the champion's first child
 // warm-started from its weights; restart: the parents' configurations with new seeds; random:
 // fresh samples. Deterministic for rounds.seed and the rankings.
+// halving: the best ceil(n / eta) of the previous round's n candidates, each continued from its
+// weights (warm start, same configuration) for the epochs that bring it to HalvingEpochs(round).
 std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking,
                                  const std::vector<Ranked>& backbone_best = {});
+
+// halving: the epochs a candidate has trained in all by the end of round r: the pipeline's
+// largest "epochs" in the last round (rounds.max), 1/eta of it a round before, ... (at least r).
+int64_t HalvingEpochs(const Pipeline& p, int round);
 
 }  // namespace msaflow::workflow

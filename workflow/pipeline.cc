@@ -461,12 +461,20 @@ void ReadSteps(const Reader& r, const json& doc, Pipeline& p) {
 }
 
 void ReadRounds(const Reader& r, const json& ro, RoundsSpec& rounds) {
-  r.Object(ro, "/rounds", {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed", "backbone_margin"}, {});
+  r.Object(ro, "/rounds", {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed", "backbone_margin",
+                           "eta", "rank_fraction", "rank_by"}, {});
   if (ro.contains("backbone_margin")) rounds.backbone_margin = r.Number(ro["backbone_margin"], "/rounds/backbone_margin", 0, 1);
   if (ro.contains("max")) rounds.max = r.Int(ro["max"], "/rounds/max", 1, 1000);
   if (ro.contains("candidates")) rounds.candidates = r.Int(ro["candidates"], "/rounds/candidates", 1, 10000);
   if (ro.contains("top_k")) rounds.top_k = r.Int(ro["top_k"], "/rounds/top_k", 1, 10000);
-  if (ro.contains("strategy")) rounds.strategy = r.Enum(ro["strategy"], "/rounds/strategy", {"perturb", "restart", "random"});
+  if (ro.contains("strategy"))
+    rounds.strategy = r.Enum(ro["strategy"], "/rounds/strategy", {"perturb", "restart", "random", "halving"});
+  for (const char* k : {"eta", "rank_fraction", "rank_by"})
+    if (ro.contains(k) && rounds.strategy != "halving")
+      r.Fail(std::string("/rounds/") + k, "only for \"strategy\": \"halving\" (the strategy is \"" + rounds.strategy + "\")");
+  if (ro.contains("eta")) rounds.eta = r.Int(ro["eta"], "/rounds/eta", 2, 16);
+  if (ro.contains("rank_fraction")) rounds.rank_fraction = r.Number(ro["rank_fraction"], "/rounds/rank_fraction", 0.001, 1);
+  if (ro.contains("rank_by")) rounds.rank_by = r.Enum(ro["rank_by"], "/rounds/rank_by", {"knn", "logme"});
   if (ro.contains("min_delta")) rounds.min_delta = r.Number(ro["min_delta"], "/rounds/min_delta", 0, 1);
   if (ro.contains("patience")) rounds.patience = r.Int(ro["patience"], "/rounds/patience", 1, 1000);
   if (ro.contains("seed")) rounds.seed = static_cast<uint64_t>(r.Int(ro["seed"], "/rounds/seed", 0, INT64_MAX));
@@ -557,6 +565,28 @@ Pipeline LoadPipeline(const std::string& path) {
 
 Pipeline PipelineFromSource(const nlohmann::json& source) {
   return ParsePipeline(source.dump(), "<task pipeline>", "/");
+}
+
+Pipeline KeepBackbones(const Pipeline& p, const std::set<std::string>& keep) {
+  json source = p.source;
+  json kept = json::array();
+  for (size_t i = 0; i < p.source["backbones"].size(); ++i) {
+    json entry = p.source["backbones"][i];
+    const std::string ptr = "/backbones/" + std::to_string(i);
+    json layers = json::array();  // of a feature_layer list, the layers kept
+    bool any = false;
+    for (const auto& bb : p.backbones) {
+      if (bb.pointer != ptr || !keep.count(bb.name)) continue;
+      any = true;
+      layers.push_back(bb.feature_layer);
+    }
+    if (!any) continue;
+    if (entry.contains("feature_layer") && entry["feature_layer"].is_array()) entry["feature_layer"] = layers;
+    kept.push_back(std::move(entry));
+  }
+  if (kept.empty()) Throw(ErrorKind::kInternal, "KeepBackbones: pipeline " + p.name + " would keep no backbone");
+  source["backbones"] = std::move(kept);
+  return PipelineFromSource(source);
 }
 
 }  // namespace msaflow::workflow

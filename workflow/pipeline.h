@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -90,7 +91,13 @@ struct RoundsSpec {
   int64_t max = 1;
   int64_t candidates = 4;
   int64_t top_k = 2;
-  std::string strategy = "perturb";  // "perturb" | "restart" | "random"
+  std::string strategy = "perturb";  // "perturb" | "restart" | "random" | "halving" (docs/search.md)
+  // halving: rung 0 ranks the backbones on a stratified `rank_fraction` of the training split by
+  // `rank_by` ("knn" | "logme") and keeps the best 1/eta; each round then continues the best
+  // 1/eta of the last round's heads (warm-started) for eta times the epochs.
+  int64_t eta = 3;
+  double rank_fraction = 0.1;
+  std::string rank_by = "knn";
   double min_delta = 0.0;
   double backbone_margin = 0.02;  // a backbone this close behind the champion keeps a parent (candidates.h)
   int64_t patience = 1;
@@ -135,5 +142,9 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
 Pipeline LoadPipeline(const std::string& path);
 // Rebuilds a pipeline from its `source` JSON (paths already absolute), as tasks carry it.
 Pipeline PipelineFromSource(const nlohmann::json& source);
+// `p` with only the backbones named in `keep` (by their names: "<name>.<layer>" for a layer of
+// a feature_layer list, which keeps its name), its source rewritten to match; the halving
+// strategy's survivors. Throws kInternal when none would be left.
+Pipeline KeepBackbones(const Pipeline& p, const std::set<std::string>& keep);
 
 }  // namespace msaflow::workflow

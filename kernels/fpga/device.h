@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/dataset.h"
 #include "kernels/prepare.h"
 
 namespace msaflow::kernels::fpga {
@@ -53,6 +54,12 @@ class Device {
   // The positions 0..n-1 ordered by key, largest first, equal keys by position: a permutation.
   virtual std::vector<uint32_t> Order(const std::vector<uint64_t>& keys) = 0;
 };
+
+// Prepares images [s, s + n) of `ds` (whose first image is row `lo`) into `out` (n prepared
+// images, in.channels x in.height x in.width floats each): one Prepare call per run of images of
+// the same size and channels (all of them, but for an image folder). What prepare runs per batch,
+// load's int8 calibration on its sample, and rank on its subset.
+void PrepareImages(Device& fpga, const ImageSet& ds, int64_t lo, int64_t s, int64_t n, const InputSpec& in, float* out);
 
 std::unique_ptr<Device> OpenCpu();
 // Throws kUnsupported (exit 6) when no OpenCL platform/device matches, naming what was found,

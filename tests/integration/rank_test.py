@@ -4,7 +4,9 @@ stratified subset of its training images, training nothing. The raw-pixels backb
 estimates are recomputed here from the IDX bytes of the rows the command names, by the
 independent NumPy reference (tests/python/transferability_reference.py); the table is ordered by
 kNN; a feature layer list ranks one model cut at several depths; bad input is refused as
-validate refuses it."""
+validate refuses it; a run with rounds.strategy "halving" keeps what rung 0 (the same ranking)
+keeps, prepares and trains only those backbones, continues the best half of its heads from their
+weights, journals the decision and `why` explains it."""
 import gzip
 import json
 import os
@@ -114,6 +116,66 @@ class Rank(unittest.TestCase):
         self.assertEqual(r.returncode, 4, r.stderr)
         self.assertEqual((r.returncode, r.stderr), (v.returncode, v.stderr))
         self.assertEqual(r.stdout, "")
+
+    def test_a_halving_run_trains_only_what_rung_0_keeps(self):
+        doc = pipeline()
+        doc["datasets"]["validation"] = {"from": "train", "fraction": 0.2, "seed": 1}
+        doc["select_on"] = "validation"
+        doc["head"] = {"type": "softmax", "lr": [0.001, 0.003], "epochs": 4}
+        doc["steps"] = {"train": {"mode": "independent"}, "evaluate": {"ranks": 1}}
+        doc["rounds"] = {"max": 2, "candidates": 4, "top_k": 1, "seed": 6, "strategy": "halving", "eta": 2,
+                         "rank_fraction": 0.15}
+        path = os.path.join(self.tmp.name, "halving.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        v = msaflow("validate", path)
+        self.assertIn("rounds: halving: rung 0 ranks 3 backbones by knn on 15% of each class and keeps 2; heads 4 x 2 "
+                      "epochs, then 2 x 4 epochs (in all, continued)", v.stdout)
+        runs = os.path.join(self.tmp.name, "runs")
+        r = msaflow("run", path, "--runs", runs, "--run-id", "halving")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        with open(os.path.join(runs, "halving", "results.json")) as f:
+            res = json.load(f)
+        rung0 = res["halving"]["rung0"]
+        # Rung 0 is `msaflow rank` on the same subset: the same figures, the best two by kNN kept.
+        ranked = json.loads(msaflow("rank", path, "--json", "--fraction", "0.15", "--seed", "6").stdout)
+        self.assertEqual({b["backbone"]: (b["knn"], b["logme"]) for b in ranked["backbones"]},
+                         {b["backbone"]: (b["knn"], b["logme"]) for b in rung0["backbones"]})
+        order = sorted(rung0["backbones"], key=lambda b: (-b["knn"], -b["logme"]))
+        kept = [b["backbone"] for b in order[:2]]
+        self.assertEqual(rung0["kept"], kept)
+        self.assertEqual(rung0["dropped"], [order[2]["backbone"]])
+        self.assertIn("rung 0: ranking 3 backbones by kNN", r.stdout)
+        # Only the kept backbones were prepared and trained on.
+        r1, r2 = res["rounds"]
+        self.assertEqual({e["backbone"] for e in r1["features"]["computed"]}, set(kept))
+        first = [c for c in r1["candidates"] if c["candidate"]["id"].startswith("r1-")]
+        self.assertEqual(len(first), 4)
+        self.assertTrue(all(c["candidate"]["backbone"] in kept and c["candidate"]["head"]["epochs"] == 2 for c in first))
+        # Round 2 continues the best half of round 1 from its weights, to 4 epochs in all.
+        best_first = sorted(first, key=lambda c: -c["accuracy"])[:2]
+        second = sorted((c for c in r2["candidates"] if c["candidate"]["id"].startswith("r2-")),
+                        key=lambda c: c["candidate"]["id"])
+        self.assertEqual([c["candidate"]["parent"] for c in second], [c["candidate"]["id"] for c in best_first])
+        self.assertEqual([c["candidate"]["warm_start"] for c in second], [c["model"] for c in best_first])
+        self.assertTrue(all(c["candidate"]["head"]["epochs"] == 2 for c in second))
+        # Journalled, and explained by `why`.
+        with open(os.path.join(runs, "halving", "journal.jsonl")) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+        rung = [e for e in events if e.get("event") == "rung0"]
+        self.assertEqual(len(rung), 1)
+        self.assertEqual(rung[0]["kept"], kept)
+        w = msaflow("why", os.path.join(runs, "halving"), order[2]["backbone"])
+        self.assertEqual(w.returncode, 0, w.stderr)
+        self.assertIn(f"{order[2]['backbone']} in run halving: dropped at rung 0: kNN {order[2]['knn']:.3f} vs "
+                      f"{order[1]['knn']:.3f} of {order[1]['backbone']}", w.stdout)
+        # Halving's keys belong to halving.
+        doc["rounds"]["strategy"] = "perturb"
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        bad = msaflow("validate", path)
+        self.assertEqual(bad.returncode, 3)
+        self.assertIn("/rounds/eta: only for \"strategy\": \"halving\"", bad.stderr)
 
 
 if __name__ == "__main__":

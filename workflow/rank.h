@@ -11,7 +11,7 @@
 
 #include "workflow/pipeline.h"
 
-namespace msaflow::modules {
+namespace msaflow::workflow {
 
 struct RankOptions {
   double fraction = 0.1;        // of each class's training images ...
@@ -37,7 +37,7 @@ struct Ranking {
 
 // Computes the estimates for every backbone of `p` on one stratified subset of its training
 // split (the same images for all). `say` gets a line per backbone as it finishes.
-Ranking RankBackbones(const workflow::Pipeline& p, const RankOptions& o,
+Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
                       const std::function<void(const std::string&)>& say = nullptr);
 
-}  // namespace msaflow::modules
+}  // namespace msaflow::workflow

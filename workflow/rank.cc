@@ -1,4 +1,4 @@
-#include "modules/rank.h"
+#include "workflow/rank.h"
 
 #include <fmt/core.h>
 
@@ -11,10 +11,9 @@
 #include "kernels/fpga/device.h"
 #include "kernels/onnx_graph.h"
 #include "kernels/transferability.h"
-#include "modules/prepare_images.h"
 #include "workflow/datasets.h"
 
-namespace msaflow::modules {
+namespace msaflow::workflow {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -22,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // The subset's features for one backbone, row-major [images, dim].
-std::vector<float> SubsetFeatures(const workflow::BackboneSpec& bb, const kernels::ImageSet& ds,
+std::vector<float> SubsetFeatures(const BackboneSpec& bb, const kernels::ImageSet& ds,
                                   kernels::fpga::Device& cpu, int64_t* dim, std::string* note) {
   const int64_t n = ds.count;
   if (!bb.prepared()) {  // raw pixels as read
@@ -53,7 +52,7 @@ std::vector<float> SubsetFeatures(const workflow::BackboneSpec& bb, const kernel
   std::vector<float> f(static_cast<size_t>(n * *dim)), x(static_cast<size_t>(batch * per));
   for (int64_t s = 0; s < n; s += batch) {
     const int64_t b = std::min(batch, n - s);
-    PrepareImages(cpu, ds, 0, s, b, in, x.data());
+    kernels::fpga::PrepareImages(cpu, ds, 0, s, b, in, x.data());
     if (in.batch > 0 && b < batch) std::fill(x.begin() + b * per, x.end(), 0.f);  // a fixed batch: whole ones
     if (ex) {
       const auto out = ex->Features(x.data(), in.batch > 0 ? batch : b, in.channels, in.height, in.width);
@@ -67,12 +66,12 @@ std::vector<float> SubsetFeatures(const workflow::BackboneSpec& bb, const kernel
 
 }  // namespace
 
-Ranking RankBackbones(const workflow::Pipeline& p, const RankOptions& o,
+Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
                       const std::function<void(const std::string&)>& say) {
-  const workflow::SplitSource train = workflow::OpenSplit(p, "train");
+  const SplitSource train = OpenSplit(p, "train");
   Ranking r;
   r.train_images = train.count();
-  r.classes = workflow::CheckSplits(p, {train});
+  r.classes = CheckSplits(p, {train});
   std::vector<int64_t> rows = kernels::StratifiedSubset(train.labels(), o.fraction, o.min_per_class, o.seed);
   if (static_cast<int64_t>(rows.size()) > o.max_images) {  // the same stratified draw, scaled down
     const double scale = static_cast<double>(o.max_images) / static_cast<double>(rows.size());
@@ -106,4 +105,4 @@ Ranking RankBackbones(const workflow::Pipeline& p, const RankOptions& o,
   return r;
 }
 
-}  // namespace msaflow::modules
+}  // namespace msaflow::workflow

@@ -1,0 +1,102 @@
+#include "orchestrator/halving.h"
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <set>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "workflow/rank.h"
+
+namespace msaflow::orchestrator {
+
+using nlohmann::json;
+
+namespace {
+
+double Estimate(const json& b, const std::string& by) { return b.at(by).get<double>(); }
+
+const char* EstimateName(const std::string& by) { return by == "knn" ? "kNN" : "LogME"; }
+
+// Ranks, decides and explains: the rung0.json document.
+json Decide(const workflow::Pipeline& p) {
+  const auto t0 = std::chrono::steady_clock::now();
+  workflow::RankOptions o;
+  o.fraction = p.rounds.rank_fraction;
+  o.seed = p.rounds.seed;
+  const workflow::Ranking r = workflow::RankBackbones(p, o);
+  const std::string by = p.rounds.rank_by;
+  json list = json::array();
+  for (const auto& b : r.backbones)
+    list.push_back({{"backbone", b.backbone}, {"knn", b.knn}, {"logme", b.logme}, {"dim", b.dim},
+                    {"seconds", b.features_s + b.estimate_s}});
+  const std::string other = by == "knn" ? "logme" : "knn";  // breaks ties (kNN's accuracies often tie)
+  std::stable_sort(list.begin(), list.end(), [&](const json& a, const json& b) {
+    return Estimate(a, by) != Estimate(b, by) ? Estimate(a, by) > Estimate(b, by) : Estimate(a, other) > Estimate(b, other);
+  });
+  const size_t eta = static_cast<size_t>(p.rounds.eta);
+  const size_t keep = (list.size() + eta - 1) / eta;
+  json kept = json::array(), dropped = json::array();
+  for (size_t i = 0; i < list.size(); ++i) {
+    json& b = list[i];
+    b["kept"] = i < keep;
+    if (i < keep) {
+      kept.push_back(b["backbone"]);
+      b["why"] = fmt::format("kept at rung 0: {} {:.3f}, {} of {} (the best {} are kept, eta {})", EstimateName(by),
+                             Estimate(b, by), i + 1, list.size(), keep, eta);
+    } else {
+      dropped.push_back(b["backbone"]);
+      b["why"] = fmt::format("dropped at rung 0: {} {:.3f} vs {:.3f} of {} (the best {} of {} are kept, eta {})",
+                             EstimateName(by), Estimate(b, by), Estimate(list[keep - 1], by),
+                             list[keep - 1]["backbone"].get<std::string>(), keep, list.size(), eta);
+    }
+  }
+  return {{"format", kRung0Format}, {"rank_by", by}, {"eta", p.rounds.eta}, {"fraction", o.fraction},
+          {"seed", o.seed}, {"train_images", r.train_images}, {"subset_images", r.subset_images},
+          {"images_through_backbones", r.subset_images * static_cast<int64_t>(list.size())},
+          {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()},
+          {"backbones", list}, {"kept", kept}, {"dropped", dropped}};
+}
+
+}  // namespace
+
+json ReadRung0(const std::string& run_dir) {
+  const std::string path = run_dir + "/" + kRung0File;
+  if (!PathExists(path)) return json();
+  json d = json::parse(ReadFile(path), nullptr, false);
+  if (!d.is_object() || d.value("format", "") != kRung0Format || !d.contains("kept") || !d["kept"].is_array())
+    Throw(ErrorKind::kCorrupt, path + ": not a rung-0 decision (" + kRung0Format + ")");
+  return d;
+}
+
+workflow::Pipeline HalvingRung0(const workflow::Pipeline& p, const std::string& run_dir, const record::JournalWriter& journal,
+                                RunObserver& obs) {
+  if (p.rounds.strategy != "halving") return p;
+  json d = ReadRung0(run_dir);
+  const bool decided = !d.is_null();
+  if (!decided) {
+    obs.Line(fmt::format("rung 0: ranking {} backbones by {} on {:g}% of each class of the training split",
+                         p.backbones.size(), EstimateName(p.rounds.rank_by), 100 * p.rounds.rank_fraction));
+    d = Decide(p);
+    WriteFileAtomic(run_dir + "/" + kRung0File, d.dump(2) + "\n");
+    journal.Event("rung0", {{"kept", d["kept"]}, {"dropped", d["dropped"]}, {"rank_by", d["rank_by"]},
+                            {"subset_images", d["subset_images"]}, {"seconds", d["seconds"]}});
+  } else {
+    obs.Line("rung 0: decided before the run was resumed (" + run_dir + "/" + kRung0File + ")");
+  }
+  for (const auto& b : d["backbones"])
+    obs.Line(fmt::format("  {:<34} kNN {:.3f}  LogME {:8.4f}  {}", b.value("backbone", ""), b.value("knn", 0.0),
+                         b.value("logme", 0.0), b.value("kept", false) ? "kept" : b.value("why", "")));
+  std::set<std::string> keep;
+  for (const auto& k : d["kept"]) keep.insert(k.get<std::string>());
+  for (const auto& k : keep) {
+    bool known = false;
+    for (const auto& bb : p.backbones) known = known || bb.name == k;
+    if (!known)
+      Throw(ErrorKind::kCorrupt, run_dir + "/" + kRung0File + ": keeps backbone '" + k + "', which the pipeline lacks");
+  }
+  return workflow::KeepBackbones(p, keep);
+}
+
+}  // namespace msaflow::orchestrator
