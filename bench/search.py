@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""bench/rank.py — how well `msaflow rank` foresees training (issue 30; docs/search.md).
+"""bench/search.py — exhaustive search against halving, and how well `msaflow rank` foresees
+training (issue 30; docs/search.md).
 
-    /usr/bin/python3 bench/rank.py [--rows 6000] [--test-rows 2000] [--msaflow build/msaflow]
+    /usr/bin/python3 bench/search.py [--rows 6000] [--test-rows 2000] [--msaflow build/msaflow]
 
 A zoo of six backbones (MobileNetV2 cut at three depths, PP-OCRv4 at two, raw pixels) on three
 datasets: Fashion-MNIST, MNIST digits, and a colour image folder the bench writes from the
@@ -13,7 +14,12 @@ to 28x28 there). Per dataset:
      3e-3, 15 epochs), every backbone over every image: each backbone's best validation
      accuracy, and the run's seconds;
   3. Kendall's tau between each estimate and the trained accuracy over the six backbones, and
-     whether keeping the best third by each estimate would have kept the exhaustive champion.
+     whether keeping the best third by each estimate would have kept the exhaustive champion;
+  4. `rounds.strategy: "halving"` on the same pipeline (eta 3: rung 0 keeps 2 backbones; 12 heads
+     x 2 epochs, the best 4 continued to 5, the best 2 to 15), run right after the exhaustive one:
+     wall time to the champion, its validation and test accuracy, images through backbones and
+     head-epochs trained, each against the exhaustive run's. Goal: within 0.5 point of the
+     exhaustive champion's validation accuracy in at most 1/3 of its time.
 Prints the CPU it ran on; every figure is measured in this run.
 """
 import argparse
@@ -99,6 +105,16 @@ def kendall(a, b):
     return (c - d) / den if den else 0.0
 
 
+def figures(res):
+    """A run's champion (validation and test accuracy), the images its backbones ran on (rung 0's
+    subset included) and the head-epochs it trained."""
+    images = sum(e["rows"] for r in res["rounds"] for e in r["features"]["computed"])
+    images += res.get("halving", {}).get("rung0", {}).get("images_through_backbones", 0)
+    epochs = sum(c["candidate"]["head"]["epochs"] for r in res["rounds"] for c in r["candidates"]
+                 if c["candidate"]["id"].startswith(f"r{r['round']}-"))
+    return {"val": res["champion"]["accuracy"], "test": res["result"]["accuracy"], "images": images, "epochs": epochs}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=6000)
@@ -153,6 +169,28 @@ def main():
             line[est] = {"tau": tau, "keeps_champion": champion in keep}
             print(f"  {est}: Kendall tau {tau:+.2f}; the best third by it ({', '.join(keep)}) "
                   f"{'keeps' if champion in keep else 'loses'} the champion {champion}")
+        # Halving on the same pipeline, right after.
+        doc["rounds"] = {"max": 3, "candidates": 12, "top_k": 1, "seed": 3, "strategy": "halving", "eta": 3}
+        hpath = os.path.join(work, name + "-halving.json")
+        with open(hpath, "w") as f:
+            json.dump(doc, f)
+        t0 = time.time()
+        # Its own runs directory, so its own NAM: nothing the exhaustive run computed is reused.
+        subprocess.run([a.msaflow, "run", hpath, "--runs", os.path.join(work, "runs-halving"), "--run-id", name],
+                       capture_output=True, text=True, check=True)
+        halving_s = time.time() - t0
+        with open(os.path.join(work, "runs-halving", name, "results.json")) as f:
+            hres = json.load(f)
+        ex, hv = figures(res), figures(hres)
+        print(f"  {'':10s} {'seconds':>8s} {'val acc':>8s} {'test acc':>8s} {'images thru backbones':>22s} {'head-epochs':>12s}")
+        for label, fig, secs in (("exhaustive", ex, run_s), ("halving", hv, halving_s)):
+            print(f"  {label:10s} {secs:8.1f} {fig['val']:8.4f} {fig['test']:8.4f} {fig['images']:22d} {fig['epochs']:12d}")
+        gap = ex["val"] - hv["val"]
+        ok = gap <= 0.005 and halving_s <= run_s / 3
+        print(f"  halving: {halving_s / run_s:.2f}x the time, {-gap * 100:+.2f} points of validation accuracy "
+              f"(goal <= 0.33x and >= -0.50): {'met' if ok else 'NOT met'}")
+        line["halving"] = {"seconds": halving_s, "val_gap": gap, "met": ok, **hv}
+        line["exhaustive"] = ex
         summary.append(line)
     print("\n" + json.dumps(summary))
 
