@@ -10,9 +10,11 @@ weights, journals the decision and `why` explains it."""
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
@@ -45,6 +47,17 @@ def pipeline(limit=1500):
              "input": {"height": 32, "width": 32}},
         ],
     }
+
+
+def halving_doc():
+    doc = pipeline()
+    doc["datasets"]["validation"] = {"from": "train", "fraction": 0.2, "seed": 1}
+    doc["select_on"] = "validation"
+    doc["head"] = {"type": "softmax", "lr": [0.001, 0.003], "epochs": 4}
+    doc["steps"] = {"train": {"mode": "independent"}, "evaluate": {"ranks": 1}}
+    doc["rounds"] = {"max": 2, "candidates": 4, "top_k": 1, "seed": 6, "strategy": "halving", "eta": 2,
+                     "rank_fraction": 0.15}
+    return doc
 
 
 def idx(path, limit):
@@ -117,14 +130,38 @@ class Rank(unittest.TestCase):
         self.assertEqual((r.returncode, r.stderr), (v.returncode, v.stderr))
         self.assertEqual(r.stdout, "")
 
+    def test_a_killed_halving_run_resumes_with_the_decision_it_made(self):
+        path = os.path.join(self.tmp.name, "halving-resume.json")
+        with open(path, "w") as f:
+            json.dump(halving_doc(), f)
+        runs = os.path.join(self.tmp.name, "runs-resume")
+        run_dir = os.path.join(runs, "h")
+        proc = subprocess.Popen([EXE, "run", path, "--runs", runs, "--run-id", "h"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        journal = os.path.join(run_dir, "journal.jsonl")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if os.path.exists(journal) and '"round-start"' in open(journal).read():
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)  # in round 1, after rung 0
+        proc.wait()
+        with open(os.path.join(run_dir, "rung0.json")) as f:
+            decided = json.load(f)
+        r = msaflow("resume", run_dir)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        self.assertIn("rung 0: decided before the run was resumed", r.stdout)
+        with open(journal) as f:
+            events = [json.loads(line).get("event") for line in f if line.strip()]  # line 1: the format
+        self.assertEqual(events.count("rung0"), 1)
+        self.assertIn("resume", events)
+        with open(os.path.join(run_dir, "results.json")) as f:
+            res = json.load(f)
+        self.assertEqual(res["halving"]["rung0"], decided)
+        self.assertTrue(all(c["candidate"]["backbone"] in decided["kept"] for r in res["rounds"] for c in r["candidates"]))
+
     def test_a_halving_run_trains_only_what_rung_0_keeps(self):
-        doc = pipeline()
-        doc["datasets"]["validation"] = {"from": "train", "fraction": 0.2, "seed": 1}
-        doc["select_on"] = "validation"
-        doc["head"] = {"type": "softmax", "lr": [0.001, 0.003], "epochs": 4}
-        doc["steps"] = {"train": {"mode": "independent"}, "evaluate": {"ranks": 1}}
-        doc["rounds"] = {"max": 2, "candidates": 4, "top_k": 1, "seed": 6, "strategy": "halving", "eta": 2,
-                         "rank_fraction": 0.15}
+        doc = halving_doc()
         path = os.path.join(self.tmp.name, "halving.json")
         with open(path, "w") as f:
             json.dump(doc, f)
