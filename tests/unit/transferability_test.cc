@@ -85,6 +85,7 @@ TEST(Transferability, TooFewImagesAreRefused) {
 
 TEST(Transferability, StratifiedSubsetKeepsEveryClass) {
   std::vector<uint8_t> labels;
+  labels.reserve(200);
   for (int i = 0; i < 200; ++i) labels.push_back(static_cast<uint8_t>(i < 190 ? i % 2 : 2));  // class 2: 10 images
   const auto rows = StratifiedSubset(labels, 0.1, 5, 9);
   int per[3] = {0, 0, 0};
