@@ -85,6 +85,23 @@ TEST(Report, EscapesWhatItQuotes) {
   EXPECT_NE(html.find("failed: &lt;b&gt;x&lt;/b&gt;"), std::string::npos);
 }
 
+TEST(Report, AHalvingRunShowsRungZerosDecisions) {
+  const json results = {{"halving",
+                         {{"rung0",
+                           {{"subset_images", 541}, {"train_images", 5400}, {"rank_by", "knn"}, {"eta", 3}, {"seconds", 3.1},
+                            {"backbones",
+                             {{{"backbone", "mnv2.b13"}, {"knn", 0.795}, {"logme", 0.231}, {"dim", 576}, {"why", "kept at rung 0"}},
+                              {{"backbone", "<ocr>"}, {"knn", 0.706}, {"logme", 0.093}, {"dim", 480},
+                               {"why", "dropped at rung 0: kNN 0.706 vs 0.795"}}}}}}}}};
+  const std::string html = RenderReport({Provenance(), results, ""});
+  EXPECT_NE(html.find("Rung 0: backbones ranked before training"), std::string::npos);
+  EXPECT_NE(html.find("541 of 5400 training images, ranked by knn; the best 1/3 kept"), std::string::npos);
+  EXPECT_NE(html.find("<td>&lt;ocr&gt;</td><td>0.706</td><td>0.0930</td><td>480</td><td>dropped at rung 0: kNN 0.706 vs "
+                      "0.795</td>"),
+            std::string::npos);
+  EXPECT_EQ(RenderReport({Provenance(), json(), ""}).find("Rung 0"), std::string::npos);  // other strategies: none
+}
+
 TEST(Report, TheBestSoFarNeverFalls) {
   json p = Provenance();
   p["rounds"][1]["candidates"] = json::array({Candidate("r2-c00", 2, 0.5)});  // round 2 worse
