@@ -3,6 +3,7 @@
 training (issue 30; docs/search.md).
 
     /usr/bin/python3 bench/search.py [--rows 6000] [--test-rows 2000] [--msaflow build/msaflow]
+                                     [--datasets fashion-mnist,mnist-digits,colour-folder]
 
 A zoo of six backbones (MobileNetV2 cut at three depths, PP-OCRv4 at two, raw pixels) on three
 datasets: Fashion-MNIST, MNIST digits, and a colour image folder the bench writes from the
@@ -121,6 +122,7 @@ def main():
     ap.add_argument("--rows", type=int, default=6000)
     ap.add_argument("--test-rows", type=int, default=2000)
     ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"))
+    ap.add_argument("--datasets", default="fashion-mnist,mnist-digits,colour-folder", help="which of the three, comma-separated")
     a = ap.parse_args()
     print(cpu.describe())
     work = tempfile.mkdtemp(prefix="msaflow-rank-bench-")
@@ -128,12 +130,16 @@ def main():
     sets = [
         ("fashion-mnist", idx_split(fashion, "train", a.rows), idx_split(fashion, "t10k", a.test_rows), zoo()),
         ("mnist-digits", idx_split(digits, "train", a.rows), idx_split(digits, "t10k", a.test_rows), zoo()),
-        ("colour-folder", colour_folder(os.path.join(work, "train"), idx_split(digits, "train", 10**9), a.rows),
-         colour_folder(os.path.join(work, "test"), idx_split(digits, "t10k", 10**9), a.test_rows),
-         zoo({"height": 28, "width": 28, "channels": 3})),
     ]
+    if "colour-folder" in a.datasets:
+        sets.append(("colour-folder", colour_folder(os.path.join(work, "train"), idx_split(digits, "train", 10**9), a.rows),
+                     colour_folder(os.path.join(work, "test"), idx_split(digits, "t10k", 10**9), a.test_rows),
+                     zoo({"height": 28, "width": 28, "channels": 3})))
     summary = []
+    wanted = a.datasets.split(",")
     for name, train, test, backbones in sets:
+        if name not in wanted:
+            continue
         doc = {"name": name, "datasets": {"train": train, "test": test,
                                           "validation": {"from": "train", "fraction": 0.1, "seed": 1}},
                "backbones": backbones,
