@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "kernels/gemm.h"
 
 namespace msaflow::kernels {
 namespace {
@@ -53,6 +54,24 @@ double ClassEvidence(const Eigen::VectorXd& s, const Eigen::VectorXd& x2, double
   return ev / static_cast<double>(n);
 }
 
+// Image i's vote among its k nearest (`dist`, nearest first): most votes; then the nearer
+// voters in sum; then the lower class. Counts a correct one in *correct.
+void Vote(const std::vector<std::pair<double, int64_t>>& dist, int64_t k, const uint8_t* labels, int64_t i,
+          std::map<int, std::pair<int64_t, double>>* votes, int64_t* correct) {
+  votes->clear();
+  for (int64_t r = 0; r < k; ++r) {
+    auto& v = (*votes)[labels[dist[static_cast<size_t>(r)].second]];
+    v.first += 1;
+    v.second += dist[static_cast<size_t>(r)].first;
+  }
+  auto best = votes->begin();
+  for (auto it = votes->begin(); it != votes->end(); ++it)
+    if (it->second.first > best->second.first ||
+        (it->second.first == best->second.first && it->second.second < best->second.second))
+      best = it;
+  if (best->first == labels[i]) ++*correct;
+}
+
 }  // namespace
 
 double KnnLooAccuracy(const float* x, int64_t n, int64_t d, const uint8_t* labels, int64_t k) {
@@ -65,28 +84,35 @@ double KnnLooAccuracy(const float* x, int64_t n, int64_t d, const uint8_t* label
   Eigen::RowVectorXd sd = (f.array().square().colwise().sum() / static_cast<double>(n)).sqrt();
   for (int64_t j = 0; j < d; ++j) sd[j] = sd[j] > 0 ? 1 / sd[j] : 0;
   f = f.array().rowwise() * sd.array();
-  const Eigen::VectorXd sq = f.rowwise().squaredNorm();
-  const Matrix g = f * f.transpose();
+  // Candidates from float distances (oneDNN's sgemm on a block of rows at a time, all cores),
+  // then the exact double distances of the nearest k + kMargin of them, ordered by (distance,
+  // index): the neighbours all-double arithmetic finds, unless float rounding moved a true one
+  // past the margin.
+  constexpr int64_t kMargin = 16, kBlock = 256;
+  const int64_t m = std::min(n - 1, k + kMargin);
+  const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> z = f.cast<float>();
+  std::vector<float> sq(static_cast<size_t>(n)), g(static_cast<size_t>(std::min(n, kBlock) * n));
+  for (int64_t i = 0; i < n; ++i) sq[static_cast<size_t>(i)] = z.row(i).squaredNorm();
   int64_t correct = 0;
-  std::vector<std::pair<double, int64_t>> dist(static_cast<size_t>(n - 1));
+  std::vector<std::pair<float, int64_t>> approx(static_cast<size_t>(n - 1));
+  std::vector<std::pair<double, int64_t>> dist(static_cast<size_t>(m));
   std::map<int, std::pair<int64_t, double>> votes;  // class -> (votes, summed distance)
-  for (int64_t i = 0; i < n; ++i) {
-    size_t m = 0;
-    for (int64_t j = 0; j < n; ++j)
-      if (j != i) dist[m++] = {std::max(0.0, sq[i] + sq[j] - 2 * g(i, j)), j};
-    std::partial_sort(dist.begin(), dist.begin() + k, dist.end());  // by distance, then index
-    votes.clear();
-    for (int64_t r = 0; r < k; ++r) {
-      auto& v = votes[labels[dist[static_cast<size_t>(r)].second]];
-      v.first += 1;
-      v.second += dist[static_cast<size_t>(r)].first;
+  for (int64_t lo = 0; lo < n; lo += kBlock) {
+    const int64_t rows = std::min(kBlock, n - lo);
+    Gemm(false, true, rows, n, d, 1.f, z.data() + lo * d, d, z.data(), d, 0.f, g.data(), n);
+    for (int64_t i = lo; i < lo + rows; ++i) {
+      const float* gi = g.data() + (i - lo) * n;
+      size_t c = 0;
+      for (int64_t j = 0; j < n; ++j)
+        if (j != i) approx[c++] = {sq[static_cast<size_t>(i)] + sq[static_cast<size_t>(j)] - 2 * gi[j], j};
+      std::partial_sort(approx.begin(), approx.begin() + m, approx.end());
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t j = approx[static_cast<size_t>(r)].second;
+        dist[static_cast<size_t>(r)] = {(f.row(i) - f.row(j)).squaredNorm(), j};
+      }
+      std::sort(dist.begin(), dist.end());  // by distance, then index
+      Vote(dist, k, labels, i, &votes, &correct);
     }
-    auto best = votes.begin();  // most votes; then the nearer voters; then the lower class
-    for (auto it = votes.begin(); it != votes.end(); ++it)
-      if (it->second.first > best->second.first ||
-          (it->second.first == best->second.first && it->second.second < best->second.second))
-        best = it;
-    if (best->first == labels[i]) ++correct;
   }
   return static_cast<double>(correct) / static_cast<double>(n);
 }

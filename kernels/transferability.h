@@ -2,7 +2,8 @@
 // without training a head: what `msaflow rank` and the halving strategy's first rung rank
 // backbones by (docs/search.md).
 // - Leave-one-out k-nearest-neighbour accuracy: each image labelled by the vote of its k
-//   nearest others (features standardised per dimension, Euclidean distance).
+//   nearest others (features standardised per dimension, Euclidean distance: candidates by a
+//   float GEMM, the nearest k + 16 measured again in double).
 // - LogME (You et al., ICML 2021): per class, the log marginal likelihood per image of a
 //   Bayesian linear regression of the one-hot label on the features, its prior and noise
 //   precisions (alpha, beta) at the evidence's maximum (MacKay's fixed point); the mean over
