@@ -335,6 +335,20 @@ class Api(unittest.TestCase):
         doc["datasets"]["train"]["images"] = self.own + "/../../../" + DATA + "/train-images-idx3-ubyte.gz"
         status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ben")
         self.assertEqual((status, v["error"]["pointer"]), (403, "/datasets/train/images"))
+        # A model outside ana's folders, after a model cut at two layers (two backbones of one
+        # entry): refused, pointing at the entry that names it.
+        os.makedirs(self.own, exist_ok=True)
+        theirs = os.path.join(self.own, "model.onnx")
+        with open(theirs, "wb") as f:
+            f.write(b"\0")
+        doc = pipeline("zoo")
+        doc["backbones"] = [{"name": "m", "onnx": os.path.join(MODELS, "mobilenet_v2.onnx"),
+                             "feature_layer": ["block_3_expand_relu", "block_13_expand_relu"],
+                             "input": {"height": 32, "width": 32}},
+                            {"name": "t", "onnx": theirs, "feature_layer": "x", "input": {"height": 32, "width": 32}}]
+        status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ana")
+        self.assertEqual((status, v["error"]["code"], v["error"]["pointer"]), (403, "outside_your_folders",
+                                                                               "/backbones/1/onnx"), v)
         doc = pipeline("nam")
         doc["nam"] = "file:///tmp/elsewhere"
         status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ana")
