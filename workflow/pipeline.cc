@@ -366,9 +366,8 @@ std::string LayerBackboneName(const std::string& name, const std::string& layer)
 // where?"), named by LayerBackboneName.
 std::vector<BackboneSpec> ExpandLayers(const Reader& r, const json& v, const std::string& ptr, const BackboneSpec& b) {
   if (!v.contains("feature_layer") || !v["feature_layer"].is_array()) return {b};
-  const json& layers = v["feature_layer"];
+  const json& layers = v["feature_layer"];  // 1 to 16 of them: ReadBackbone checked
   const std::string lp = ptr + "/feature_layer";
-  if (layers.empty() || layers.size() > 16) r.Fail(lp, "expected a layer name or a list of 1 to 16 of them");
   std::vector<BackboneSpec> out;
   std::set<std::string> seen;
   for (size_t k = 0; k < layers.size(); ++k) {
