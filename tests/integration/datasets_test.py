@@ -61,14 +61,18 @@ def folder_pipeline(train, test):
 
 
 class Datasets(TempDirCase):
-    def test_a_colour_image_folder_runs_and_its_features_match_opencv(self):
-        import cv2
-        from reference import cv2_features
-        rng = np.random.default_rng(7)
+    def folders(self, seed):
+        """Train and test image folders (12 and 4 images a class) and the pipeline over them."""
+        rng = np.random.default_rng(seed)
         train, test = os.path.join(self.dir, "train"), os.path.join(self.dir, "test")
         image_folder(train, 12, rng)
         image_folder(test, 4, rng)
-        doc = folder_pipeline(train, test)
+        return train, test, folder_pipeline(train, test)
+
+    def test_a_colour_image_folder_runs_and_its_features_match_opencv(self):
+        import cv2
+        from reference import cv2_features
+        train, test, doc = self.folders(7)
         runs = os.path.join(self.dir, "runs")
         r = msaflow("run", self.write("p.json", doc), "--runs", runs, "--run-id", "folder")
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
@@ -100,11 +104,7 @@ class Datasets(TempDirCase):
 
     def test_raw_pixels_on_a_folder_of_mixed_sizes_are_resized_or_refused(self):
         import cv2
-        rng = np.random.default_rng(11)
-        train, test = os.path.join(self.dir, "train"), os.path.join(self.dir, "test")
-        image_folder(train, 12, rng)
-        image_folder(test, 4, rng)
-        doc = folder_pipeline(train, test)
+        train, test, doc = self.folders(11)
         doc["backbones"] = [{"name": "pixels", "kind": "pixels"}]
         # Taken as read, the images cannot be one feature vector each: validate (and run, before
         # anything is written) says why and what to write, from the files' headers.
