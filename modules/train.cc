@@ -20,12 +20,22 @@
 namespace msaflow::modules {
 namespace {
 
+// A model's training curve, as its metadata keeps it: every point up to kMaxCurvePoints, else
+// that many spread evenly over the training, the first and last always in ("epoch" says which
+// point each is, 1-based). The metadata must fit the NAM's 16 KiB at 10,000 epochs too.
+constexpr size_t kMaxCurvePoints = 100;
+
 nlohmann::json CurveJson(const kernels::Head& h) {
-  nlohmann::json c = {{"step", nlohmann::json::array()},
+  nlohmann::json c = {{"epoch", nlohmann::json::array()},
+                      {"step", nlohmann::json::array()},
                       {"seconds", nlohmann::json::array()},
                       {"loss", nlohmann::json::array()},
                       {"train_accuracy", nlohmann::json::array()}};
-  for (const auto& p : h.curve) {
+  const size_t n = h.curve.size(), keep = std::min(n, kMaxCurvePoints);
+  for (size_t j = 0; j < keep; ++j) {
+    const size_t i = keep == n ? j : (j * (n - 1) + (keep - 1) / 2) / (keep - 1);  // rounded, ascending
+    const auto& p = h.curve[i];
+    c["epoch"].push_back(i + 1);
     c["step"].push_back(p.step);
     c["seconds"].push_back(p.seconds);
     c["loss"].push_back(p.loss);

@@ -494,10 +494,7 @@ auto FabricStore::WithRetry(const char* what, F&& f) {
 
 ObjectInfo FabricStore::Put(const std::string& name, std::string_view bytes, const json& meta) {
   ValidateObjectName(name);
-  json m = meta.is_null() ? json::object() : meta;
-  if (!m.is_object()) Throw(ErrorKind::kInvalidInput, "NAM put '" + name + "': metadata must be a JSON object");
-  if (m.dump().size() > wire::kMaxMeta)
-    Throw(ErrorKind::kInvalidInput, "NAM put '" + name + "': metadata larger than 16 KiB");
+  const json m = CheckedMeta(name, meta);
   std::lock_guard<std::mutex> l(mu_);
   return WithRetry("put", [&](Conn& c) {
     if (bytes.size() <= wire::kInlineMax) {

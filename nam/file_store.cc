@@ -48,7 +48,7 @@ ObjectInfo FileStore::Put(const std::string& name, std::string_view bytes, const
   info.name = name;
   info.size = bytes.size();
   info.checksum = ChecksumHex(bytes);
-  info.meta = meta.is_null() ? nlohmann::json::object() : meta;
+  info.meta = CheckedMeta(name, meta);
   info.version = 1;
   std::string path = PathOf(name);
   if (PathExists(path)) {

@@ -23,7 +23,7 @@ ObjectInfo MemStore::Put(const std::string& name, std::string_view bytes, const 
   obj->info.name = name;
   obj->info.size = bytes.size();
   obj->info.checksum = ChecksumHex(bytes);
-  obj->info.meta = meta.is_null() ? nlohmann::json::object() : meta;
+  obj->info.meta = CheckedMeta(name, meta);
   std::lock_guard<std::mutex> l(space_->mu);
   obj->info.version = ++space_->versions[name];
   space_->objects[name] = obj;

@@ -6,6 +6,7 @@
 #include "nam/fault_store.h"
 #include "nam/file_store.h"
 #include "nam/mem_store.h"
+#include "nam/protocol.h"
 
 namespace msaflow::nam {
 
@@ -31,6 +32,17 @@ void ValidateObjectName(const std::string& name) {
     }
     start = end + 1;
   }
+}
+
+static_assert(kMaxMeta == wire::kMaxMeta, "every store keeps the wire's metadata limit");
+
+nlohmann::json CheckedMeta(const std::string& name, const nlohmann::json& meta) {
+  nlohmann::json m = meta.is_null() ? nlohmann::json::object() : meta;
+  if (!m.is_object()) Throw(ErrorKind::kInvalidInput, "NAM put '" + name + "': metadata must be a JSON object");
+  if (const size_t n = m.dump().size(); n > kMaxMeta)
+    Throw(ErrorKind::kInvalidInput, "NAM put '" + name + "': metadata of " + std::to_string(n) +
+                                        " bytes, larger than 16 KiB (" + std::to_string(kMaxMeta) + ")");
+  return m;
 }
 
 bool IsObjectName(const std::string& name) {

@@ -58,6 +58,11 @@ inline constexpr size_t kMaxName = 255;
 inline constexpr size_t kMaxSegment = 251;
 // Throws kInvalidInput naming the problem ("NAM object name 'a//b': empty segment").
 void ValidateObjectName(const std::string& name);
+// An object's metadata: a JSON object (null reads as {}) of at most kMaxMeta bytes as compact
+// JSON, on every store alike, so what fits in a mem:// or file:// NAM fits on the fabric too.
+inline constexpr size_t kMaxMeta = size_t{16} * 1024;
+// The metadata to store (null made {}); throws kInvalidInput naming the object and the size.
+nlohmann::json CheckedMeta(const std::string& name, const nlohmann::json& meta);
 bool IsObjectName(const std::string& name);
 
 // Opens a store by URI. Throws kInvalidInput for an unknown scheme (with the known ones).

@@ -212,14 +212,34 @@ std::string Gantt(const Story& s) {
   return out + "</svg>";
 }
 
+// The epoch of each point of a curve with a "loss" list: its "epoch" list when it has a valid one
+// (a long training's curve keeps every k-th epoch), else 1, 2, ... (older msaflow).
+std::vector<size_t> CurveEpochs(const json& curve) {
+  const size_t n = curve["loss"].size();
+  std::vector<size_t> at;
+  if (const json e = curve.value("epoch", json()); e.is_array() && e.size() == n) {
+    for (const json& v : e) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 1000000 ||
+          static_cast<size_t>(v.get<int64_t>()) <= (at.empty() ? 0 : at.back()))
+        break;
+      at.push_back(static_cast<size_t>(v.get<int64_t>()));
+    }
+  }
+  if (at.size() != n || n == 0) {  // none, or not ascending epochs: by position
+    at.resize(std::max<size_t>(n, 1));
+    for (size_t i = 0; i < at.size(); ++i) at[i] = i + 1;
+  }
+  return at;
+}
+
 // Each candidate's training loss per epoch (the champion drawn thick).
 std::string Curves(const Story& s) {
   const double h = 300, bottom = h - 50;
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   size_t epochs = 1;
   for (const Mark& m : s.marks) {
-    if (!m.curve.is_object() || !m.curve.contains("loss")) continue;
-    epochs = std::max(epochs, m.curve["loss"].size());
+    if (!m.curve.is_object() || !m.curve.contains("loss") || !m.curve["loss"].is_array()) continue;
+    epochs = std::max(epochs, CurveEpochs(m.curve).back());
     for (const json& v : m.curve["loss"])
       if (v.is_number()) lo = std::min(lo, v.get<double>()), hi = std::max(hi, v.get<double>());
   }
@@ -232,10 +252,12 @@ std::string Curves(const Story& s) {
                    sy, svg::Ticks(lo, hi, 6), "training loss");
   const auto colours = BackboneColours(s);
   for (const Mark& m : s.marks) {
-    if (!m.curve.is_object() || !m.curve.contains("loss")) continue;
+    if (!m.curve.is_object() || !m.curve.contains("loss") || !m.curve["loss"].is_array()) continue;
     std::vector<double> xs, ys;
-    for (const json& v : m.curve["loss"])
-      if (v.is_number()) xs.push_back(static_cast<double>(xs.size() + 1)), ys.push_back(v.get<double>());
+    const std::vector<size_t> at = CurveEpochs(m.curve);
+    for (size_t i = 0; i < m.curve["loss"].size(); ++i)
+      if (const json& v = m.curve["loss"][i]; v.is_number())
+        xs.push_back(static_cast<double>(at[i])), ys.push_back(v.get<double>());
     out += fmt::format(R"(<polyline class="curve{}" data-candidate="{}" stroke="{}" points="{}"><title>{} (round {}): )"
                        R"({} on {}; final loss {:.4f}</title></polyline>)",
                        m.id == s.champion ? " champion" : "", Escape(m.id), svg::Colour(colours.at(m.backbone)),

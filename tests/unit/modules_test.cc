@@ -150,6 +150,31 @@ TEST_F(TinyRound, OnlyASettledStepRunsInTheCoordinator) {
   std::fclose(sink);
 }
 
+// A long training keeps a curve of at most 100 points, spread evenly with the first and the last
+// epoch in, so its model's metadata fits the NAM's 16 KiB (at 400 epochs the whole curve did
+// not: a fabric NAM refused the model, and every store refuses it now).
+TEST_F(TinyRound, ALongTrainingsCurveIsThinnedToFitTheModelsMetadata) {
+  doc_["head"]["epochs"] = {3000};
+  doc_["rounds"]["candidates"] = 1;
+  Replan();
+  for (const char* s : {"load", "prepare", "train", "store"}) Step(s);
+  const auto models = store_->List("model/run1/1/");
+  ASSERT_EQ(models.size(), 1u);
+  const json& meta = models[0].meta;
+  EXPECT_LE(meta.dump().size(), nam::kMaxMeta);
+  const json& c = meta.at("curve");
+  ASSERT_EQ(c.at("epoch").size(), 100u);
+  for (const char* k : {"step", "seconds", "loss", "train_accuracy"}) EXPECT_EQ(c.at(k).size(), 100u) << k;
+  EXPECT_EQ(c["epoch"][0], 1);
+  EXPECT_EQ(c["epoch"][99], 3000);
+  for (size_t i = 1; i < 100; ++i) {
+    const int64_t gap = c["epoch"][i].get<int64_t>() - c["epoch"][i - 1].get<int64_t>();
+    EXPECT_TRUE(gap == 30 || gap == 31) << i << ": " << gap;  // 2999 epochs between the ends, in 99 gaps
+    EXPECT_GT(c["step"][i].get<int64_t>(), c["step"][i - 1].get<int64_t>());
+  }
+  EXPECT_EQ(c["step"][99].get<int64_t>() / 3000 * 3000, c["step"][99].get<int64_t>());  // whole epochs of steps
+}
+
 // Features stored as float16: half the NAM bytes, the same values to half precision, and a
 // round on them picks a champion as good as on float32.
 TEST_F(TinyRound, HalfFeaturesTakeHalfTheNamAndTrainAsWell) {

@@ -157,8 +157,20 @@ TEST(Nam, ListingShowsADamagedObjectInsteadOfFailing) {
 TEST(Nam, FileStoreHeadersOfAnyLengthAndLyingLengths) {
   TempDir d;
   FileStore s(d.path());
+  // Put refuses metadata over 16 KiB; a file written before that limit can hold more.
+  s.Put("big/meta", "body", {{"pad", "m"}});
   nlohmann::json meta = {{"pad", std::string(100000, 'm')}};
-  s.Put("big/meta", "body", meta);
+  {
+    const std::string old = ReadFile(s.PathOf("big/meta"));
+    uint32_t len = 0;
+    for (int i = 0; i < 4; ++i) len |= static_cast<uint32_t>(static_cast<uint8_t>(old[8 + i])) << (8 * i);
+    nlohmann::json h = nlohmann::json::parse(old.substr(12, len));
+    h["meta"] = meta;
+    const std::string header = h.dump();
+    std::string bytes = old.substr(0, 8);
+    for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));
+    WriteFileAtomic(s.PathOf("big/meta"), bytes + header + old.substr(12 + len));
+  }
   EXPECT_EQ(s.Stat("big/meta")->meta, meta);
   EXPECT_EQ(s.Get("big/meta").bytes, "body");
   ASSERT_EQ(s.List("big/").size(), 1u);
@@ -169,6 +181,31 @@ TEST(Nam, FileStoreHeadersOfAnyLengthAndLyingLengths) {
   WriteFileAtomic(path, bytes);
   EXPECT_EQ(KindOf([&] { s.Stat("lie/len"); }), ErrorKind::kCorrupt);
   EXPECT_EQ(KindOf([&] { s.Get("lie/len"); }), ErrorKind::kCorrupt);
+}
+
+// Metadata of more than 16 KiB (as compact JSON) is refused by every store, as the fabric's
+// server refuses it: a run that fits a file:// NAM fits a fabric:// one. Nothing is written.
+TEST(Nam, MetadataOver16KiBIsRefusedByEveryStore) {
+  TempDir d;
+  MemStore mem("nam-test-meta");
+  FileStore file(d.path());
+  for (Store* s : {static_cast<Store*>(&mem), static_cast<Store*>(&file)}) {
+    nlohmann::json fits = {{"pad", ""}};
+    fits["pad"] = std::string(kMaxMeta - fits.dump().size(), 'm');
+    ASSERT_EQ(fits.dump().size(), kMaxMeta);
+    EXPECT_EQ(s->Put("meta/fits", "x", fits).meta, fits);
+    nlohmann::json over = fits;
+    over["pad"] = over["pad"].get<std::string>() + "m";
+    try {
+      s->Put("meta/over", "x", over);
+      ADD_FAILURE() << "metadata of " << over.dump().size() << " bytes was stored";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+      EXPECT_STREQ(e.what(), "NAM put 'meta/over': metadata of 16385 bytes, larger than 16 KiB (16384)");
+    }
+    EXPECT_FALSE(s->Stat("meta/over").has_value());
+    EXPECT_EQ(KindOf([&] { s->Put("meta/list", "x", nlohmann::json::array()); }), ErrorKind::kInvalidInput);
+  }
 }
 
 TEST(Nam, ChangedByteOnDiskIsDetectedOnRead) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <regex>
+#include <sstream>
 
 #include "common/clock.h"
 #include "common/error.h"
@@ -75,6 +76,34 @@ TEST(Report, OneMarkPerCandidatePerRoundAndEveryPartDrawn) {
   EXPECT_EQ(html.find("<script"), std::string::npos);
   EXPECT_EQ(html.find("http://"), std::string::npos);
   EXPECT_EQ(html.find("https://"), std::string::npos);
+}
+
+// The x of each point of a candidate's curve, from its polyline.
+std::vector<double> CurveXs(const std::string& html, const std::string& id) {
+  const size_t at = html.find("data-candidate=\"" + id + "\" stroke=");  // the polyline, not the mark
+  const size_t from = html.find("points=\"", at) + 8, to = html.find('"', from);
+  std::vector<double> xs;
+  std::istringstream in(html.substr(from, to - from));
+  for (std::string p; in >> p;) xs.push_back(std::stod(p.substr(0, p.find(','))));
+  return xs;
+}
+
+// A long training's curve keeps every k-th epoch and says which ("epoch"): its points are drawn
+// at those epochs, on the axis of the longest training; a curve without a valid epoch list
+// (older msaflow, or not ascending) is drawn one point per epoch.
+TEST(Report, ThinnedCurvesAreDrawnAtTheirEpochs) {
+  json p = Provenance();
+  auto& cands = p["rounds"][0]["candidates"];
+  cands[0]["curve"] = {{"epoch", {1, 150, 300}}, {"loss", {2.0, 1.0, 0.5}}};
+  cands[1]["curve"] = {{"epoch", {1, 3, 2}}, {"loss", {2.0, 1.0, 0.5}}};  // not ascending: by position
+  const std::string html = RenderReport({p, json(), "finished"});
+  const auto thinned = CurveXs(html, "r1-c00"), plain = CurveXs(html, "r1-c01");
+  ASSERT_EQ(thinned.size(), 3u);
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(thinned[0], plain[0]);                                     // epoch 1
+  EXPECT_NEAR((thinned[1] - thinned[0]) / (thinned[2] - thinned[0]), 149.0 / 299, 0.001);
+  EXPECT_NEAR((plain[2] - plain[0]) / (thinned[2] - thinned[0]), 2.0 / 299, 0.001);  // epochs 1..3 of 300
+  EXPECT_NE(html.find(">300<"), std::string::npos);                    // the axis reaches epoch 300
 }
 
 TEST(Report, EscapesWhatItQuotes) {
