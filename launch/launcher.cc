@@ -33,6 +33,11 @@ void InstallInterruptHandlers() {
 
 int InterruptSignal() { return g_interrupt; }
 
+void ThrowIfInterrupted(const std::string& during) {
+  if (const int sig = InterruptSignal())
+    Throw(ErrorKind::kTaskFailed, "interrupted by signal " + std::to_string(sig) + " " + during);
+}
+
 NamLaunch Launcher::NamServerLaunch() const {
   NamLaunch l;
   l.clock = ctx_.clock;

@@ -46,6 +46,9 @@ inline constexpr int kLivenessPollMs = 200;
 // (child processes, Slurm jobs) and throw kTaskFailed "interrupted by signal N".
 void InstallInterruptHandlers();
 int InterruptSignal();  // 0 until one arrived
+// Throws kTaskFailed "interrupted by signal N <during>" once one arrived: for the coordinator's
+// own work between tasks (rung 0 of the halving strategy), which no launcher waits on.
+void ThrowIfInterrupted(const std::string& during);
 
 // What a launcher is built with. `run_id` and `run_dir` may be placeholders ("<run-id>") for a
 // launcher that only plans.

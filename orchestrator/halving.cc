@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "launch/launcher.h"
 #include "workflow/rank.h"
 
 namespace msaflow::orchestrator {
@@ -25,7 +26,10 @@ json Decide(const workflow::Pipeline& p) {
   workflow::RankOptions o;
   o.fraction = p.rounds.rank_fraction;
   o.seed = p.rounds.seed;
-  const workflow::Ranking r = workflow::RankBackbones(p, o);
+  // A signal (a cancel, Ctrl-C) is looked for as each backbone is ranked: rung 0 is the
+  // coordinator's own work, which no launcher waits on.
+  const workflow::Ranking r = workflow::RankBackbones(
+      p, o, [](const std::string&) { launch::ThrowIfInterrupted("during rung 0 (ranking the backbones)"); });
   const std::string by = p.rounds.rank_by;
   json list = json::array();
   for (const auto& b : r.backbones)

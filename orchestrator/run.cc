@@ -50,6 +50,37 @@ std::string NewRunId(const std::string& name) {
 
 namespace {
 
+// The run-failed event of a coordinator that ends on `e` in `round` (0: before round 1). A signal
+// (Ctrl-C, scancel, a service stopping) makes it interrupted; a cancel asked for (Runs::Cancel,
+// or the service before the coordinator began) makes it cancelled, by whom asked.
+void JournalFailure(const JournalWriter& journal, const std::string& dir, int round, const Error& e) {
+  try {
+    json failed = {{"round", round}, {"error", e.what()}};
+    if (const int sig = launch::InterruptSignal()) failed["signal"] = sig;
+    if (PathExists(dir + "/" + kCancelRequest)) {
+      json req = json::parse(ReadFile(dir + "/" + kCancelRequest), nullptr, false);
+      failed["cancelled"] = true;
+      if (req.is_object() && req.contains("by") && req["by"].is_string()) failed["by"] = req["by"];
+    }
+    journal.Event("run-failed", failed);
+  } catch (const Error& j) {  // a full disk: say both, the journal's failure too
+    Throw(e.kind(), std::string(e.what()) + "\n  (and the journal could not record it: " + j.what() + ")");
+  }
+}
+
+// The pipeline the rounds run: rung 0 of the halving strategy decides it (in this process, so
+// a signal is looked for before and during it); an error or a signal there is journalled as a
+// failure of the run before round 1, as a round's would be.
+Pipeline RoundsPipeline(const Pipeline& p, const std::string& dir, const JournalWriter& journal, RunObserver& obs) {
+  try {
+    launch::ThrowIfInterrupted("before round 1");
+    return HalvingRung0(p, dir, journal, obs);
+  } catch (const Error& e) {
+    JournalFailure(journal, dir, 0, e);
+    throw;
+  }
+}
+
 // One coordinator's hold on a run: its NAM, its launcher, its journal, and the round loop.
 class RunDriver {
  public:
@@ -82,20 +113,7 @@ class RunDriver {
       journal_.Event("run-end", {{"champion", champ.candidate.id}, {"accuracy", champ.metric}, {"stop", loop_.stop_reason()}});
       progress_.Finish(p_, loop_, secs, dir_);
     } catch (const Error& e) {
-      try {
-        json failed = {{"round", round_}, {"error", e.what()}};
-        // SIGINT/SIGTERM to the coordinator (Ctrl-C, scancel, a service stopping): interrupted.
-        if (const int sig = launch::InterruptSignal()) failed["signal"] = sig;
-        // A cancel asked for (Runs::Cancel) ends the run as cancelled, not failed.
-        if (PathExists(dir_ + "/" + kCancelRequest)) {
-          json req = json::parse(ReadFile(dir_ + "/" + kCancelRequest), nullptr, false);
-          failed["cancelled"] = true;
-          if (req.is_object() && req.contains("by") && req["by"].is_string()) failed["by"] = req["by"];
-        }
-        journal_.Event("run-failed", failed);
-      } catch (const Error& j) {  // a full disk: say both, the journal's failure too
-        Throw(e.kind(), std::string(e.what()) + "\n  (and the journal could not record it: " + j.what() + ")");
-      }
+      JournalFailure(journal_, dir_, round_, e);
       throw;
     }
   }
@@ -400,7 +418,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     std::filesystem::remove_all(staging);
   }
   JournalWriter journal = JournalWriter::Append(dir + "/journal.jsonl");
-  const Pipeline rounds_p = HalvingRung0(p, dir, journal, obs);  // p itself but for strategy halving
+  const Pipeline rounds_p = RoundsPipeline(p, dir, journal, obs);  // p itself but for strategy halving
   RunDriver(rounds_p, m, opt, obs, id, dir, std::move(journal), RunSummary{}).Drive();
   return dir;
 }
@@ -439,7 +457,7 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
                        before.failed ? "it failed: " + Printable(before.error, 200) : "its coordinator died",
                        before.tasks_done.size(), before.rounds_ended));
   const std::string id = before.run;  // not read from `before` in the call that moves it
-  const Pipeline rounds_p = HalvingRung0(p, dir, journal, obs);  // the decision read back, if it was made
+  const Pipeline rounds_p = RoundsPipeline(p, dir, journal, obs);  // the decision read back, if it was made
   RunDriver(rounds_p, m, opt, obs, id, dir, std::move(journal), std::move(before)).Drive();
   return true;
 }

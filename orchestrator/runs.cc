@@ -86,6 +86,13 @@ std::string Runs::SubmittedEnd(const Pipeline& p, const Machine& m, const std::s
   return LauncherFor(p, m, "", "")->SubmittedJobEnd(job);
 }
 
+void Runs::RequestCancel(const std::string& run_dir, const std::string& by) {
+  // The coordinator reads this when the signal ends its run: the journal says cancelled, and by whom.
+  const std::string dir = Absolute(run_dir);
+  MakeDirs(dir);
+  WriteFileAtomic(dir + "/" + kCancelRequest, nlohmann::json{{"by", by}, {"time", record::JournalTime()}}.dump() + "\n");
+}
+
 std::string Runs::Cancel(const std::string& run_dir, const std::string& by) const {
   const std::string dir = Absolute(run_dir);
   const bool submitted = PathExists(dir + "/submitted.json");
@@ -99,9 +106,7 @@ std::string Runs::Cancel(const std::string& run_dir, const std::string& by) cons
   if (holder <= 0 && (!submitted || ended))
     Throw(ErrorKind::kInvalidInput, "run " + dir + " has no live coordinator on this host to stop (see `msaflow status " +
                                         dir + "`)");
-  // The coordinator reads this when the signal ends its run: the journal says cancelled, and by whom.
-  WriteFileAtomic(dir + "/" + kCancelRequest,
-                  nlohmann::json{{"by", by}, {"time", record::JournalTime()}}.dump() + "\n");
+  RequestCancel(dir, by);
   if (holder > 0) {
     if (::kill(holder, SIGTERM) != 0) ThrowErrno(fmt::format("kill -TERM {} (the coordinator of {})", holder, dir));
     return fmt::format("asked the coordinator of {} (pid {}) to stop; it ends the run's tasks and jobs", dir, holder);

@@ -66,6 +66,10 @@ class Runs {
   // cancelled by `by`; `Resume` continues it). Returns what was done, for the user. Throws
   // kInvalidInput when no coordinator of the run is alive here.
   std::string Cancel(const std::string& run_dir, const std::string& by) const;
+  // The request alone, for a coordinator started but not yet holding its run (one that begins
+  // the run after the signal then records it as cancelled by `by`, not as interrupted). Makes
+  // the run directory if it is not there yet.
+  static void RequestCancel(const std::string& run_dir, const std::string& by);
 
   // The run's state and its journal's events from index `from`.
   RunView Observe(const std::string& run_dir, size_t from = 0) const;

@@ -454,7 +454,10 @@ json Registry::Cancel(const User& user, const std::string& id) {
       Save(now);
     }
   } else {
-    // Its coordinator has not begun the run yet: stop it before it does.
+    // Its coordinator has not begun the run yet: stop it before it does. It may be past the
+    // point where SIGTERM ends it at once, and begin the run before it sees the signal: the
+    // request in the directory then makes the run's journal say cancelled, not interrupted.
+    orchestrator::Runs::RequestCancel(dir, by);
     std::lock_guard<std::mutex> l(mu_);
     Request& now = requests_.at(Key(r.user, r.id));
     now.state = "cancelled";
@@ -475,8 +478,14 @@ json Registry::Resume(const User& user, const std::string& id) {
     throw ApiError(409, "not_resumable", "run " + id + " is " + state + "; only an interrupted, failed or cancelled run resumes");
   {
     std::lock_guard<std::mutex> l(mu_);
+    if (live_.count(Key(r.user, r.id)))  // cancelled before it began, and its coordinator not gone yet
+      throw ApiError(409, "stopping", "run " + id + " is " + state + " but its coordinator is still stopping; try again in a moment");
     Request& now = requests_.at(Key(r.user, r.id));
     now.kind = PathExists(UserDir(r.user) + "/" + r.id + "/journal.jsonl") ? "resume" : "run";
+    if (now.kind == "run") {  // it starts afresh: a cancel asked for before it began is answered
+      std::error_code gone;
+      std::filesystem::remove(UserDir(r.user) + "/" + r.id + "/" + orchestrator::kCancelRequest, gone);
+    }
     now.state = "queued";
     now.error.clear();
     now.seq = next_seq_++;

@@ -160,6 +160,44 @@ class Rank(unittest.TestCase):
         self.assertEqual(res["halving"]["rung0"], decided)
         self.assertTrue(all(c["candidate"]["backbone"] in decided["kept"] for r in res["rounds"] for c in r["candidates"]))
 
+    def test_a_cancel_during_rung_0_ends_the_run_there_as_cancelled(self):
+        # Rung 0 is the coordinator's own work (no task to wait on): the signal is looked for as
+        # each backbone is ranked, and the journal records the cancel, before round 1.
+        doc = halving_doc()
+        doc["datasets"]["train"]["limit"] = 3000  # rung 0 of a few seconds: the cancel lands in it
+        doc["rounds"]["rank_fraction"] = 1.0
+        path = os.path.join(self.tmp.name, "halving-cancel.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        runs = os.path.join(self.tmp.name, "runs-cancel")
+        run_dir = os.path.join(runs, "c")
+        proc = subprocess.Popen([EXE, "run", path, "--runs", runs, "--run-id", "c"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("rung 0: ranking"):
+                break
+        c = msaflow("cancel", run_dir)
+        self.assertEqual(c.returncode, 0, c.stdout + c.stderr)
+        seen += proc.stdout.readlines()
+        proc.stdout.close()
+        self.assertNotEqual(proc.wait(timeout=120), 0, "".join(seen))
+        with open(os.path.join(run_dir, "journal.jsonl")) as f:
+            events = [json.loads(line) for line in f if line.strip()][1:]  # line 1: the format
+        names = [e.get("event") for e in events]
+        self.assertNotIn("rung0", names)
+        self.assertNotIn("round-start", names)
+        failed = events[-1]
+        self.assertEqual(failed["event"], "run-failed", names)
+        self.assertEqual(failed["round"], 0)
+        self.assertTrue(failed["cancelled"])
+        self.assertIn("during rung 0", failed["error"])
+        self.assertFalse(os.path.exists(os.path.join(run_dir, "rung0.json")))
+        st = msaflow("status", run_dir)
+        self.assertEqual(st.returncode, 1, st.stdout + st.stderr)
+        self.assertIn("state: cancelled: interrupted by signal 15 during rung 0", st.stdout, st.stderr)
+
     def test_a_halving_run_trains_only_what_rung_0_keeps(self):
         doc = halving_doc()
         path = os.path.join(self.tmp.name, "halving.json")
