@@ -1,5 +1,7 @@
 #include <fmt/core.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -28,8 +30,10 @@ int RunModule(const std::string& step, const std::string& task_file, int* argc, 
     if (const char* node = std::getenv("SLURMD_NODENAME")) {
       const char* job = std::getenv("SLURM_JOB_ID");
       const char* st = std::getenv("SLURM_STEP_ID");
-      std::printf("rank %d/%d on node %s (Slurm job %s, step %s), %d thread%s\n", world.rank(), world.size(), node,
-                  job ? job : "?", st ? st : "?", mpi.threads(), mpi.threads() > 1 ? "s" : "");
+      char host[256] = {0};
+      ::gethostname(host, sizeof host - 1);
+      std::printf("rank %d/%d on node %s (host %s, Slurm job %s, step %s), %d thread%s\n", world.rank(), world.size(),
+                  node, host, job ? job : "?", st ? st : "?", mpi.threads(), mpi.threads() > 1 ? "s" : "");
       std::fflush(stdout);
     }
     modules::RunStep(workflow::ParseStep(step, "step"), task, world, stdout);

@@ -22,6 +22,12 @@ class JobRunner {
   // `squeue -h -j ID -o %T`: the job's state while it is in the queue (COMPLETING included),
   // "" once it has left it or squeue does not answer.
   virtual std::string QueueState(const std::string& job_id) = 0;
+  // `scontrol show node -o LIST`: one line per node ("" when Slurm does not answer), for
+  // naming the nodes a NODE_FAIL lost.
+  virtual std::string ShowNodes(const std::string& nodelist) {
+    (void)nodelist;
+    return "";
+  }
 };
 
 // A batch job's end state in words, for messages: "TIMEOUT: the job hit its time limit".
@@ -36,6 +42,7 @@ class SlurmCli : public JobRunner {
   void Cancel(const std::string& job_id) override;
   void Signal(const std::string& job_id, const std::string& signal) override;
   std::string QueueState(const std::string& job_id) override;
+  std::string ShowNodes(const std::string& nodelist) override;
 
  private:
   std::string conf_;

@@ -119,8 +119,11 @@ take_nodes() {
 )SH";
 
 std::string Header(const std::string& job_name, const std::string& log_name, const SlurmScriptParams& p) {
+  // --no-requeue: a job that loses a node (NODE_FAIL) ends, and the coordinator decides (the
+  // pipeline's retries, or `msaflow resume`); Slurm's own requeue would hold the round pending
+  // for as long as the node stays down, with nothing said.
   return "#!/bin/bash\n#SBATCH --job-name=" + job_name + "\n#SBATCH --output=" + p.log_dir + "/" + log_name +
-         "\n#SBATCH --chdir=" + p.run_dir + "\n";
+         "\n#SBATCH --chdir=" + p.run_dir + "\n#SBATCH --no-requeue\n";
 }
 
 }  // namespace
@@ -262,6 +265,33 @@ std::vector<JobState> ParseShowJob(const std::string& text) {
   return out;
 }
 
+std::vector<std::string> LostNodes(const std::string& show_node) {
+  std::vector<std::string> out;
+  std::istringstream in(show_node);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::map<std::string, std::string> kv;
+    std::istringstream words(line);
+    std::string w;
+    while (words >> w) {
+      size_t eq = w.find('=');
+      if (eq != std::string::npos && eq > 0) kv[w.substr(0, eq)] = w.substr(eq + 1);
+    }
+    const std::string& state = kv["State"];
+    if (kv["NodeName"].empty() || (state.find("DOWN") == std::string::npos && state.find("NOT_RESPONDING") == std::string::npos &&
+                                   state.find("FAIL") == std::string::npos))
+      continue;
+    // Reason is the line's last field and has spaces: "Reason=Not responding [slurm@...]".
+    std::string reason;
+    if (size_t r = line.find(" Reason="); r != std::string::npos) {
+      reason = line.substr(r + 8);
+      if (size_t at = reason.find(" ["); at != std::string::npos) reason.resize(at);
+    }
+    out.push_back(kv["NodeName"] + " (" + state + (reason.empty() ? "" : ": " + reason) + ")");
+  }
+  return out;
+}
+
 bool IsTerminal(const std::string& s) {
   static const std::set<std::string> kEnd = {"COMPLETED", "FAILED",        "CANCELLED", "TIMEOUT",  "PREEMPTED",
                                              "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"};
@@ -304,6 +334,11 @@ std::string SlurmCli::Submit(const std::string& script, const std::vector<std::s
   }
   size_t semi = id.find(';');  // "id;cluster"
   return semi == std::string::npos ? id : id.substr(0, semi);
+}
+
+std::string SlurmCli::ShowNodes(const std::string& nodelist) {
+  CommandResult r = RunCommand({"scontrol", "show", "node", "-o", nodelist}, conf_);
+  return r.rc == 0 ? r.out : "";
 }
 
 std::string SlurmCli::Show(const std::string& job_id) {

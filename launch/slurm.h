@@ -30,6 +30,9 @@ struct JobState {
 // Parses `scontrol show job -o` output. Lines it cannot read are skipped.
 std::vector<JobState> ParseShowJob(const std::string& text);
 bool IsTerminal(const std::string& state);
+// From `scontrol show node -o` output: the nodes Slurm holds down or not responding, each as
+// "dam02 (DOWN+NOT_RESPONDING: Not responding)", in the order given.
+std::vector<std::string> LostNodes(const std::string& show_node);
 // A job is done when every component is terminal; its end state is the first component that
 // did not complete (or COMPLETED).
 std::string EndState(const std::vector<JobState>& components);

@@ -14,6 +14,7 @@
 #include "common/child_process.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "launch/node_seconds.h"
 #include "launch/slurm.h"
 
@@ -406,6 +407,13 @@ bool SlurmLauncher::Ended(Attempt& a, const LaunchObserver& obs) {
     }
   std::string msg = fmt::format("round {} (attempt {}): Slurm job {} ended {}; components: {}", a.round, a.number + 1,
                                 bad_job.empty() ? a.jobs.back() : bad_job, DescribeState(end_state), comp_desc);
+  if (end_state == "NODE_FAIL") {  // which host was lost, as Slurm saw it
+    std::vector<std::string> lost;
+    for (const auto& c : a.last[bad_job.empty() ? a.jobs.back() : bad_job])
+      if (!c.nodes.empty() && c.nodes != "(null)")
+        for (auto& n : LostNodes(jobs().ShowNodes(c.nodes))) lost.push_back(std::move(n));
+    if (!lost.empty()) msg += "; lost node(s): " + Join(lost, ", ");
+  }
   std::string reason = end_state;  // what retries.on is matched against
   if (!failed_task.empty()) {
     const std::string log = a.log_dir + "/" + failed_task + ".log";
@@ -552,8 +560,10 @@ Submitted SlurmLauncher::Submit(const SubmitRequest& req) {
                (nm.constraint.empty() ? "" : " --constraint=" + nm.constraint) +
                "\n# component 1: the run's NAM server (module " + m_.nam.module + ")\nexport MSAFLOW_NAM_HET_GROUP=1\n";
   }
+  // --no-requeue: a coordinator requeued after its node failed would start the run again over
+  // its own journal; it ends instead, and `msaflow resume` continues the run.
   const std::string script = "#!/bin/bash\n#SBATCH --job-name=msaflow-" + ctx_.run_id + "\n#SBATCH --output=" + rd +
-                             "/coordinator.out\n#SBATCH --partition=" + cm.partition +
+                             "/coordinator.out\n#SBATCH --no-requeue\n#SBATCH --partition=" + cm.partition +
                              " --nodes=1 --ntasks=1 --time=" + cm.time + "\n" + nam_part +
                              "# the coordinator of run " + ctx_.run_id + ": it submits one job per round\nexec " +
                              ShellQuote(ctx_.msaflow_exe) + " run " + ShellQuote(req.pipeline_path) + " --runs " +

@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/version.h"
+#include "nam/fabric_store.h"
 #include "nam/recording_store.h"
 #include "workflow/objects.h"
 #include "kernels/dataset.h"
@@ -175,10 +176,12 @@ void CheckTaskStep(workflow::Step step, const nlohmann::json& task) {
 void Execute(workflow::Step step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out,
              nam::Store* store, bool settled_only) {
   CheckTaskStep(step, task);
+  std::unique_ptr<nam::Store> opened;  // outlives the context, whose store wraps it
   StepContext c;
   c.task = workflow::ParseTask(task, "task");
-  auto recording = store ? std::make_unique<nam::RecordingStore>(*store)
-                         : std::make_unique<nam::RecordingStore>(nam::OpenStore(c.task.nam));
+  if (!store) opened = nam::OpenStore(c.task.nam);
+  nam::Store& base = store ? *store : *opened;
+  auto recording = std::make_unique<nam::RecordingStore>(base);
   nam::RecordingStore* recorded = recording.get();
   c.store = std::move(recording);
   c.comm = &comm;
@@ -187,6 +190,11 @@ void Execute(workflow::Step step, const nlohmann::json& task, parallel::Comm& co
   c.settled_only = settled_only;
   Dispatch(step, c);
   CommitDone(c, step, workflow::TaskKey(task), *recorded);
+  // How this rank's bytes reached the NAM server: through its pool mapped here (one host), or
+  // by RMA over the fabric (the server on another host): the multi-host tests read it.
+  if (auto* fabric = dynamic_cast<nam::FabricStore*>(&base); fabric && out && !settled_only)
+    std::fprintf(out, "rank %d: NAM bytes by %s\n", comm.rank(),
+                 fabric->Transport() == "map" ? "the server's pool mapped on this host" : "RMA over the fabric");
 }
 
 }  // namespace

@@ -339,7 +339,11 @@ struct FabricStore::Conn {
     } else {
       try {
         const json& m = r.at("map");
-        if (boot.empty() || m.at("boot_id").get<std::string>() != boot) {
+        // One kernel is not one host: containers and network namespaces with hostnames of
+        // their own stand for separate nodes (scripts/slurm-cluster.sh --hosts), and reach
+        // the server over the fabric as a node elsewhere would.
+        if (boot.empty() || m.at("boot_id").get<std::string>() != boot ||
+            (m.contains("host") && m.at("host").get<std::string>() != Hostname())) {
           why = "the server runs on another node";
         } else {
           std::string path = "/proc/" + std::to_string(m.at("pid").get<long>()) + "/fd/" + std::to_string(m.at("fd").get<int>());

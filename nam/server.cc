@@ -122,6 +122,7 @@ struct Server::Impl {
 
   ServerOptions opt;
   std::string host, port, token, boot_id;
+  std::string host_name;  // gethostname: with boot_id, which clients share this host (and may map the pool)
   std::unique_ptr<fabric::Endpoint> ep;
   std::unique_ptr<Pool> pool;
   std::unique_ptr<FileStore> persist;
@@ -170,6 +171,9 @@ struct Server::Impl {
     if (opt.capacity == 0) Throw(ErrorKind::kInvalidInput, "--capacity must be positive");
     if (opt.lease_s <= 0) Throw(ErrorKind::kInvalidInput, "--lease must be positive");
     boot_id = ReadBootId();
+    char hn[256] = {0};
+    ::gethostname(hn, sizeof hn - 1);
+    host_name = hn;
     pool = std::make_unique<Pool>(opt.capacity);
     struct stat st {};
     if (::fstat(pool->fd(), &st) == 0) {
@@ -510,8 +514,8 @@ struct Server::Impl {
     json r = {{"session", Hex64(id)}, {"server_pid", ::getpid()}, {"capacity", pool->capacity()},
               {"provider", ep->provider()}, {"inline_max", wire::kInlineMax}};
     if (opt.allow_map && !boot_id.empty())
-      r["map"] = {{"boot_id", boot_id}, {"pid", ::getpid()}, {"fd", pool->fd()}, {"size", pool->capacity()},
-                  {"dev", pool_dev}, {"ino", pool_ino}};
+      r["map"] = {{"boot_id", boot_id}, {"host", host_name}, {"pid", ::getpid()}, {"fd", pool->fd()},
+                  {"size", pool->capacity()}, {"dev", pool_dev}, {"ino", pool_ino}};
     return r;
   }
 

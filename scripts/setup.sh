@@ -10,7 +10,7 @@ say() { printf '[setup] %s\n' "$*"; }
 
 PACKAGES=(meson ninja-build pkg-config g++ nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
   libdnnl-dev libonnx-dev libprotobuf-dev zlib1g-dev libxxhash-dev libspdlog-dev libfabric-dev
-  libopenmpi-dev openmpi-bin redis-server libhiredis-dev slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge procps
+  libopenmpi-dev openmpi-bin redis-server libhiredis-dev slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge procps iproute2 util-linux
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo libpng-dev libjpeg62-turbo-dev
   python3-onnx python3-numpy python3-opencv python3-jsonschema dataset-fashion-mnist ca-certificates
   libcpp-httplib-dev libssl-dev openssl python3-websocket libeigen3-dev)

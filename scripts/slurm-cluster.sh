@@ -7,21 +7,46 @@
 # on 127.0.0.1 with their own ports (hetjob components are only placed on distinct nodes).
 # Nothing outside the state directory is configured: clients use SLURM_CONF.
 #
-#   scripts/slurm-cluster.sh start    # idempotent; prints `export SLURM_CONF=...`
-#   scripts/slurm-cluster.sh stop     # stops, by PID, only the daemons this script started
-#   scripts/slurm-cluster.sh status
+# With --hosts every node is a host of its own: a network namespace (`ip netns`) with its own
+# hostname (`unshare --uts`) and address on a bridge (msaflow-br0, 10.99.0.0/24; this machine,
+# the "login" host of slurmctld and the coordinator, is 10.99.0.1), its slurmd inside. Nodes:
+# cm01; esb01, esb02; dam01, dam02 (one fpga GRES each); nam01. Munge and the filesystem are
+# shared, as on a real cluster; MPI ranks and the NAM on other nodes are reached over TCP.
 #
-# MSAFLOW_SLURM_DIR (default .cache/slurm) holds slurm.conf, spool, logs and PID files.
-# Needs root and Debian's slurmctld slurmd slurm-client munge (scripts/setup.sh installs them).
+#   scripts/slurm-cluster.sh start [--hosts]   # idempotent; prints `export SLURM_CONF=...`
+#   scripts/slurm-cluster.sh stop [--hosts]    # stops, by PID, only the daemons this script started
+#   scripts/slurm-cluster.sh status [--hosts]
+#   scripts/slurm-cluster.sh link NODE up|down --hosts  # a node's link to the bridge (faults)
+#   scripts/slurm-cluster.sh login --hosts -- CMD...     # CMD on the login host (the nodes' names known)
+#
+# MSAFLOW_SLURM_DIR (default .cache/slurm, .cache/slurm-hosts with --hosts) holds slurm.conf,
+# spool, logs and PID files. Needs root and Debian's slurmctld slurmd slurm-client munge
+# (scripts/setup.sh installs them) and iproute2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STATE=${MSAFLOW_SLURM_DIR:-$PWD/.cache/slurm}
+HOSTS=0
+for a in "$@"; do [[ $a == --hosts ]] && HOSTS=1; done
+if ((HOSTS)); then
+  STATE=${MSAFLOW_SLURM_DIR:-$PWD/.cache/slurm-hosts}
+  NODES=(cm01 esb01 esb02 dam01 dam02 nam01)
+  PORT0=${MSAFLOW_SLURM_PORT:-16917}
+else
+  STATE=${MSAFLOW_SLURM_DIR:-$PWD/.cache/slurm}
+  NODES=(cm01 cm02 esb01 esb02 dam01 nam01)
+  PORT0=${MSAFLOW_SLURM_PORT:-16817}
+fi
 mkdir -p "$STATE"
 STATE=$(cd "$STATE" && pwd)
 CONF=$STATE/etc/slurm.conf
 export SLURM_CONF=$CONF
-NODES=(cm01 cm02 esb01 esb02 dam01 nam01)
-PORT0=${MSAFLOW_SLURM_PORT:-16817}
+BRIDGE=msaflow-br0
+NET=10.99.0
+LOGIN=$NET.1
+node_ip() {  # cm01 -> 10.99.0.11, in the order of NODES
+  local i
+  for i in "${!NODES[@]}"; do [[ ${NODES[$i]} == "$1" ]] && { echo "$NET.$((11 + i))"; return; }; done
+  return 1
+}
 say() { printf '[slurm-cluster] %s\n' "$*"; }
 alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
@@ -33,7 +58,7 @@ write_conf() {
   {
     echo "# msaflow one-machine test cluster (scripts/slurm-cluster.sh); generated, do not edit"
     echo "ClusterName=msaflow"
-    echo "SlurmctldHost=$host(127.0.0.1)"
+    if ((HOSTS)); then echo "SlurmctldHost=$host($LOGIN)"; else echo "SlurmctldHost=$host(127.0.0.1)"; fi
     echo "SlurmctldPort=$PORT0"
     echo "SlurmUser=root"
     echo "SlurmdUser=root"
@@ -58,6 +83,9 @@ write_conf() {
     echo "MpiDefault=none"
     echo "TmpFS=$STATE/tmp-%n"
     echo "MinJobAge=600"
+    # A host cut off is a node that stops answering: slurmctld pings every SlurmdTimeout/3 and
+    # sets it DOWN after SlurmdTimeout, failing its jobs (NODE_FAIL). Seconds here, not minutes.
+    ((HOSTS)) && echo "SlurmdTimeout=10"
     echo "KillWait=2"
     echo "GresTypes=fpga"
     echo "ReturnToService=2"
@@ -65,18 +93,23 @@ write_conf() {
     local p=$((PORT0 + 1))
     for n in "${NODES[@]}"; do
       local gres=""
-      [[ $n == dam01 ]] && gres=" Gres=fpga:1"
-      echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$p CPUs=4 RealMemory=4000 Features=${n%%[0-9]*}$gres State=UNKNOWN"
+      [[ $n == dam0* ]] && gres=" Gres=fpga:1"
+      if ((HOSTS)); then  # a host of its own: its name, its address, slurmd's usual port
+        echo "NodeName=$n NodeHostname=$n NodeAddr=$(node_ip "$n") Port=6818 CPUs=4 RealMemory=4000 Features=${n%%[0-9]*}$gres State=UNKNOWN"
+      else
+        echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$p CPUs=4 RealMemory=4000 Features=${n%%[0-9]*}$gres State=UNKNOWN"
+      fi
       p=$((p + 1))
     done
-    echo "PartitionName=cm Nodes=cm01,cm02 Default=YES MaxTime=INFINITE State=UP"
-    echo "PartitionName=esb Nodes=esb01,esb02 MaxTime=INFINITE State=UP"
-    echo "PartitionName=dam Nodes=dam01 MaxTime=INFINITE State=UP"
-    echo "PartitionName=nam Nodes=nam01 MaxTime=INFINITE State=UP"
+    local list
+    for m in cm esb dam nam; do
+      list=$(printf '%s\n' "${NODES[@]}" | grep "^$m" | paste -sd,)
+      echo "PartitionName=$m Nodes=$list$([[ $m == cm ]] && echo " Default=YES") MaxTime=INFINITE State=UP"
+    done
     echo "PartitionName=all Nodes=ALL MaxTime=INFINITE State=UP"
   } > "$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
-  echo "NodeName=dam01 Name=fpga Count=1" > "$STATE/etc/gres.conf"
+  printf '%s\n' "${NODES[@]}" | grep '^dam' | sed 's/.*/NodeName=& Name=fpga Count=1/' > "$STATE/etc/gres.conf"
   # A site policy, as real sites write them: this cluster refuses a round's hetjob (or single
   # allocation) when the job name says "nohet", so the tests meet a real refusal and msaflow's
   # automatic fallback to chained jobs (docs/slurm.md).
@@ -110,6 +143,7 @@ start() {
     say "munged started (pid $(cat "$STATE/munged.pid.ours"))"
   fi
   write_conf
+  ((HOSTS)) && make_hosts
   if ! alive "$STATE/slurmctld.pid"; then
     /usr/sbin/slurmctld -f "$CONF" -c
     for _ in $(seq 100); do alive "$STATE/slurmctld.pid" && break; sleep 0.1; done
@@ -117,7 +151,13 @@ start() {
   fi
   for n in "${NODES[@]}"; do
     if ! alive "$STATE/slurmd-$n.pid"; then
-      /usr/sbin/slurmd -f "$CONF" -N "$n"
+      if ((HOSTS)); then  # in the node's namespace, under its own hostname
+        # (nsenter, not `ip netns exec`, which mounts a sysfs of its own without cgroups)
+        nsenter --net="/run/netns/msaflow-$n" unshare --uts --mount -- sh -c \
+          "mount --bind /etc/netns/msaflow-$n/hosts /etc/hosts && hostname $n && exec /usr/sbin/slurmd -f '$CONF' -N $n"
+      else
+        /usr/sbin/slurmd -f "$CONF" -N "$n"
+      fi
     fi
   done
   for _ in $(seq 200); do
@@ -136,6 +176,45 @@ start() {
   echo "export SLURM_CONF=$CONF"
 }
 
+# The hosts: a bridge on this machine (the login host, $LOGIN), a namespace per node with a
+# veth to it, its address, and the names of every host in its /etc/hosts (/etc/netns/NAME/hosts,
+# bound over /etc/hosts in the node's mount namespace). Idempotent.
+make_hosts() {
+  command -v ip >/dev/null || { echo "slurm-cluster: ip missing (apt-get install iproute2)" >&2; exit 1; }
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$LOGIN/24" dev "$BRIDGE"
+  fi
+  ip link set "$BRIDGE" up
+  local n names="127.0.0.1 localhost"$'\n'"$LOGIN login $(hostname -s)"
+  for n in "${NODES[@]}"; do names+=$'\n'"$(node_ip "$n") $n"; done
+  for n in "${NODES[@]}"; do
+    local ns=msaflow-$n
+    if ! ip netns list | grep -qw "$ns"; then
+      ip netns add "$ns"
+      ip link add "mv-$n" type veth peer name eth0 netns "$ns"
+      ip link set "mv-$n" master "$BRIDGE"
+      ip -n "$ns" addr add "$(node_ip "$n")/24" dev eth0
+    fi
+    ip link set "mv-$n" up
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    mkdir -p "/etc/netns/$ns"
+    printf '%s\n' "$names" > "/etc/netns/$ns/hosts"
+  done
+  say "hosts: ${NODES[*]} on $BRIDGE ($NET.0/24), login $LOGIN"
+}
+
+remove_hosts() {
+  local n
+  for n in "${NODES[@]}"; do
+    ip link del "mv-$n" 2>/dev/null || true
+    ip netns del "msaflow-$n" 2>/dev/null || true
+    rm -rf "/etc/netns/msaflow-$n"
+  done
+  ip link del "$BRIDGE" 2>/dev/null || true
+}
+
 stop() {
   local pids=()
   for f in "$STATE"/slurmd-*.pid "$STATE/slurmctld.pid"; do
@@ -148,14 +227,43 @@ stop() {
     ((left)) || break
     sleep 0.1
   done
-  if alive "$STATE/munged.pid.ours"; then kill "$(cat "$STATE/munged.pid.ours")"; fi
+  # munged serves both clusters: the one still running inherits it.
+  local other=$PWD/.cache/slurm
+  ((HOSTS)) || other=$PWD/.cache/slurm-hosts
+  if alive "$STATE/munged.pid.ours"; then
+    if alive "$other/slurmctld.pid"; then mv "$STATE/munged.pid.ours" "$other/munged.pid.ours"
+    else kill "$(cat "$STATE/munged.pid.ours")"; fi
+  fi
   rm -f "$STATE/munged.pid.ours"
+  ((HOSTS)) && remove_hosts
   say "stopped (${#pids[@]} Slurm daemons)"
+}
+
+link() {  # link NODE up|down: the node's veth on the bridge
+  ((HOSTS)) || { echo "slurm-cluster: link is for --hosts" >&2; exit 2; }
+  node_ip "$1" >/dev/null || { echo "slurm-cluster: no node '$1' (${NODES[*]})" >&2; exit 2; }
+  [[ ${2:-} == up || ${2:-} == down ]] || { echo "usage: $0 link NODE up|down --hosts" >&2; exit 2; }
+  ip link set "mv-$1" "$2"
+  say "link of $1 $2"
+}
+
+login() {  # login -- CMD...: CMD on the login host, which knows the nodes' names as they do
+  ((HOSTS)) || { echo "slurm-cluster: login is for --hosts" >&2; exit 2; }
+  [[ -f /etc/netns/msaflow-${NODES[0]}/hosts ]] || { echo "slurm-cluster: the hosts are not up (start --hosts)" >&2; exit 1; }
+  local hosts=/etc/netns/msaflow-${NODES[0]}/hosts
+  exec unshare --mount -- sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$hosts" "$@"
 }
 
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) alive "$STATE/slurmctld.pid" && sinfo -N -o '%N %P %t' || { echo "not running"; exit 1; } ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  link) link "${2:-}" "${3:-}" ;;
+  login)
+    shift
+    args=()
+    for a in "$@"; do [[ $a == --hosts ]] || args+=("$a"); done
+    [[ ${args[0]:-} == -- ]] && args=("${args[@]:1}")
+    login "${args[@]}" ;;
+  *) echo "usage: $0 start|stop|status [--hosts] | link NODE up|down --hosts" >&2; exit 2 ;;
 esac

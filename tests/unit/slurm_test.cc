@@ -51,6 +51,7 @@ TEST(Slurm, HetjobScriptIsExact) {
 #SBATCH --job-name=msaflow-run1-r1
 #SBATCH --output=/r/logs/slurm-r1-%j.out
 #SBATCH --chdir=/r
+#SBATCH --no-requeue
 #SBATCH --partition=cm --nodes=1 --ntasks=1 --time=10
 #SBATCH hetjob
 #SBATCH --partition=dam --nodes=1 --ntasks=2 --time=20 --gres=fpga:1
@@ -119,6 +120,7 @@ TEST(Slurm, SingleScriptIsExact) {
 #SBATCH --job-name=msaflow-run1-r1
 #SBATCH --output=/r/logs/slurm-r1-%j.out
 #SBATCH --chdir=/r
+#SBATCH --no-requeue
 #SBATCH --partition=all --nodes=4 --ntasks-per-node=2 --time=1:30:00 --constraint=[cmnode*1&dam*1&esb*2]
 # round 1 of run run1: one allocation, modules as node subsets by node feature: cm 1 node, dam 1 node, esb 2 nodes
 # left out (a job's --gres and --constraint apply to all its nodes): dam --gres=fpga:1; esb --constraint=gpu;
@@ -205,6 +207,21 @@ TEST(Slurm, ParsesComponentsAndClassifiesEndStates) {
   for (const char* s : {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "REQUEUED"})
     EXPECT_FALSE(IsTerminal(s)) << s;
   EXPECT_NE(DescribeState("TIMEOUT").find("time limit"), std::string::npos);
+}
+
+// The nodes a NODE_FAIL lost, from `scontrol show node -o` (22.05's lines, Reason last).
+TEST(Slurm, LostNodesAreNamedWithTheirStateAndReason) {
+  const std::string text =
+      "NodeName=dam01 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=10.99.0.14 NodeHostName=dam01 "
+      "State=IDLE ThreadsPerCore=1 Partitions=dam,all\n"
+      "NodeName=dam02 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 NodeAddr=10.99.0.15 NodeHostName=dam02 "
+      "State=DOWN+NOT_RESPONDING ThreadsPerCore=1 Partitions=dam,all ExtSensorsTemp=n/s "
+      "Reason=Not responding [root@2026-11-26T02:26:21]\n"
+      "NodeName=dam03 State=IDLE+NOT_RESPONDING Partitions=dam\n";
+  EXPECT_EQ(LostNodes(text), (std::vector<std::string>{"dam02 (DOWN+NOT_RESPONDING: Not responding)",
+                                                       "dam03 (IDLE+NOT_RESPONDING)"}));
+  EXPECT_TRUE(LostNodes("").empty());
+  EXPECT_TRUE(LostNodes("NodeName=cm01 State=MIXED Reason=x\n").empty());
 }
 
 // A fake Slurm: runs nothing, but plays each job's part in the progress file and reports

@@ -1,0 +1,165 @@
+#!/usr/bin/python3
+"""Beyond one host: msaflow on the multi-host test cluster (scripts/slurm-cluster.sh --hosts),
+where every node is a network namespace with a hostname and an address of its own on a bridge,
+its slurmd inside, and the coordinator runs on the login host. A round as one hetjob trains
+in sync on two DAM hosts and evaluates on two ESB hosts, its NAM server on a host of its own
+reached by RMA over TCP, and reaches the champion of a local run, model bytes and all. A DAM
+host cut off in the middle of training fails the round naming the node, and `resume` finishes
+the run to the same champion with nothing stored lost."""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from small_pipeline import small_pipeline  # noqa: E402
+from tmpdir_case import TempDirCase  # noqa: E402
+
+EXE, ROOT = sys.argv[1], sys.argv[2]
+CLUSTER = os.path.join(ROOT, "scripts", "slurm-cluster.sh")
+MACHINE = os.path.join(ROOT, "configs", "machines", "slurm-hosts.json")
+started_cluster = False
+
+
+def setUpModule():
+    global started_cluster
+    if subprocess.run([CLUSTER, "status", "--hosts"], capture_output=True).returncode != 0:
+        r = subprocess.run([CLUSTER, "start", "--hosts"], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError("cannot start the multi-host test cluster: " + r.stdout + r.stderr)
+        started_cluster = True
+    with open(MACHINE) as f:
+        conf = json.load(f)["slurm"]["conf"]
+    os.environ["SLURM_CONF"] = os.path.normpath(os.path.join(os.path.dirname(MACHINE), conf))
+
+
+def tearDownModule():
+    if started_cluster:
+        subprocess.run([CLUSTER, "stop", "--hosts"], capture_output=True, timeout=120)
+
+
+def on_login(*args, timeout=600):
+    """msaflow on the login host (the nodes' names known there, as on a real cluster)."""
+    return subprocess.run([CLUSTER, "login", "--hosts", "--", EXE, *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def pipeline(name):
+    doc = small_pipeline(ROOT, name, rounds=1)
+    doc["steps"]["train"] = {"module": "dam", "ranks": 2, "mode": "sync"}
+    doc["steps"]["evaluate"] = {"module": "esb", "ranks": 2}
+    return doc
+
+
+def rank_hosts(log):
+    """(rank, node, host) of every rank line of a step's log."""
+    return re.findall(r"^rank (\d+)/\d+ on node (\S+) \(host (\S+),", log, re.M)
+
+
+def models(nam_dir, run):
+    """name -> checksum of the run's models in a persisted NAM."""
+    r = subprocess.run([EXE, "nam", "ls", "--json", "--nam", "file://" + nam_dir, f"model/{run}/"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return {o["name"].split("/", 2)[2]: o["checksum"] for o in map(json.loads, r.stdout.splitlines())}
+
+
+class Hosts(TempDirCase):
+    def read(self, *parts):
+        with open(os.path.join(self.dir, *parts)) as f:
+            return f.read()
+
+    def test_a_hetjob_across_hosts_reaches_the_local_champion(self):
+        p = self.write("p.json", pipeline("hosts"))
+        runs = os.path.join(self.dir, "runs")
+        r = subprocess.run([EXE, "run", p, "--runs", runs, "--run-id", "local"], capture_output=True, text=True,
+                           timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        r = on_login("run", p, "--machine", MACHINE, "--runs", runs, "--run-id", "het")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        local = json.loads(self.read("runs", "local", "results.json"))
+        het = json.loads(self.read("runs", "het", "results.json"))
+        self.assertEqual(het["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
+        self.assertEqual(het["champion"]["accuracy"], local["champion"]["accuracy"])
+        # The same models, byte for byte: sync training on two hosts over TCP is the local run's.
+        self.assertEqual(models(os.path.join(runs, "nam"), "het"), models(os.path.join(runs, "nam"), "local"))
+        # Each step on its module's hosts, the multi-rank ones on two distinct hosts.
+        logs = os.path.join(runs, "het", "logs")
+        expect = {"r1-load": {"cm01"}, "r1-train": {"dam01", "dam02"}, "r1-evaluate": {"esb01", "esb02"}}
+        for task, hosts in expect.items():
+            with open(os.path.join(logs, task + ".log")) as f:
+                log = f.read()
+            seen = rank_hosts(log)
+            self.assertEqual({h for _, _, h in seen}, hosts, log[-2000:])
+            self.assertTrue(all(n == h for _, n, h in seen), seen)  # each node is its own host
+            # No rank shares the NAM server's host: every one moved its bytes over the fabric.
+            self.assertEqual(log.count("NAM bytes by RMA over the fabric"), len(seen), log[-2000:])
+            self.assertNotIn("mapped on this host", log)
+        ev = [json.loads(line) for line in self.read("runs", "het", "journal.jsonl").splitlines()[1:] if line.strip()]
+        nam = [e for e in ev if e.get("event") == "nam-server"]
+        self.assertEqual(len(nam), 1, ev)
+        self.assertIn("fabric://nam01:", json.dumps(nam[0]))
+        self.assertIn("token-file=", json.dumps(nam[0]))  # off loopback: the token is required
+
+    def test_a_host_cut_off_mid_step_fails_the_round_naming_it_and_resume_finishes(self):
+        doc = pipeline("cut")
+        doc["head"]["epochs"] = [100]  # a train step of seconds: the link goes down inside it
+        p = self.write("p.json", doc)
+        runs = os.path.join(self.dir, "runs")
+        r = subprocess.run([EXE, "run", p, "--runs", runs, "--run-id", "local"], capture_output=True, text=True,
+                           timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        run_dir = os.path.join(runs, "cut")
+        proc = subprocess.Popen([CLUSTER, "login", "--hosts", "--", EXE, "run", p, "--machine", MACHINE, "--runs", runs,
+                                 "--run-id", "cut"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            journal = os.path.join(run_dir, "journal.jsonl")
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and proc.poll() is None:
+                if os.path.exists(journal):
+                    with open(journal) as f:
+                        if re.search(r'"task-start".*"r1-train"', f.read()):
+                            break
+                time.sleep(0.1)
+            time.sleep(1)
+            self.assertIsNone(proc.poll(), "the run ended before its train step could be cut")
+            subprocess.run([CLUSTER, "link", "dam02", "down", "--hosts"], check=True, capture_output=True)
+            cut = time.monotonic()
+            out, _ = proc.communicate(timeout=300)
+            lost_after = time.monotonic() - cut
+        finally:
+            subprocess.run([CLUSTER, "link", "dam02", "up", "--hosts"], capture_output=True)
+            if proc.poll() is None:
+                proc.kill()
+        self.assertEqual(proc.returncode, 1, out[-3000:])
+        # Within the cluster's liveness bound (SlurmdTimeout 10 s, pings every third of it, and
+        # Slurm's own handling): seen at about 30 s here.
+        self.assertLess(lost_after, 90, out[-3000:])
+        self.assertIn("ended NODE_FAIL", out)
+        self.assertIn("lost node(s): dam02 (DOWN", out)
+        self.assertIn("task r1-train did not finish", out)
+        # The node answers again (ReturnToService=2), and resume finishes the run.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            st = subprocess.run(["sinfo", "-h", "-N", "-n", "dam02", "-o", "%t"], capture_output=True, text=True)
+            if st.stdout.split()[:1] == ["idle"]:
+                break
+            time.sleep(1)
+        r = on_login("resume", run_dir)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        local = json.loads(self.read("runs", "local", "results.json"))
+        het = json.loads(self.read("runs", "cut", "results.json"))
+        self.assertEqual(het["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
+        self.assertEqual(het["champion"]["accuracy"], local["champion"]["accuracy"])
+        self.assertEqual(models(os.path.join(runs, "nam"), "cut"), models(os.path.join(runs, "nam"), "local"))
+        v = subprocess.run([EXE, "nam", "verify", "--nam", "file://" + os.path.join(runs, "nam")], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
+        self.assertIn(" 0 damaged", v.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
