@@ -146,6 +146,7 @@ const char* CodeFor(int status) {
     case 405: return "method_not_allowed";
     case 408: return "request_timeout";
     case 409: return "conflict";
+    case 411: return "length_required";
     case 413: return "payload_too_large";
     case 414: return "uri_too_long";
     case 416: return "range_not_satisfiable";
@@ -472,6 +473,16 @@ void Service::Configure(httplib::Server& s) {
     if (!infer && req.get_header_value<uint64_t>("Content-Length") > o_.max_body) {
       res.set_header("Connection", "close");
       SendError(res, ApiError(413, "payload_too_large", fmt::format("a request body here is at most {} bytes", o_.max_body)));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // A chunked body declares no length: cpp-httplib would read up to the infer bound (64 MiB)
+    // before the route's own bound could refuse it. Only infer takes one.
+    if (!infer && !req.has_header("Content-Length") && req.has_header("Transfer-Encoding")) {
+      res.set_header("Connection", "close");
+      SendError(res, ApiError(411, "length_required",
+                              fmt::format("a request body here needs a Content-Length (at most {} bytes); only "
+                                          "/v2/models/.../infer takes a chunked body",
+                                          o_.max_body)));
       return httplib::Server::HandlerResponse::Handled;
     }
     const bool api = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/v2/", 0) == 0;

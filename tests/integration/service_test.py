@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`msaflow serve` as a real process over real sockets (issue 27): submit -> events -> finished
-with the champion of `msaflow run`; 401, 404, 403, 413 and 422 as docs/service.md says; a
+with the champion of `msaflow run`; 401, 404, 403, 411, 413 and 422 as docs/service.md says; a
 cancelled run; SSE reconnects with Last-Event-ID missing and repeating nothing; kill -9 of the
 service mid-run and a restart, the interrupted run resumed through the API; the queue's
 --max-running and per-user quotas; TLS; hostile HTTP never stopping it.
@@ -371,6 +371,13 @@ class Api(unittest.TestCase):
                         "\r\nContent-Type: application/json\r\nContent-Length: 50000000\r\n\r\n").encode())
             head = sk.recv(4096).decode(errors="replace")
         self.assertTrue(head.startswith("HTTP/1.1 413"), head[:200])
+        # A chunked body has no length to check first: refused at once outside infer (411).
+        with socket.create_connection((self.svc.host, self.svc.port), timeout=10) as sk:
+            sk.sendall(("POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + self.svc.tokens["ana"] +
+                        "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode())
+            head = sk.recv(4096).decode(errors="replace")
+        self.assertTrue(head.startswith("HTTP/1.1 411"), head[:200])
+        self.assertIn('"length_required"', head)
         # Sent as a form (curl -d's default type), cpp-httplib takes 8 KiB: the answer says so.
         status, v, _ = self.svc.request("POST", "/v1/runs", b"{" + b" " * 9000 + b"}", user="ana",
                                         headers={"Content-Type": "application/x-www-form-urlencoded"})
