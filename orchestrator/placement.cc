@@ -144,9 +144,13 @@ std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::
     const std::string mode = t.value("mode", "");
     c.ranks = t.value("processes", c.ranks);
     // Independent candidates run on one rank each; the other modes keep every process busy.
+    // Heads trained together (one pass serves K heads) each report the group's seconds: the
+    // group's time counts once (it was counted K times, and `plan --ranks auto` predicted a
+    // train step several times too long).
     const double per = mode == "independent" ? 1.0 : static_cast<double>(c.ranks);
     for (const auto& e : t.value("candidates", json::array())) {
-      c.work_s += Num(e, "seconds") * per;
+      const double together = static_cast<double>(std::max<int64_t>(1, e.value("together", int64_t{1})));
+      c.work_s += Num(e, "seconds") * per / together;
       c.items += e.value("updates", int64_t{0});
     }
   }

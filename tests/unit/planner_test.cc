@@ -142,6 +142,11 @@ TEST(Placement, MeasuresSharedWorkPerItemAndWhatDoesNotDivide) {
   EXPECT_EQ(costs.at("train").items, 2400);
   EXPECT_DOUBLE_EQ(costs.at("evaluate").work_s, 0.3);
   EXPECT_DOUBLE_EQ(costs.at("load").work_s, 0.0);
+  // Heads trained together report the group's seconds each: counted once. Two pairs of 3 s
+  // on one rank each are 6 rank-seconds, not 12.
+  nlohmann::json paired = MeasuredRound();
+  for (auto& e : paired["training"]["candidates"]) e["together"] = 2;
+  EXPECT_DOUBLE_EQ(MeasureRound(paired, TwoBackbones()).at("train").work_s, 6.0);
   // Round-trips through results.json.
   StepCost back = StepCostFromJson(ToJson(prep), "costs/prepare");
   EXPECT_DOUBLE_EQ(back.work_s, prep.work_s);
