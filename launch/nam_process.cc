@@ -16,6 +16,8 @@
 #include "common/child_process.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
+#include "launch/slurm.h"
 
 namespace msaflow::launch {
 namespace {
@@ -112,8 +114,27 @@ std::string NamServerProcess::Exited() {
   if (child_.pid() <= 0) return "not running";
   const auto st = child_.Poll();
   if (!st) return "";
-  if (st->signal) return fmt::format("killed by signal {} ({})", st->signal, ::strsignal(st->signal));
-  return fmt::format("exited with status {}", st->code);
+  std::string how = st->signal ? fmt::format("killed by signal {} ({})", st->signal, ::strsignal(st->signal))
+                               : fmt::format("exited with status {}", st->code);
+  // Under Slurm srun's own status says little (0 when Slurm ended the step): the job's end
+  // state says why, and after NODE_FAIL which host was lost.
+  if (!slurm_job_.empty() && jobs_) {
+    try {
+      const auto comps = ParseShowJob(jobs_->Show(slurm_job_));
+      const std::string end = EndState(comps);
+      if (!end.empty() && end != "COMPLETED") {
+        how += "; its Slurm job ended " + DescribeState(end);
+        std::vector<std::string> lost;
+        if (end == "NODE_FAIL")
+          for (const auto& c : comps)
+            if (!c.nodes.empty() && c.nodes != "(null)")
+              for (auto& n : LostNodes(jobs_->ShowNodes(c.nodes))) lost.push_back(std::move(n));
+        if (!lost.empty()) how += "; lost node(s): " + Join(lost, ", ");
+      }
+    } catch (const Error&) {  // Slurm did not answer: srun's status is all there is
+    }
+  }
+  return how;
 }
 
 NamServerProcess::~NamServerProcess() {

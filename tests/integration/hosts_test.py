@@ -4,8 +4,9 @@ where every node is a network namespace with a hostname and an address of its ow
 its slurmd inside, and the coordinator runs on the login host. A round as one hetjob trains
 in sync on two DAM hosts and evaluates on two ESB hosts, its NAM server on a host of its own
 reached by RMA over TCP, and reaches the champion of a local run, model bytes and all. A DAM
-host cut off in the middle of training fails the round naming the node, and `resume` finishes
-the run to the same champion with nothing stored lost."""
+host cut off in the middle of training fails the round naming the node, so does the NAM's host
+cut off during the resumed run, and a last `resume` finishes the run to the same champion with
+nothing stored lost."""
 import json
 import os
 import re
@@ -104,7 +105,46 @@ class Hosts(TempDirCase):
         self.assertIn("fabric://nam01:", json.dumps(nam[0]))
         self.assertIn("token-file=", json.dumps(nam[0]))  # off loopback: the token is required
 
-    def test_a_host_cut_off_mid_step_fails_the_round_naming_it_and_resume_finishes(self):
+    def cut_during_train(self, node, run_dir, args):
+        """msaflow ARGS on the login host, `node`'s link taken down a second into the train step
+        (its next task-start in the journal) and up again once msaflow ended; waits until Slurm
+        has the node back. Returns (exit status, output, seconds from the cut to the end)."""
+        journal = os.path.join(run_dir, "journal.jsonl")
+        starts = 0
+        if os.path.exists(journal):
+            with open(journal) as f:
+                starts = len(re.findall(r'"task-start".*"r1-train"', f.read()))
+        proc = subprocess.Popen([CLUSTER, "login", "--hosts", "--", EXE, *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and proc.poll() is None:
+                if os.path.exists(journal):
+                    with open(journal) as f:
+                        if len(re.findall(r'"task-start".*"r1-train"', f.read())) > starts:
+                            break
+                time.sleep(0.1)
+            time.sleep(1)
+            self.assertIsNone(proc.poll(), "msaflow ended before its train step could be cut")
+            subprocess.run([CLUSTER, "link", node, "down", "--hosts"], check=True, capture_output=True)
+            cut = time.monotonic()
+            out, _ = proc.communicate(timeout=300)
+            lost_after = time.monotonic() - cut
+        finally:
+            subprocess.run([CLUSTER, "link", node, "up", "--hosts"], capture_output=True)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        # The node answers again (ReturnToService=2).
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            st = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], capture_output=True, text=True)
+            if st.stdout.split()[:1] == ["idle"]:
+                break
+            time.sleep(1)
+        return proc.returncode, out, lost_after
+
+    def test_hosts_cut_off_mid_step_fail_the_round_naming_them_and_resume_finishes(self):
         doc = pipeline("cut")
         doc["head"]["epochs"] = [100]  # a train step of seconds: the link goes down inside it
         p = self.write("p.json", doc)
@@ -113,41 +153,24 @@ class Hosts(TempDirCase):
                            timeout=600)
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
         run_dir = os.path.join(runs, "cut")
-        proc = subprocess.Popen([CLUSTER, "login", "--hosts", "--", EXE, "run", p, "--machine", MACHINE, "--runs", runs,
-                                 "--run-id", "cut"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            journal = os.path.join(run_dir, "journal.jsonl")
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and proc.poll() is None:
-                if os.path.exists(journal):
-                    with open(journal) as f:
-                        if re.search(r'"task-start".*"r1-train"', f.read()):
-                            break
-                time.sleep(0.1)
-            time.sleep(1)
-            self.assertIsNone(proc.poll(), "the run ended before its train step could be cut")
-            subprocess.run([CLUSTER, "link", "dam02", "down", "--hosts"], check=True, capture_output=True)
-            cut = time.monotonic()
-            out, _ = proc.communicate(timeout=300)
-            lost_after = time.monotonic() - cut
-        finally:
-            subprocess.run([CLUSTER, "link", "dam02", "up", "--hosts"], capture_output=True)
-            if proc.poll() is None:
-                proc.kill()
-        self.assertEqual(proc.returncode, 1, out[-3000:])
-        # Within the cluster's liveness bound (SlurmdTimeout 10 s, pings every third of it, and
-        # Slurm's own handling): seen at about 30 s here.
+        # A DAM host lost in the middle of sync training: Slurm fails the job (NODE_FAIL, not
+        # requeued), and the failure names the node. Within the cluster's liveness bound
+        # (SlurmdTimeout 10 s, pings every third of it, Slurm's own handling): ~30 s seen.
+        rc, out, lost_after = self.cut_during_train(
+            "dam02", run_dir, ["run", p, "--machine", MACHINE, "--runs", runs, "--run-id", "cut"])
+        self.assertEqual(rc, 1, out[-3000:])
         self.assertLess(lost_after, 90, out[-3000:])
         self.assertIn("ended NODE_FAIL", out)
         self.assertIn("lost node(s): dam02 (DOWN", out)
         self.assertIn("task r1-train did not finish", out)
-        # The node answers again (ReturnToService=2), and resume finishes the run.
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            st = subprocess.run(["sinfo", "-h", "-N", "-n", "dam02", "-o", "%t"], capture_output=True, text=True)
-            if st.stdout.split()[:1] == ["idle"]:
-                break
-            time.sleep(1)
+        # Resumed, and this time the NAM's host is cut off: the run's NAM server is gone, said
+        # with the node Slurm lost.
+        rc, out, lost_after = self.cut_during_train("nam01", run_dir, ["resume", run_dir])
+        self.assertNotEqual(rc, 0, out[-3000:])
+        self.assertLess(lost_after, 90, out[-3000:])
+        self.assertRegex(out, r"the run's NAM server \(fabric://nam01:\d+.*NODE_FAIL.*lost node\(s\): nam01 \(DOWN")
+        # Resumed once more with every host back: the local run's champion, the same model
+        # bytes, nothing stored lost.
         r = on_login("resume", run_dir)
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
         local = json.loads(self.read("runs", "local", "results.json"))
@@ -159,7 +182,6 @@ class Hosts(TempDirCase):
                            text=True, timeout=120)
         self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
         self.assertIn(" 0 damaged", v.stdout)
-
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
