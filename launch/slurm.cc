@@ -265,6 +265,19 @@ std::vector<JobState> ParseShowJob(const std::string& text) {
   return out;
 }
 
+std::string LaunchFailure(const std::string& log_text) {
+  const std::string mark = "srun: error: Task launch for StepId=", on = " failed on node ";
+  const size_t at = log_text.find(mark);
+  if (at == std::string::npos) return "";
+  const std::string line = log_text.substr(at, log_text.find('\n', at) - at);
+  const size_t node = line.find(on);
+  if (node == std::string::npos) return "";
+  const std::string rest = line.substr(node + on.size());  // "dam01: Communication connection failure"
+  const size_t colon = rest.find(": ");
+  return "srun could not start it on node " + (colon == std::string::npos ? rest : rest.substr(0, colon) + ": " +
+                                                                                      rest.substr(colon + 2));
+}
+
 std::vector<std::string> LostNodes(const std::string& show_node) {
   std::vector<std::string> out;
   std::istringstream in(show_node);

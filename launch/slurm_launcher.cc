@@ -425,6 +425,13 @@ bool SlurmLauncher::Ended(Attempt& a, const LaunchObserver& obs) {
       if (!signal.empty()) {
         how += " (" + signal + ")";
         reason = "SIGNALED";
+      } else {
+        std::string text;
+        try {
+          text = ReadFile(log);
+        } catch (const Error&) {  // no log: nothing more to say
+        }
+        if (const std::string launch = LaunchFailure(text); !launch.empty()) how += " (" + launch + ")";
       }
     }
     msg += fmt::format("; task {} {} (log {})", failed_task, how, log);

@@ -224,6 +224,17 @@ TEST(Slurm, LostNodesAreNamedWithTheirStateAndReason) {
   EXPECT_TRUE(LostNodes("NodeName=cm01 State=MIXED Reason=x\n").empty());
 }
 
+// A step srun could not start (the node's slurmd killed): its log's line, as srun 22.05 writes it.
+TEST(Slurm, ALaunchFailureNamesTheNode) {
+  const std::string log =
+      "srun: Warning: can't run 1 processes on 2 nodes, setting nnodes to 1\n"
+      "srun: error: Task launch for StepId=122.3 failed on node dam01: Communication connection failure\n"
+      "srun: error: Application launch failed: Communication connection failure\n";
+  EXPECT_EQ(LaunchFailure(log), "srun could not start it on node dam01: Communication connection failure");
+  EXPECT_EQ(LaunchFailure("srun: error: dam01: task 1: Killed\n"), "");
+  EXPECT_EQ(LaunchFailure(""), "");
+}
+
 // A fake Slurm: runs nothing, but plays each job's part in the progress file and reports
 // states from a script of outcomes.
 class FakeSlurm : public JobRunner {
