@@ -265,6 +265,14 @@ std::vector<JobState> ParseShowJob(const std::string& text) {
   return out;
 }
 
+std::string FirstError(const std::string& log_text) {
+  std::istringstream in(log_text);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("msaflow: error: ") != std::string::npos || line.find("msaflow: internal error: ") != std::string::npos)
+      return line.size() > 2000 ? line.substr(0, 2000) + "..." : line;
+  return "";
+}
+
 std::string LaunchFailure(const std::string& log_text) {
   const std::string mark = "srun: error: Task launch for StepId=", on = " failed on node ";
   const size_t at = log_text.find(mark);

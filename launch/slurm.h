@@ -33,6 +33,9 @@ bool IsTerminal(const std::string& state);
 // From a step's log: srun's "Task launch for StepId=... failed on node N: WHY" (its node's
 // slurmd gone, say), as "srun could not start it on node N: WHY"; "" when there is none.
 std::string LaunchFailure(const std::string& log_text);
+// From a step's log: its first "msaflow: error: ..." (or internal error) line, which says more
+// than srun's closing words (the local launcher's "last output"); "" when there is none.
+std::string FirstError(const std::string& log_text);
 // From `scontrol show node -o` output: the nodes Slurm holds down or not responding, each as
 // "dam02 (DOWN+NOT_RESPONDING: Not responding)", in the order given.
 std::vector<std::string> LostNodes(const std::string& show_node);

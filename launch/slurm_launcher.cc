@@ -425,16 +425,16 @@ bool SlurmLauncher::Ended(Attempt& a, const LaunchObserver& obs) {
       if (!signal.empty()) {
         how += " (" + signal + ")";
         reason = "SIGNALED";
-      } else {
-        std::string text;
-        try {
-          text = ReadFile(log);
-        } catch (const Error&) {  // no log: nothing more to say
-        }
-        if (const std::string launch = LaunchFailure(text); !launch.empty()) how += " (" + launch + ")";
       }
     }
+    std::string text;
+    try {
+      text = ReadFile(log);
+    } catch (const Error&) {  // no log: nothing more to say
+    }
+    if (const std::string launch = LaunchFailure(text); !launch.empty() && reason != "SIGNALED") how += " (" + launch + ")";
     msg += fmt::format("; task {} {} (log {})", failed_task, how, log);
+    if (const std::string said = FirstError(text); !said.empty()) msg += "\n  last output: " + said;
   }
   if (!why.empty()) msg += "; " + why;
   if (leftovers) msg += fmt::format("; {} leftover srun process(es) ended", leftovers);

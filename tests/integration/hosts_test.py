@@ -164,11 +164,13 @@ class Hosts(TempDirCase):
         self.assertIn("lost node(s): dam02 (DOWN", out)
         self.assertIn("task r1-train did not finish", out)
         # Resumed, and this time the NAM's host is cut off: the run's NAM server is gone, said
-        # with the node Slurm lost.
+        # with the node Slurm lost (~30 s) - or, should a rank reach for the NAM first and wait
+        # out its 30 s, the rank's own error names the unreachable server.
         rc, out, lost_after = self.cut_during_train("nam01", run_dir, ["resume", run_dir])
         self.assertNotEqual(rc, 0, out[-3000:])
         self.assertLess(lost_after, 90, out[-3000:])
-        self.assertRegex(out, r"the run's NAM server \(fabric://nam01:\d+.*NODE_FAIL.*lost node\(s\): nam01 \(DOWN")
+        self.assertRegex(out, r"the run's NAM server \(fabric://nam01:\d+.*NODE_FAIL.*lost node\(s\): nam01 \(DOWN"
+                              r"|last output: .*(no answer|cannot reach).*nam01:\d+")
         # Resumed once more with every host back: the local run's champion, the same model
         # bytes, nothing stored lost.
         r = on_login("resume", run_dir)

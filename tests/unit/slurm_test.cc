@@ -233,6 +233,14 @@ TEST(Slurm, ALaunchFailureNamesTheNode) {
   EXPECT_EQ(LaunchFailure(log), "srun could not start it on node dam01: Communication connection failure");
   EXPECT_EQ(LaunchFailure("srun: error: dam01: task 1: Killed\n"), "");
   EXPECT_EQ(LaunchFailure(""), "");
+  // The rank's own error says more than srun's closing words.
+  const std::string failed =
+      "rank 0/2 on node dam01 (host dam01, Slurm job 9, step 2), 2 threads\n"
+      "msaflow: error: [rank 1] NAM fabric://nam01:4000: no answer to put within 30 s (is the server running at "
+      "nam01:4000?)\nsrun: error: dam02: task 1: Exited with exit code 8\nmsaflow: error: [rank 0] later\n";
+  EXPECT_EQ(FirstError(failed), "msaflow: error: [rank 1] NAM fabric://nam01:4000: no answer to put within 30 s (is "
+                                "the server running at nam01:4000?)");
+  EXPECT_EQ(FirstError("srun: error: dam02: task 1: Exited with exit code 8\n"), "");
 }
 
 // A fake Slurm: runs nothing, but plays each job's part in the progress file and reports
