@@ -190,12 +190,12 @@ make_hosts() {
   for n in "${NODES[@]}"; do names+=$'\n'"$(node_ip "$n") $n"; done
   for n in "${NODES[@]}"; do
     local ns=msaflow-$n
-    if ! ip netns list | grep -qw "$ns"; then
-      ip netns add "$ns"
+    ip netns list | grep -qw "$ns" || ip netns add "$ns"
+    if ! ip link show "mv-$n" >/dev/null 2>&1; then  # new, or left without its link by a crash
       ip link add "mv-$n" type veth peer name eth0 netns "$ns"
-      ip link set "mv-$n" master "$BRIDGE"
       ip -n "$ns" addr add "$(node_ip "$n")/24" dev eth0
     fi
+    ip link set "mv-$n" master "$BRIDGE"
     ip link set "mv-$n" up
     ip -n "$ns" link set eth0 up
     ip -n "$ns" link set lo up
