@@ -70,13 +70,14 @@ void JournalFailure(const JournalWriter& journal, const std::string& dir, int ro
 
 // The pipeline the rounds run: rung 0 of the halving strategy decides it (in this process, so
 // a signal is looked for before and during it); an error or a signal there is journalled as a
-// failure of the run before round 1, as a round's would be.
-Pipeline RoundsPipeline(const Pipeline& p, const std::string& dir, const JournalWriter& journal, RunObserver& obs) {
+// failure of the run before round `next` (0 in the journal for a new run), as a round's would be.
+Pipeline RoundsPipeline(const Pipeline& p, const std::string& dir, const JournalWriter& journal, RunObserver& obs,
+                        int next) {
   try {
-    launch::ThrowIfInterrupted("before round 1");
+    launch::ThrowIfInterrupted("before round " + std::to_string(next));
     return HalvingRung0(p, dir, journal, obs);
   } catch (const Error& e) {
-    JournalFailure(journal, dir, 0, e);
+    JournalFailure(journal, dir, next - 1, e);
     throw;
   }
 }
@@ -418,7 +419,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     std::filesystem::remove_all(staging);
   }
   JournalWriter journal = JournalWriter::Append(dir + "/journal.jsonl");
-  const Pipeline rounds_p = RoundsPipeline(p, dir, journal, obs);  // p itself but for strategy halving
+  const Pipeline rounds_p = RoundsPipeline(p, dir, journal, obs, 1);  // p itself but for strategy halving
   RunDriver(rounds_p, m, opt, obs, id, dir, std::move(journal), RunSummary{}).Drive();
   return dir;
 }
@@ -457,7 +458,8 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
                        before.failed ? "it failed: " + Printable(before.error, 200) : "its coordinator died",
                        before.tasks_done.size(), before.rounds_ended));
   const std::string id = before.run;  // not read from `before` in the call that moves it
-  const Pipeline rounds_p = RoundsPipeline(p, dir, journal, obs);  // the decision read back, if it was made
+  // The decision read back, if it was made.
+  const Pipeline rounds_p = RoundsPipeline(p, dir, journal, obs, static_cast<int>(before.rounds_ended) + 1);
   RunDriver(rounds_p, m, opt, obs, id, dir, std::move(journal), std::move(before)).Drive();
   return true;
 }
