@@ -124,11 +124,7 @@ std::string NamServerProcess::Exited() {
       const std::string end = EndState(comps);
       if (!end.empty() && end != "COMPLETED") {
         how += "; its Slurm job ended " + DescribeState(end);
-        std::vector<std::string> lost;
-        if (end == "NODE_FAIL")
-          for (const auto& c : comps)
-            if (!c.nodes.empty() && c.nodes != "(null)")
-              for (auto& n : LostNodes(jobs_->ShowNodes(c.nodes))) lost.push_back(std::move(n));
+        const std::vector<std::string> lost = end == "NODE_FAIL" ? LostNodesOf(*jobs_, comps) : std::vector<std::string>{};
         if (!lost.empty()) how += "; lost node(s): " + Join(lost, ", ");
       }
     } catch (const Error&) {  // Slurm did not answer: srun's status is all there is

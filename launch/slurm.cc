@@ -228,18 +228,27 @@ std::string ChainedScript(const Task& t, const Machine& m, const std::map<std::s
   return s;
 }
 
+namespace {
+
+// One line of `scontrol show ... -o`: its KEY=VALUE words (a value with spaces keeps its first word).
+std::map<std::string, std::string> KeyValues(const std::string& line) {
+  std::map<std::string, std::string> kv;
+  std::istringstream words(line);
+  for (std::string w; words >> w;) {
+    const size_t eq = w.find('=');
+    if (eq != std::string::npos && eq > 0) kv[w.substr(0, eq)] = w.substr(eq + 1);
+  }
+  return kv;
+}
+
+}  // namespace
+
 std::vector<JobState> ParseShowJob(const std::string& text) {
   std::vector<JobState> out;
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
-    std::map<std::string, std::string> kv;
-    std::istringstream words(line);
-    std::string w;
-    while (words >> w) {
-      size_t eq = w.find('=');
-      if (eq != std::string::npos && eq > 0) kv[w.substr(0, eq)] = w.substr(eq + 1);
-    }
+    std::map<std::string, std::string> kv = KeyValues(line);
     if (!kv.count("JobId") || !kv.count("JobState")) continue;
     JobState j;
     j.job_id = kv["JobId"];
@@ -280,10 +289,7 @@ std::string LaunchFailure(const std::string& log_text) {
   const std::string line = log_text.substr(at, log_text.find('\n', at) - at);
   const size_t node = line.find(on);
   if (node == std::string::npos) return "";
-  const std::string rest = line.substr(node + on.size());  // "dam01: Communication connection failure"
-  const size_t colon = rest.find(": ");
-  return "srun could not start it on node " + (colon == std::string::npos ? rest : rest.substr(0, colon) + ": " +
-                                                                                      rest.substr(colon + 2));
+  return "srun could not start it on node " + line.substr(node + on.size());  // "dam01: Communication ..."
 }
 
 std::vector<std::string> LostNodes(const std::string& show_node) {
@@ -291,13 +297,7 @@ std::vector<std::string> LostNodes(const std::string& show_node) {
   std::istringstream in(show_node);
   std::string line;
   while (std::getline(in, line)) {
-    std::map<std::string, std::string> kv;
-    std::istringstream words(line);
-    std::string w;
-    while (words >> w) {
-      size_t eq = w.find('=');
-      if (eq != std::string::npos && eq > 0) kv[w.substr(0, eq)] = w.substr(eq + 1);
-    }
+    std::map<std::string, std::string> kv = KeyValues(line);
     const std::string& state = kv["State"];
     if (kv["NodeName"].empty() || (state.find("DOWN") == std::string::npos && state.find("NOT_RESPONDING") == std::string::npos &&
                                    state.find("FAIL") == std::string::npos))
@@ -311,6 +311,14 @@ std::vector<std::string> LostNodes(const std::string& show_node) {
     out.push_back(kv["NodeName"] + " (" + state + (reason.empty() ? "" : ": " + reason) + ")");
   }
   return out;
+}
+
+std::vector<std::string> LostNodesOf(JobRunner& jobs, const std::vector<JobState>& components) {
+  std::vector<std::string> lost;
+  for (const auto& c : components)
+    if (!c.nodes.empty() && c.nodes != "(null)")
+      for (auto& n : LostNodes(jobs.ShowNodes(c.nodes))) lost.push_back(std::move(n));
+  return lost;
 }
 
 bool IsTerminal(const std::string& s) {

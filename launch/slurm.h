@@ -39,6 +39,8 @@ std::string FirstError(const std::string& log_text);
 // From `scontrol show node -o` output: the nodes Slurm holds down or not responding, each as
 // "dam02 (DOWN+NOT_RESPONDING: Not responding)", in the order given.
 std::vector<std::string> LostNodes(const std::string& show_node);
+// LostNodes of the nodes a job's components ran on, as Slurm now holds them.
+std::vector<std::string> LostNodesOf(JobRunner& jobs, const std::vector<JobState>& components);
 // A job is done when every component is terminal; its end state is the first component that
 // did not complete (or COMPLETED).
 std::string EndState(const std::vector<JobState>& components);

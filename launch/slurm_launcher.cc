@@ -408,10 +408,7 @@ bool SlurmLauncher::Ended(Attempt& a, const LaunchObserver& obs) {
   std::string msg = fmt::format("round {} (attempt {}): Slurm job {} ended {}; components: {}", a.round, a.number + 1,
                                 bad_job.empty() ? a.jobs.back() : bad_job, DescribeState(end_state), comp_desc);
   if (end_state == "NODE_FAIL") {  // which host was lost, as Slurm saw it
-    std::vector<std::string> lost;
-    for (const auto& c : a.last[bad_job.empty() ? a.jobs.back() : bad_job])
-      if (!c.nodes.empty() && c.nodes != "(null)")
-        for (auto& n : LostNodes(jobs().ShowNodes(c.nodes))) lost.push_back(std::move(n));
+    const std::vector<std::string> lost = LostNodesOf(jobs(), a.last[bad_job.empty() ? a.jobs.back() : bad_job]);
     if (!lost.empty()) msg += "; lost node(s): " + Join(lost, ", ");
   }
   std::string reason = end_state;  // what retries.on is matched against

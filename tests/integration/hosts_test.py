@@ -18,28 +18,20 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from small_pipeline import small_pipeline  # noqa: E402
 from tmpdir_case import TempDirCase  # noqa: E402
+from slurm_clusters import TestCluster  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
 CLUSTER = os.path.join(ROOT, "scripts", "slurm-cluster.sh")
 MACHINE = os.path.join(ROOT, "configs", "machines", "slurm-hosts.json")
-started_cluster = False
+CLUSTER_UNDER_TEST = TestCluster(ROOT, MACHINE, hosts=True)
 
 
 def setUpModule():
-    global started_cluster
-    if subprocess.run([CLUSTER, "status", "--hosts"], capture_output=True).returncode != 0:
-        r = subprocess.run([CLUSTER, "start", "--hosts"], capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError("cannot start the multi-host test cluster: " + r.stdout + r.stderr)
-        started_cluster = True
-    with open(MACHINE) as f:
-        conf = json.load(f)["slurm"]["conf"]
-    os.environ["SLURM_CONF"] = os.path.normpath(os.path.join(os.path.dirname(MACHINE), conf))
+    CLUSTER_UNDER_TEST.up()
 
 
 def tearDownModule():
-    if started_cluster:
-        subprocess.run([CLUSTER, "stop", "--hosts"], capture_output=True, timeout=120)
+    CLUSTER_UNDER_TEST.down()
 
 
 def on_login(*args, timeout=600):
@@ -73,6 +65,14 @@ class Hosts(TempDirCase):
         with open(os.path.join(self.dir, *parts)) as f:
             return f.read()
 
+    def assert_local_champion(self, runs, run):
+        """`run` reached the champion of run "local" in the same runs directory, model bytes and all."""
+        local = json.loads(self.read("runs", "local", "results.json"))
+        got = json.loads(self.read("runs", run, "results.json"))
+        self.assertEqual(got["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
+        self.assertEqual(got["champion"]["accuracy"], local["champion"]["accuracy"])
+        self.assertEqual(models(os.path.join(runs, "nam"), run), models(os.path.join(runs, "nam"), "local"))
+
     def test_a_hetjob_across_hosts_reaches_the_local_champion(self):
         p = self.write("p.json", pipeline("hosts"))
         runs = os.path.join(self.dir, "runs")
@@ -81,12 +81,8 @@ class Hosts(TempDirCase):
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
         r = on_login("run", p, "--machine", MACHINE, "--runs", runs, "--run-id", "het")
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
-        local = json.loads(self.read("runs", "local", "results.json"))
-        het = json.loads(self.read("runs", "het", "results.json"))
-        self.assertEqual(het["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
-        self.assertEqual(het["champion"]["accuracy"], local["champion"]["accuracy"])
         # The same models, byte for byte: sync training on two hosts over TCP is the local run's.
-        self.assertEqual(models(os.path.join(runs, "nam"), "het"), models(os.path.join(runs, "nam"), "local"))
+        self.assert_local_champion(runs, "het")
         # Each step on its module's hosts, the multi-rank ones on two distinct hosts.
         logs = os.path.join(runs, "het", "logs")
         expect = {"r1-load": {"cm01"}, "r1-train": {"dam01", "dam02"}, "r1-evaluate": {"esb01", "esb02"}}
@@ -175,11 +171,7 @@ class Hosts(TempDirCase):
         # bytes, nothing stored lost.
         r = on_login("resume", run_dir)
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
-        local = json.loads(self.read("runs", "local", "results.json"))
-        het = json.loads(self.read("runs", "cut", "results.json"))
-        self.assertEqual(het["champion"]["candidate"]["id"], local["champion"]["candidate"]["id"])
-        self.assertEqual(het["champion"]["accuracy"], local["champion"]["accuracy"])
-        self.assertEqual(models(os.path.join(runs, "nam"), "cut"), models(os.path.join(runs, "nam"), "local"))
+        self.assert_local_champion(runs, "cut")
         v = subprocess.run([EXE, "nam", "verify", "--nam", "file://" + os.path.join(runs, "nam")], capture_output=True,
                            text=True, timeout=120)
         self.assertEqual(v.returncode, 0, v.stdout + v.stderr)

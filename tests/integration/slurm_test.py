@@ -17,28 +17,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from small_pipeline import small_pipeline  # noqa: E402
 from tmpdir_case import TempDirCase  # noqa: E402
 from service_test import DATA, MODELS, Service  # noqa: E402
+from slurm_clusters import TestCluster  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
-CLUSTER = os.path.join(ROOT, "scripts", "slurm-cluster.sh")
 MACHINE = os.path.join(ROOT, "configs", "machines", "slurm-local.json")
-started_cluster = False
+CLUSTER_UNDER_TEST = TestCluster(ROOT, MACHINE)
 
 
 def setUpModule():
-    global started_cluster
-    if subprocess.run([CLUSTER, "status"], capture_output=True).returncode != 0:
-        r = subprocess.run([CLUSTER, "start"], capture_output=True, text=True, timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError("cannot start the test cluster: " + r.stdout + r.stderr)
-        started_cluster = True
-    with open(MACHINE) as f:
-        conf = json.load(f)["slurm"]["conf"]
-    os.environ["SLURM_CONF"] = os.path.normpath(os.path.join(os.path.dirname(MACHINE), conf))
+    CLUSTER_UNDER_TEST.up()
 
 
 def tearDownModule():
-    if started_cluster:
-        subprocess.run([CLUSTER, "stop"], capture_output=True, timeout=120)
+    CLUSTER_UNDER_TEST.down()
 
 
 def pipeline(name, rounds=2, retries=None):
