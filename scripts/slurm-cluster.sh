@@ -135,12 +135,19 @@ start() {
     command -v $b >/dev/null || [[ -x /usr/sbin/$b ]] || { echo "slurm-cluster: $b missing (run scripts/setup.sh)" >&2; exit 1; }
   done
   # munge: Debian's package made the key; /run/munge must exist on every boot.
+  # Both clusters may start at once (their tests run side by side): one starts munged, under a
+  # lock, and the other finds it answering.
   if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
     mkdir -p /run/munge && chown munge:munge /run/munge && chmod 755 /run/munge
-    runuser -u munge -- /usr/sbin/munged
-    for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
-    cp /run/munge/munged.pid "$STATE/munged.pid.ours"
-    say "munged started (pid $(cat "$STATE/munged.pid.ours"))"
+    (
+      flock 9
+      if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
+        runuser -u munge -- /usr/sbin/munged 9>&-  # the daemon must not keep the lock
+        for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+        cp /run/munge/munged.pid "$STATE/munged.pid.ours"
+        say "munged started (pid $(cat "$STATE/munged.pid.ours"))"
+      fi
+    ) 9>/run/munge/msaflow-start.lock
   fi
   write_conf
   ((HOSTS)) && make_hosts
