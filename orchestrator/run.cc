@@ -146,8 +146,10 @@ class RunDriver {
     std::string persist = std::filesystem::absolute(opt_.runs_dir + "/nam").lexically_normal().string();
     NamLaunch launch = launcher_->NamServerLaunch();
     // A resumed run's server persists where its dead coordinator's did, and that one may take
-    // a moment to stop; so may a shared server whose last run just ended.
-    launch.lock_wait_s = 15;
+    // a moment to stop; so may a shared server whose last run just ended. Under Slurm longer: a
+    // predecessor on a node that was lost and came back ends only once that node's slurmd has
+    // re-registered and been told to end the job's steps (seen: over 15 s).
+    launch.lock_wait_s = launch.prefix.empty() ? 15 : 90;
     json event;
     try {
       if (launch.prefix.empty() && launch.token_file.empty()) {
