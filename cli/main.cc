@@ -1,5 +1,7 @@
 // msaflow: the command-line front end. This file defines the commands and their options
 // (cli::Options) and dispatches; the commands live in cli/*_commands.cc. Exit codes: cli/cli.h.
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -301,6 +303,11 @@ std::string UnknownCommand(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Debian's libfabric loads libinfinipath, whose constructor catches SIGABRT, SIGINT and SIGTERM
+  // with a handler that calls exit(): an abort then deadlocked on the malloc lock it held (a run
+  // hung until the test's timeout instead of dying), and a stop signal ran destructors under
+  // threads still computing. The defaults again; commands that handle a stop signal say so.
+  for (const int sig : {SIGABRT, SIGINT, SIGTERM}) ::signal(sig, SIG_DFL);
   cli::Options o;
   CLI::App app{"msaflow — transfer-learning workflows on a Modular Supercomputer Architecture"};
   app.require_subcommand(1);

@@ -112,9 +112,13 @@ ChildProcess ChildProcess::Start(const std::vector<std::string>& argv_in, const 
     ThrowErrno("open /dev/null");
   }
   const pid_t parent = ::getpid();
+  sigset_t none;
+  sigemptyset(&none);
   const pid_t pid = ::fork();
   if (pid == 0) {
-    // Only async-signal-safe calls from here to exec.
+    // Only async-signal-safe calls from here to exec. The child starts with no signal held back,
+    // whatever this thread held (the service holds SIGINT/SIGTERM in all its threads).
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     if (opt.death_signal) {
       ::prctl(PR_SET_PDEATHSIG, opt.death_signal);
       if (::getppid() != parent) ::_exit(1);  // the parent died before prctl took hold

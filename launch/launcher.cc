@@ -38,6 +38,32 @@ void ThrowIfInterrupted(const std::string& during) {
     Throw(ErrorKind::kTaskFailed, "interrupted by signal " + std::to_string(sig) + " " + during);
 }
 
+namespace {
+
+sigset_t StopSignals() {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGTERM);
+  return s;
+}
+
+}  // namespace
+
+InterruptsHeld::InterruptsHeld() {
+  const sigset_t stop = StopSignals();
+  ::pthread_sigmask(SIG_BLOCK, &stop, &old_);
+}
+
+InterruptsHeld::~InterruptsHeld() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
+void InterruptsHeld::ThrowIfInterrupted(const std::string& during) const {
+  const sigset_t stop = StopSignals();
+  const timespec now{0, 0};
+  if (const int sig = ::sigtimedwait(&stop, nullptr, &now); sig > 0) g_interrupt = sig;
+  launch::ThrowIfInterrupted(during);
+}
+
 NamLaunch Launcher::NamServerLaunch() const {
   NamLaunch l;
   l.clock = ctx_.clock;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fmt/core.h>
 #include <set>
@@ -242,26 +243,39 @@ namespace {
 
 // srun exits 128 + N when a signal ended one of the step's tasks (msaflow's modules exit below
 // 128: docs/cli.md), and its log says which: "srun: error: <node>: task <R>: Killed". Such a
-// step failed SIGNALED, as a local one does; "" when `rc` is not a signal's.
+// step failed SIGNALED, as a local one does; "" when `rc` is not a signal's. The rank named is
+// the first one a signal other than SIGTERM ended: the others were ended by srun tearing the
+// step down (SIGTERM), and srun's own status is the highest of its tasks' (143 beside a 137).
 std::string RankSignal(int rc, const std::string& log_path) {
   if (rc <= 128 || rc > 128 + 64) return "";
   std::string text, who = "a rank";
+  int sig = rc - 128;
   try {
     text = ReadFile(log_path);
   } catch (const Error&) {  // no log: the rank stays unnamed
   }
   const std::string mark = "srun: error: ";
-  for (size_t at = text.find(mark); at != std::string::npos; at = text.find(mark, at + 1)) {
+  bool cause = false;
+  for (size_t at = text.find(mark); at != std::string::npos && !cause; at = text.find(mark, at + 1)) {
     const std::string line = text.substr(at, text.find('\n', at) - at);
     const size_t task = line.find(": task ");
     if (task == std::string::npos) continue;
     char* end = nullptr;
     const long rank = std::strtol(line.c_str() + task + 7, &end, 10);
     if (end == line.c_str() + task + 7 || *end != ':' || rank < 0) continue;
-    who = fmt::format("rank {} (on {})", rank, line.substr(mark.size(), task - mark.size()));
-    break;  // the first: the tasks srun ends after it (--kill-on-bad-exit) are named later
+    std::string name = end + 1;
+    while (!name.empty() && name.front() == ' ') name.erase(0, 1);
+    int named = 0;
+    for (int s = 1; s < 65 && !named; ++s)
+      if (const char* d = ::strsignal(s); d && name == d) named = s;
+    if (named == 0) continue;  // "task 0: Exited with exit code 2": not a signal
+    if (who == "a rank" || named != SIGTERM) {
+      who = fmt::format("rank {} (on {})", rank, line.substr(mark.size(), task - mark.size()));
+      sig = named;
+      cause = named != SIGTERM;
+    }
   }
-  return who + " ended by " + ExitStatus{-1, rc - 128}.Describe();
+  return who + " ended by " + ExitStatus{-1, sig}.Describe();
 }
 
 // The task's log lines not relayed yet (a line being written is relayed next time).

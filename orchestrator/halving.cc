@@ -27,9 +27,11 @@ json Decide(const workflow::Pipeline& p) {
   o.fraction = p.rounds.rank_fraction;
   o.seed = p.rounds.seed;
   // A signal (a cancel, Ctrl-C) is looked for as each backbone is ranked: rung 0 is the
-  // coordinator's own work, which no launcher waits on.
+  // coordinator's own work, which no launcher waits on. It is held back from the computing threads
+  // meanwhile (launch::InterruptsHeld says why).
+  const launch::InterruptsHeld held;
   const workflow::Ranking r = workflow::RankBackbones(
-      p, o, [](const std::string&) { launch::ThrowIfInterrupted("during rung 0 (ranking the backbones)"); });
+      p, o, [&](const std::string&) { held.ThrowIfInterrupted("during rung 0 (ranking the backbones)"); });
   const std::string by = p.rounds.rank_by;
   json list = json::array();
   for (const auto& b : r.backbones)

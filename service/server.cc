@@ -40,7 +40,14 @@ using nlohmann::json;
 namespace {
 
 std::atomic<int> g_stop_signal{0};
-void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+sigset_t StopSignals() {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGTERM);
+  return s;
+}
 
 // The users file, read again when it changes (`msaflow users add` while the service runs).
 class UsersSource {
@@ -582,12 +589,17 @@ int Service::Run() {
   std::printf("msaflow serve: %s (runs in %s, at most %lld running)\n", url.c_str(), o_.runs_dir.c_str(),
               static_cast<long long>(o_.max_running));
   std::fflush(stdout);
-  struct sigaction sa {};
-  sa.sa_handler = OnStopSignal;
-  ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGINT, &sa, nullptr);
+  // SIGINT/SIGTERM are held back in every thread (Serve blocks them before any starts) and taken
+  // here: none lands in a thread running inference in oneDNN (see launch::InterruptsHeld).
   std::thread watcher([&] {
-    while (!g_stop_signal && !stopping_) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const sigset_t stop = StopSignals();
+    const timespec tick{0, 100'000'000};
+    while (!stopping_) {
+      if (const int sig = ::sigtimedwait(&stop, nullptr, &tick); sig > 0) {
+        g_stop_signal = sig;
+        break;
+      }
+    }
     stopping_ = true;
     s.stop();
   });
@@ -611,6 +623,10 @@ std::vector<Route> Routes() {
 const char* OpenApiDocument() { return kOpenapiJson; }
 
 int Serve(const ServeOptions& o) {
+  // Before any thread starts, so that all of them, and OpenMP's pool, inherit the mask; the
+  // runs' coordinators start with a clean one (ChildProcess).
+  const sigset_t stop = StopSignals();
+  ::pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   Service s(o);
   return s.Run();
 }

@@ -31,6 +31,18 @@ def msaflow(*args):
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600)
 
 
+STOP_BITS = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+
+
+def signal_bits(pid, field):
+    """A signal mask of /proc/PID/status (SigBlk: the main thread's; SigCgt: the process's)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1], 16)
+    raise AssertionError(f"/proc/{pid}/status has no {field}")
+
+
 def pipeline(limit=1500):
     return {
         "name": "rank",
@@ -178,6 +190,15 @@ class Rank(unittest.TestCase):
             seen.append(line)
             if line.startswith("rung 0: ranking"):
                 break
+        # While it ranks, the coordinator holds SIGINT/SIGTERM back from its computing threads (a
+        # signal landing in oneDNN's kernels corrupted the heap), and an abort is not caught (it
+        # was, by libinfinipath, whose handler then deadlocked): it would die, not hang.
+        deadline = time.monotonic() + 30
+        while not signal_bits(proc.pid, "SigBlk") & STOP_BITS == STOP_BITS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(signal_bits(proc.pid, "SigBlk") & STOP_BITS, STOP_BITS, "SIGINT/SIGTERM not held in rung 0")
+        self.assertEqual(signal_bits(proc.pid, "SigCgt") & STOP_BITS, STOP_BITS)  # the coordinator's handler
+        self.assertFalse(signal_bits(proc.pid, "SigCgt") & (1 << (signal.SIGABRT - 1)), "SIGABRT is caught")
         c = msaflow("cancel", run_dir)
         self.assertEqual(c.returncode, 0, c.stdout + c.stderr)
         seen += proc.stdout.readlines()

@@ -31,6 +31,34 @@ DATA = os.path.realpath(os.path.join(ROOT, "data", "fashion-mnist"))
 MODELS = os.path.realpath(os.path.join(ROOT, "models"))
 
 
+STOP_BITS = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+
+
+def thread_masks(pid, field="SigBlk"):
+    """{thread id: its mask} from /proc/PID/task/*/status."""
+    masks = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            masks[int(tid)] = next(int(line.split()[1], 16) for line in f if line.startswith(field + ":"))
+    return masks
+
+
+def children_running(ppid, needle):
+    """The pids whose parent is ppid and whose command line holds needle."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                args = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == ppid and needle in args:
+            found.append(int(d))
+    return found
+
+
 def pipeline(name, rounds=1):
     return tiny_pipeline(ROOT, name, rounds=rounds)
 
@@ -402,6 +430,15 @@ class Api(unittest.TestCase):
                     e["event"] == "task-start" and e["task"] == "r1-train" for _, e in journal_events(run_dir)):
                 break
             time.sleep(0.1)
+        # Every thread of the service holds SIGINT/SIGTERM back but the one that takes them (in
+        # sigtimedwait the kernel shows them unheld), so none lands in inference's oneDNN kernels;
+        # the coordinator it started holds none back.
+        masks = thread_masks(self.svc.proc.pid)
+        self.assertGreater(len(masks), 2)
+        self.assertLessEqual(sum(1 for m in masks.values() if m & STOP_BITS != STOP_BITS), 1, masks)
+        coordinators = children_running(self.svc.proc.pid, "--run-id " + rid)
+        self.assertEqual(len(coordinators), 1, coordinators)
+        self.assertEqual(thread_masks(coordinators[0])[coordinators[0]] & STOP_BITS, 0)
         status, v, _ = self.svc.request("DELETE", "/v1/runs/" + rid, user="ana")
         self.assertEqual(status, 202, v)
         v = self.svc.wait_state("ana", rid, ("cancelled", "failed", "interrupted", "finished"))
