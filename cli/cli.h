@@ -14,6 +14,7 @@
 #include "nam/store.h"
 #include "orchestrator/scaling.h"
 #include "service/server.h"
+#include "simulate/simulate.h"
 
 namespace msaflow::cli {
 
@@ -40,6 +41,9 @@ struct Options {
   std::vector<std::string> images;
   int64_t top = 3, limit = 0, predict_batch = 64;
   workflow::RankOptions rank;  // rank
+  simulate::Options sim;       // simulate
+  std::string sim_from;
+  std::vector<std::string> sim_ranks, sim_nodes;
 };
 
 // Pipelines and runs (cli/run_commands.cc).
@@ -47,6 +51,7 @@ int Validate(Options& o);
 int PlanOrRun(Options& o, bool plan);  // plan: print round 1's plan; else run the pipeline here
 int Scaling(Options& o);
 int Rank(Options& o);  // the backbones by kNN and LogME on a subset (docs/search.md)
+int Simulate(Options& o);  // a run's model on SimGrid, calibrated by earlier runs (docs/simulate.md)
 int Submit(Options& o);
 int Status(Options& o);
 int Why(Options& o);

@@ -87,7 +87,32 @@ void AddPipelineCommands(CLI::App& app, cli::Options& o, std::vector<Command>& c
   rank->add_option("--seed", o.rank.seed, "which images the subset takes")->capture_default_str();
   rank->add_flag("--json", o.as_json, "one JSON object");
 
+  auto* simulate = app.add_subcommand("simulate", "Predict a run on a machine, from what earlier runs of the pipeline "
+                                                  "measured: makespan per round and step, node-seconds held and used per "
+                                                  "module, the ranks the model favours (SimGrid; docs/simulate.md)");
+  simulate->add_option("pipeline", o.pipeline_path, "pipeline JSON file")->required();
+  simulate->add_option("--machine", o.machine_override, "machine name or file (default: the pipeline's)");
+  simulate->add_option("--from-runs", o.sim_from, "a run directory, or a directory of runs, of this pipeline")->required();
+  simulate->add_option("--ranks", o.sim_ranks, "STEP=N, e.g. train=64 (default: the pipeline's)");
+  simulate->add_option("--nodes", o.sim_nodes, "MODULE=N, e.g. esb=512 (default: the machine's)");
+  simulate->add_option("--data-scale", o.sim.data_scale, "the images times this")
+      ->check(CLI::Range(0.001, 1e6))
+      ->capture_default_str();
+  simulate->add_option("--rounds", o.sim.rounds, "rounds (default: as many as the latest run had)")
+      ->check(CLI::Range(int64_t{1}, int64_t{100000}));
+  simulate->add_option("--link-bandwidth", o.sim.link_bytes_per_s, "bytes/s of each node's link to the fabric")
+      ->check(CLI::Range(1e6, 1e13))
+      ->capture_default_str();
+  simulate->add_option("--latency", o.sim.latency_s, "seconds per message")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  simulate->add_option("--queue-wait", o.sim.queue_wait_s, "Slurm: seconds each job waits (default: as measured)");
+  simulate->add_option("--slurm-mode", o.sim.slurm_mode, "hetjob | chained (default: the machine's)")
+      ->check(CLI::IsMember({"hetjob", "chained"}));
+  simulate->add_flag("--json", o.as_json, "one JSON object");
+
   commands.push_back({validate, cli::Validate});
+  commands.push_back({simulate, cli::Simulate});
   commands.push_back({rank, cli::Rank});
   commands.push_back({plan, [](cli::Options& opt) { return cli::PlanOrRun(opt, true); }});
   commands.push_back({submit, cli::Submit});

@@ -71,6 +71,45 @@ int Validate(Options& o) {
   return 0;
 }
 
+namespace {
+
+// "KEY=N" items of an option into a map; throws kInvalidInput naming the option.
+std::map<std::string, int64_t> KeyCounts(const std::vector<std::string>& items, const std::string& option) {
+  std::map<std::string, int64_t> out;
+  for (const auto& item : items) {
+    const size_t eq = item.find('=');
+    char* end = nullptr;
+    const long long n = eq == std::string::npos ? 0 : std::strtoll(item.c_str() + eq + 1, &end, 10);
+    if (eq == std::string::npos || eq == 0 || !end || *end || end == item.c_str() + eq + 1 || n < 1)
+      Throw(ErrorKind::kInvalidInput, option + " " + item + ": expected NAME=N with N a whole number of at least 1");
+    out[item.substr(0, eq)] = n;
+  }
+  return out;
+}
+
+}  // namespace
+
+int Simulate(Options& o) {
+  const workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
+  const workflow::Machine m = MachineOf(o, p);
+  o.sim.ranks = KeyCounts(o.sim_ranks, "--ranks");
+  o.sim.nodes = KeyCounts(o.sim_nodes, "--nodes");
+  const simulate::Calibration c = simulate::Calibrate(o.sim_from, p);
+  const simulate::Result r = simulate::Simulate(p, m, c, o.sim);
+  if (o.as_json) {
+    nlohmann::json j = simulate::ToJson(r);
+    j["pipeline"] = p.name;
+    j["machine"] = m.name;
+    j["calibration"] = {{"runs", c.runs}, {"launcher", c.launcher}, {"queue_wait_s", c.queue_wait_s},
+                        {"measured_round_s", c.measured_round_s}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s on %s, calibrated by %zu run(s) (latest %s)\n%s", p.name.c_str(), m.name.c_str(), c.runs.size(),
+              c.runs.back().c_str(), simulate::Table(r).c_str());
+  return 0;
+}
+
 int Rank(Options& o) {
   const workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
   const workflow::Machine m = MachineOf(o, p);

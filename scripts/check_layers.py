@@ -19,9 +19,10 @@ ALLOWED = {
     "record": {"common", "workflow", "launch"},
     "orchestrator": {"common", "nam", "kernels", "workflow", "launch", "record"},
     "report": {"common", "workflow", "record", "orchestrator"},
+    "simulate": {"common", "workflow", "record"},
     "service": {"common", "kernels", "workflow", "launch", "record", "orchestrator", "report", "inference"},
     "cli": {"common", "nam", "kernels", "workflow", "parallel", "modules", "launch", "record", "orchestrator",
-            "report", "service", "inference"},
+            "report", "service", "inference", "simulate"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
 

@@ -13,7 +13,7 @@ PACKAGES=(meson ninja-build pkg-config g++ nlohmann-json3-dev libcli11-dev libfm
   libopenmpi-dev openmpi-bin redis-server libhiredis-dev slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge procps iproute2 util-linux
   pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo libpng-dev libjpeg62-turbo-dev
   python3-onnx python3-numpy python3-opencv python3-jsonschema dataset-fashion-mnist ca-certificates
-  libcpp-httplib-dev libssl-dev openssl python3-websocket libeigen3-dev)
+  libcpp-httplib-dev libssl-dev openssl python3-websocket libeigen3-dev libsimgrid-dev)
 # Node.js + npm fetch the npm packages; the image may ship its own, else Debian's.
 command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)
 source scripts/packages.sh

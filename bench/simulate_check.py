@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""bench/simulate_check.py — `msaflow simulate` against measurement (docs/simulate.md, issue 29).
+
+    /usr/bin/python3 bench/simulate_check.py [--exe build-test/msaflow] [--keep]
+
+One calibrating run of the tiny pipeline (2 training ranks in sync, 2 evaluation ranks, 1x data),
+then configurations that differ from it in training ranks and mode (independent, sync, async,
+hybrid), evaluation and preparation ranks, and data (1x, 2x, 4x): each is run for real on this
+machine and predicted by `msaflow simulate --from-runs <the calibrating run>` with its ranks and
+data scale. Prints predicted and measured makespan and the error of each, then the median and
+the largest error against the goal (median <= 10 %, none over 25 %), and the CPU.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+import cpu  # noqa: E402
+from small_pipeline import tiny_pipeline  # noqa: E402
+from workdir import work_directory  # noqa: E402
+
+# (name, train ranks, train mode, evaluate ranks, prepare ranks, data scale)
+CONFIGS = [
+    ("independent 1 rank", 1, "independent", 1, 1, 1),
+    ("independent 2 ranks", 2, "independent", 2, 1, 1),
+    ("sync 2 ranks", 2, "sync", 2, 1, 1),
+    ("sync 1 rank, eval 1", 1, "sync", 1, 1, 1),
+    ("async 2 ranks", 2, "async", 2, 1, 1),
+    ("hybrid 4 ranks", 4, "hybrid", 2, 1, 1),
+    ("sync 2, prepare 2", 2, "sync", 2, 2, 1),
+    ("sync 2, 2x data", 2, "sync", 2, 1, 2),
+    ("independent 2, 2x data", 2, "independent", 2, 1, 2),
+    ("sync 2, 4x data", 2, "sync", 2, 1, 4),
+    ("eval 1, 4x data", 2, "sync", 1, 1, 4),
+    ("prepare 2, 4x data", 2, "independent", 2, 2, 4),
+]
+
+
+def doc_for(name, train_ranks, mode, eval_ranks, prep_ranks, scale):
+    doc = tiny_pipeline(ROOT, "simcheck")
+    for split in ("train", "test"):
+        doc["datasets"][split]["limit"] = int(doc["datasets"][split]["limit"] * scale)
+    doc["steps"]["train"] = {"module": "dam", "ranks": train_ranks, "mode": mode}
+    if mode == "hybrid":
+        doc["steps"]["train"]["groups"] = 2
+    doc["steps"]["evaluate"] = {"module": "esb", "ranks": eval_ranks}
+    doc["steps"]["prepare"] = {"module": "dam", "ranks": prep_ranks}
+    return doc
+
+
+def run(exe, work, tag, doc):
+    path = os.path.join(work, tag + ".json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    # Runs of their own: a NAM shared with an earlier run would reuse its features.
+    r = subprocess.run([exe, "run", path, "--runs", os.path.join(work, "runs-" + tag), "--run-id", tag],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"run {tag} failed: {r.stderr[-2000:]}")
+    with open(os.path.join(work, "runs-" + tag, tag, "results.json")) as f:
+        res = json.load(f)
+    return path, sum(sum(c["wall_s"] for c in rd["costs"].values()) for rd in res["rounds"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--exe", default=os.path.join(ROOT, "build-test", "msaflow"))
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    print(cpu.describe())
+    with work_directory(a.keep, "simcheck") as work:
+        calib_path, calib_s = run(a.exe, work, "calibration", doc_for("calibration", 2, "sync", 2, 1, 1))
+        calib = os.path.join(work, "runs-calibration", "calibration")
+        print(f"calibration: sync 2 ranks, evaluate 2, 1x data: {calib_s:.2f} s (steps' sum)")
+        print(f"{'configuration':<26} {'predicted':>10} {'measured':>10} {'error':>8}")
+        errors = []
+        for i, (name, tr, mode, ev, pr, scale) in enumerate(CONFIGS):
+            path, measured = run(a.exe, work, f"c{i}", doc_for(name, tr, mode, ev, pr, scale))
+            s = subprocess.run([a.exe, "simulate", path, "--from-runs", calib, "--json", "--ranks", f"train={tr}",
+                                "--ranks", f"evaluate={ev}", "--ranks", f"prepare={pr}", "--data-scale", str(scale)],
+                               capture_output=True, text=True)
+            if s.returncode != 0:
+                sys.exit(f"simulate {name} failed: {s.stderr}")
+            predicted = json.loads(s.stdout)["makespan_s"]
+            err = abs(predicted - measured) / measured
+            errors.append(err)
+            print(f"{name:<26} {predicted:>9.2f}s {measured:>9.2f}s {100 * err:>7.1f}%")
+        med, worst = statistics.median(errors), max(errors)
+        print(f"median error {100 * med:.1f} % (goal <= 10 %): {'met' if med <= 0.10 else 'NOT met'}; "
+              f"largest {100 * worst:.1f} % (goal <= 25 %): {'met' if worst <= 0.25 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+// The model on SimGrid's S4U: one host per node of each module and one for the NAM, each with its
+// own link to the fabric (a star); a coordinator actor walks the rounds, and each step's ranks
+// are actors on their nodes that compute (executions sized in measured seconds), move bytes to
+// and from the NAM, and, when training together, exchange gradients every step (a ring for sync,
+// a parameter server for async, both for hybrid). SimGrid shares links and cores among what runs
+// at once; the coordinator measures when each step starts and ends.
+#include <fmt/core.h>
+#include <simgrid/s4u.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+#include <thread>
+
+#include "common/error.h"
+#include "simulate/simulate.h"
+#include "workflow/kinds.h"
+
+namespace msaflow::simulate {
+namespace {
+
+namespace sg4 = simgrid::s4u;
+using nlohmann::json;
+
+constexpr double kSpeed = 1e9;            // flop/s of one core: a measured second of work is 1e9 flops
+constexpr double kLoopbackBytes = 8e9;    // bytes/s between two processes of one node
+constexpr int64_t kChunksPerStep = 8;     // a rank's training is simulated in this many pieces
+
+// What one step of one round runs, as the model sees it.
+struct StepWork {
+  StepModel m;
+  std::string module;
+  int64_t ranks = 1, nodes = 1, per_node = 1;
+  workflow::TrainMode mode = workflow::TrainMode::kIndependent;
+  int64_t groups = 1;
+  double scale = 1;  // data scale for this step's work and bytes
+};
+
+void Transfer(sg4::Host* from, sg4::Host* to, double bytes) {
+  if (bytes <= 0) return;
+  if (from == to) {
+    sg4::this_actor::sleep_for(bytes / kLoopbackBytes);
+    return;
+  }
+  sg4::Comm::sendto(from, to, static_cast<uint64_t>(bytes));
+}
+
+double Work(const StepWork& w) { return w.m.per_item_s * static_cast<double>(w.m.items) * w.scale; }
+
+// Rank i of a step: start, read from the NAM, compute (exchanging gradients when training
+// together), write to the NAM.
+void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts, sg4::Host* nam,
+              const sg4::BarrierPtr& barrier, double latency_s) {
+  sg4::Host* me = hosts[static_cast<size_t>(i)];
+  const double r = static_cast<double>(w.ranks);
+  sg4::this_actor::execute(w.m.serial_s * kSpeed);
+  Transfer(nam, me, w.m.nam_in_bytes * w.scale / r);
+  const std::string step = w.m.step;
+  if (step == "evaluate") {  // the farm hands out (model x shard) tasks: some ranks get one more
+    const int64_t items = w.m.items, mine = items / w.ranks + (i < items % w.ranks ? 1 : 0);
+    sg4::this_actor::execute(w.m.per_item_s * w.scale * static_cast<double>(mine) * kSpeed);
+  } else if (step == "train" && w.ranks > 1 && w.mode != workflow::TrainMode::kIndependent && w.m.model_bytes > 0) {
+    // The updates this rank takes part in: all of them in sync (each is one global batch split
+    // over the ranks), its group's in hybrid, its own in async.
+    const int64_t g = w.mode == workflow::TrainMode::kHybrid ? std::max<int64_t>(1, std::min(w.groups, w.ranks)) : 1;
+    const int64_t group_size = std::max<int64_t>(1, w.ranks / g), group = std::min(i / group_size, g - 1),
+                  in_group = i - group * group_size;
+    const double updates = static_cast<double>(w.m.items) * w.scale;
+    const double steps = w.mode == workflow::TrainMode::kSync     ? updates
+                         : w.mode == workflow::TrainMode::kHybrid ? updates / static_cast<double>(g)
+                                                                  : updates / r;
+    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(kChunksPerStep, static_cast<int64_t>(steps)));
+    const double per_chunk = steps / static_cast<double>(chunks);
+    const double work = Work(w) / r / static_cast<double>(chunks);
+    for (int64_t c = 0; c < chunks; ++c) {
+      sg4::this_actor::execute(work * kSpeed);
+      if (w.mode == workflow::TrainMode::kSync || w.mode == workflow::TrainMode::kHybrid) {
+        // Ring allreduce in the (group's) ring: 2(n-1)/n of the gradient out each step, 2(n-1) messages.
+        const int64_t n = w.mode == workflow::TrainMode::kSync ? w.ranks
+                          : group == g - 1                     ? w.ranks - group * group_size
+                                                               : group_size;
+        if (n > 1) {
+          const int64_t base = w.mode == workflow::TrainMode::kSync ? 0 : group * group_size;
+          const int64_t pos = w.mode == workflow::TrainMode::kSync ? i : in_group;
+          sg4::Host* next = hosts[static_cast<size_t>(base + (pos + 1) % n)];
+          const double dn = static_cast<double>(n);
+          Transfer(me, next, per_chunk * 2 * (dn - 1) / dn * w.m.model_bytes);
+          sg4::this_actor::sleep_for(per_chunk * 2 * (dn - 1) * latency_s);
+        }
+      }
+      if (w.mode == workflow::TrainMode::kAsync || (w.mode == workflow::TrainMode::kHybrid && in_group == 0)) {
+        // To the parameter server and back, every step (its process beside rank 0).
+        Transfer(me, hosts[0], per_chunk * w.m.model_bytes);
+        Transfer(hosts[0], me, per_chunk * w.m.model_bytes);
+      }
+      if (w.mode == workflow::TrainMode::kSync) barrier->wait();
+    }
+  } else {
+    sg4::this_actor::execute(Work(w) / r * kSpeed);
+  }
+  Transfer(me, nam, w.m.nam_out_bytes * w.scale / r);
+}
+
+int64_t Ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The seconds the model gives a step at `ranks` without contention: for choosing ranks.
+double Analytic(const StepWork& w, int64_t ranks, double link, double latency) {
+  const double r = static_cast<double>(ranks);
+  double t = w.m.serial_s + Work(w) / r + (w.m.nam_in_bytes + w.m.nam_out_bytes) * w.scale / r / link;
+  if (w.m.step == "evaluate") t = w.m.serial_s + w.m.per_item_s * w.scale * std::ceil(static_cast<double>(w.m.items) / r);
+  if (w.m.step == "train" && ranks > 1 && w.mode == workflow::TrainMode::kSync)
+    t += static_cast<double>(w.m.items) * w.scale * (2 * (r - 1) / r * w.m.model_bytes / link + 2 * (r - 1) * latency);
+  return t;
+}
+
+// One simulation: the options checked, the rounds' work planned, the platform built, the
+// coordinator actor run, the placement worked out.
+class Model {
+ public:
+  Model(const workflow::Pipeline& p, const workflow::Machine& m, const Calibration& c, const Options& o)
+      : p_(p), m_(m), c_(c), o_(o) {}
+
+  Result Run() {
+    const auto wall0 = std::chrono::steady_clock::now();
+    Check();
+    Plan();
+    // Actors here are shallow (a rank's loop): small stacks without guard pages.
+    int argc = 4;
+    char arg0[] = "msaflow-simulate", arg1[] = "--log=root.thres:critical", arg2[] = "--cfg=contexts/stack-size:256",
+         arg3[] = "--cfg=contexts/guard-size:0";
+    char* argv[] = {arg0, arg1, arg2, arg3, nullptr};
+    sg4::Engine e(&argc, argv);
+    Platform();
+    res_.rounds.resize(plan_.size());
+    sg4::Actor::create("coordinator", coordinator_, [this] { Coordinate(); });
+    e.run();
+    res_.makespan_s = sg4::Engine::get_clock();
+    if (mode_ == "local")
+      for (auto& [mod, ns] : res_.node_seconds) ns.held = ns.used;
+    Place();
+    res_.simulation_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    return res_;
+  }
+
+ private:
+  void Check() {
+    if (c_.rounds.empty()) Throw(ErrorKind::kInvalidInput, "simulate: the calibration has no rounds");
+    if (o_.data_scale <= 0) Throw(ErrorKind::kInvalidInput, "--data-scale must be above 0");
+    for (const auto& [step, r] : o_.ranks) {
+      if (!workflow::StepFromName(step))
+        Throw(ErrorKind::kInvalidInput,
+              "--ranks " + step + "=" + std::to_string(r) + ": not a step (load, prepare, train, store, evaluate, select)");
+      if (r < 1) Throw(ErrorKind::kInvalidInput, "--ranks " + step + "=" + std::to_string(r) + ": ranks must be at least 1");
+    }
+    for (const auto& [name, mod] : m_.modules) nodes_[name] = std::max<int64_t>(1, mod.nodes);
+    for (const auto& [name, n] : o_.nodes) {
+      if (!m_.modules.count(name)) (void)m_.Module(name, "--nodes");  // throws, naming the modules there are
+      if (n < 1) Throw(ErrorKind::kInvalidInput, "--nodes " + name + "=" + std::to_string(n) + ": at least 1");
+      nodes_[name] = n;
+    }
+    slurm_ = m_.launcher == workflow::LauncherKind::kSlurm;
+    mode_ = !slurm_ ? "local" : !o_.slurm_mode.empty() ? o_.slurm_mode : m_.slurm.mode;
+    if (mode_ != "local" && mode_ != "hetjob" && mode_ != "chained")
+      Throw(ErrorKind::kInvalidInput, "--slurm-mode " + mode_ + ": expected hetjob or chained");
+    queue_ = !slurm_ ? 0 : o_.queue_wait_s >= 0 ? o_.queue_wait_s : c_.queue_wait_s;
+  }
+
+  // The work of every round, step by step.
+  void Plan() {
+    const int64_t rounds = o_.rounds > 0 ? o_.rounds : static_cast<int64_t>(c_.rounds.size());
+    const int64_t last = static_cast<int64_t>(c_.rounds.size()) - 1;
+    for (int64_t k = 0; k < rounds; ++k) {
+      const auto& cal = c_.rounds[static_cast<size_t>(std::min(k, last))];
+      std::vector<StepWork> steps;
+      for (const workflow::Step s : workflow::kSteps) {
+        const std::string name = workflow::StepName(s);
+        auto it = cal.find(name);
+        const workflow::StepSpec* spec = p_.FindStep(name);
+        if (it == cal.end() || !spec) continue;
+        StepWork w;
+        w.m = it->second;
+        w.module = spec->module;
+        const workflow::ModuleSpec& mod = m_.Module(spec->module, "steps/" + name + "/module");
+        w.ranks = o_.ranks.count(name) ? o_.ranks.at(name) : spec->ranks;
+        w.nodes = std::min(nodes_[mod.name], w.ranks);
+        w.per_node = Ceil(w.ranks, w.nodes);
+        w.nodes = Ceil(w.ranks, w.per_node);
+        w.scale = (name == "prepare" || name == "train" || name == "evaluate") ? o_.data_scale : 1;
+        if (name == "train") {
+          w.mode = spec->parallel.mode;
+          if (w.mode == workflow::TrainMode::kAuto)
+            w.mode = p_.rounds.candidates >= w.ranks ? workflow::TrainMode::kIndependent : workflow::TrainMode::kSync;
+          w.groups = spec->parallel.groups;
+        }
+        steps.push_back(w);
+      }
+      plan_.push_back(std::move(steps));
+    }
+  }
+
+  sg4::Host* AddHost(const std::string& name, int cores) {
+    sg4::Host* h = zone_->create_host(name, kSpeed)->set_core_count(std::max(1, cores))->seal();
+    const sg4::Link* l = zone_->create_link(name + "-link", o_.link_bytes_per_s)->set_latency(o_.latency_s)->seal();
+    zone_->add_route(h->get_netpoint(), nullptr, nullptr, nullptr, {sg4::LinkInRoute(l)}, true);
+    ++res_.hosts;
+    return h;
+  }
+
+  // Hosts per module node, the NAM's, the coordinator's (the first CM node).
+  void Platform() {
+    zone_ = sg4::create_star_zone("msa");
+    if (!slurm_) {  // the local machine: every module is this one host and its cores
+      sg4::Host* here = AddHost("localhost", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+      for (const auto& [name, mod] : m_.modules) hosts_[name] = {here};
+    } else {
+      for (const auto& [name, mod] : m_.modules) {
+        int64_t cores = std::max<int64_t>(1, Ceil(mod.max_ranks, nodes_[name]));
+        for (const auto& round : plan_)
+          for (const auto& w : round)
+            if (w.module == name) cores = std::max(cores, w.per_node);
+        for (int64_t i = 0; i < nodes_[name]; ++i)
+          hosts_[name].push_back(AddHost(fmt::format("{}{:03d}", name, i + 1), static_cast<int>(cores)));
+      }
+    }
+    nam_ = slurm_ ? AddHost("nam", 4) : hosts_.begin()->second[0];
+    coordinator_ = hosts_.count("cm") ? hosts_["cm"][0] : hosts_.begin()->second[0];
+  }
+
+  // The coordinator actor: the rounds, each step's ranks started and joined.
+  void Coordinate() {
+    for (size_t k = 0; k < plan_.size(); ++k) {
+      RoundResult& rr = res_.rounds[k];
+      rr.round = static_cast<int64_t>(k) + 1;
+      rr.start_s = sg4::Engine::get_clock();
+      if (mode_ == "hetjob" && queue_ > 0) sg4::this_actor::sleep_for(queue_);
+      std::string last_module;
+      for (const StepWork& w : plan_[k]) {
+        if (mode_ == "chained" && queue_ > 0 && w.module != last_module) sg4::this_actor::sleep_for(queue_);
+        last_module = w.module;
+        rr.steps.push_back(RunStep(w, k));
+      }
+      rr.seconds = sg4::Engine::get_clock() - rr.start_s;
+      if (mode_ == "hetjob") {
+        std::set<std::string> used;
+        for (const auto& w : plan_[k]) used.insert(w.module);
+        for (const auto& mod : used) res_.node_seconds[mod].held += static_cast<double>(nodes_[mod]) * (rr.seconds - queue_);
+      }
+    }
+  }
+
+  StepResult RunStep(const StepWork& w, size_t k) {
+    StepResult sr;
+    sr.step = w.m.step;
+    sr.module = w.module;
+    sr.ranks = w.ranks;
+    sr.nodes = slurm_ ? w.nodes : 1;
+    sr.start_s = sg4::Engine::get_clock();
+    std::vector<sg4::Host*> where;
+    const auto& pool = hosts_.at(w.module);
+    const auto last = static_cast<int64_t>(pool.size()) - 1;
+    for (int64_t i = 0; i < w.ranks; ++i) where.push_back(pool[static_cast<size_t>(std::min(i / w.per_node, last))]);
+    const sg4::BarrierPtr barrier = sg4::Barrier::create(static_cast<unsigned>(w.ranks));
+    std::vector<sg4::ActorPtr> ranks;
+    const double latency = o_.latency_s;
+    sg4::Host* nam = nam_;
+    for (int64_t i = 0; i < w.ranks; ++i) {
+      ranks.push_back(sg4::Actor::create(fmt::format("r{}-{}-{}", k + 1, w.m.step, i), where[static_cast<size_t>(i)],
+                                         [&w, i, &where, nam, barrier, latency] { RankBody(w, i, where, nam, barrier, latency); }));
+      ++res_.actors;
+    }
+    for (auto& a : ranks) a->join();
+    sr.seconds = sg4::Engine::get_clock() - sr.start_s;
+    if (w.ranks == w.m.ranks && o_.data_scale == 1 && k < c_.rounds.size()) sr.measured_s = w.m.measured_s;
+    res_.node_seconds[w.module].used += static_cast<double>(sr.nodes) * sr.seconds;
+    if (mode_ == "chained") res_.node_seconds[w.module].held += static_cast<double>(nodes_[w.module]) * sr.seconds;
+    return sr;
+  }
+
+  // Where it ran, and the ranks the model favours for each divisible step (the largest round's).
+  void Place() {
+    json steps = json::object(), favour = json::object();
+    const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+    for (const auto& round : plan_)
+      for (const auto& w : round) {
+        steps[w.m.step] = {{"module", w.module}, {"ranks", w.ranks}, {"nodes", slurm_ ? w.nodes : 1}};
+        if (w.m.step != "prepare" && w.m.step != "train" && w.m.step != "evaluate") continue;
+        if (w.m.step == "train" && (w.mode == workflow::TrainMode::kAsync || w.mode == workflow::TrainMode::kHybrid)) continue;
+        const workflow::ModuleSpec& mod = m_.Module(w.module, "steps");
+        const int64_t limit =
+            std::max<int64_t>(1, slurm_ ? std::max(mod.max_ranks, nodes_[w.module]) : std::min(mod.max_ranks, cores));
+        int64_t best = 1;
+        double best_s = Analytic(w, 1, o_.link_bytes_per_s, o_.latency_s);
+        for (int64_t r = 2; r <= limit; r *= 2)
+          if (const double t = Analytic(w, r, o_.link_bytes_per_s, o_.latency_s); t < best_s * 0.95) best = r, best_s = t;
+        if (!favour.contains(w.m.step) || favour[w.m.step]["work_s"].get<double>() < Work(w))
+          favour[w.m.step] = {{"ranks", best}, {"seconds", best_s}, {"work_s", Work(w)}, {"limit", limit}};
+      }
+    res_.placement = {{"mode", mode_}, {"steps", steps}, {"favoured_ranks", favour}};
+  }
+
+  const workflow::Pipeline& p_;
+  const workflow::Machine& m_;
+  const Calibration& c_;
+  const Options& o_;
+  std::map<std::string, int64_t> nodes_;
+  bool slurm_ = false;
+  std::string mode_;
+  double queue_ = 0;
+  std::vector<std::vector<StepWork>> plan_;
+  sg4::NetZone* zone_ = nullptr;
+  std::map<std::string, std::vector<sg4::Host*>> hosts_;
+  sg4::Host* nam_ = nullptr;
+  sg4::Host* coordinator_ = nullptr;
+  Result res_;
+};
+
+}  // namespace
+
+Result Simulate(const workflow::Pipeline& p, const workflow::Machine& m, const Calibration& c, const Options& o) {
+  return Model(p, m, c, o).Run();
+}
+
+json ToJson(const Result& r) {
+  json rounds = json::array();
+  for (const auto& rr : r.rounds) {
+    json steps = json::array();
+    for (const auto& s : rr.steps) {
+      json j = {{"step", s.step}, {"module", s.module}, {"ranks", s.ranks}, {"nodes", s.nodes},
+                {"start_s", s.start_s}, {"seconds", s.seconds}};
+      if (s.measured_s > 0) j["measured_s"] = s.measured_s;
+      steps.push_back(j);
+    }
+    rounds.push_back({{"round", rr.round}, {"start_s", rr.start_s}, {"seconds", rr.seconds}, {"steps", steps}});
+  }
+  json ns = json::object();
+  for (const auto& [mod, n] : r.node_seconds) ns[mod] = {{"held", n.held}, {"used", n.used}};
+  return {{"makespan_s", r.makespan_s}, {"rounds", rounds}, {"node_seconds", ns}, {"placement", r.placement},
+          {"simulation", {{"wall_s", r.simulation_wall_s}, {"hosts", r.hosts}, {"actors", r.actors},
+                          {"speedup", r.simulation_wall_s > 0 ? r.makespan_s / r.simulation_wall_s : 0}}}};
+}
+
+std::string Table(const Result& r) {
+  std::string out;
+  for (const auto& rr : r.rounds) {
+    out += fmt::format("round {}: {:.1f} s (from {:.1f} s)\n", rr.round, rr.seconds, rr.start_s);
+    for (const auto& s : rr.steps)
+      out += fmt::format("  {:<9} {:<4} {:>4} rank{} on {:>4} node{}  {:>9.2f} s{}\n", s.step, s.module, s.ranks,
+                         s.ranks == 1 ? " " : "s", s.nodes, s.nodes == 1 ? " " : "s", s.seconds,
+                         s.measured_s > 0 ? fmt::format("  (measured {:.2f} s)", s.measured_s) : "");
+  }
+  out += fmt::format("makespan {:.1f} s\n", r.makespan_s);
+  for (const auto& [mod, n] : r.node_seconds)
+    out += fmt::format("  {:<4} node-seconds held {:>10.1f}, used {:>10.1f}\n", mod, n.held, n.used);
+  for (const auto& [step, f] : r.placement["favoured_ranks"].items())
+    out += fmt::format("  {:<9} the model favours {} rank(s): {:.2f} s (at most {})\n", step, f["ranks"].get<int64_t>(),
+                       f["seconds"].get<double>(), f["limit"].get<int64_t>());
+  out += fmt::format("simulated in {:.3f} s ({} hosts, {} actors)\n", r.simulation_wall_s, r.hosts, r.actors);
+  return out;
+}
+
+}  // namespace msaflow::simulate
