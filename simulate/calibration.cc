@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <tuple>
+#include <thread>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -73,6 +75,7 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
       s.per_item_s = s.items > 0 ? Num(c, "work_s") / static_cast<double>(s.items) : 0;
       s.serial_s = Num(c, "serial_s");
       s.measured_s = Num(c, "wall_s");
+      s.size = static_cast<double>(s.items);
       total += s.measured_s;
       steps[step] = s;
     }
@@ -98,10 +101,14 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
       if (it == rs.end()) continue;
       StepModel& s = it->second;
       s.nam_in_bytes = s.nam_out_bytes = 0;  // a retried task: its last end counts
+      std::map<std::string, int64_t> per_host;
       for (const auto& rk : e.fields.value("ranks", json::array())) {
         s.nam_in_bytes += Num(rk, "got_bytes");
         s.nam_out_bytes += Num(rk, "put_bytes");
+        ++per_host[rk.value("host", "")];
       }
+      for (const auto& [host, n] : per_host) s.per_node = std::max(s.per_node, n);
+      s.size = step == "evaluate" && s.nam_in_bytes > 0 ? s.nam_in_bytes : static_cast<double>(s.items);
       if (step == "train") {
         double bytes = 0, n = 0;
         for (const auto& o : e.fields.value("outputs", json::array()))
@@ -144,22 +151,48 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p) {
   std::vector<double> queue;
   for (const auto& r : runs) queue.insert(queue.end(), r.queue_s.begin(), r.queue_s.end());
   c.queue_wait_s = Median(queue);
-  // Pooled: work per item over every run and round; serial time by median over the runs, round
-  // by round (round 1 loads and computes features, later ones mostly reuse them: their serial
-  // parts differ).
-  std::map<std::string, std::pair<double, double>> work;  // step -> (work_s, items)
-  std::map<std::pair<size_t, std::string>, std::vector<double>> serial;
+  // Work in core-seconds (a rank had the node's cores over the ranks on it as threads:
+  // parallel/mpi_comm.cc), fitted per step over every run and round as fixed + per-unit x size,
+  // the size being what the work grows with (items: image passes, training updates; for
+  // evaluate the bytes of features it read, as its tasks do not grow with the data). With one
+  // size only, all of it is taken as growing with the size. Serial time by median over the runs,
+  // round by round (round 1 loads and computes features, later ones mostly reuse them) and for
+  // one rank apart from several (those start through mpirun).
+  c.cores = std::max(1u, std::thread::hardware_concurrency());
+  std::map<std::string, std::vector<std::pair<double, double>>> points;  // step -> (size, core-seconds)
+  std::map<std::tuple<size_t, std::string, bool>, std::vector<double>> serial;
   for (const auto& r : runs)
     for (size_t k = 0; k < r.rounds.size(); ++k)
       for (const auto& [step, s] : r.rounds[k]) {
-        work[step].first += s.per_item_s * static_cast<double>(s.items);
-        work[step].second += static_cast<double>(s.items);
-        serial[{k, step}].push_back(s.serial_s);
+        const int64_t per_node = s.per_node > 0 ? s.per_node : s.ranks;
+        const double threads = static_cast<double>(std::max<int64_t>(1, c.cores / per_node));
+        if (s.size > 0) points[step].push_back({s.size, s.per_item_s * threads * static_cast<double>(s.items)});
+        serial[{k, step, s.ranks > 1}].push_back(s.serial_s);
       }
+  std::map<std::string, std::pair<double, double>> fit;  // step -> (fixed, per unit of size)
+  for (const auto& [step, pts] : points) {
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, lo = pts[0].first, hi = pts[0].first;
+    for (const auto& [x, y] : pts) sx += x, sy += y, sxx += x * x, sxy += x * y, lo = std::min(lo, x), hi = std::max(hi, x);
+    const double n = static_cast<double>(pts.size());
+    double a = 0, b = sx > 0 ? sy / sx : 0;
+    if (hi > lo * 1.05) {
+      const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+      b = std::max(0.0, slope);
+      a = std::max(0.0, (sy - b * sx) / n);
+    }
+    fit[step] = {a, b};
+  }
   for (size_t k = 0; k < c.rounds.size(); ++k)
     for (auto& [step, s] : c.rounds[k]) {
-      if (work[step].second > 0) s.per_item_s = work[step].first / work[step].second;
-      s.serial_s = Median(serial[{k, step}]);
+      s.fixed_core_s = s.size > 0 ? fit[step].first : 0;
+      s.per_item_s = fit[step].second;
+      for (const bool many : {s.ranks > 1, s.ranks <= 1})  // as run, else the other kind
+        if (auto it = serial.find({k, step, many}); it != serial.end()) {
+          s.serial_s = Median(it->second);
+          break;
+        }
+      s.serial_by_ranks[false] = serial.count({k, step, false}) ? Median(serial[{k, step, false}]) : s.serial_s;
+      s.serial_by_ranks[true] = serial.count({k, step, true}) ? Median(serial[{k, step, true}]) : s.serial_s;
     }
   return c;
 }

@@ -32,6 +32,7 @@ struct StepWork {
   StepModel m;
   std::string module;
   int64_t ranks = 1, nodes = 1, per_node = 1;
+  int64_t threads = 1;  // each rank's: the node's cores over its ranks there
   workflow::TrainMode mode = workflow::TrainMode::kIndependent;
   int64_t groups = 1;
   double scale = 1;  // data scale for this step's work and bytes
@@ -46,20 +47,37 @@ void Transfer(sg4::Host* from, sg4::Host* to, double bytes) {
   sg4::Comm::sendto(from, to, static_cast<uint64_t>(bytes));
 }
 
-double Work(const StepWork& w) { return w.m.per_item_s * static_cast<double>(w.m.items) * w.scale; }
+// Core-seconds of the step's divisible work at the simulated data size.
+double Work(const StepWork& w) { return w.m.fixed_core_s + w.m.per_item_s * w.m.size * w.scale; }
+
+// The serial part for this many ranks: several start through mpirun.
+double Serial(const StepWork& w, int64_t ranks) {
+  auto it = w.m.serial_by_ranks.find(ranks > 1);
+  return it != w.m.serial_by_ranks.end() ? it->second : w.m.serial_s;
+}
 
 // Rank i of a step: start, read from the NAM, compute (exchanging gradients when training
 // together), write to the NAM.
+// `core_s` core-seconds of work on this rank's threads.
+void Compute(sg4::Host* me, const StepWork& w, double core_s) {
+  if (core_s <= 0) return;
+  const int t = static_cast<int>(w.threads);
+  if (t > 1)
+    sg4::this_actor::thread_execute(me, core_s * kSpeed / t, t);
+  else
+    sg4::this_actor::execute(core_s * kSpeed);
+}
+
 void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts, sg4::Host* nam,
               const sg4::BarrierPtr& barrier, double latency_s) {
   sg4::Host* me = hosts[static_cast<size_t>(i)];
   const double r = static_cast<double>(w.ranks);
-  sg4::this_actor::execute(w.m.serial_s * kSpeed);
+  sg4::this_actor::execute(Serial(w, w.ranks) * kSpeed);
   Transfer(nam, me, w.m.nam_in_bytes * w.scale / r);
   const std::string step = w.m.step;
   if (step == "evaluate") {  // the farm hands out (model x shard) tasks: some ranks get one more
     const int64_t items = w.m.items, mine = items / w.ranks + (i < items % w.ranks ? 1 : 0);
-    sg4::this_actor::execute(w.m.per_item_s * w.scale * static_cast<double>(mine) * kSpeed);
+    Compute(me, w, items > 0 ? Work(w) * static_cast<double>(mine) / static_cast<double>(items) : Work(w) / r);
   } else if (step == "train" && w.ranks > 1 && w.mode != workflow::TrainMode::kIndependent && w.m.model_bytes > 0) {
     // The updates this rank takes part in: all of them in sync (each is one global batch split
     // over the ranks), its group's in hybrid, its own in async.
@@ -74,7 +92,7 @@ void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts
     const double per_chunk = steps / static_cast<double>(chunks);
     const double work = Work(w) / r / static_cast<double>(chunks);
     for (int64_t c = 0; c < chunks; ++c) {
-      sg4::this_actor::execute(work * kSpeed);
+      Compute(me, w, work);
       if (w.mode == workflow::TrainMode::kSync || w.mode == workflow::TrainMode::kHybrid) {
         // Ring allreduce in the (group's) ring: 2(n-1)/n of the gradient out each step, 2(n-1) messages.
         const int64_t n = w.mode == workflow::TrainMode::kSync ? w.ranks
@@ -97,7 +115,7 @@ void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts
       if (w.mode == workflow::TrainMode::kSync) barrier->wait();
     }
   } else {
-    sg4::this_actor::execute(Work(w) / r * kSpeed);
+    Compute(me, w, Work(w) / r);
   }
   Transfer(me, nam, w.m.nam_out_bytes * w.scale / r);
 }
@@ -105,10 +123,11 @@ void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts
 int64_t Ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The seconds the model gives a step at `ranks` without contention: for choosing ranks.
-double Analytic(const StepWork& w, int64_t ranks, double link, double latency) {
-  const double r = static_cast<double>(ranks);
-  double t = w.m.serial_s + Work(w) / r + (w.m.nam_in_bytes + w.m.nam_out_bytes) * w.scale / r / link;
-  if (w.m.step == "evaluate") t = w.m.serial_s + w.m.per_item_s * w.scale * std::ceil(static_cast<double>(w.m.items) / r);
+double Analytic(const StepWork& w, int64_t ranks, int64_t threads, double link, double latency) {
+  const double r = static_cast<double>(ranks), th = static_cast<double>(threads);
+  double t = Serial(w, ranks) + Work(w) / r / th + (w.m.nam_in_bytes + w.m.nam_out_bytes) * w.scale / r / link;
+  if (w.m.step == "evaluate" && w.m.items > 0)
+    t = Serial(w, ranks) + Work(w) * std::ceil(static_cast<double>(w.m.items) / r) / static_cast<double>(w.m.items) / th;
   if (w.m.step == "train" && ranks > 1 && w.mode == workflow::TrainMode::kSync)
     t += static_cast<double>(w.m.items) * w.scale * (2 * (r - 1) / r * w.m.model_bytes / link + 2 * (r - 1) * latency);
   return t;
@@ -186,6 +205,7 @@ class Model {
         w.nodes = std::min(nodes_[mod.name], w.ranks);
         w.per_node = Ceil(w.ranks, w.nodes);
         w.nodes = Ceil(w.ranks, w.per_node);
+        w.threads = std::max<int64_t>(1, NodeCores(mod.name) / w.per_node);
         w.scale = (name == "prepare" || name == "train" || name == "evaluate") ? o_.data_scale : 1;
         if (name == "train") {
           w.mode = spec->parallel.mode;
@@ -197,6 +217,12 @@ class Model {
       }
       plan_.push_back(std::move(steps));
     }
+  }
+
+  // A node's cores: this machine's locally, else the module's max_ranks over its nodes.
+  int64_t NodeCores(const std::string& module) {
+    if (!slurm_) return std::max(1u, std::thread::hardware_concurrency());
+    return std::max<int64_t>(1, Ceil(m_.Module(module, "steps").max_ranks, nodes_[module]));
   }
 
   sg4::Host* AddHost(const std::string& name, int cores) {
@@ -215,10 +241,7 @@ class Model {
       for (const auto& [name, mod] : m_.modules) hosts_[name] = {here};
     } else {
       for (const auto& [name, mod] : m_.modules) {
-        int64_t cores = std::max<int64_t>(1, Ceil(mod.max_ranks, nodes_[name]));
-        for (const auto& round : plan_)
-          for (const auto& w : round)
-            if (w.module == name) cores = std::max(cores, w.per_node);
+        const int64_t cores = NodeCores(name);  // more ranks than cores on a node share them
         for (int64_t i = 0; i < nodes_[name]; ++i)
           hosts_[name].push_back(AddHost(fmt::format("{}{:03d}", name, i + 1), static_cast<int>(cores)));
       }
@@ -280,19 +303,22 @@ class Model {
   // Where it ran, and the ranks the model favours for each divisible step (the largest round's).
   void Place() {
     json steps = json::object(), favour = json::object();
-    const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
     for (const auto& round : plan_)
       for (const auto& w : round) {
         steps[w.m.step] = {{"module", w.module}, {"ranks", w.ranks}, {"nodes", slurm_ ? w.nodes : 1}};
         if (w.m.step != "prepare" && w.m.step != "train" && w.m.step != "evaluate") continue;
         if (w.m.step == "train" && (w.mode == workflow::TrainMode::kAsync || w.mode == workflow::TrainMode::kHybrid)) continue;
         const workflow::ModuleSpec& mod = m_.Module(w.module, "steps");
-        const int64_t limit =
-            std::max<int64_t>(1, slurm_ ? std::max(mod.max_ranks, nodes_[w.module]) : std::min(mod.max_ranks, cores));
+        const int64_t cores = NodeCores(w.module), nodes = slurm_ ? nodes_[w.module] : 1;
+        const int64_t limit = std::max<int64_t>(1, slurm_ ? std::max(mod.max_ranks, nodes) : std::min(mod.max_ranks, cores));
+        auto at = [&](int64_t r) {
+          const int64_t per_node = Ceil(r, std::min(nodes, r));
+          return Analytic(w, r, std::max<int64_t>(1, cores / per_node), o_.link_bytes_per_s, o_.latency_s);
+        };
         int64_t best = 1;
-        double best_s = Analytic(w, 1, o_.link_bytes_per_s, o_.latency_s);
+        double best_s = at(1);
         for (int64_t r = 2; r <= limit; r *= 2)
-          if (const double t = Analytic(w, r, o_.link_bytes_per_s, o_.latency_s); t < best_s * 0.95) best = r, best_s = t;
+          if (const double t = at(r); t < best_s * 0.95) best = r, best_s = t;
         if (!favour.contains(w.m.step) || favour[w.m.step]["work_s"].get<double>() < Work(w))
           favour[w.m.step] = {{"ranks", best}, {"seconds", best_s}, {"work_s", Work(w)}, {"limit", limit}};
       }

@@ -20,7 +20,12 @@ namespace msaflow::simulate {
 struct StepModel {
   std::string step;
   int64_t ranks = 1;        // the ranks it ran with
-  double per_item_s = 0;    // rank-seconds of divisible work per item (image pass, training step, task)
+  double per_item_s = 0;    // divisible work per item (image pass, training update, task) in
+                            // rank-seconds as measured; once calibrated, core-seconds per unit of size
+  double size = 0;          // what the work grows with: items; for evaluate, the bytes it read
+  double fixed_core_s = 0;  // once calibrated: the work that does not grow with the size
+  std::map<bool, double> serial_by_ranks;  // once calibrated: serial_s for one rank (false), several (true)
+  int64_t per_node = 0;     // the most ranks it had on one node (0: not recorded, all on one)
   int64_t items = 0;        // items in that round
   double serial_s = 0;      // per process: start-up, reading inputs, committing
   double nam_in_bytes = 0;  // all ranks together, from the NAM
@@ -38,6 +43,7 @@ struct Calibration {
   std::vector<double> measured_round_s;                  // the latest run's rounds as they ran
   std::string launcher;                                  // the latest run's: "local" or "slurm"
   double queue_wait_s = 0;                               // Slurm: a round's wait in the queue (median)
+  int64_t cores = 1;  // of a node the runs ran on: taken as this machine's (calibrate where you simulate from)
 };
 // `from` is a run directory or a directory of them; only runs of pipeline `p.name` with costs
 // recorded count. Throws kNotFound when none does, kCorrupt naming a file that is not a run's.
