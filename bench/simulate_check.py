@@ -8,7 +8,9 @@ preparation rank, 1x data), then configurations that differ from it in training 
 hybrid), evaluation and preparation ranks, and data (1x, 2x, 4x): each is run for real on this
 machine and predicted by `msaflow simulate --from-runs <the calibrating run>` with its ranks and
 data scale. Prints predicted and measured makespan and the error of each, then the median and
-the largest error against the goal (median <= 10 %, none over 25 %), and the CPU.
+the largest error against the goal (median <= 10 %, none over 25 %), and the CPU. Then the
+simulation's speed: the quickstart, run once here, simulated on the 1,000-node machine at
+several widths and data sizes, in seconds of wall time per simulated hour (goal: under 1 s).
 """
 import argparse
 import json
@@ -97,6 +99,37 @@ def main():
         med, worst = statistics.median(errors), max(errors)
         print(f"median error {100 * med:.1f} % (goal <= 10 %): {'met' if med <= 0.10 else 'NOT met'}; "
               f"largest {100 * worst:.1f} % (goal <= 25 %): {'met' if worst <= 0.25 else 'NOT met'}")
+        speed(a.exe, work)
+
+
+def speed(exe, work):
+    """The quickstart, calibrated by one real run here, simulated on the 1,000-node machine: the
+    simulation's own seconds per hour of simulated time (goal: under 1 s, >= 3,600x)."""
+    quick = os.path.join(ROOT, "pipelines", "quickstart.json")
+    runs = os.path.join(work, "runs-quickstart")
+    r = subprocess.run([exe, "run", quick, "--runs", runs, "--run-id", "q"], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"quickstart failed: {r.stderr[-2000:]}")
+    machine = os.path.join(ROOT, "configs", "machines", "msa-1000.json")
+    print(f"\nquickstart on {machine} (1,000 nodes):")
+    print(f"{'ranks, data':<64} {'simulated':>10} {'wall':>9} {'actors':>7} {'s per sim. hour':>16}")
+    for label, args in [("as the pipeline says", []),
+                        ("prepare 64, train 6, evaluate 256", ["--ranks", "prepare=64", "--ranks", "train=6",
+                                                               "--ranks", "evaluate=256"]),
+                        ("prepare 64, train 6, evaluate 256, 100x data", ["--ranks", "prepare=64", "--ranks", "train=6",
+                                                                          "--ranks", "evaluate=256", "--data-scale", "100"]),
+                        ("prepare 192, train 64 sync, evaluate 744, 1000x data, 10 rounds",
+                         ["--ranks", "prepare=192", "--ranks", "train=64", "--ranks", "evaluate=744",
+                          "--data-scale", "1000", "--rounds", "10"])]:
+        s = subprocess.run([exe, "simulate", quick, "--from-runs", runs, "--machine", machine, "--json", *args],
+                           capture_output=True, text=True)
+        if s.returncode != 0:
+            sys.exit(f"simulate failed: {s.stderr}")
+        d = json.loads(s.stdout)
+        sim, wall = d["makespan_s"], d["simulation"]["wall_s"]
+        per_hour = wall * 3600 / sim
+        print(f"{label:<64} {sim:>9.1f}s {wall:>8.3f}s {d['simulation']['actors']:>7} {per_hour:>12.2f} s "
+              f"{'met' if per_hour < 1 else 'NOT met'}")
 
 
 if __name__ == "__main__":
