@@ -220,10 +220,12 @@ class Model {
     }
   }
 
-  // A node's cores: this machine's locally, else the module's max_ranks over its nodes.
+  // A node's cores: this machine's locally, else the module's max_ranks over its nodes in the
+  // machine file (--nodes grows the module, not its nodes).
   int64_t NodeCores(const std::string& module) {
     if (!slurm_) return std::max(1u, std::thread::hardware_concurrency());
-    return std::max<int64_t>(1, Ceil(m_.Module(module, "steps").max_ranks, nodes_[module]));
+    const workflow::ModuleSpec& mod = m_.Module(module, "steps");
+    return std::max<int64_t>(1, Ceil(mod.max_ranks, std::max<int64_t>(1, mod.nodes)));
   }
 
   sg4::Host* AddHost(const std::string& name, int cores) {
