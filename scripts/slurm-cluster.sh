@@ -227,12 +227,21 @@ stop() {
   for f in "$STATE"/slurmd-*.pid "$STATE/slurmctld.pid"; do
     alive "$f" && pids+=("$(cat "$f")")
   done
+  # A daemon of this cluster whose PID file is gone (a slurmd removes it as it starts to shut
+  # down, and one was seen to linger after SIGTERM): found by its config file, which is ours.
+  local p
+  for p in $(pgrep -f "^/usr/sbin/slurm(ctld|d) -f $CONF( |\$)" || true); do
+    [[ " ${pids[*]} " == *" $p "* ]] || pids+=("$p")
+  done
   ((${#pids[@]})) && kill "${pids[@]}" 2>/dev/null || true
   for _ in $(seq 100); do
     local left=0
     for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && left=1; done
     ((left)) || break
     sleep 0.1
+  done
+  for p in "${pids[@]}"; do  # still there after 10 s: SIGKILL
+    kill -0 "$p" 2>/dev/null && { say "daemon $p ignored SIGTERM for 10 s: SIGKILL"; kill -9 "$p" 2>/dev/null || true; }
   done
   # munged serves both clusters: the one still running inherits it.
   local other=$PWD/.cache/slurm
