@@ -26,18 +26,13 @@ from cpu import describe  # noqa: E402
 from workdir import work_directory  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from small_pipeline import quickstart  # noqa: E402
 LAYOUTS = {"1 rank": {"ranks": 1}, "sync 2": {"ranks": 2, "mode": "sync"}, "auto 2": {"ranks": 2}}
 
 
-def quickstart(train):
-    with open(os.path.join(ROOT, "pipelines", "quickstart.json")) as f:
-        doc = json.load(f)
-    for split in ("train", "test"):
-        for k in ("images", "labels"):
-            doc["datasets"][split][k] = os.path.join(ROOT, "pipelines", doc["datasets"][split][k])
-    for bb in doc["backbones"]:
-        if "onnx" in bb:
-            bb["onnx"] = os.path.join(ROOT, "pipelines", bb["onnx"])
+def quickstart_with(train):
+    doc = quickstart(ROOT)
     doc["steps"]["train"] = dict(copy.deepcopy(train), module="dam")
     return doc
 
@@ -45,7 +40,7 @@ def quickstart(train):
 def run(exe, work, name, train):
     path = os.path.join(work, name + ".json")
     with open(path, "w") as f:
-        json.dump(quickstart(train), f)
+        json.dump(quickstart_with(train), f)
     r = subprocess.run([exe, "run", path, "--runs", os.path.join(work, "runs"), "--run-id", name],
                        capture_output=True, text=True, timeout=900)
     if r.returncode:

@@ -22,7 +22,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 import cpu  # noqa: E402
+from small_pipeline import quickstart  # noqa: E402
 
 STEPS = [("prepare", None), ("train", "sync"), ("train", "hybrid"), ("train", "async"), ("evaluate", None)]
 
@@ -54,14 +56,7 @@ def main():
                                capture_output=True, text=True)
             if r.returncode != 0:
                 sys.exit(f"quickstart failed: {r.stderr[-2000:]}")
-        with open(quick) as f:
-            base = json.load(f)
-        for k in ("images", "labels"):
-            for split in ("train", "test"):
-                base["datasets"][split][k] = os.path.join(ROOT, "pipelines", base["datasets"][split][k])
-        for bb in base["backbones"]:
-            if "onnx" in bb:
-                bb["onnx"] = os.path.join(ROOT, "pipelines", bb["onnx"])
+        base = quickstart(ROOT)
         nodes = [1]
         while nodes[-1] * 2 <= a.max_nodes:
             nodes.append(nodes[-1] * 2)

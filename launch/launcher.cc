@@ -38,8 +38,6 @@ void ThrowIfInterrupted(const std::string& during) {
     Throw(ErrorKind::kTaskFailed, "interrupted by signal " + std::to_string(sig) + " " + during);
 }
 
-namespace {
-
 sigset_t StopSignals() {
   sigset_t s;
   sigemptyset(&s);
@@ -47,8 +45,6 @@ sigset_t StopSignals() {
   sigaddset(&s, SIGTERM);
   return s;
 }
-
-}  // namespace
 
 InterruptsHeld::InterruptsHeld() {
   const sigset_t stop = StopSignals();

@@ -52,6 +52,9 @@ int InterruptSignal();  // 0 until one arrived
 // own work between tasks (rung 0 of the halving strategy), which no launcher waits on.
 void ThrowIfInterrupted(const std::string& during);
 
+// {SIGINT, SIGTERM}: the signals that ask a coordinator or the service to stop.
+sigset_t StopSignals();
+
 // Holds SIGINT/SIGTERM back from the calling thread while the coordinator computes in-process
 // (oneDNN, OpenMP): a signal delivered into oneDNN's running kernels was seen to corrupt the heap
 // (glibc aborted in sgemm's free, 1 cancel in ~20 on a loaded 2-core VM; none in 135 with the

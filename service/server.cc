@@ -25,6 +25,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/version.h"
+#include "launch/launcher.h"
 #include "report/report.h"
 #include "service/api_error.h"
 #include "service/events.h"
@@ -40,14 +41,6 @@ using nlohmann::json;
 namespace {
 
 std::atomic<int> g_stop_signal{0};
-
-sigset_t StopSignals() {
-  sigset_t s;
-  sigemptyset(&s);
-  sigaddset(&s, SIGINT);
-  sigaddset(&s, SIGTERM);
-  return s;
-}
 
 // The users file, read again when it changes (`msaflow users add` while the service runs).
 class UsersSource {
@@ -592,7 +585,7 @@ int Service::Run() {
   // SIGINT/SIGTERM are held back in every thread (Serve blocks them before any starts) and taken
   // here: none lands in a thread running inference in oneDNN (see launch::InterruptsHeld).
   std::thread watcher([&] {
-    const sigset_t stop = StopSignals();
+    const sigset_t stop = launch::StopSignals();
     const timespec tick{0, 100'000'000};
     while (!stopping_) {
       if (const int sig = ::sigtimedwait(&stop, nullptr, &tick); sig > 0) {
@@ -625,7 +618,7 @@ const char* OpenApiDocument() { return kOpenapiJson; }
 int Serve(const ServeOptions& o) {
   // Before any thread starts, so that all of them, and OpenMP's pool, inherit the mask; the
   // runs' coordinators start with a clean one (ChildProcess).
-  const sigset_t stop = StopSignals();
+  const sigset_t stop = launch::StopSignals();
   ::pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   Service s(o);
   return s.Run();

@@ -4,18 +4,24 @@ import json
 import os
 
 
-def small_pipeline(root, name, rounds=2):
+def quickstart(root):
+    """pipelines/quickstart.json with its files as absolute paths (usable from any directory)."""
     with open(os.path.join(root, "pipelines", "quickstart.json")) as f:
         doc = json.load(f)
-    doc["name"] = name
-    doc["datasets"]["train"]["limit"] = 600
-    doc["datasets"]["test"]["limit"] = 300
     for split in ("train", "test"):
         for k in ("images", "labels"):
             doc["datasets"][split][k] = os.path.join(root, "pipelines", doc["datasets"][split][k])
     for bb in doc["backbones"]:
         if "onnx" in bb:
             bb["onnx"] = os.path.join(root, "pipelines", bb["onnx"])
+    return doc
+
+
+def small_pipeline(root, name, rounds=2):
+    doc = quickstart(root)
+    doc["name"] = name
+    doc["datasets"]["train"]["limit"] = 600
+    doc["datasets"]["test"]["limit"] = 300
     doc["backbones"][0]["input"]["height"] = doc["backbones"][0]["input"]["width"] = 64
     doc["head"]["epochs"] = [8]
     # The tests drive training as a 2-rank MPI program (allreduce, srun --ntasks=2); the
