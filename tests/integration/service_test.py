@@ -454,6 +454,30 @@ class Api(unittest.TestCase):
         self.assertEqual(v["state"], "finished", v)
         self.assertIn("resume", [e["event"] for _, e in journal_events(run_dir)])
 
+    def test_clients_that_stall_mid_request_are_cut_off_and_others_are_served(self):
+        # Half a request's headers, then silence: each connection holds a worker until the
+        # service's read timeout (10 s) ends it; meanwhile other clients are answered.
+        stalled = []
+        for _ in range(20):
+            sk = socket.create_connection((self.svc.host, self.svc.port), timeout=30)
+            sk.sendall(b"GET /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ")
+            stalled.append(sk)
+        t0 = time.monotonic()
+        status, v, _ = self.svc.request("GET", "/v1/health")
+        self.assertEqual(status, 200, v)
+        self.assertLess(time.monotonic() - t0, 5)
+        for sk in stalled:
+            try:
+                got = sk.recv(65536)  # the server closes it (perhaps with a 408 first)
+                while got and sk.recv(65536):
+                    pass
+            except ConnectionResetError:
+                pass
+            sk.close()
+        # Cut off by the read timeout, not kept until this test's own 30 s socket timeout.
+        self.assertLess(time.monotonic() - t0, 25)
+        self.assertEqual(self.svc.request("GET", "/v1/health")[0], 200)
+
     def test_hostile_http_gets_4xx_and_never_stops_the_service(self):
         def raw(data, read=True):
             s = socket.create_connection((self.svc.host, self.svc.port), timeout=20)
