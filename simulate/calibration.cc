@@ -174,11 +174,16 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p) {
     double sx = 0, sy = 0, sxx = 0, sxy = 0, lo = pts[0].first, hi = pts[0].first;
     for (const auto& [x, y] : pts) sx += x, sy += y, sxx += x * x, sxy += x * y, lo = std::min(lo, x), hi = std::max(hi, x);
     const double n = static_cast<double>(pts.size());
+    // A line only through sizes far enough apart (rounds of one run differ a little, and noise
+    // then makes a steep slope), and only one that stays positive: a negative intercept or slope
+    // falls back to proportional work, or to fixed work.
     double a = 0, b = sx > 0 ? sy / sx : 0;
-    if (hi > lo * 1.05) {
-      const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-      b = std::max(0.0, slope);
-      a = std::max(0.0, (sy - b * sx) / n);
+    if (hi > lo * 1.5) {
+      const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx), intercept = (sy - slope * sx) / n;
+      if (slope <= 0)
+        a = sy / n, b = 0;
+      else if (intercept >= 0)
+        a = intercept, b = slope;
     }
     fit[step] = {a, b};
   }
