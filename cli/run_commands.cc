@@ -40,7 +40,7 @@ orchestrator::Runs RunsOf(const Options& o) {
   orchestrator::RunsConfig c;
   c.runs_dir = o.runs_dir;
   c.msaflow_exe = SelfExe();
-  c.run_settled = modules::RunStepIfSettled;
+  c.run_here = modules::RunStepInCoordinator;
   return orchestrator::Runs(std::move(c));
 }
 

@@ -109,9 +109,11 @@ class Launcher {
   // coordinator's environment (SLURM_CONF).
   virtual void SetUpEnvironment() {}
 
-  // Whether a step with nothing to compute may run in the coordinator rather than as a task
-  // (launch/settled_tasks.h): locally yes; under Slurm every step runs in the round's jobs.
-  virtual bool RunsSettledStepsInCoordinator() const = 0;
+  // Whether a step that costs less than a process may run in the coordinator rather than as a
+  // task (launch/coordinator_tasks.h): locally yes; under Slurm every step runs in the round's
+  // jobs. A launcher that says yes runs a round's tasks one after another in the plan's order,
+  // so the coordinator may hand it the tasks one at a time.
+  virtual bool RunsStepsInCoordinator() const = 0;
 
   // How the run's own NAM server is started (see NamLaunch): a token off loopback (written to
   // run_dir/nam-token), and under Slurm an srun onto the machine's NAM module.

@@ -22,7 +22,7 @@ class LocalLauncher : public Launcher {
   // The rank and signal in mpirun's "process rank R ... exited on signal N (...)" line; false
   // for any other line.
   static bool RankSignal(const std::string& line, int* rank, int* signal);
-  bool RunsSettledStepsInCoordinator() const override { return true; }
+  bool RunsStepsInCoordinator() const override { return true; }
   void RunRound(const RoundPlan& plan, const std::map<std::string, std::string>& task_files, const std::string& log_dir,
                 const LaunchObserver& obs) override;
   std::string PlanNam(const std::string& nam, const std::string& persist_dir) const override;

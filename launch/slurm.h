@@ -73,7 +73,7 @@ class SlurmLauncher : public Launcher {
  public:
   SlurmLauncher(Pipeline p, Machine m, LaunchContext ctx);
   void SetUpEnvironment() override;
-  bool RunsSettledStepsInCoordinator() const override { return false; }
+  bool RunsStepsInCoordinator() const override { return false; }
   nlohmann::json Reattach(const Leftovers& left, const std::function<void(const std::string&)>& say) override;
   // A round whose job ends in one of the pipeline's retries.on is resubmitted (its unfinished
   // steps only), up to retries.max times.

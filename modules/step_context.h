@@ -18,7 +18,7 @@
 
 namespace msaflow::modules {
 
-// Thrown by StepContext::WorkAhead in a settled-only run; RunStepIfSettled catches it.
+// Thrown by StepContext::WorkAhead in a settled-only run; RunStepInCoordinator catches it.
 struct Unsettled {};
 
 struct StepContext {
@@ -32,7 +32,7 @@ struct StepContext {
   // The content keys of what the step read (rank 0's: {"backbones": {name: digest},
   // "datasets": {split: digest}}); its done object records them, and `msaflow why` compares them.
   nlohmann::json inputs = nlohmann::json::object();
-  // Set by RunStepIfSettled: the step may only finish what needs no computing (WorkAhead).
+  // Set by RunStepInCoordinator: the step may only finish what needs no computing (WorkAhead).
   bool settled_only = false;
 
   const workflow::Pipeline& pipeline() const { return task.pipeline; }

@@ -203,16 +203,42 @@ void RunStep(workflow::Step step, const nlohmann::json& task, parallel::Comm& co
   Execute(step, task, comm, out, nullptr, false);
 }
 
-bool RunStepIfSettled(workflow::Step step, const nlohmann::json& task, nam::Store& store, std::FILE* out) {
-  if (step != workflow::Step::kLoad && step != workflow::Step::kPrepare) return false;
+namespace {
+
+bool IsLight(workflow::Step step) {
+  switch (step) {
+    case workflow::Step::kLoad:
+    case workflow::Step::kStore:
+    case workflow::Step::kSelect:
+      return true;
+    case workflow::Step::kPrepare:
+    case workflow::Step::kTrain:
+    case workflow::Step::kEvaluate:
+      return false;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string RunStepInCoordinator(workflow::Step step, int64_t ranks, const nlohmann::json& task, nam::Store& store,
+                                 std::FILE* out) {
+  parallel::SelfComm self;
+  if (step == workflow::Step::kLoad || step == workflow::Step::kPrepare) {
+    try {
+      Execute(step, task, self, out, &store, true);
+      return kNothingToCompute;
+    } catch (const Unsettled&) {  // it has work to do: perhaps light work, below
+    } catch (const std::exception&) {
+      return "";
+    }
+  }
+  if (ranks != 1 || !IsLight(step)) return "";
   try {
-    parallel::SelfComm self;
-    Execute(step, task, self, out, &store, true);
-    return true;
-  } catch (const Unsettled&) {
-    return false;
+    Execute(step, task, self, out, &store, false);
+    return kLightStep;
   } catch (const std::exception&) {
-    return false;
+    return "";
   }
 }
 

@@ -5,6 +5,7 @@
 // hand); docs/parallel.md says what each rank of each step does.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,12 +20,21 @@ namespace msaflow::modules {
 // are several ranks). Throws Error on failure.
 void RunStep(workflow::Step step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out);
 
-// Runs one step in this process, as one rank, over `store`, if the step has nothing to compute:
-// load when every backbone is in the NAM under the digest it would give, prepare when every
-// features object is (keys from the dataset digests the NAM caches by file stamps). Then the
-// step writes what it writes (prepare's summary, the done object) and true is returned. Else
-// false, and nothing is written; so too for the other steps, and on any error (a process
-// running the step reports it). The coordinator uses it to spare a settled step its process.
-bool RunStepIfSettled(workflow::Step step, const nlohmann::json& task, nam::Store& store, std::FILE* out);
+// Runs one step in this process (the coordinator), as one rank, over `store`, where that is
+// cheaper than a module process, and returns why it ran here; "" when it did not, and then
+// nothing was written. Two cases:
+// - nothing to compute (kNothingToCompute): load when every backbone is in the NAM under the
+//   digest it would give, prepare when every features object is (keys from the dataset digests
+//   the NAM caches by file stamps), whatever their ranks;
+// - a light step of one rank (kLightStep): load, store and select, whose work (a backbone cut
+//   and one image dry-run; heads moved from staging to their model objects; shards merged and
+//   the champion picked) takes less than a module process takes to start (~0.3-0.5 s: MPI,
+//   libfabric and its providers' constructors, the NAM connection).
+// The step writes what its process would (summary, done object). Any error gives "" too: a
+// process running the step then reports it, with the launcher's retries.
+std::string RunStepInCoordinator(workflow::Step step, int64_t ranks, const nlohmann::json& task, nam::Store& store,
+                                 std::FILE* out);
+inline constexpr const char* kNothingToCompute = "nothing to compute: its outputs are in the NAM";
+inline constexpr const char* kLightStep = "a light step: less work than starting a module process";
 
 }  // namespace msaflow::modules

@@ -266,8 +266,8 @@ class RunDriver {
                                                                 : "";
       tasks.push_back(record::ProvenanceTask(t, done.is_object() ? done : json::object(),
                                      skipped.count(t.id) ? "done by an earlier coordinator of the run"
-                                     : here_.count(t.id) ? "ran in the coordinator: nothing to compute"
-                                                         : "ran",
+                                     : here_.count(t.id) ? "ran in the coordinator: " + here_.at(t.id)
+                                                         : std::string("ran"),
                                      step_seconds.value(workflow::StepName(t.step), 0.0), started));
     }
     std::map<std::string, json> curves;  // the training curves of the candidates this round trained
@@ -317,13 +317,22 @@ class RunDriver {
       progress_.Tick();
       return NamServerGone();
     };
-    // What has nothing to compute runs here without a process of its own, where the launcher
-    // allows it.
-    const RoundPlan rest = launcher.RunsSettledStepsInCoordinator()
-                               ? RunSettledTasks(todo, opt_.run_settled, *store_, dir_ + "/logs", obs, &here_, *opt_.clock)
-                               : todo;
-    if (rest.tasks.empty()) return;
-    launcher.RunRound(rest, files, dir_ + "/logs", obs);
+    if (launcher.RunsStepsInCoordinator() && opt_.run_here) {
+      // What costs less than a process runs here, where the launcher allows it; it runs the
+      // rest one task at a time, in the plan's order, as it would the whole round.
+      for (const Task& t : todo.tasks) {
+        std::string why = launch::RunTaskInCoordinator(t, opt_.run_here, *store_, dir_ + "/logs", obs, *opt_.clock);
+        if (!why.empty()) {
+          here_[t.id] = std::move(why);
+          continue;
+        }
+        Task one = t;
+        one.after.clear();  // every task before it has ended
+        launcher.RunRound(RoundPlan{todo.round, {std::move(one)}}, files, dir_ + "/logs", obs);
+      }
+    } else {
+      launcher.RunRound(todo, files, dir_ + "/logs", obs);
+    }
     std::map<std::string, double> secs;
     for (const auto& [k, v] : step_seconds.items()) secs[k] = v.get<double>();
     std::string summary;
@@ -345,7 +354,7 @@ class RunDriver {
   std::unique_ptr<NamServerProcess> nam_server_;  // this run's own (under Slurm, or off loopback)
   std::unique_ptr<SharedNamServer> shared_nam_;   // or the runs directory's
   std::unique_ptr<nam::Store> store_;
-  std::set<std::string> here_;  // tasks the coordinator ran itself (RunSettledTasks)
+  std::map<std::string, std::string> here_;  // tasks the coordinator ran itself, and why (RunTaskInCoordinator)
   int round_ = 0;
   json round_account_;  // what the launcher says the round cost (Slurm: node-seconds)
   json provenance_ = json::array();             // one entry per round (record/provenance.h)

@@ -11,7 +11,7 @@
 
 #include "common/clock.h"
 #include "launch/launcher.h"
-#include "launch/settled_tasks.h"
+#include "launch/coordinator_tasks.h"
 #include "orchestrator/rounds.h"
 #include "orchestrator/run_observer.h"
 #include "workflow/machine.h"
@@ -26,9 +26,9 @@ struct RunOptions {
   std::string runs_dir = "runs";
   std::string msaflow_exe;  // what tasks run as, and what is started as `msaflow nam serve`
   std::string run_id;  // "" = <name>-<timestamp>-<random>
-  // Runs a step that has nothing to compute in the coordinator (launch/settled_tasks.h), where
-  // the launcher allows it; empty: every step is a task.
-  launch::SettledRunner run_settled;
+  // Runs a step that costs less than a process in the coordinator (launch/coordinator_tasks.h),
+  // where the launcher allows it; empty: every step is a task.
+  launch::CoordinatorRunner run_here;
   Clock* clock = &SystemClock();
   // The launcher; empty: the machine's (launch::MakeLauncher). Tests give a fake.
   LauncherFactory make_launcher;

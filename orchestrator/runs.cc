@@ -28,7 +28,7 @@ RunOptions Runs::Options(const std::string& run_id) const {
   o.runs_dir = config_.runs_dir;
   o.msaflow_exe = config_.msaflow_exe;
   o.run_id = run_id;
-  o.run_settled = config_.run_settled;
+  o.run_here = config_.run_here;
   o.clock = config_.clock;
   o.make_launcher = config_.make_launcher;
   return o;

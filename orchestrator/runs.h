@@ -20,7 +20,7 @@ namespace msaflow::orchestrator {
 struct RunsConfig {
   std::string runs_dir = "runs";
   std::string msaflow_exe;  // what tasks and NAM servers run as
-  launch::SettledRunner run_settled;
+  launch::CoordinatorRunner run_here;
   Clock* clock = &SystemClock();
   LauncherFactory make_launcher;  // empty: the machine's launcher
 };

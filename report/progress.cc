@@ -50,8 +50,8 @@ void ProgressPrinter::RoundStart(int round, int64_t max_rounds, size_t fresh, si
 }
 
 void ProgressPrinter::TaskStart(const Task& t) {
-  if (t.module == "coordinator") {  // launch/settled_tasks.h
-    bar_.Print(fmt::format("  {:<8} in the coordinator: nothing to compute, its outputs are in the NAM", workflow::StepName(t.step)));
+  if (t.module == "coordinator") {  // launch/coordinator_tasks.h; the why came with its event
+    bar_.Print(fmt::format("  {:<8} in the coordinator: {}", workflow::StepName(t.step), coordinator_why_));
     bar_.Start(std::string(workflow::StepName(t.step)) + " in the coordinator");
     return;
   }
@@ -83,6 +83,8 @@ void ProgressPrinter::LauncherEvent(const std::string& ev, const json& fields) {
     bar_.Print("  slurm jobs ended " + fields.at("state").get<std::string>());
   } else if (ev == "slurm-retry") {
     bar_.Print("  slurm-retry: " + fields.value("message", ""));
+  } else if (ev == "task-in-coordinator") {
+    coordinator_why_ = fields.value("why", "");
   } else if (ev == "task-retry") {
     bar_.Print(fmt::format("  {:<8} failed ({}); starting it again (attempt {} of {})", fields.value("step", ""),
                            fields.value("reason", ""), fields.value("attempt", 0) + 2, fields.value("attempts", 0)));

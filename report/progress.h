@@ -40,6 +40,7 @@ class ProgressPrinter : public orchestrator::RunObserver {
  private:
   std::FILE* out_;
   ProgressBar bar_;
+  std::string coordinator_why_;  // of the task the coordinator runs next (event task-in-coordinator)
 };
 
 }  // namespace msaflow::report

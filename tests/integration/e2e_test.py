@@ -102,19 +102,30 @@ class EndToEnd(unittest.TestCase):
                 lines = [json.loads(line) for line in f]
             self.assertEqual(lines[0]["format"], "msaflow.journal/1")
             self.assertEqual(lines[-1]["event"], "run-end")
-            # Round 2's load and prepare had nothing to compute: the coordinator ran them, no
-            # process was started for them, and they left their log and done object as usual.
-            here = [e["task"] for e in lines if e.get("event") == "task-in-coordinator"]
-            self.assertEqual(here, ["r2-load", "r2-prepare"])
+            # Light steps and, in round 2, load and prepare (nothing to compute) ran in the
+            # coordinator: no process was started for them, and they left their log and done
+            # object as usual; the provenance says why.
+            here = {e["task"]: e["why"] for e in lines if e.get("event") == "task-in-coordinator"}
+            light = "a light step: less work than starting a module process"
+            settled = "nothing to compute: its outputs are in the NAM"
+            self.assertEqual(here, {"r1-load": light, "r1-store": light, "r1-select": light, "r2-load": settled,
+                                    "r2-prepare": settled, "r2-store": light, "r2-select": light})
             starts = {e["task"]: e["module"] for e in lines if e.get("event") == "task-start"}
             self.assertEqual(starts["r2-prepare"], "coordinator")
-            self.assertNotEqual(starts["r1-prepare"], "coordinator")
+            for task in ("r1-prepare", "r1-train", "r1-evaluate", "r2-train", "r2-evaluate"):
+                self.assertNotEqual(starts[task], "coordinator", task)
             ends = {e["task"]: e for e in lines if e.get("event") == "task-end"}
             self.assertTrue(ends["r2-prepare"]["key"])
             self.assertEqual(ends["r2-prepare"]["ranks"][0]["rank"], 0)
+            self.assertTrue(ends["r1-select"]["outputs"])
             with open(os.path.join(d, "e2e", "logs", "r2-prepare.log")) as f:
                 self.assertIn("every features object was there: no image read", f.read())
-            self.assertIn("prepare  in the coordinator: nothing to compute, its outputs are in the NAM", r.stdout)
+            self.assertIn("prepare  in the coordinator: " + settled, r.stdout)
+            self.assertIn("select   in the coordinator: " + light, r.stdout)
+            with open(os.path.join(d, "e2e", "provenance.json")) as f:
+                how = {t["task"]: t["how"] for rnd in json.load(f)["rounds"] for t in rnd["tasks"]}
+            self.assertEqual(how["r1-store"], "ran in the coordinator: " + light)
+            self.assertEqual(how["r1-train"], "ran")
             s = subprocess.run([EXE, "status", os.path.join(d, "e2e")], capture_output=True, text=True)
             self.assertEqual(s.returncode, 0)
             self.assertIn("state: finished: champion " + expect, s.stdout)
@@ -127,7 +138,8 @@ class EndToEnd(unittest.TestCase):
             self.assertEqual(again["rounds"][0]["features_computed"], 0)
             with open(os.path.join(d, "e2e-again", "journal.jsonl")) as f:
                 here = [json.loads(line).get("task") for line in f if '"task-in-coordinator"' in line]
-            self.assertEqual(here, ["r1-load", "r1-prepare", "r2-load", "r2-prepare"])
+            self.assertEqual(here, ["r1-load", "r1-prepare", "r1-store", "r1-select", "r2-load", "r2-prepare",
+                                    "r2-store", "r2-select"])
             # Same pipeline, same seeds: the same champion configuration and accuracy.
             self.assertAlmostEqual(again["champion"]["accuracy"], res["champion"]["accuracy"])
             self.assertEqual(again["champion"]["candidate"]["id"], res["champion"]["candidate"]["id"])

@@ -265,8 +265,11 @@ class Retries(TempDirCase):
         doc["retries"] = {"max": retries, "on": ["SIGNALED"]}
         runs = os.path.join(self.dir, "runs")
         run_dir = os.path.join(runs, name)
+        # store as a module process, which the test kills: by default it is light enough to run
+        # in the coordinator (launch/coordinator_tasks.h), where only a killed coordinator ends it.
         proc = subprocess.Popen([EXE, "run", self.write(name + ".json", doc), "--runs", runs, "--run-id", name],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "MSAFLOW_IN_COORDINATOR": "0"})
         return proc, run_dir
 
     def test_a_step_killed_twice_is_retried_and_one_that_always_fails_ends_the_run_resumably(self):

@@ -107,32 +107,51 @@ TEST_F(TinyRound, RunsAllSteps) {
   EXPECT_GT(best["champion"]["accuracy"].get<double>(), 0.9);  // an easy problem
 }
 
-// The coordinator's shortcut: load and prepare run in-process only when they have nothing to
-// compute, and then write what the step's process would (summary, done object); otherwise
-// they write nothing at all.
-TEST_F(TinyRound, OnlyASettledStepRunsInTheCoordinator) {
+// The coordinator's shortcut: a step runs in-process when it has nothing to compute (load and
+// prepare, any ranks) or is light (load, store, select of one rank), and then writes what the
+// step's process would (summary, outputs, done object); otherwise it writes nothing at all.
+TEST_F(TinyRound, OnlySettledOrLightStepsRunInTheCoordinator) {
   std::FILE* sink = std::fopen("/dev/null", "w");
-  auto settled = [&](const orchestrator::RoundPlan& plan, const std::string& step) {
+  auto here = [&](const orchestrator::RoundPlan& plan, const std::string& step, int64_t ranks = 1) {
     for (const auto& t : plan.tasks)
-      if (t.step == workflow::ParseStep(step, "test")) return modules::RunStepIfSettled(t.step, t.body, *store_, sink);
+      if (t.step == workflow::ParseStep(step, "test"))
+        return modules::RunStepInCoordinator(t.step, ranks, t.body, *store_, sink);
     ADD_FAILURE() << "no task for " << step;
-    return false;
+    return std::string();
   };
-  EXPECT_FALSE(settled(plan_, "load"));  // a fresh NAM: the backbone must be stored
+  auto done = [&](int round, const char* step) {
+    return store_->Stat(workflow::TaskDoneObject("run1", round, workflow::ParseStep(step, "test"))).has_value();
+  };
+  EXPECT_EQ(here(plan_, "prepare"), "");  // nothing loaded: it cannot even start
+  EXPECT_EQ(here(plan_, "load", 2), "");  // a fresh NAM, and two ranks asked for: a process
   EXPECT_TRUE(store_->List("").empty());
-  Step("load");
+  EXPECT_EQ(here(plan_, "load"), modules::kLightStep);  // one rank: light, done here
+  EXPECT_TRUE(store_->Stat(workflow::BackboneObject("pixels")));
+  EXPECT_TRUE(done(1, "load"));
   const size_t after_load = store_->List("").size();
-  EXPECT_FALSE(settled(plan_, "prepare"));  // no features yet, no cached dataset digest
+  EXPECT_EQ(here(plan_, "prepare"), "");  // no features yet, no cached dataset digest
   EXPECT_EQ(store_->List("").size(), after_load);
   Step("prepare");
-  EXPECT_FALSE(settled(plan_, "train"));  // training always computes
+  EXPECT_EQ(here(plan_, "train"), "");  // training always computes
+  EXPECT_FALSE(done(1, "train"));
+  Step("train");
+  EXPECT_EQ(here(plan_, "store"), modules::kLightStep);
+  EXPECT_FALSE(store_->List("model/run1/1/").empty());
+  EXPECT_EQ(here(plan_, "evaluate"), "");  // evaluation computes
+  EXPECT_FALSE(done(1, "evaluate"));
+  Step("evaluate");
+  EXPECT_EQ(here(plan_, "select", 2), "");
+  EXPECT_FALSE(done(1, "select"));
+  EXPECT_EQ(here(plan_, "select"), modules::kLightStep);
+  EXPECT_TRUE(store_->Stat(workflow::BestObject("run1", 1)));
+  EXPECT_TRUE(store_->List("eval/run1/1/").empty());  // the shards it consumed, removed once done
   const auto round2 = orchestrator::PlanRound(pipeline_, machine_, "run1", nam_, 2, workflow::FirstRound(pipeline_), {});
-  EXPECT_TRUE(settled(round2, "load"));
-  EXPECT_TRUE(settled(round2, "prepare"));
+  EXPECT_EQ(here(round2, "load", 2), modules::kNothingToCompute);  // settled: whatever the ranks
+  EXPECT_EQ(here(round2, "prepare", 2), modules::kNothingToCompute);
   for (const char* step : {"load", "prepare"}) {
-    const auto done = store_->Stat(workflow::TaskDoneObject("run1", 2, workflow::ParseStep(step, "test")));
-    ASSERT_TRUE(done) << step;
-    EXPECT_EQ(done->meta.value("key", ""), workflow::TaskKey(round2.tasks[step == std::string("load") ? 0 : 1].body));
+    const auto d = store_->Stat(workflow::TaskDoneObject("run1", 2, workflow::ParseStep(step, "test")));
+    ASSERT_TRUE(d) << step;
+    EXPECT_EQ(d->meta.value("key", ""), workflow::TaskKey(round2.tasks[step == std::string("load") ? 0 : 1].body));
   }
   const json summary = json::parse(store_->Get(workflow::PreparedObject("run1", 2)).bytes);
   EXPECT_EQ(summary["computed"].size(), 0u);
@@ -142,8 +161,8 @@ TEST_F(TinyRound, OnlyASettledStepRunsInTheCoordinator) {
   kernels::WriteIdxImages(dir_ + "/train-images", 90, 8, 8, px.data());
   const auto round3 = orchestrator::PlanRound(pipeline_, machine_, "run1", nam_, 3, workflow::FirstRound(pipeline_), {});
   const size_t before = store_->List("").size();
-  EXPECT_TRUE(settled(round3, "load"));
-  EXPECT_FALSE(settled(round3, "prepare"));
+  EXPECT_EQ(here(round3, "load"), modules::kNothingToCompute);
+  EXPECT_EQ(here(round3, "prepare"), "");
   EXPECT_FALSE(store_->Stat(workflow::PreparedObject("run1", 3)));
   EXPECT_FALSE(store_->Stat(workflow::TaskDoneObject("run1", 3, workflow::ParseStep("prepare", "test"))));
   EXPECT_EQ(store_->List("").size(), before + 1);  // round 3's load done object, nothing else

@@ -50,7 +50,7 @@ class FakeLauncher : public launch::Launcher {
   FakeLauncher(workflow::Pipeline p, workflow::Machine m, launch::LaunchContext ctx, Script* s)
       : Launcher(std::move(p), std::move(m), std::move(ctx)), s_(s) {}
 
-  bool RunsSettledStepsInCoordinator() const override { return false; }
+  bool RunsStepsInCoordinator() const override { return false; }
 
   void RunRound(const workflow::RoundPlan& plan, const std::map<std::string, std::string>& task_files,
                 const std::string&, const launch::LaunchObserver& obs) override {
