@@ -27,6 +27,7 @@
 #include "report/progress.h"
 #include "report/progress_bar.h"
 #include "report/report.h"
+#include "simulate/simulate.h"
 #include "workflow/backbones.h"
 #include "workflow/datasets.h"
 #include "workflow/machine.h"
@@ -142,23 +143,35 @@ int Rank(Options& o) {
   return 0;
 }
 
+// Ranks per step as the simulator's model favours them, calibrated on the earlier runs of `p`
+// under `runs_dir` (no simulation is run: the model's uncontended time per rank count); every
+// divisible step on its limit when there is no such run.
+orchestrator::Placement PlaceByModel(const workflow::Pipeline& p, const workflow::Machine& m,
+                                     const std::string& runs_dir) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  simulate::Calibration cal;
+  try {
+    cal = simulate::Calibrate(runs_dir, p);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kNotFound) throw;
+    return orchestrator::PlaceWithoutCosts(p, m, cores);
+  }
+  const std::string source =
+      cal.runs.size() == 1
+          ? "run " + cal.runs.front() + ", through the simulator's model (docs/simulate.md)"
+          : fmt::format("{} runs under {}, through the simulator's model (docs/simulate.md)", cal.runs.size(), runs_dir);
+  return orchestrator::PlaceFromModel(p, m, simulate::FavouredRanks(p, m, cal, {}), source, cores);
+}
+
 int PlanOrRun(Options& o, bool plan) {
   workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
   const workflow::Machine m = MachineOf(o, p);
   const orchestrator::Runs runs = RunsOf(o);
   const std::string comment = plan && runs.PlanIsScript(p, m) ? "# " : "";
   if (o.ranks_choice == "auto") {
-    // A user who knows nothing of parallel computing: ranks from what the last run measured.
-    const unsigned cores = std::thread::hardware_concurrency();
-    const std::string last = orchestrator::LastResults(o.runs_dir, p.name);
-    orchestrator::Placement pl;
-    if (last.empty()) {
-      pl = orchestrator::PlaceWithoutCosts(p, m, cores);
-    } else {
-      nlohmann::json results = nlohmann::json::parse(ReadFile(last), nullptr, false);
-      if (results.is_discarded()) Throw(ErrorKind::kCorrupt, last + ": not JSON");
-      pl = orchestrator::PlaceFromCosts(p, m, results, last, cores);
-    }
+    // A user who knows nothing of parallel computing: ranks from the simulator's model,
+    // calibrated on what the earlier runs of this pipeline measured (docs/simulate.md).
+    const orchestrator::Placement pl = PlaceByModel(p, m, o.runs_dir);
     std::printf("%sranks from measured costs: %s\n", comment.c_str(), pl.source.c_str());
     for (const auto& line : pl.why) std::printf("%s  %s\n", comment.c_str(), line.c_str());
     p = orchestrator::ApplyPlacement(std::move(p), pl);

@@ -13,11 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string Plural(const std::string& unit, int64_t n) {
-  if (n == 1) return unit;
-  return unit + (unit.back() == 's' ? "es" : "s");
-}
-
 double Num(const json& j, const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0; }
 
 // The steps whose work divides among ranks, and the unit of that work.
@@ -25,17 +20,6 @@ const std::vector<std::pair<std::string, std::string>>& Divisible() {
   static const std::vector<std::pair<std::string, std::string>> steps = {
       {"prepare", "image pass"}, {"train", "training step"}, {"evaluate", "(model x shard) task"}};
   return steps;
-}
-
-// What starting one module process costs: the shortest one-rank step of the round (load,
-// store, select do little besides starting, reading the task and reaching the NAM).
-double LaunchCost(const std::map<std::string, StepCost>& costs) {
-  double best = 0;
-  for (const char* s : {"load", "store", "select"}) {
-    auto it = costs.find(s);
-    if (it != costs.end() && it->second.wall_s > 0 && (best == 0 || it->second.wall_s < best)) best = it->second.wall_s;
-  }
-  return best > 0 ? best : 0.5;
 }
 
 int64_t Limit(const Machine& m, const workflow::StepSpec& s, unsigned cores, std::string* why) {
@@ -80,19 +64,6 @@ std::optional<int64_t> StepLimit(const workflow::Pipeline& p, const Machine& m, 
     *why = fmt::format("{} candidates per round, trained independently", p.rounds.candidates);
   }
   return limit;
-}
-
-// A round's costs as the run recorded them ("costs"), or measured from its step summaries
-// when the results predate that field.
-std::map<std::string, StepCost> RoundCosts(const json& round, const workflow::Pipeline& p, const std::string& where) {
-  if (!round.contains("costs")) return MeasureRound(round, p);
-  std::map<std::string, StepCost> out;
-  for (const auto& item : round["costs"].items()) {
-    StepCost c = StepCostFromJson(item.value(), where + ": costs/" + item.key());
-    c.step = item.key();
-    out[item.key()] = c;
-  }
-  return out;
 }
 
 }  // namespace
@@ -167,58 +138,49 @@ std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::
   return out;
 }
 
-Placement PlaceFromCosts(const workflow::Pipeline& p, const Machine& m, const json& results,
-                         const std::string& results_path, unsigned cores) {
+Placement PlaceFromModel(const workflow::Pipeline& p, const Machine& m, const json& favoured, const std::string& source,
+                         unsigned cores) {
   Placement pl;
-  // Per step, the round in which it worked most (round 1 computes the features; later
-  // rounds reuse them), and the launch cost measured in that round.
-  std::map<std::string, StepCost> most;
-  std::map<std::string, double> launch;
-  std::map<std::string, int> at_round;
-  try {
-    pl.source = fmt::format("run {} ({})", results.value("run", "?"), results_path);
-    for (const auto& r : results.value("rounds", json::array())) {
-      const int round = r.value("round", 0);
-      auto costs = RoundCosts(r, p, fmt::format("{}: round {}", results_path, round));
-      for (const auto& [step, unit] : Divisible()) {
-        auto it = costs.find(step);
-        if (it == costs.end()) continue;
-        if (!most.count(step) || it->second.work_s > most[step].work_s) {
-          most[step] = it->second;
-          launch[step] = LaunchCost(costs);
-          at_round[step] = round;
-        }
-      }
-    }
-  } catch (const json::exception& e) {
-    Throw(ErrorKind::kCorrupt, results_path + ": not the results of a run (" + e.what() + ")");
-  }
+  pl.source = source;
   for (const auto& [step, unit] : Divisible()) {
     std::string limit_why;
     const std::optional<int64_t> cap = StepLimit(p, m, step, cores, &limit_why, &pl);
     if (!cap) continue;
-    const int64_t limit = *cap;
-    if (!most.count(step) || most[step].work_s <= 0) {
+    if (!favoured.is_object() || !favoured.contains(step)) {
       pl.ranks[step] = 1;
-      pl.why.push_back(fmt::format("{:<9} 1 rank: {} measured no work to share (features reused?)", step,
-                                   pl.source));
+      pl.why.push_back(fmt::format("{:<9} 1 rank: the runs measured no work to share (features reused?)", step));
       continue;
     }
-    const StepCost& c = most[step];
-    const double l = launch[step];
-    const auto by_work = static_cast<int64_t>(std::floor(c.work_s / l));
-    const int64_t r = std::clamp<int64_t>(by_work, 1, limit);
-    pl.ranks[step] = r;
-    const double predicted = c.serial_s + c.work_s / static_cast<double>(r);
-    std::string reason =
-        by_work < 1 ? fmt::format("its work is less than one process start ({:.2f} s)", l)
-        : by_work <= limit ? fmt::format("each rank gets >= {:.2f} s of work, the cost of starting a process", l)
-                           : "capped by " + limit_why;
+    const json& f = favoured.at(step);
+    // The model's seconds at each rank count it tried, taken in order while the next saves >= 5 %.
+    std::vector<std::pair<int64_t, double>> tries;
+    for (const auto& [r, t] : f.at("seconds_by_ranks").items()) tries.emplace_back(std::stoll(r), t.get<double>());
+    std::sort(tries.begin(), tries.end());
+    int64_t best = 1, next = 0;
+    double best_s = tries.empty() ? 0 : tries.front().second;
+    const double one = best_s;
+    bool capped = false;  // the model would have taken more than the cap allows
+    for (const auto& [r, t] : tries) {
+      if (r == 1) continue;
+      if (t >= best_s * 0.95) {
+        next = r;
+        break;
+      }
+      if (r > *cap) {
+        capped = true;
+        break;
+      }
+      best = r, best_s = t;
+    }
+    pl.ranks[step] = best;
+    const std::string reason = capped ? "capped by " + limit_why
+                               : next ? fmt::format("{} ranks would save under 5 % in the model", next)
+                                      : "at the limit: " + limit_why;
     pl.why.push_back(fmt::format(
-        "{:<9} {} rank{}: {:.2f} rank-s of work in round {} ({} {} at {:.3g} ms), {:.2f} s that does not divide; "
-        "predicted {:.1f} s; {}",
-        step, r, r > 1 ? "s" : "", c.work_s, at_round[step], c.items, Plural(c.unit, c.items), 1e3 * c.PerItem(),
-        c.serial_s, predicted, reason));
+        "{:<9} {} rank{}: {:.2f} core-s of work in round {}, {:.2f} s that does not divide; predicted {:.2f} s "
+        "({:.2f} s on one rank); {}",
+        step, best, best > 1 ? "s" : "", f.value("work_s", 0.0), f.value("round", 0), f.value("serial_s", 0.0), best_s,
+        one, reason));
   }
   return pl;
 }

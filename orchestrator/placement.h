@@ -38,18 +38,18 @@ std::map<std::string, StepCost> MeasureRound(const nlohmann::json& round, const 
 nlohmann::json ToJson(const StepCost& c);
 StepCost StepCostFromJson(const nlohmann::json& j, const std::string& where);
 
-// Ranks for prepare, train and evaluate from the costs measured in a run (the round that
-// did the most work of each step), within each module's max_ranks and, for the local
-// launcher, this machine's cores. Rule: as many ranks as have each at least `launch_s` of
-// work (the measured cost of starting a module process), so launching never costs more than
-// it saves. `why` has one line per step.
+// Ranks for prepare, train and evaluate from the simulator's model calibrated on earlier runs
+// (simulate::FavouredRanks: per step the model's seconds at 1, 2, 4 ... ranks), within each
+// module's max_ranks, for the local launcher this machine's cores, and for train trained
+// independently the round's candidates: the next rank count is taken while it saves >= 5 % in
+// the model. `why` has one line per step; `source` says which runs calibrated the model.
 struct Placement {
   std::map<std::string, int64_t> ranks;
   std::vector<std::string> why;
-  std::string source;  // "run <id> (<results file>)" or "no earlier run"
+  std::string source;  // what calibrated the model, or "no earlier run"
 };
-Placement PlaceFromCosts(const workflow::Pipeline& p, const Machine& m, const nlohmann::json& results,
-                         const std::string& results_path, unsigned cores);
+Placement PlaceFromModel(const workflow::Pipeline& p, const Machine& m, const nlohmann::json& favoured,
+                         const std::string& source, unsigned cores);
 // With no earlier run: every divisible step on the module's limit.
 Placement PlaceWithoutCosts(const workflow::Pipeline& p, const Machine& m, unsigned cores);
 // The pipeline with the placement's ranks (train's mode auto re-resolved by the planner).

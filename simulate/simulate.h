@@ -86,6 +86,16 @@ struct Result {
 // Runs the model once (SimGrid allows one engine per process). Throws kInvalidInput for options
 // the machine cannot meet (a module it lacks, ranks or nodes below 1).
 Result Simulate(const workflow::Pipeline& p, const workflow::Machine& m, const Calibration& c, const Options& o);
+// The ranks the model favours for prepare, train (sync and independent) and evaluate, from the
+// calibration alone, without running the simulation: each step's seconds at 1, 2, 4 ... ranks
+// up to its limit (the module's max_ranks; locally also this machine's cores) by the model's
+// uncontended time (and at the limit itself), the next taken while it saves >= 5 %. What
+// `plan --ranks auto` and `run --ranks auto` use, and the same as
+// Result::placement["favoured_ranks"]: {step: {"ranks", "seconds", "seconds_by_ranks" {"1": s,
+// "2": s, ...}, "work_s" (core-seconds that divide), "serial_s" (one rank's that do not),
+// "round" (the round whose work was largest), "limit"}}.
+nlohmann::json FavouredRanks(const workflow::Pipeline& p, const workflow::Machine& m, const Calibration& c,
+                             const Options& o);
 nlohmann::json ToJson(const Result& r);
 std::string Table(const Result& r);
 

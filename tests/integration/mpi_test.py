@@ -387,17 +387,25 @@ class Mpi(unittest.TestCase):
         self.assertEqual(costs["prepare"]["items"], 1500)  # one image pass per row, train and test
         self.assertEqual(costs["evaluate"]["items"], 3 * 4)  # 3 models x (2 shards per rank x 2 ranks)
         out = self.msaflow("plan", path, "--runs", runs, "--ranks", "auto").stdout
-        self.assertIn("ranks from measured costs: run auto-1 (%s)" % os.path.join(runs, "auto-1", "results.json"), out)
+        # The ranks come from the simulator's model, calibrated on that run (docs/simulate.md).
+        self.assertIn("ranks from measured costs: run %s, through the simulator's model" % os.path.join(runs, "auto-1"),
+                      out)
+        sim = json.loads(self.msaflow("simulate", path, "--from-runs", runs, "--json").stdout)
+        favoured = sim["placement"]["favoured_ranks"]
         chosen = {}
         for step in ("prepare", "train", "evaluate"):
-            m = re.search(r"^  %s\s+(\d+) ranks?: [\d.]+ rank-s of work in round 1 .* predicted [\d.]+ s; (.+)$" % step,
-                          out, re.M)
+            m = re.search(r"^  %s\s+(\d+) ranks?: [\d.]+ core-s of work in round \d+, [\d.]+ s that does not divide; "
+                          r"predicted ([\d.]+) s \(([\d.]+) s on one rank\); (.+)$" % step, out, re.M)
             self.assertIsNotNone(m, out)
             chosen[step] = int(m.group(1))
+            # What plan says is what `msaflow simulate` favours, to the printed digits.
+            self.assertEqual(chosen[step], favoured[step]["ranks"], (out, favoured))
+            self.assertEqual(m.group(2), "%.2f" % favoured[step]["seconds"])
+            self.assertEqual(m.group(3), "%.2f" % favoured[step]["seconds_by_ranks"]["1"])
             self.assertTrue(1 <= chosen[step] <= os.cpu_count(), out)  # the local launcher keeps to the cores
             # The plan below uses the ranks the lines above chose.
             self.assertRegex(out, r"r1-%s\s+module \w+\s+ranks %d\b" % (step, chosen[step]))
-        # Pixels on 1,500 rows is less work than starting a process: evaluate stays on one rank.
+        # Pixels on 1,500 rows: a second evaluate rank would cost more than it saves.
         self.assertEqual(chosen["evaluate"], 1, out)
         run = self.msaflow("run", path, "--runs", runs, "--run-id", "auto-2", "--ranks", "auto").stdout
         self.assertIn("evaluate on esb (1 rank)", run)

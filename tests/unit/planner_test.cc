@@ -153,25 +153,40 @@ TEST(Placement, MeasuresSharedWorkPerItemAndWhatDoesNotDivide) {
   EXPECT_EQ(back.unit, "image pass");
 }
 
-TEST(Placement, RanksGetAtLeastOneProcessStartOfWorkWithinTheLimits) {
+// The simulator's model (simulate::FavouredRanks) gives each step's seconds at 1, 2, 4 ... ranks;
+// the placement takes the next while it saves >= 5 %, within the module's and this machine's
+// limits and, trained independently, the round's candidates.
+TEST(Placement, RanksFromTheModelWithinTheLimits) {
   Pipeline p = TwoBackbones();
   Machine m = LoadMachine("local");
-  nlohmann::json results = {{"run", "r"}, {"rounds", nlohmann::json::array({MeasuredRound()})}};
-  // 16 cores: prepare 8 rank-s / 0.5 s launch = 16 ranks; train capped by its 5
-  // independent candidates; evaluate's 0.3 rank-s is less than one start.
-  Placement pl = PlaceFromCosts(p, m, results, "runs/r/results.json", 16);
-  EXPECT_EQ(pl.ranks.at("prepare"), 16);
-  EXPECT_EQ(pl.ranks.at("train"), 5);
+  auto step = [](nlohmann::json table, int64_t ranks) {
+    return nlohmann::json{{"ranks", ranks}, {"seconds_by_ranks", std::move(table)}, {"work_s", 8.0},
+                          {"serial_s", 0.5}, {"round", 1}};
+  };
+  const nlohmann::json favoured = {
+      {"prepare", step({{"1", 10.0}, {"2", 5.5}, {"4", 3.0}, {"8", 2.0}, {"16", 1.95}}, 8)},
+      {"train", step({{"1", 4.0}, {"2", 2.2}, {"4", 1.3}, {"8", 0.9}, {"16", 0.7}}, 16)},
+      {"evaluate", step({{"1", 0.6}, {"2", 0.59}}, 1)}};
+  Placement pl = PlaceFromModel(p, m, favoured, "run r", 16);
+  EXPECT_EQ(pl.source, "run r");
+  EXPECT_EQ(pl.ranks.at("prepare"), 8);  // 16 would save 2.5 %
+  EXPECT_EQ(pl.ranks.at("train"), 4);    // 5 independent candidates: 8 would pass them
   EXPECT_EQ(pl.ranks.at("evaluate"), 1);
   ASSERT_EQ(pl.why.size(), 3u);
-  EXPECT_NE(pl.why[0].find("each rank gets >= 0.50 s of work"), std::string::npos) << pl.why[0];
-  EXPECT_NE(pl.why[1].find("5 candidates per round"), std::string::npos) << pl.why[1];
-  EXPECT_NE(pl.why[2].find("less than one process start"), std::string::npos) << pl.why[2];
+  EXPECT_NE(pl.why[0].find("16 ranks would save under 5 % in the model"), std::string::npos) << pl.why[0];
+  EXPECT_NE(pl.why[0].find("predicted 2.00 s (10.00 s on one rank)"), std::string::npos) << pl.why[0];
+  EXPECT_NE(pl.why[1].find("capped by 5 candidates per round"), std::string::npos) << pl.why[1];
+  EXPECT_NE(pl.why[2].find("2 ranks would save under 5 %"), std::string::npos) << pl.why[2];
   // 2 cores: the local launcher does not oversubscribe them.
-  pl = PlaceFromCosts(p, m, results, "runs/r/results.json", 2);
+  pl = PlaceFromModel(p, m, favoured, "run r", 2);
   EXPECT_EQ(pl.ranks.at("prepare"), 2);
-  EXPECT_NE(pl.why[0].find("the 2 cores of this machine"), std::string::npos) << pl.why[0];
+  EXPECT_NE(pl.why[0].find("capped by the 2 cores of this machine"), std::string::npos) << pl.why[0];
+  // A step the runs measured no shared work for gets one rank.
+  pl = PlaceFromModel(p, m, {{"prepare", favoured["prepare"]}}, "run r", 16);
+  EXPECT_EQ(pl.ranks.at("train"), 1);
+  EXPECT_NE(pl.why[1].find("measured no work to share"), std::string::npos) << pl.why[1];
   // The placement reaches the plan.
+  pl = PlaceFromModel(p, m, favoured, "run r", 2);
   RoundPlan plan = PlanRound(ApplyPlacement(p, pl), m, "run1", "mem://x", 1, FirstRound(p), {});
   EXPECT_EQ(plan.tasks[1].ranks, 2);
   EXPECT_EQ(plan.tasks[4].ranks, 1);
