@@ -5,12 +5,13 @@
 // "transfer time ≈ compute time", where double buffering can at best halve the time. Goal: >= 1.6x (the Blue Waters
 // study's gain from overlapping transfers with computation).
 //
-//   bench_overlap --msaflow build/msaflow [--parts 32] [--reps 41] [--check]
+//   bench_overlap --msaflow build/msaflow [--parts 32] [--reps 42] [--check]
 //
 // On a shared VM one run of a NAM path varies by up to 2x from the next, so the comparisons are
 // paired: each repetition runs the three ways back to back, and the goals are judged on the
 // median over repetitions of their ratios, printed with the range that holds the true median
-// with ~95 % confidence (order statistics; --reps 41 gives ranks 14..28).
+// with ~95 % confidence (order statistics). --reps 42 goes through the six orders of the three
+// ways seven times.
 //
 // Three NAMs: the NAM server over tcp;ofi_rxm with RMA (both sides need a core to move the
 // bytes), the same server's memory pool mapped into the client (the fetch is a copy and a
@@ -121,10 +122,13 @@ Row Measure(const std::string& what, nam::Store& store, const kernels::Head& hea
   int64_t c1 = 0, c2 = 0, c3 = 0;
   for (int i = 0; i < reps; ++i) {  // interleaved, so drifts in the machine's load hit all three
     OverlapChoice in_turn(OverlapMode::kOff), ahead(OverlapMode::kOn), automatic(OverlapMode::kAuto);
-    // The order turns every repetition: none of the three always runs right after another (the
-    // NAM server's threads, the caches and the clock speed carry over from one run to the next).
+    // The order goes through the six permutations in turn: each way runs right after each other
+    // way equally often (the NAM server's threads, the helper thread, the caches and the clock
+    // speed carry over from one run to the next; a rotation ran the chosen way after the
+    // overlapped one in two repetitions of three, and in turn after it in one).
+    static constexpr int kOrders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
     for (int k = 0; k < 3; ++k) {
-      switch ((i + k) % 3) {
+      switch (kOrders[i % 6][k]) {
         case 0: serial.push_back(w.Run(in_turn, &c1)); break;
         case 1: overlapped.push_back(w.Run(ahead, &c2)); break;
         default: chosen.push_back(w.Run(automatic, &c3)); break;  // a fresh choice: its probing paid every rep
@@ -151,7 +155,7 @@ int main(int argc, char** argv) {
   CLI::App app{"bench/overlap: NAM reads overlapped with computation vs in turn"};
   std::string exe = "build/msaflow";
   int64_t parts = 32;
-  int reps = 41;
+  int reps = 42;
   bool check = false;
   app.add_option("--msaflow", exe, "the msaflow binary (starts the NAM server)")->capture_default_str();
   app.add_option("--parts", parts, "features parts of 448 x 576 float32 (~1 MiB)")->capture_default_str();
