@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """bench/simulate_check.py — `msaflow simulate` against measurement (docs/simulate.md, issue 29).
 
-    /usr/bin/python3 bench/simulate_check.py [--exe build-test/msaflow] [--keep DIR]
+    /usr/bin/python3 bench/simulate_check.py [--exe build-test/msaflow] [--keep DIR] [--hosts]
 
 Two calibrating runs of the tiny pipeline (2 training ranks in sync, 2 evaluation ranks, 1
 preparation rank, 1x data; and 1 training rank, 1 evaluation rank, 2x data), then configurations that differ from it in training ranks and mode (independent, sync, async,
@@ -44,6 +44,20 @@ CONFIGS = [
 ]
 
 
+# On the multi-host test cluster: (name, train ranks, train mode, evaluate ranks, data scale,
+# Slurm mode). Prepare keeps one rank; the cluster's six "hosts" share this machine's 2 cores.
+HOSTS_CONFIGS = [
+    ("hetjob: sync 2, evaluate 2", 2, "sync", 2, 1, "hetjob"),
+    ("chained: sync 2, evaluate 2", 2, "sync", 2, 1, "chained"),
+    ("hetjob: independent 1, evaluate 1", 1, "independent", 1, 1, "hetjob"),
+    ("chained: independent 2, evaluate 2, 2x", 2, "independent", 2, 2, "chained"),
+    ("hetjob: sync 2, evaluate 2, 2x", 2, "sync", 2, 2, "hetjob"),
+    ("chained: async 2, evaluate 1", 2, "async", 1, 1, "chained"),
+]
+HOSTS_MACHINE = os.path.join(ROOT, "configs", "machines", "slurm-hosts.json")
+CLUSTER = os.path.join(ROOT, "scripts", "slurm-cluster.sh")
+
+
 def doc_for(name, train_ranks, mode, eval_ranks, prep_ranks, scale):
     doc = tiny_pipeline(ROOT, "simcheck")
     for split in ("train", "test"):
@@ -70,12 +84,90 @@ def run(exe, work, tag, doc, runs=None):
     return path, sum(sum(c["wall_s"] for c in rd["costs"].values()) for rd in res["rounds"])
 
 
+def hosts_machine(work, mode):
+    """slurm-hosts.json with its Slurm mode set and its slurm.conf path made absolute."""
+    with open(HOSTS_MACHINE) as f:
+        m = json.load(f)
+    m["slurm"]["conf"] = os.path.normpath(os.path.join(os.path.dirname(HOSTS_MACHINE), m["slurm"]["conf"]))
+    m["slurm"]["mode"] = mode
+    path = os.path.join(work, f"slurm-hosts-{mode}.json")
+    with open(path, "w") as f:
+        json.dump(m, f)
+    return path
+
+
+def rounds_wall(run_dir):
+    """Seconds from each round's start to its end in the journal (queue waits included), summed."""
+    import datetime
+    starts, total = {}, 0.0
+    with open(os.path.join(run_dir, "journal.jsonl")) as f:
+        for line in f:
+            e = json.loads(line)
+            t = datetime.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+            if e.get("event") == "round-start":
+                starts[e["round"]] = t
+            elif e.get("event") == "round-end" and e["round"] in starts:
+                total += t - starts.pop(e["round"])
+    return total
+
+
+def run_on_hosts(exe, work, tag, doc, mode, runs):
+    path = os.path.join(work, tag + ".json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    r = subprocess.run([CLUSTER, "login", "--hosts", "--", exe, "run", path, "--machine", hosts_machine(work, mode),
+                        "--runs", runs, "--run-id", tag], capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        sys.exit(f"run {tag} failed: {r.stderr[-2000:]}")
+    return path, rounds_wall(os.path.join(runs, tag))
+
+
+def hosts_check(exe, work):
+    """--hosts: the same check on the multi-host test cluster, as Slurm runs (hetjob, chained),
+    calibrated by two hetjob runs there, each round measured from its start to its end (the
+    queue wait included, as the model has it)."""
+    from slurm_clusters import TestCluster
+    cluster = TestCluster(ROOT, HOSTS_MACHINE, hosts=True)
+    cluster.up()
+    try:
+        calib = os.path.join(work, "runs-hosts-calibration")
+        _, b_s = run_on_hosts(exe, work, "hcal-b", doc_for("hcal-b", 1, "independent", 1, 1, 2), "hetjob", calib)
+        _, a_s = run_on_hosts(exe, work, "hcal-a", doc_for("hcal-a", 2, "sync", 2, 1, 1), "hetjob", calib)
+        print(f"calibration on the multi-host cluster (hetjob): independent 1 rank, evaluate 1, 2x data: {b_s:.2f} s; "
+              f"sync 2 ranks, evaluate 2, 1x data: {a_s:.2f} s (rounds' wall)")
+        print(f"{'configuration':<40} {'predicted':>10} {'measured':>10} {'error':>8}")
+        errors = []
+        for i, (name, tr, mode, ev, scale, slurm) in enumerate(HOSTS_CONFIGS):
+            path, measured = run_on_hosts(exe, work, f"h{i}", doc_for(name, tr, mode, ev, 1, scale), slurm,
+                                          os.path.join(work, f"runs-h{i}"))
+            s = subprocess.run([exe, "simulate", path, "--machine", hosts_machine(work, slurm), "--from-runs", calib,
+                                "--json", "--ranks", f"train={tr}", "--ranks", f"evaluate={ev}", "--ranks", "prepare=1",
+                                "--data-scale", str(scale), "--slurm-mode", slurm], capture_output=True, text=True)
+            if s.returncode != 0:
+                sys.exit(f"simulate {name} failed: {s.stderr}")
+            predicted = json.loads(s.stdout)["makespan_s"]
+            err = abs(predicted - measured) / measured
+            errors.append(err)
+            print(f"{name:<40} {predicted:>9.2f}s {measured:>9.2f}s {100 * err:>7.1f}%")
+        med, worst = statistics.median(errors), max(errors)
+        print(f"median error {100 * med:.1f} % (goal <= 10 %): {'met' if med <= 0.10 else 'NOT met'}; "
+              f"largest {100 * worst:.1f} % (goal <= 25 %): {'met' if worst <= 0.25 else 'NOT met'}")
+    finally:
+        cluster.down()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--exe", default=os.path.join(ROOT, "build-test", "msaflow"))
     ap.add_argument("--keep", metavar="DIR", help="keep the runs in DIR")
+    ap.add_argument("--hosts", action="store_true",
+                    help="the check on the multi-host test cluster (Slurm, hetjob and chained) instead of this machine")
     a = ap.parse_args()
     print(cpu.describe())
+    if a.hosts:
+        with work_directory(a.keep, "simcheck") as work:
+            hosts_check(a.exe, work)
+        return
     with work_directory(a.keep, "simcheck") as work:
         # Two calibrating runs, as docs/simulate.md advises: steps on one rank and on several
         # (one rank starts without mpirun), and two data sizes 2x apart (the work that does not
