@@ -101,13 +101,21 @@ int Simulate(Options& o) {
     nlohmann::json j = simulate::ToJson(r);
     j["pipeline"] = p.name;
     j["machine"] = m.name;
-    j["calibration"] = {{"runs", c.runs}, {"launcher", c.launcher}, {"queue_wait_s", c.queue_wait_s},
+    j["calibration"] = {{"runs", c.runs},
+                        {"launcher", c.launcher},
+                        {"queue_wait_s", c.queue_wait_s},
+                        {"job_overhead_s", c.job_overhead_s},
                         {"measured_round_s", c.measured_round_s}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s on %s, calibrated by %zu run(s) (latest %s)\n%s", p.name.c_str(), m.name.c_str(), c.runs.size(),
-              c.runs.back().c_str(), simulate::Table(r).c_str());
+  std::printf("%s on %s, calibrated by %zu run(s) (latest %s)\n", p.name.c_str(), m.name.c_str(), c.runs.size(),
+              c.runs.back().c_str());
+  if (c.launcher == "slurm")
+    std::printf("Slurm, as measured: %.2f s in the queue and %.2f s more per job (its start and end, srun between "
+                "steps)\n",
+                c.queue_wait_s, c.job_overhead_s);
+  std::printf("%s", simulate::Table(r).c_str());
   return 0;
 }
 

@@ -35,6 +35,10 @@ struct RunFigures {
   std::vector<std::map<std::string, StepModel>> rounds;
   std::vector<double> round_s;
   std::vector<double> queue_s;  // Slurm: each round's wait in the queue
+  // Slurm: per round, its mode and what its wall time (journal: round-start to round-end) had
+  // beyond the queue wait and the steps' own seconds: job starts and ends, srun between steps.
+  std::vector<std::string> slurm_mode;
+  std::vector<double> beyond_steps_s;
 };
 
 // "r3-train" -> (3, "train"); false for other task ids.
@@ -79,17 +83,33 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
       total += s.measured_s;
       steps[step] = s;
     }
-    if (round.contains("node_seconds") && round["node_seconds"].is_object() && round["node_seconds"].contains("queue_s"))
-      out->queue_s.push_back(Num(round["node_seconds"], "queue_s"));
+    const bool slurm = round.contains("node_seconds") && round["node_seconds"].is_object() &&
+                       round["node_seconds"].contains("queue_s");
+    if (slurm) out->queue_s.push_back(Num(round["node_seconds"], "queue_s"));
+    out->slurm_mode.push_back(slurm ? round["node_seconds"].value("mode", "") : "");
     out->rounds.push_back(std::move(steps));
     out->round_s.push_back(total);
   }
-  // Bytes to and from the NAM, and the heads' size, from the tasks' ends.
+  // Bytes to and from the NAM, and the heads' size, from the tasks' ends; each round's wall time.
   const std::string jpath = dir + "/journal.jsonl";
+  out->beyond_steps_s.assign(out->rounds.size(), -1);
   if (PathExists(jpath)) {
     const record::Journal j = record::ReadJournal(jpath);
+    std::map<int64_t, double> started;
     for (const auto& e : j.events) {
       if (e.event == "run-start") out->launcher = e.fields.value("launcher", "");
+      if ((e.event == "round-start" || e.event == "round-end") && e.fields.contains("time") &&
+          e.fields["time"].is_string() && e.fields.contains("round") && e.fields["round"].is_number_integer()) {
+        const int64_t round = e.fields["round"].get<int64_t>();
+        const double t = record::ParseJournalTime(e.fields["time"].get<std::string>());
+        if (e.event == "round-start") started[round] = t;
+        if (e.event == "round-end" && started.count(round) && round >= 1 &&
+            round <= static_cast<int64_t>(out->rounds.size())) {
+          const auto k = static_cast<size_t>(round - 1);
+          if (!out->slurm_mode[k].empty() && k < out->queue_s.size())
+            out->beyond_steps_s[k] = t - started[round] - out->queue_s[k] - out->round_s[k];
+        }
+      }
       if (e.event != "task-end" || e.fields.value("status", "") != "ok") continue;
       int64_t round = 0;
       std::string step;
@@ -148,9 +168,28 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p) {
   c.launcher = latest.launcher.empty() ? "local" : latest.launcher;
   c.measured_round_s = latest.round_s;
   c.rounds = latest.rounds;
-  std::vector<double> queue;
+  std::vector<double> queue, overhead;
   for (const auto& r : runs) queue.insert(queue.end(), r.queue_s.begin(), r.queue_s.end());
   c.queue_wait_s = Median(queue);
+  // What a Slurm job costs beyond its queue wait and its steps, per job: a hetjob round is one
+  // job, a chained round one per change of module along its steps.
+  for (const auto& r : runs)
+    for (size_t k = 0; k < r.rounds.size() && k < r.beyond_steps_s.size(); ++k) {
+      if (r.beyond_steps_s[k] < 0) continue;
+      int64_t jobs = 1;
+      if (r.slurm_mode[k] == "chained") {
+        jobs = 0;
+        std::string last;
+        for (const workflow::Step st : workflow::kSteps) {
+          const workflow::StepSpec* spec = p.FindStep(workflow::StepName(st));
+          if (!spec || !r.rounds[k].count(workflow::StepName(st))) continue;
+          if (spec->module != last) ++jobs;
+          last = spec->module;
+        }
+      }
+      overhead.push_back(std::max(0.0, r.beyond_steps_s[k]) / static_cast<double>(std::max<int64_t>(1, jobs)));
+    }
+  c.job_overhead_s = Median(overhead);
   // Work in core-seconds (a rank had the node's cores over the ranks on it as threads:
   // parallel/mpi_comm.cc), fitted per step over every run and round as fixed + per-unit x size,
   // the size being what the work grows with (items: image passes, training updates; for

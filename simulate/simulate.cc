@@ -191,6 +191,7 @@ class Model {
     if (mode_ != "local" && mode_ != "hetjob" && mode_ != "chained")
       Throw(ErrorKind::kInvalidInput, "--slurm-mode " + mode_ + ": expected hetjob or chained");
     queue_ = !slurm_ ? 0 : o_.queue_wait_s >= 0 ? o_.queue_wait_s : c_.queue_wait_s;
+    job_ = !slurm_ ? 0 : c_.job_overhead_s;
   }
 
   // The work of every round, step by step.
@@ -272,10 +273,11 @@ class Model {
       RoundResult& rr = res_.rounds[k];
       rr.round = static_cast<int64_t>(k) + 1;
       rr.start_s = sg4::Engine::get_clock();
-      if (mode_ == "hetjob" && queue_ > 0) sg4::this_actor::sleep_for(queue_);
+      // Each job waits in the queue, then costs what calibration measured beyond its steps.
+      if (mode_ == "hetjob" && queue_ + job_ > 0) sg4::this_actor::sleep_for(queue_ + job_);
       std::string last_module;
       for (const StepWork& w : plan_[k]) {
-        if (mode_ == "chained" && queue_ > 0 && w.module != last_module) sg4::this_actor::sleep_for(queue_);
+        if (mode_ == "chained" && queue_ + job_ > 0 && w.module != last_module) sg4::this_actor::sleep_for(queue_ + job_);
         last_module = w.module;
         rr.steps.push_back(RunStep(w, k));
       }
@@ -359,6 +361,7 @@ class Model {
   bool slurm_ = false;
   std::string mode_;
   double queue_ = 0;
+  double job_ = 0;  // Slurm: per job beyond the queue wait and the steps (calibrated)
   std::vector<std::vector<StepWork>> plan_;
   sg4::NetZone* zone_ = nullptr;
   std::map<std::string, std::vector<sg4::Host*>> hosts_;

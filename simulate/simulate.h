@@ -43,6 +43,7 @@ struct Calibration {
   std::vector<double> measured_round_s;                  // the latest run's rounds as they ran
   std::string launcher;                                  // the latest run's: "local" or "slurm"
   double queue_wait_s = 0;                               // Slurm: a round's wait in the queue (median)
+  double job_overhead_s = 0;  // Slurm: per job, what a round took beyond its queue wait and its steps (median)
   int64_t cores = 1;  // of a node the runs ran on: taken as this machine's (calibrate where you simulate from)
 };
 // `from` is a run directory or a directory of them; only runs of pipeline `p.name` with costs
