@@ -1,6 +1,7 @@
 #include "common/overlap.h"
 
 #include <fmt/core.h>
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "common/error.h"
@@ -100,6 +102,21 @@ double ThreadCpuDemand() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+// CPU seconds of the whole process (every thread).
+double ProcessCpu() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// The CPUs the calling thread may run on.
+int ThreadCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, CPU_COUNT(&set));
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -131,11 +148,14 @@ void OverlapChoice::SawOverlapped(double item_s, double fetch_s, double fetch_cp
     phase_ = Phase::kProbe;  // it costs CPU: see whether reading in turn is faster
 }
 
-void OverlapChoice::SawInTurn(double fetch_s, double consume_s) {
+void OverlapChoice::SawInTurn(double fetch_s, double consume_s, double consume_cpu_s) {
   ++items_;
   if (phase_ != Phase::kProbe || fetch_s < kInMemory) return;
   in_turn_items_.push_back(fetch_s + consume_s);
-  consume_s_ += consume_s;
+  if (consume_cpu_s >= 0) {
+    consume_s_ += consume_s;
+    consume_cpu_s_ += consume_cpu_s;
+  }
   if (static_cast<int>(in_turn_items_.size()) < kProbe) return;
   const double in_turn = Median(in_turn_items_), overlapped = Median(trial_items_);
   const double gain = in_turn / overlapped;
@@ -143,12 +163,20 @@ void OverlapChoice::SawInTurn(double fetch_s, double consume_s) {
       fmt::format("a fetch costs CPU ({:.0f} % of its {:.2f} ms on a CPU); an item took {:.2f} ms overlapped, {:.2f} ms "
                   "in turn ({:.2f}x)",
                   100 * fetch_cpu_s_ / fetch_s_, 1e3 * fetch_s_ / kProbe, 1e3 * overlapped, 1e3 * in_turn, gain);
-  if (gain >= kGain)
-    Decide(Phase::kOverlapped, figures + ": there are cores to spare");
+  cores_seen_ = cores_ > 0 ? cores_ : ThreadCores();
+  // The process's CPU time over sub-millisecond consumes is coarse (other threads' time is added
+  // as the kernel accounts it): more cores than there are reads as all of them.
+  const double busy = consume_s_ > 0 ? std::min(consume_cpu_s_ / consume_s_, cores_seen_) : 0;
+  const double share = fetch_cpu_s_ / fetch_s_;
+  const std::string cores = busy > 0 ? fmt::format("; the computing keeps {:.1f} of {:.0f} core(s) busy", busy, cores_seen_)
+                                     : std::string();
+  if (busy > 0 && cores_seen_ - busy < 0.5 * share)
+    Decide(Phase::kInTurn, figures + cores + fmt::format(", and a fetch needs {:.0f} % of one: no core to spare", 100 * share));
+  else if (gain >= kGain)
+    Decide(Phase::kOverlapped, figures + cores + ": there are cores to spare");
   else
-    Decide(Phase::kInTurn, figures + fmt::format(": under {:.1f}x, the fetch and the computing compete for the same "
-                                                 "cores",
-                                                 kGain));
+    Decide(Phase::kInTurn, figures + cores +
+                               fmt::format(": under {:.1f}x, the fetch and the computing compete for the same cores", kGain));
 }
 
 std::string OverlapChoice::chosen() const {
@@ -180,6 +208,8 @@ nlohmann::json OverlapChoice::Json() const {
     j["overlapped_item_ms"] = 1e3 * Median(trial_items_);
   }
   if (!in_turn_items_.empty()) j["in_turn_item_ms"] = 1e3 * Median(in_turn_items_);
+  if (consume_s_ > 0) j["consume_cores_busy"] = consume_cpu_s_ / consume_s_;
+  if (cores_seen_ > 0) j["cores"] = cores_seen_;
   return j;
 }
 
@@ -216,6 +246,8 @@ OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
         next_fetch_cpu_s = measure ? ThreadCpuDemand() - c0 : 0;
       });
     }
+    const bool measure_consume = !ahead && choice.measuring_consume();  // nothing else of ours runs meanwhile
+    const double cpu0 = measure_consume ? ProcessCpu() : 0;
     const auto t0 = Clock::now();
     try {
       consume(i);
@@ -229,6 +261,7 @@ OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
       throw;
     }
     const double consume_s = Since(t0);
+    const double consume_cpu_s = measure_consume ? ProcessCpu() - cpu0 : -1;
     s.consume_s += consume_s;
     ++s.items;
     if (ahead) {
@@ -239,7 +272,7 @@ OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
       choice.SawOverlapped(Since(t0), next_fetch_s, next_fetch_cpu_s);
     } else {
       // Fetched ahead (the last item of this call): nothing beside it to measure.
-      choice.SawInTurn(fetched ? 0 : fetch_s, consume_s);
+      choice.SawInTurn(fetched ? 0 : fetch_s, consume_s, consume_cpu_s);
     }
     fetched = ahead;
   }

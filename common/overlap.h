@@ -73,8 +73,11 @@ enum class OverlapMode { kOff, kOn, kAuto };
 // cost. A fetch that costs CPU competes with the computing for the same cores (a NAM server on
 // the node, a copy out of a mapped pool), so the next kProbe items are read in turn, and
 // overlapping is kept only if an item took at least kGain times less that way (medians, so one
-// item slowed by something else decides nothing). Fetches that found their item already in
-// memory (under 20 µs) tell nothing and are not counted.
+// item slowed by something else decides nothing) and the computing left a core to spare: read
+// in turn, the process's CPU time over a consume says how many cores the computing keeps busy,
+// and where fewer than half of a fetch's share of a core are left over (the computing on every
+// core), overlapping cannot gain whatever a few noisy items timed. Fetches that found their
+// item already in memory (under 20 µs) tell nothing and are not counted.
 class OverlapChoice {
  public:
   static constexpr int kProbe = 3;
@@ -82,34 +85,42 @@ class OverlapChoice {
   // A fetch ahead on a CPU less than this share of its time waits (on I/O). A fetch that needs
   // a CPU still shows about half while it shares one core with the computing.
   static constexpr double kWaits = 0.3;
-  explicit OverlapChoice(OverlapMode mode = OverlapMode::kAuto) : mode_(mode) {}
+  // `cores`: the cores the stream's process may use; 0: the calling thread's (its affinity),
+  // looked up when deciding.
+  explicit OverlapChoice(OverlapMode mode = OverlapMode::kAuto, int cores = 0) : mode_(mode), cores_(cores) {}
   // Whether the next item's fetch runs beside the current item's consume.
   bool ahead() const { return phase_ == Phase::kOverlapped || phase_ == Phase::kTrial; }
   // An item consumed while the next was fetched: from its consume's start to that fetch's end;
   // the fetch's wall seconds and the seconds its thread wanted a CPU.
   void SawOverlapped(double item_s, double fetch_s, double fetch_cpu_s);
-  // An item read in turn: its fetch's seconds (0: it was fetched ahead), its consume's.
-  void SawInTurn(double fetch_s, double consume_s);
+  // An item read in turn: its fetch's seconds (0: it was fetched ahead), its consume's, and the
+  // process's CPU seconds over the consume (< 0: not measured).
+  void SawInTurn(double fetch_s, double consume_s, double consume_cpu_s = -1);
   bool decided() const { return phase_ == Phase::kOverlapped || phase_ == Phase::kInTurn; }
   int64_t items() const { return items_; }
   // Whether the next fetch ahead is measured (its CPU demand too).
   bool measuring() const { return phase_ == Phase::kTrial; }
+  // Whether the next consume read in turn is measured (the process's CPU time over it).
+  bool measuring_consume() const { return phase_ == Phase::kProbe; }
   // "overlapped", "in turn", or "undecided" (too few items to measure: read in turn).
   std::string chosen() const;
   // One line for the step's log: the choice and the figures behind it.
   std::string Describe() const;
-  // {mode, chosen, why, fetch_ms, fetch_cpu_share, consume_ms, in_turn_item_ms, overlapped_item_ms, items}
+  // {mode, chosen, why, fetch_ms, fetch_cpu_share, in_turn_item_ms, overlapped_item_ms, consume_cores_busy,
+  //  cores, items}
   nlohmann::json Json() const;
 
  private:
   enum class Phase { kTrial, kProbe, kOverlapped, kInTurn };  // ahead, then in turn, then decided
   void Decide(Phase to, std::string why);
   OverlapMode mode_;
+  int cores_;
   Phase phase_ = mode_ == OverlapMode::kOn ? Phase::kOverlapped
                  : mode_ == OverlapMode::kOff ? Phase::kInTurn
                                               : Phase::kTrial;
   int64_t items_ = 0;
-  double fetch_s_ = 0, fetch_cpu_s_ = 0, consume_s_ = 0;
+  double fetch_s_ = 0, fetch_cpu_s_ = 0, consume_s_ = 0, consume_cpu_s_ = 0;
+  double cores_seen_ = 0;  // the cores counted when deciding
   std::vector<double> in_turn_items_, trial_items_;  // seconds per item, for the medians
   std::string why_;
 };

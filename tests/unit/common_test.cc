@@ -198,6 +198,28 @@ TEST(Overlap, AFetchThatCompetesForTheCoresIsReadInTurn) {
   EXPECT_EQ(consumed, all);
 }
 
+// A fetch that costs CPU is overlapped only where the computing leaves a core to spare: items
+// timed faster overlapped (noise can make a few do so) decide nothing when the computing keeps
+// every core busy. Figures given, not measured: the rule, not this machine, is tested.
+TEST(Overlap, AFetchThatCostsCpuIsReadInTurnWhenTheComputingKeepsEveryCoreBusy) {
+  auto decide = [](double consume_cpu_s) {
+    OverlapChoice choice(OverlapMode::kAuto, 2);
+    for (int i = 0; i < OverlapChoice::kProbe; ++i) choice.SawOverlapped(0.5e-3, 0.5e-3, 0.45e-3);  // 90 % on a CPU
+    for (int i = 0; i < OverlapChoice::kProbe; ++i) choice.SawInTurn(0.45e-3, 0.3e-3, consume_cpu_s);  // 1.5x slower
+    return choice;
+  };
+  const OverlapChoice busy = decide(0.57e-3);  // 1.9 of 2 cores busy computing
+  EXPECT_EQ(busy.chosen(), "in turn") << busy.Describe();
+  EXPECT_NE(busy.Describe().find("keeps 1.9 of 2 core(s) busy, and a fetch needs 90 % of one: no core to spare"),
+            std::string::npos)
+      << busy.Describe();
+  EXPECT_NEAR(busy.Json()["consume_cores_busy"].get<double>(), 1.9, 1e-9);
+  const OverlapChoice spare = decide(0.3e-3);  // one core computing, one free for the fetch
+  EXPECT_EQ(spare.chosen(), "overlapped") << spare.Describe();
+  EXPECT_NE(spare.Describe().find("there are cores to spare"), std::string::npos) << spare.Describe();
+  EXPECT_EQ(decide(-1).chosen(), "overlapped");  // the computing's cores not measured: the timing decides
+}
+
 TEST(Overlap, FetchesOfItemsAlreadyInMemoryDecideNothing) {
   OverlapChoice choice;
   Overlap(10, [](int64_t) {}, [](int64_t) { BurnCpu(0.001); }, choice);
