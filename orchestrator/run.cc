@@ -475,25 +475,6 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
   return true;
 }
 
-std::string LastResults(const std::string& runs_dir, const std::string& name) {
-  std::string best;
-  std::filesystem::file_time_type best_time{};
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(runs_dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::filesystem::path f = it->path() / "results.json";
-    std::error_code fe;
-    const auto t = std::filesystem::last_write_time(f, fe);
-    if (fe || (!best.empty() && t <= best_time)) continue;
-    json r = json::parse(ReadFile(f.string()), nullptr, false);
-    if (r.is_discarded() || !r.is_object() || !r.contains("format") || r["format"] != kResultsFormat ||
-        !r.contains("pipeline") || r["pipeline"] != name)
-      continue;
-    best = f.string();
-    best_time = t;
-  }
-  return best;
-}
-
 std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_dir) {
   if (p.nam.rfind("fabric://", 0) == 0) {
     try {

@@ -68,8 +68,4 @@ inline constexpr char kCancelRequest[] = "cancel-request.json";
 // "<name>-<UTC time>-<4 hex digits>".
 std::string NewRunId(const std::string& name);
 
-// The results.json of the latest finished run of pipeline `name` under `runs_dir` (by the
-// file's modification time), or "" when there is none. Unreadable results files are skipped.
-std::string LastResults(const std::string& runs_dir, const std::string& name);
-
 }  // namespace msaflow::orchestrator
