@@ -87,6 +87,18 @@ def run(exe, work, tag, doc, runs=None):
     return path, sum(sum(c["wall_s"] for c in rd["costs"].values()) for rd in res["rounds"])
 
 
+def compare(exe, name, path, measured, sim_args, width):
+    """`msaflow simulate PATH --json SIM_ARGS...` against the measured seconds: prints the row and
+    returns the relative error."""
+    s = subprocess.run([exe, "simulate", path, "--json", *sim_args], capture_output=True, text=True)
+    if s.returncode != 0:
+        sys.exit(f"simulate {name} failed: {s.stderr}")
+    predicted = json.loads(s.stdout)["makespan_s"]
+    err = abs(predicted - measured) / measured
+    print(f"{name:<{width}} {predicted:>9.2f}s {measured:>9.2f}s {100 * err:>7.1f}%")
+    return err
+
+
 def hosts_machine(work, mode):
     """slurm-hosts.json with its Slurm mode set and its slurm.conf path made absolute."""
     with open(HOSTS_MACHINE) as f:
@@ -165,16 +177,10 @@ def hosts_check(exe, work):
         for i, (name, tr, mode, ev, scale, slurm) in enumerate(HOSTS_CONFIGS):
             path, measured = run_on_hosts(exe, work, f"h{i}", doc_for(name, tr, mode, ev, 1, scale), slurm,
                                           os.path.join(work, f"runs-h{i}"))
-            s = subprocess.run([exe, "simulate", path, "--machine", hosts_machine(work, slurm), "--from-runs", calib,
-                                "--json", "--ranks", f"train={tr}", "--ranks", f"evaluate={ev}", "--ranks", "prepare=1",
-                                "--data-scale", str(scale), "--slurm-mode", slurm, *link], capture_output=True,
-                               text=True)
-            if s.returncode != 0:
-                sys.exit(f"simulate {name} failed: {s.stderr}")
-            predicted = json.loads(s.stdout)["makespan_s"]
-            err = abs(predicted - measured) / measured
-            errors.append(err)
-            print(f"{name:<40} {predicted:>9.2f}s {measured:>9.2f}s {100 * err:>7.1f}%")
+            errors.append(compare(exe, name, path, measured,
+                                  ["--machine", hosts_machine(work, slurm), "--from-runs", calib, "--ranks", f"train={tr}",
+                                   "--ranks", f"evaluate={ev}", "--ranks", "prepare=1", "--data-scale", str(scale),
+                                   "--slurm-mode", slurm, *link], 40))
         verdict(errors)
         return errors
     finally:
@@ -211,15 +217,9 @@ def main():
         errors = []
         for i, (name, tr, mode, ev, pr, scale) in enumerate(CONFIGS):
             path, measured = run(a.exe, work, f"c{i}", doc_for(name, tr, mode, ev, pr, scale))
-            s = subprocess.run([a.exe, "simulate", path, "--from-runs", calib, "--json", "--ranks", f"train={tr}",
-                                "--ranks", f"evaluate={ev}", "--ranks", f"prepare={pr}", "--data-scale", str(scale)],
-                               capture_output=True, text=True)
-            if s.returncode != 0:
-                sys.exit(f"simulate {name} failed: {s.stderr}")
-            predicted = json.loads(s.stdout)["makespan_s"]
-            err = abs(predicted - measured) / measured
-            errors.append(err)
-            print(f"{name:<26} {predicted:>9.2f}s {measured:>9.2f}s {100 * err:>7.1f}%")
+            errors.append(compare(a.exe, name, path, measured,
+                                  ["--from-runs", calib, "--ranks", f"train={tr}", "--ranks", f"evaluate={ev}", "--ranks",
+                                   f"prepare={pr}", "--data-scale", str(scale)], 26))
         verdict(errors)
         if a.hosts:
             print()

@@ -20,7 +20,8 @@
 namespace msaflow::launch {
 
 // Runs a task's step in this process where that is cheaper than a process, and says why it did
-// ("" when it did not, having written nothing): the signature of modules::RunStepInCoordinator,
+// ("" when it did not, or not to its end: the step's process then runs it whole): the
+// signature of modules::RunStepInCoordinator,
 // which cli/ passes in (orchestrator/ does not depend on modules/).
 using CoordinatorRunner = std::function<std::string(workflow::Step step, int64_t ranks, const nlohmann::json& task,
                                                     nam::Store& store, std::FILE* out)>;

@@ -21,8 +21,9 @@ namespace msaflow::modules {
 void RunStep(workflow::Step step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out);
 
 // Runs one step in this process (the coordinator), as one rank, over `store`, where that is
-// cheaper than a module process, and returns why it ran here; "" when it did not, and then
-// nothing was written. Two cases:
+// cheaper than a module process, and returns why it ran here; "" when it did not run it to its
+// end (a settled step that finds work writes nothing; a light step that fails may have put some
+// of its outputs, which the step's process puts again, versions and all). Two cases:
 // - nothing to compute (kNothingToCompute): load when every backbone is in the NAM under the
 //   digest it would give, prepare when every features object is (keys from the dataset digests
 //   the NAM caches by file stamps), whatever their ranks;
