@@ -110,7 +110,7 @@ def kendall(a, b):
 def figures(res):
     """A run's champion (validation and test accuracy), the images its backbones ran on (rung 0's
     subset included) and the head-epochs it trained."""
-    images = sum(e["rows"] for r in res["rounds"] for e in r["features"]["computed"])
+    images = sum(e["rows"] - e.get("reused_rows", 0) for r in res["rounds"] for e in r["features"]["computed"])
     images += res.get("halving", {}).get("rung0", {}).get("images_through_backbones", 0)
     epochs = sum(c["candidate"]["head"]["epochs"] for r in res["rounds"] for c in r["candidates"]
                  if c["candidate"]["id"].startswith(f"r{r['round']}-"))

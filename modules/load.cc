@@ -3,7 +3,6 @@
 #include <memory>
 #include <vector>
 
-#include "common/checksum.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "kernels/executor.h"
@@ -14,14 +13,6 @@
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
-namespace {
-
-// The backbone digest names the features it gives: float16 storage makes other features.
-std::string StorageSuffix(const workflow::BackboneSpec& bb) {
-  return bb.feature_dtype == "f32" ? "" : " features " + bb.feature_dtype;
-}
-
-}  // namespace
 
 void Load(StepContext& c) {
   if (!c.root()) return;  // one writer; the other ranks (if any were started) have nothing to do
@@ -37,10 +28,7 @@ void Load(StepContext& c) {
     nlohmann::json meta = {{"kind", bb.kind}, {"name", bb.name}};
     std::string bytes;
     if (bb.kind == "pixels") {
-      // Resized pixels are other features than pixels as read (which keep the digest they had).
-      const auto& in = bb.input;
-      const std::string resized = bb.prepared() ? fmt::format(" resized {}x{}x{}", in.channels, in.height, in.width) : "";
-      meta["digest"] = ChecksumHex(std::string("pixels/v1") + resized + StorageSuffix(bb));
+      meta["digest"] = workflow::BackboneDigestOf(bb, "", "");
       c.inputs["backbones"][bb.name] = meta["digest"];
       auto have = c.store->Stat(obj);
       if (have && have->meta.value("digest", "") == meta["digest"]) {
@@ -57,12 +45,7 @@ void Load(StepContext& c) {
           bb.precision == "int8"
               ? fmt::format(" calibrated on {} x{}", c.DatasetDigest("train"), kCalibrationImages)
               : "";
-      std::string digest = ChecksumHex(model + "\n" + bb.feature_layer + "\n" +
-                                       fmt::format("{}x{}x{} {} {} {} {} {} {}", in.channels, in.height, in.width,
-                                                   in.mean[0], in.mean[1], in.mean[2], in.std[0], in.std[1], in.std[2]) +
-                                       (in.batch > 0 ? fmt::format(" batch {}", in.batch) : "") +
-                                       (bb.precision != "f32" ? " precision " + bb.precision : "") + calibration +
-                                       StorageSuffix(bb));
+      std::string digest = workflow::BackboneDigestOf(bb, model, calibration);
       c.inputs["backbones"][bb.name] = digest;
       auto have = c.store->Stat(obj);
       if (have && have->meta.value("digest", "") == digest) {

@@ -9,19 +9,23 @@
 // measured here and, when the machine file describes the target board, the modelled time there.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
 #include "kernels/fpga/device.h"
 #include "kernels/onnx_graph.h"
+#include "common/checksum.h"
 #include "common/error.h"
 #include "workflow/datasets.h"
 #include "modules/calibration.h"
 #include "modules/features.h"
 #include "workflow/objects.h"
+#include "workflow/rank.h"
 
 namespace msaflow::modules {
 namespace {
@@ -39,38 +43,106 @@ int64_t BatchOf(const workflow::BackboneSpec& bb) { return bb.input.batch > 0 ? 
 // What one rank did for one (backbone, split).
 struct PartWork {
   int64_t rows = 0, parts = 0;
-  OverlapStats batches;  // fetch: preparing a batch; consume: the backbone on it
-  double put_s = 0;      // writing parts to the NAM
-  double put_wait_s = 0; // ... the part of it the computation waited for
+  int64_t reused_rows = 0;  // rows whose features rung 0 computed, not run through the backbone here
+  std::string spot_check;   // with reused rows: how the one of them computed again compared
+  OverlapStats batches;     // fetch: preparing a batch; consume: the backbone on it
+  double put_s = 0;         // writing parts to the NAM
+  double put_wait_s = 0;    // ... the part of it the computation waited for
+};
+
+// Rung 0's features of one row differ from what this rank computes for it: none of them is used.
+struct SpotCheckFailed {
+  std::string why;
 };
 
 // Computes parts [p0, p1) of `idx` from `ds` (the images of those parts' rows, the first being
-// row idx.PartLo(p0)) and writes each part to the NAM as it is finished.
+// row idx.PartLo(p0)) and writes each part to the NAM as it is finished. The rows that `known`
+// (rung 0's features of a subset; null for none) holds are not run through the backbone: the
+// first of them is, in the first batch, and must come out bit for bit as rung 0 had it
+// (SpotCheckFailed otherwise, before any part is written).
 PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels::Executor* ex,
                       const kernels::ImageSet& ds, const FeaturesIndex& idx, int64_t p0, int64_t p1,
-                      const std::string& label) {
+                      const std::string& label, const workflow::SubsetFeatures* known) {
   PartWork w;
   if (p0 >= p1) return w;
   const int64_t lo = idx.PartLo(p0), hi = idx.PartHi(p1 - 1), dim = idx.dim;
   w.rows = hi - lo;
   w.parts = p1 - p0;
-  std::vector<float> out[2];  // part p is built in out[p % 2] while out[(p - 1) % 2] is written
-  for (auto& o : out) o.resize(static_cast<size_t>(idx.part_rows * dim));
-  Worker writer;  // writes part p while part p + 1 is computed; declared after `out`, so it
-                  // finishes (its destructor waits) before the buffers go
+  // Rung 0's rows in [lo, hi): known->rows[k0, k1).
+  size_t k0 = 0, k1 = 0;
+  if (known && bb.prepared()) {
+    k0 = static_cast<size_t>(std::lower_bound(known->rows.begin(), known->rows.end(), lo) - known->rows.begin());
+    k1 = static_cast<size_t>(std::lower_bound(known->rows.begin(), known->rows.end(), hi) - known->rows.begin());
+  }
+  const bool reuse = k1 > k0;
+  // The rows computed here, in order: all of [lo, hi), or, reusing, the spot-checked known row
+  // first and then the rows rung 0 did not compute (ascending). Their images, gathered.
+  std::vector<int64_t> list;
+  kernels::ImageSet gathered;
+  if (reuse) {
+    list.reserve(static_cast<size_t>(hi - lo) - (k1 - k0) + 1);
+    list.push_back(known->rows[k0]);
+    for (int64_t r = lo, k = static_cast<int64_t>(k0); r < hi; ++r) {
+      if (k < static_cast<int64_t>(k1) && known->rows[static_cast<size_t>(k)] == r) {
+        ++k;
+        continue;
+      }
+      list.push_back(r);
+    }
+    std::vector<int64_t> local(list.size());
+    for (size_t i = 0; i < list.size(); ++i) local[i] = list[i] - lo;
+    gathered = kernels::Subset(ds, local);
+    w.reused_rows = static_cast<int64_t>(k1 - k0) - 1;  // the spot-checked one runs again
+  }
+  const kernels::ImageSet& images = reuse ? gathered : ds;
+  const int64_t m = reuse ? static_cast<int64_t>(list.size()) : hi - lo;
+  auto row_of = [&](int64_t k) { return reuse ? list[static_cast<size_t>(k)] : lo + k; };
+  // Once items [0, k) are placed, every row below this one has its features (computed or known).
+  auto final_below = [&](int64_t k) -> int64_t {
+    if (reuse && k == 0) return m > 1 ? list[1] : hi;  // item 0 is a known row
+    return k < m ? row_of(k) : hi;
+  };
+
+  std::map<int64_t, std::vector<float>> open;  // parts being filled
+  std::vector<std::vector<float>> spare;       // buffers of parts written, for the next ones
+  std::vector<float> in_flight;                // the part being written
+  std::vector<uint16_t> halves;                // ... narrowed to float16
+  Worker writer;  // writes part p while part p + 1 is computed; declared after the buffers, so it
+                  // finishes (its destructor waits) before they go
   auto finish_write = [&] {
     auto t0 = Clock::now();
     writer.Wait();  // rethrows a failed write
     w.put_wait_s += Since(t0);
   };
-  std::vector<uint16_t> halves[2];  // float16 features: part p narrowed into halves[p % 2]
+  auto part_buffer = [&](int64_t p) -> float* {
+    auto it = open.find(p);
+    if (it == open.end()) {
+      std::vector<float> b;
+      if (!spare.empty()) {
+        b = std::move(spare.back());
+        spare.pop_back();
+      }
+      b.resize(static_cast<size_t>(idx.part_rows * dim));
+      it = open.emplace(p, std::move(b)).first;
+    }
+    return it->second.data();
+  };
   auto write_part = [&](int64_t p) {
-    finish_write();
+    float* o = part_buffer(p);
+    for (size_t k = k0; k < k1; ++k) {  // rung 0's rows of this part
+      const int64_t r = known->rows[k];
+      if (r < idx.PartLo(p) || r >= idx.PartHi(p)) continue;
+      std::copy_n(known->values.begin() + static_cast<int64_t>(k) * dim, dim, o + (r - idx.PartLo(p)) * dim);
+    }
+    finish_write();  // the part written before is in: its buffer is free
+    if (!in_flight.empty()) spare.push_back(std::move(in_flight));
+    in_flight = std::move(open.at(p));
+    open.erase(p);
     const size_t values = static_cast<size_t>((idx.PartHi(p) - idx.PartLo(p)) * dim);
-    std::string_view data(reinterpret_cast<const char*>(out[p % 2].data()), values * sizeof(float));
+    std::string_view data(reinterpret_cast<const char*>(in_flight.data()), values * sizeof(float));
     if (idx.half) {
-      NarrowFeatures(bb.name, out[p % 2].data(), values, halves[p % 2]);
-      data = std::string_view(reinterpret_cast<const char*>(halves[p % 2].data()), values * sizeof(uint16_t));
+      NarrowFeatures(bb.name, in_flight.data(), values, halves);
+      data = std::string_view(reinterpret_cast<const char*>(halves.data()), values * sizeof(uint16_t));
     }
     auto put = [&c, &idx, &w, p, data] {
       auto t0 = Clock::now();
@@ -86,49 +158,63 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
       w.put_wait_s += Since(t0);
     }
   };
+  int64_t next_part = p0;  // parts are written in order, each once every row below its end is final
+  auto write_finished = [&](int64_t below) {
+    while (next_part < p1 && idx.PartHi(next_part) <= below) write_part(next_part++);
+  };
   if (!bb.prepared()) {  // raw pixels as read: the bytes / 255
     for (int64_t p = p0; p < p1; ++p) {
       auto t0 = Clock::now();
-      float* o = out[p % 2].data();
+      float* o = part_buffer(p);
       const uint8_t* src = ds.Image(idx.PartLo(p) - lo);
-      for (int64_t i = 0, m = (idx.PartHi(p) - idx.PartLo(p)) * dim; i < m; ++i) o[i] = static_cast<float>(src[i]) / 255.f;
+      for (int64_t i = 0, n = (idx.PartHi(p) - idx.PartLo(p)) * dim; i < n; ++i) o[i] = static_cast<float>(src[i]) / 255.f;
       w.batches.consume_s += Since(t0);
-      write_part(p);
+      write_finished(idx.PartHi(p));
     }
   } else {
     const auto& in = bb.input;
     kernels::fpga::Device* fpga = &c.Fpga();  // opened here, before the data manager's thread uses it
     const int64_t B = BatchOf(bb), per = in.channels * in.height * in.width;
-    const int64_t batches = (hi - lo + B - 1) / B;
+    const int64_t batches = (m + B - 1) / B;
     std::vector<float> batch[2];
     for (auto& b : batch) b.resize(static_cast<size_t>(B * per));
     int64_t next_report = batches / 4;
     w.batches = Overlap(
         batches,
         [&](int64_t i) {
-          const int64_t s = lo + i * B, b = std::min(B, hi - s);
-          kernels::fpga::PrepareImages(*fpga, ds, lo, s, b, in, batch[i % 2].data());
+          const int64_t s = i * B, b = std::min(B, m - s);
+          kernels::fpga::PrepareImages(*fpga, images, 0, s, b, in, batch[i % 2].data());
           if (in.batch > 0 && b < B)  // a model with a fixed batch gets whole batches: zeros after the last image
             std::fill(batch[i % 2].begin() + b * per, batch[i % 2].end(), 0.f);
         },
         [&](int64_t i) {
-          const int64_t s = lo + i * B, b = std::min(B, hi - s);
-          const int64_t p = s / idx.part_rows;
-          float* to = out[p % 2].data() + (s - idx.PartLo(p)) * dim;
-          if (ex) {
-            auto f = ex->Features(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
-            std::copy(f.begin(), f.begin() + b * dim, to);
-          } else {  // resized raw pixels: the prepared images are the features
-            std::copy(batch[i % 2].begin(), batch[i % 2].begin() + b * dim, to);
+          const int64_t s = i * B, b = std::min(B, m - s);
+          std::vector<float> f;
+          if (ex) f = ex->Features(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
+          const float* v = ex ? f.data() : batch[i % 2].data();  // resized raw pixels: the prepared images are the features
+          for (int64_t k = s; k < s + b; ++k, v += dim) {
+            if (reuse && k == 0) {
+              const float* had = known->values.data() + static_cast<int64_t>(k0) * dim;
+              if (std::memcmp(v, had, static_cast<size_t>(dim) * sizeof(float)) != 0) {
+                int64_t j = 0;
+                while (std::memcmp(v + j, had + j, sizeof(float)) == 0) ++j;
+                throw SpotCheckFailed{fmt::format("row {}, value {}: {:.9g} here, {:.9g} in rung 0", list[0], j, v[j], had[j])};
+              }
+              w.spot_check = fmt::format("row {} computed again: identical", list[0]);
+              continue;
+            }
+            const int64_t r = row_of(k), p = r / idx.part_rows;
+            std::copy_n(v, dim, part_buffer(p) + (r - idx.PartLo(p)) * dim);
           }
-          if (s + b == idx.PartHi(p)) write_part(p);
+          write_finished(final_below(s + b));
           if (i + 1 == next_report && i + 1 < batches) {
-            c.Say(fmt::format("progress: features {} {}/{} images", label, s + b - lo, hi - lo));
+            c.Say(fmt::format("progress: features {} {}/{} images", label, s + b, m));
             next_report += batches / 4;
           }
         },
         c.Overlapping("image batches " + bb.name));
   }
+  write_finished(hi);  // parts of known rows only
   finish_write();
   return w;
 }
@@ -233,6 +319,35 @@ int64_t FeatureDim(StepContext& c, const workflow::BackboneSpec& bb, const workf
   return ex->FeatureDim(bb.input.channels, bb.input.height, bb.input.width);
 }
 
+// The features rung 0 of the halving strategy computed for `bb` on rows of the training split
+// (orchestrator/halving.h), when they are of this very backbone (digest) and split (stamp);
+// anything else is said and left: every row is then computed here.
+std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const workflow::BackboneSpec& bb,
+                                                      const std::string& bb_digest, int64_t rows, int64_t dim) {
+  if (c.pipeline().rounds.strategy != "halving" || bb.kind == "pixels") return std::nullopt;
+  const std::string obj = workflow::Rung0FeaturesObject(c.task.run, bb.name);
+  const auto info = c.store->Stat(obj);
+  if (!info) return std::nullopt;
+  auto unused = [&](const std::string& why) -> std::optional<workflow::SubsetFeatures> {
+    if (c.root()) c.Say(fmt::format("features {}/train: rung 0's {} not used: {}", bb.name, obj, why));
+    return std::nullopt;
+  };
+  if (info->meta.value("backbone_digest", "") != bb_digest)
+    return unused("computed for backbone digest " + info->meta.value("backbone_digest", std::string("(none)")) +
+                  ", the NAM's is " + bb_digest);
+  if (info->meta.value("split_stamp", "") != ChecksumHex(workflow::SplitStamp(c.pipeline(), "train")))
+    return unused("the training split's files changed since rung 0");
+  try {
+    workflow::SubsetFeatures s =
+        workflow::ParseSubsetFeatures(c.store->Get(obj).bytes, info->meta, rows, "NAM object '" + obj + "'");
+    if (s.dim != dim) return unused(fmt::format("{} features a row, the backbone gives {}", s.dim, dim));
+    return s;
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kCorrupt && e.kind() != ErrorKind::kNotFound) throw;
+    return unused(e.what());
+  }
+}
+
 }  // namespace
 
 void Prepare(StepContext& c) {
@@ -276,6 +391,8 @@ void Prepare(StepContext& c) {
       }
       auto t0 = Clock::now();
       const int64_t dim = FeatureDim(c, bb, src, ex);
+      const std::optional<workflow::SubsetFeatures> rung0 =
+          split == "train" ? Rung0Features(c, bb, bb_digest, src.count(), dim) : std::nullopt;
       FeaturesIndex idx;
       idx.object = key;
       idx.n = src.count();
@@ -287,7 +404,19 @@ void Prepare(StepContext& c) {
       const int64_t p0 = idx.parts * rank / size, p1 = idx.parts * (rank + 1) / size;
       // Only this rank's images are read (an image folder decodes only these).
       const kernels::ImageSet ds = p0 < p1 ? src.Read(idx.PartLo(p0), idx.PartHi(p1 - 1)) : kernels::ImageSet{};
-      PartWork w = ComputeParts(c, bb, ex.get(), ds, idx, p0, p1, bb.name + "/" + split);
+      const workflow::SubsetFeatures* known = rung0 && split == "train" ? &*rung0 : nullptr;
+      PartWork w;
+      try {
+        w = ComputeParts(c, bb, ex.get(), ds, idx, p0, p1, bb.name + "/" + split, known);
+      } catch (const SpotCheckFailed& f) {
+        c.Say(fmt::format("features {}/{}: rung 0's features not used: computed again, {} (this CPU's kernels "
+                          "depend on the batch); every image runs through the backbone", bb.name, split, f.why));
+        w = ComputeParts(c, bb, ex.get(), ds, idx, p0, p1, bb.name + "/" + split, nullptr);
+        w.spot_check = "differed: " + f.why;
+      }
+      if (!w.spot_check.empty() && w.spot_check.rfind("differed", 0) != 0)
+        c.Say(fmt::format("features {}/{}: {} of rows [{}, {}) taken from rung 0, not run through the backbone again ({})",
+                          bb.name, split, w.reused_rows, idx.PartLo(p0), idx.PartLo(p0) + w.rows, w.spot_check));
       double secs = Since(t0);
       if (size > 1)
         c.Say(fmt::format("features {}/{}: images [{}, {}) in {:.2f} s", bb.name, split, idx.PartLo(p0),
@@ -301,6 +430,10 @@ void Prepare(StepContext& c) {
                              {"prepare_wait_s", w.batches.wait_s},
                              {"put_s", w.put_s},
                              {"put_wait_s", w.put_wait_s}};
+      if (known) {
+        mine["reused_rows"] = w.reused_rows;
+        if (!w.spot_check.empty()) mine["spot_check"] = w.spot_check;
+      }
       if (bb.prepared()) mine["overlap"] = c.OverlapReport()["image batches " + bb.name];
       auto stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
       if (c.root()) {
@@ -315,7 +448,12 @@ void Prepare(StepContext& c) {
                           bb.name, split, src.count(), dim, idx.parts, idx.parts > 1 ? "s" : "", size, size > 1 ? "s" : "",
                           secs, 1e3 * secs / static_cast<double>(std::max<int64_t>(1, src.count())), key));
         entry["per_rank"] = nlohmann::json::array();
-        for (const auto& s : stats) entry["per_rank"].push_back(nlohmann::json::parse(s));
+        int64_t reused = 0;
+        for (const auto& s : stats) {
+          entry["per_rank"].push_back(nlohmann::json::parse(s));
+          reused += entry["per_rank"].back().value("reused_rows", int64_t{0});
+        }
+        if (known) entry["reused_rows"] = reused;  // rung 0's rows: through the backbone once, there
       }
       entry["seconds"] = secs;
       entry["ranks"] = size;

@@ -2,13 +2,18 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
+#include "common/checksum.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "kernels/onnx_graph.h"
 #include "launch/launcher.h"
-#include "workflow/rank.h"
+#include "workflow/backbones.h"
+#include "workflow/datasets.h"
+#include "workflow/objects.h"
 
 namespace msaflow::orchestrator {
 
@@ -20,17 +25,19 @@ double Estimate(const json& b, const std::string& by) { return b.at(by).get<doub
 
 const char* EstimateName(const std::string& by) { return by == "knn" ? "kNN" : "LogME"; }
 
-// Ranks, decides and explains: the rung0.json document.
-json Decide(const workflow::Pipeline& p) {
+// Ranks, decides and explains: the rung0.json document; the kept backbones' subset features
+// (those that are what prepare computes) go to `handed`.
+json Decide(const workflow::Pipeline& p, std::vector<workflow::SubsetFeatures>* handed) {
   const auto t0 = std::chrono::steady_clock::now();
   workflow::RankOptions o;
   o.fraction = p.rounds.rank_fraction;
   o.seed = p.rounds.seed;
+  o.keep_features = true;
   // A signal (a cancel, Ctrl-C) is looked for as each backbone is ranked: rung 0 is the
   // coordinator's own work, which no launcher waits on. It is held back from the computing threads
   // meanwhile (launch::InterruptsHeld says why).
   const launch::InterruptsHeld held;
-  const workflow::Ranking r = workflow::RankBackbones(
+  workflow::Ranking r = workflow::RankBackbones(
       p, o, [&](const std::string&) { held.ThrowIfInterrupted("during rung 0 (ranking the backbones)"); });
   const std::string by = p.rounds.rank_by;
   json list = json::array();
@@ -58,6 +65,20 @@ json Decide(const workflow::Pipeline& p) {
                              list[keep - 1]["backbone"].get<std::string>(), keep, list.size(), eta);
     }
   }
+  const std::string stamp = ChecksumHex(workflow::SplitStamp(p, "train"));
+  for (auto& b : r.backbones) {
+    const bool was_kept = std::any_of(kept.begin(), kept.end(), [&](const json& k) { return k == b.backbone; });
+    if (!was_kept || b.features.empty() || !b.as_prepared) continue;
+    const workflow::BackboneSpec& bb = p.Backbone(b.backbone);
+    workflow::SubsetFeatures s;
+    s.backbone = b.backbone;
+    s.backbone_digest = workflow::BackboneDigestOf(bb, ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes), "");
+    s.split_stamp = stamp;
+    s.dim = b.dim;
+    s.rows = r.rows;
+    s.values = std::move(b.features);
+    handed->push_back(std::move(s));
+  }
   return {{"format", kRung0Format}, {"rank_by", by}, {"eta", p.rounds.eta}, {"fraction", o.fraction},
           {"seed", o.seed}, {"train_images", r.train_images}, {"subset_images", r.subset_images},
           {"images_through_backbones", r.subset_images * static_cast<int64_t>(list.size())},
@@ -76,15 +97,16 @@ json ReadRung0(const std::string& run_dir) {
   return d;
 }
 
-workflow::Pipeline HalvingRung0(const workflow::Pipeline& p, const std::string& run_dir, const record::JournalWriter& journal,
-                                RunObserver& obs) {
-  if (p.rounds.strategy != "halving") return p;
+Rung0 HalvingRung0(const workflow::Pipeline& p, const std::string& run_dir, const record::JournalWriter& journal,
+                   RunObserver& obs) {
+  if (p.rounds.strategy != "halving") return {p, {}};
+  std::vector<workflow::SubsetFeatures> handed;
   json d = ReadRung0(run_dir);
   const bool decided = !d.is_null();
   if (!decided) {
     obs.Line(fmt::format("rung 0: ranking {} backbones by {} on {:g}% of each class of the training split",
                          p.backbones.size(), EstimateName(p.rounds.rank_by), 100 * p.rounds.rank_fraction));
-    d = Decide(p);
+    d = Decide(p, &handed);
     WriteFileAtomic(run_dir + "/" + kRung0File, d.dump(2) + "\n");
     journal.Event("rung0", {{"kept", d["kept"]}, {"dropped", d["dropped"]}, {"rank_by", d["rank_by"]},
                             {"subset_images", d["subset_images"]}, {"seconds", d["seconds"]}});
@@ -102,7 +124,21 @@ workflow::Pipeline HalvingRung0(const workflow::Pipeline& p, const std::string& 
     if (!known)
       Throw(ErrorKind::kCorrupt, run_dir + "/" + kRung0File + ": keeps backbone '" + k + "', which the pipeline lacks");
   }
-  return workflow::KeepBackbones(p, keep);
+  return {workflow::KeepBackbones(p, keep), std::move(handed)};
+}
+
+void PutRung0Features(nam::Store& store, const std::string& run, const std::vector<workflow::SubsetFeatures>& features,
+                      RunObserver& obs) {
+  for (const auto& s : features) {
+    const std::string obj = workflow::Rung0FeaturesObject(run, s.backbone);
+    try {
+      store.Put(obj, workflow::SubsetFeaturesBody(s), workflow::SubsetFeaturesMeta(s));
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kCapacity) throw;
+      obs.Line(fmt::format("rung 0: {}'s features of the subset not kept in the NAM ({}): prepare runs those {} images "
+                           "through it again", s.backbone, e.what(), s.rows.size()));
+    }
+  }
 }
 
 }  // namespace msaflow::orchestrator

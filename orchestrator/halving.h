@@ -8,19 +8,34 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include "nam/store.h"
 
 #include "orchestrator/run_observer.h"
 #include "record/journal.h"
 #include "workflow/pipeline.h"
+#include "workflow/rank.h"
 
 namespace msaflow::orchestrator {
 
 inline constexpr char kRung0File[] = "rung0.json";
 inline constexpr char kRung0Format[] = "msaflow.rung0/1";
 
-// `p` itself unless its strategy is halving; else `p` with the backbones rung 0 keeps.
-workflow::Pipeline HalvingRung0(const workflow::Pipeline& p, const std::string& run_dir, const record::JournalWriter& journal,
-                                RunObserver& obs);
+struct Rung0 {
+  workflow::Pipeline pipeline;  // `p` itself unless its strategy is halving; else `p` with the backbones kept
+  // The kept ONNX backbones' features on rung 0's subset (when this call ranked them, not when it
+  // read the decision back): PutRung0Features hands them to round 1's prepare, which then runs
+  // those images through the backbone no second time.
+  std::vector<workflow::SubsetFeatures> features;
+};
+Rung0 HalvingRung0(const workflow::Pipeline& p, const std::string& run_dir, const record::JournalWriter& journal,
+                   RunObserver& obs);
+
+// Puts each of `features` in the NAM as workflow::Rung0FeaturesObject(run, backbone). One that
+// does not go in (a full NAM) is said and left out: prepare then computes those rows itself.
+void PutRung0Features(nam::Store& store, const std::string& run, const std::vector<workflow::SubsetFeatures>& features,
+                      RunObserver& obs);
 
 // The decision rung 0 wrote in `run_dir`, or null when the run has none.
 nlohmann::json ReadRung0(const std::string& run_dir);

@@ -68,11 +68,11 @@ void JournalFailure(const JournalWriter& journal, const std::string& dir, int ro
   }
 }
 
-// The pipeline the rounds run: rung 0 of the halving strategy decides it (in this process, so
+// The pipeline the rounds run (and what rung 0 hands to prepare): rung 0 of the halving strategy decides it (in this process, so
 // a signal is looked for before and during it); an error or a signal there is journalled as a
 // failure of the run before round `next` (0 in the journal for a new run), as a round's would be.
-Pipeline RoundsPipeline(const Pipeline& p, const std::string& dir, const JournalWriter& journal, RunObserver& obs,
-                        int next) {
+Rung0 RoundsPipeline(const Pipeline& p, const std::string& dir, const JournalWriter& journal, RunObserver& obs,
+                     int next) {
   try {
     launch::ThrowIfInterrupted("before round " + std::to_string(next));
     return HalvingRung0(p, dir, journal, obs);
@@ -85,10 +85,11 @@ Pipeline RoundsPipeline(const Pipeline& p, const std::string& dir, const Journal
 // One coordinator's hold on a run: its NAM, its launcher, its journal, and the round loop.
 class RunDriver {
  public:
-  RunDriver(const Pipeline& p, const Machine& m, const RunOptions& opt, RunObserver& obs, std::string id,
-            std::string dir, JournalWriter journal, RunSummary before)
-      : p_(p), m_(m), opt_(opt), progress_(obs), id_(std::move(id)), dir_(std::move(dir)),
-        journal_(std::move(journal)), before_(std::move(before)), loop_(p) {}
+  RunDriver(Rung0& rung0, const Machine& m, const RunOptions& opt, RunObserver& obs, std::string id, std::string dir,
+            JournalWriter journal, RunSummary before)
+      : p_(rung0.pipeline), m_(m), opt_(opt), progress_(obs), id_(std::move(id)), dir_(std::move(dir)),
+        journal_(std::move(journal)), before_(std::move(before)), loop_(rung0.pipeline),
+        rung0_features_(std::move(rung0.features)) {}
 
   void Drive() {
     try {
@@ -101,6 +102,8 @@ class RunDriver {
       store_ = nam::OpenStore(nam_uri_);
       progress_.Line(fmt::format("run {}: pipeline {} on machine {}, NAM {}\n  run directory {}", id_, p_.name, m_.name,
                                  nam_uri_, dir_));
+      PutRung0Features(*store_, id_, rung0_features_, progress_);
+      rung0_features_ = {};  // in the NAM now (or left out): their memory goes
       Reattach(launcher);
       const auto start = opt_.clock->Now();
       for (int round = 1; round <= p_.rounds.max; ++round)
@@ -359,6 +362,7 @@ class RunDriver {
   json round_account_;  // what the launcher says the round cost (Slurm: node-seconds)
   json provenance_ = json::array();             // one entry per round (record/provenance.h)
   std::map<std::string, std::string> started_;  // task id -> when this coordinator started it
+  std::vector<workflow::SubsetFeatures> rung0_features_;  // until they are in the NAM
 };
 
 }  // namespace
@@ -430,8 +434,8 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     std::filesystem::remove_all(staging);
   }
   JournalWriter journal = JournalWriter::Append(dir + "/journal.jsonl");
-  const Pipeline rounds_p = RoundsPipeline(p, dir, journal, obs, 1);  // p itself but for strategy halving
-  RunDriver(rounds_p, m, opt, obs, id, dir, std::move(journal), RunSummary{}).Drive();
+  Rung0 rung0 = RoundsPipeline(p, dir, journal, obs, 1);  // p itself but for strategy halving
+  RunDriver(rung0, m, opt, obs, id, dir, std::move(journal), RunSummary{}).Drive();
   return dir;
 }
 
@@ -470,8 +474,8 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
                        before.tasks_done.size(), before.rounds_ended));
   const std::string id = before.run;  // not read from `before` in the call that moves it
   // The decision read back, if it was made.
-  const Pipeline rounds_p = RoundsPipeline(p, dir, journal, obs, static_cast<int>(before.rounds_ended) + 1);
-  RunDriver(rounds_p, m, opt, obs, id, dir, std::move(journal), std::move(before)).Drive();
+  Rung0 rung0 = RoundsPipeline(p, dir, journal, obs, static_cast<int>(before.rounds_ended) + 1);
+  RunDriver(rung0, m, opt, obs, id, dir, std::move(journal), std::move(before)).Drive();
   return true;
 }
 

@@ -2,11 +2,33 @@
 
 #include <fmt/core.h>
 
+#include "common/checksum.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "kernels/executor.h"
 
 namespace msaflow::workflow {
+
+namespace {
+
+// Float16 storage makes other features than float32.
+std::string StorageSuffix(const BackboneSpec& bb) { return bb.feature_dtype == "f32" ? "" : " features " + bb.feature_dtype; }
+
+}  // namespace
+
+std::string BackboneDigestOf(const BackboneSpec& bb, const std::string& model, const std::string& calibration) {
+  const auto& in = bb.input;
+  if (bb.kind == "pixels") {
+    // Resized pixels are other features than pixels as read (which keep the digest they had).
+    const std::string resized = bb.prepared() ? fmt::format(" resized {}x{}x{}", in.channels, in.height, in.width) : "";
+    return ChecksumHex(std::string("pixels/v1") + resized + StorageSuffix(bb));
+  }
+  return ChecksumHex(model + "\n" + bb.feature_layer + "\n" +
+                     fmt::format("{}x{}x{} {} {} {} {} {} {}", in.channels, in.height, in.width, in.mean[0], in.mean[1],
+                                 in.mean[2], in.std[0], in.std[1], in.std[2]) +
+                     (in.batch > 0 ? fmt::format(" batch {}", in.batch) : "") +
+                     (bb.precision != "f32" ? " precision " + bb.precision : "") + calibration + StorageSuffix(bb));
+}
 
 // The model's input against what the prepare step will feed it: a fixed batch size other than
 // the steps' batch, or an image size or channel count other than the pipeline's input.

@@ -2,6 +2,8 @@
 // size) against what the prepare step will feed it. The load step checks the same.
 #pragma once
 
+#include <string>
+
 #include "kernels/onnx_graph.h"
 #include "workflow/pipeline.h"
 
@@ -15,5 +17,13 @@ void CheckBackboneInput(const kernels::Graph& g, const BackboneSpec& bb);
 // Imports every ONNX backbone of `p` (feature layer, operators the executor runs) and checks its
 // input as above: what `validate` and a run do before anything starts.
 void CheckBackbones(const Pipeline& p);
+
+// The content key of what backbone `bb` gives (its NAM object's "digest", and so part of every
+// features object's name): the model's bytes (`model`; ignored for kind pixels), the feature
+// layer, the input preparation, the fixed batch, the precision and the features' storage type.
+// int8 depends on its calibration images too: `calibration` says which (the load step's
+// " calibrated on <train digest> x<images>"; empty for other precisions). The load step names backbones by it; rung 0 of
+// the halving strategy names the subset features it hands to prepare by it (docs/search.md).
+std::string BackboneDigestOf(const BackboneSpec& bb, const std::string& model, const std::string& calibration);
 
 }  // namespace msaflow::workflow

@@ -44,6 +44,10 @@ std::string TaskDoneObject(const std::string& run, int round, Step step) {
   return RunRound("done", run, round) + "/" + StepName(step);
 }
 
+std::string Rung0FeaturesObject(const std::string& run, const std::string& backbone) {
+  return "rung0/" + run + "/" + backbone;
+}
+
 std::string DatasetDigestObject(const std::string& split_stamp) { return "digest/" + ChecksumHex(split_stamp); }
 
 }  // namespace msaflow::workflow

@@ -29,6 +29,10 @@ std::string BestObject(const std::string& run, int round);
 // done/<run>/<round>/<step>: written last by a step that succeeded, listing the objects it
 // committed. A resumed run never runs a task whose done object exists.
 std::string TaskDoneObject(const std::string& run, int round, Step step);
+// rung0/<run>/<backbone>: the features rung 0 of the halving strategy computed for a backbone
+// it kept, on its subset of the training split, for round 1's prepare to use rather than run
+// those images through the backbone again (orchestrator/halving.h).
+std::string Rung0FeaturesObject(const std::string& run, const std::string& backbone);
 // digest/<checksum of a split stamp>: the dataset digest of the split the stamp describes
 // (workflow::SplitStamp), in its metadata; the stamp is the body.
 std::string DatasetDigestObject(const std::string& split_stamp);

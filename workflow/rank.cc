@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -21,8 +22,8 @@ using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // The subset's features for one backbone, row-major [images, dim].
-std::vector<float> SubsetFeatures(const BackboneSpec& bb, const kernels::ImageSet& ds,
-                                  kernels::fpga::Device& cpu, int64_t* dim, std::string* note) {
+std::vector<float> ComputeSubsetFeatures(const BackboneSpec& bb, const kernels::ImageSet& ds,
+                                         kernels::fpga::Device& cpu, int64_t* dim, std::string* note) {
   const int64_t n = ds.count;
   if (!bb.prepared()) {  // raw pixels as read
     *dim = ds.Rows(0) * ds.Cols(0) * ds.Channels(0);
@@ -88,12 +89,14 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
     b.backbone = bb.name;
     b.images = ds.count;
     auto t0 = Clock::now();
-    const std::vector<float> f = SubsetFeatures(bb, ds, *cpu, &b.dim, &b.note);
+    std::vector<float> f = ComputeSubsetFeatures(bb, ds, *cpu, &b.dim, &b.note);
     b.features_s = Since(t0);
     t0 = Clock::now();
     b.knn = kernels::KnnLooAccuracy(f.data(), ds.count, b.dim, ds.labels.data());
     b.logme = kernels::LogMe(f.data(), ds.count, b.dim, ds.labels.data(), r.classes);
     b.estimate_s = Since(t0);
+    b.as_prepared = bb.prepared() && bb.precision != "int8";
+    if (o.keep_features && bb.kind != "pixels") b.features = std::move(f);
     if (say)
       say(fmt::format("rank {}: kNN {:.3f}, LogME {:.3f} ({} features, {:.2f} s + {:.2f} s)", bb.name, b.knn, b.logme,
                       b.dim, b.features_s, b.estimate_s));
@@ -103,6 +106,51 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
     return a.knn != b.knn ? a.knn > b.knn : a.logme > b.logme;
   });
   return r;
+}
+
+}  // namespace msaflow::workflow
+
+namespace msaflow::workflow {
+
+std::string SubsetFeaturesBody(const SubsetFeatures& s) {
+  std::string body(s.rows.size() * sizeof(int64_t) + s.values.size() * sizeof(float), '\0');
+  std::memcpy(body.data(), s.rows.data(), s.rows.size() * sizeof(int64_t));
+  std::memcpy(body.data() + s.rows.size() * sizeof(int64_t), s.values.data(), s.values.size() * sizeof(float));
+  return body;
+}
+
+nlohmann::json SubsetFeaturesMeta(const SubsetFeatures& s) {
+  return {{"kind", "rung0-features"}, {"format", kSubsetFeaturesFormat}, {"backbone", s.backbone},
+          {"backbone_digest", s.backbone_digest}, {"split", "train"}, {"split_stamp", s.split_stamp},
+          {"rows", static_cast<int64_t>(s.rows.size())}, {"dim", s.dim}};
+}
+
+SubsetFeatures ParseSubsetFeatures(const std::string& body, const nlohmann::json& meta, int64_t split_rows,
+                                   const std::string& where) {
+  auto bad = [&](const std::string& what) { Throw(ErrorKind::kCorrupt, where + ": " + what); };
+  if (!meta.is_object() || meta.value("format", "") != kSubsetFeaturesFormat)
+    bad(std::string("metadata is not ") + kSubsetFeaturesFormat);
+  SubsetFeatures s;
+  try {
+    s.backbone = meta.at("backbone").get<std::string>();
+    s.backbone_digest = meta.at("backbone_digest").get<std::string>();
+    s.split_stamp = meta.at("split_stamp").get<std::string>();
+    s.dim = meta.at("dim").get<int64_t>();
+    const int64_t n = meta.at("rows").get<int64_t>();
+    if (n < 0 || s.dim <= 0 || n > split_rows) bad(fmt::format("{} rows of {} values (a split of {} rows)", n, s.dim, split_rows));
+    s.rows.resize(static_cast<size_t>(n));
+    s.values.resize(static_cast<size_t>(n * s.dim));
+  } catch (const nlohmann::json::exception& e) {
+    bad(std::string("metadata: ") + e.what());
+  }
+  const size_t want = s.rows.size() * sizeof(int64_t) + s.values.size() * sizeof(float);
+  if (body.size() != want) bad(fmt::format("{} bytes; {} rows of {} values take {}", body.size(), s.rows.size(), s.dim, want));
+  std::memcpy(s.rows.data(), body.data(), s.rows.size() * sizeof(int64_t));
+  std::memcpy(s.values.data(), body.data() + s.rows.size() * sizeof(int64_t), s.values.size() * sizeof(float));
+  for (size_t i = 0; i < s.rows.size(); ++i)
+    if (s.rows[i] < 0 || s.rows[i] >= split_rows || (i > 0 && s.rows[i] <= s.rows[i - 1]))
+      bad(fmt::format("row {} of the list is {}: rows must ascend within [0, {})", i, s.rows[i], split_rows));
+  return s;
 }
 
 }  // namespace msaflow::workflow

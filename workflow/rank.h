@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@ struct RankOptions {
   int64_t min_per_class = 10;   // ... but at least this many (all, when a class has fewer)
   int64_t max_images = 4000;    // the estimates grow with the images squared: the subset is cut to this
   uint64_t seed = 0;
+  bool keep_features = false;   // BackboneRank::features filled for ONNX backbones (rung 0 hands them
+                                // to prepare; pixels cost nothing to compute again)
 };
 
 struct BackboneRank {
@@ -27,6 +30,9 @@ struct BackboneRank {
   double features_s = 0;  // preparing the subset and running the backbone on it
   double estimate_s = 0;  // kNN and LogME on the features
   std::string note;       // e.g. int8 ranked in f32
+  bool as_prepared = false;     // the features are the very bits the prepare step computes (not int8
+                                // ranked in f32, not raw pixels as read)
+  std::vector<float> features;  // [images, dim] row-major, in Ranking::rows order: RankOptions::keep_features
 };
 
 struct Ranking {
@@ -39,5 +45,25 @@ struct Ranking {
 // split (the same images for all). `say` gets a line per backbone as it finishes.
 Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
                       const std::function<void(const std::string&)>& say = nullptr);
+
+// A backbone's features on rows of the training split, computed by rung 0 and put in the NAM
+// (workflow::Rung0FeaturesObject) so that prepare runs those images through it only once.
+// The object's body is the rows (int64, ascending) then the values (float32, [rows, dim]); its
+// metadata names the backbone's digest (workflow::BackboneDigestOf) and the training split's
+// stamp (workflow::SplitStamp), which prepare checks before using any of it.
+struct SubsetFeatures {
+  std::string backbone, backbone_digest, split_stamp;
+  int64_t dim = 0;
+  std::vector<int64_t> rows;
+  std::vector<float> values;
+};
+inline constexpr char kSubsetFeaturesFormat[] = "msaflow.rung0-features/1";
+// The object's body and metadata.
+std::string SubsetFeaturesBody(const SubsetFeatures& s);
+nlohmann::json SubsetFeaturesMeta(const SubsetFeatures& s);
+// Reads them back; kCorrupt naming `where` for a body or metadata that is not what the writer
+// makes (sizes, rows not ascending, below 0 or not below `split_rows`).
+SubsetFeatures ParseSubsetFeatures(const std::string& body, const nlohmann::json& meta, int64_t split_rows,
+                                   const std::string& where);
 
 }  // namespace msaflow::workflow

@@ -245,6 +245,17 @@ class Rank(unittest.TestCase):
         # Only the kept backbones were prepared and trained on.
         r1, r2 = res["rounds"]
         self.assertEqual({e["backbone"] for e in r1["features"]["computed"]}, set(kept))
+        # Rung 0's subset ran through each kept model once: prepare took those rows' features from
+        # it (one computed again as a check), not from the backbone (bit for bit the same: the
+        # modules unit test Rung0sFeaturesAreNotComputedAgainAndChangeNoBit).
+        onnx_train = [e for e in r1["features"]["computed"] if e["split"] == "train" and e["backbone"] != "pixels"]
+        self.assertTrue(onnx_train, kept)
+        for e in onnx_train:
+            self.assertEqual(e["reused_rows"], rung0["subset_images"] - 1, e)
+            self.assertIn("identical", e["per_rank"][0]["spot_check"])
+            self.assertIn(f"features {e['backbone']}/train: {rung0['subset_images'] - 1} of rows [0, {e['rows']}) taken "
+                          "from rung 0", r.stdout)
+        self.assertTrue(all("reused_rows" not in e for e in r1["features"]["computed"] if e["split"] != "train"))
         first = [c for c in r1["candidates"] if c["candidate"]["id"].startswith("r1-")]
         self.assertEqual(len(first), 4)
         self.assertTrue(all(c["candidate"]["backbone"] in kept and c["candidate"]["head"]["epochs"] == 2 for c in first))

@@ -13,8 +13,10 @@
 #include <fstream>
 #include <random>
 
+#include "common/checksum.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/files.h"
 #include "kernels/dataset.h"
 #include "tests/unit/tiny_images.h"
 #include "kernels/half.h"
@@ -24,11 +26,14 @@
 #include "parallel/comm.h"
 #include "nam/fault_store.h"
 #include "nam/store.h"
+#include "workflow/backbones.h"
 #include "workflow/candidates.h"
+#include "workflow/datasets.h"
 #include "workflow/objects.h"
 #include "workflow/task.h"
 #include "workflow/machine.h"
 #include "workflow/pipeline.h"
+#include "workflow/rank.h"
 #include "orchestrator/planner.h"
 
 namespace msaflow {
@@ -375,6 +380,90 @@ TEST_F(TinyRound, ASlowNamChangesNothingButTime) {
   const auto slept_us = std::chrono::duration_cast<std::chrono::microseconds>(clock.slept()).count();
   EXPECT_GE(slept_us, 4 * 2 * 3000);
   EXPECT_EQ(slept_us % 3000, 0) << slept_us;
+}
+
+// Rung 0 of the halving strategy hands prepare a backbone's features on a subset of the training
+// rows (orchestrator/halving.h): prepare runs only the other rows through the backbone, checks
+// one of the subset's bit for bit, and writes the very bytes a prepare of every row writes, in
+// parts that a batch of computed rows spans several of. A subset whose checked row differs, or
+// that was made for another backbone or other files, is not used.
+TEST_F(TinyRound, Rung0sFeaturesAreNotComputedAgainAndChangeNoBit) {
+  ::setenv("MSAFLOW_PART_BYTES", "16384", 1);  // parts of one 64-row batch: the train split's 68 rows in 2
+  doc_["backbones"] = json::array({{{"name", "mnv2"},
+                                    {"onnx", std::string(MSAFLOW_SOURCE_DIR) + "/models/mobilenet_v2.onnx"},
+                                    {"feature_layer", "block_3_expand_relu"},
+                                    {"input", {{"height", 16}, {"width", 16}}}}});
+  doc_["rounds"] = {{"max", 1}, {"candidates", 2}, {"seed", 1}, {"strategy", "halving"}, {"eta", 2}};
+  auto parts = [&] {  // the train split's features parts, by part
+    std::map<std::string, std::string> out;
+    for (const auto& o : store_->List("features/"))
+      if (o.name.find(".p") != std::string::npos) out[o.name] = store_->Get(o.name).bytes;
+    return out;
+  };
+  auto train_entry = [&] {
+    const json summary = json::parse(store_->Get(workflow::PreparedObject("run1", 1)).bytes);
+    for (const json& e : summary["computed"])
+      if (e["split"] == "train") return e;
+    ADD_FAILURE() << "no train entry: " << summary.dump();
+    return json();
+  };
+  // Every row through the backbone.
+  Replan();
+  Step("load");
+  Step("prepare");
+  const auto plain = parts();
+  EXPECT_EQ(train_entry().count("reused_rows"), 0u);
+  ASSERT_EQ(plain.size(), 2u + 1 + 1);  // train in 2 parts, validation and test in 1
+
+  // Rung 0's subset, computed as `msaflow rank` does.
+  workflow::RankOptions o;
+  o.fraction = 0.3;
+  o.keep_features = true;
+  workflow::Ranking r = workflow::RankBackbones(pipeline_, o);
+  ASSERT_EQ(r.backbones.size(), 1u);
+  ASSERT_TRUE(r.backbones[0].as_prepared);
+  workflow::SubsetFeatures s;
+  s.backbone = "mnv2";
+  s.backbone_digest = workflow::BackboneDigestOf(pipeline_.backbones[0], ReadFile(pipeline_.backbones[0].onnx), "");
+  s.split_stamp = ChecksumHex(workflow::SplitStamp(pipeline_, "train"));
+  s.dim = r.backbones[0].dim;
+  s.rows = r.rows;
+  s.values = r.backbones[0].features;
+  ASSERT_GE(s.rows.size(), 30u);
+  auto prepare_with = [&](const workflow::SubsetFeatures& given) {
+    Replan();
+    Step("load");
+    // The digest rung 0 computes is the one load gives the backbone.
+    EXPECT_EQ(store_->Stat(workflow::BackboneObject("mnv2"))->meta["digest"], s.backbone_digest);
+    store_->Put(workflow::Rung0FeaturesObject("run1", "mnv2"), workflow::SubsetFeaturesBody(given),
+                workflow::SubsetFeaturesMeta(given));
+    Step("prepare");
+    return train_entry();
+  };
+
+  json e = prepare_with(s);
+  EXPECT_EQ(e["reused_rows"], static_cast<int64_t>(s.rows.size()) - 1);  // the checked row ran again
+  EXPECT_NE(e["per_rank"][0].value("spot_check", "").find("identical"), std::string::npos) << e.dump();
+  EXPECT_EQ(parts(), plain);
+
+  // The checked row (the subset's first) differs: nothing of the subset is used, every row is computed.
+  workflow::SubsetFeatures bent = s;
+  bent.values[3] = std::nextafter(bent.values[3], 1e9f);
+  e = prepare_with(bent);
+  EXPECT_EQ(e["reused_rows"], 0);
+  EXPECT_EQ(e["per_rank"][0].value("spot_check", "").rfind("differed: row ", 0), 0u) << e.dump();
+  EXPECT_EQ(parts(), plain);
+
+  // Made for other files, or for another backbone: not read.
+  workflow::SubsetFeatures other = s;
+  other.split_stamp = "0123456789abcdef";
+  EXPECT_EQ(prepare_with(other).count("reused_rows"), 0u);
+  EXPECT_EQ(parts(), plain);
+  other = s;
+  other.backbone_digest = "0123456789abcdef";
+  EXPECT_EQ(prepare_with(other).count("reused_rows"), 0u);
+  EXPECT_EQ(parts(), plain);
+  ::unsetenv("MSAFLOW_PART_BYTES");
 }
 
 // int8 ranges travel in the backbone object's metadata: they come back as they went, and a
