@@ -110,6 +110,17 @@ void Evaluate(StepContext& c) {
   const int64_t n_tasks = static_cast<int64_t>(t.candidates.size()) * shards;
   const parallel::Straggler slow = StragglerFor("evaluate", {});
   const std::string& selection = workflow::SelectionSplit(c.pipeline());
+  if (c.small_macs >= 0) {  // in the coordinator, if it is little work: every model over its splits
+    std::vector<std::string> splits = {selection};
+    if (selection != "test") splits.push_back("test");
+    double macs = 0;
+    for (const auto& cand : t.candidates)
+      for (const std::string& split : splits) {
+        const FeaturesIndex f = FeaturesShape(c, cand.backbone, split);
+        macs += static_cast<double>(f.n) * HeadMacsPerRow(cand.head, f.dim, f.classes);
+      }
+    c.CheckSmall(macs);
+  }
   // Task k is shard k % shards of candidate k / shards: a rank drawing neighbouring tasks
   // finds the model in its cache. A rank reads only the features parts its shards need, once.
   struct Cached {

@@ -77,6 +77,11 @@ nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t par
   return m;
 }
 
+double HeadMacsPerRow(const kernels::HeadConfig& h, int64_t dim, int64_t classes) {
+  const double d = static_cast<double>(dim), k = static_cast<double>(classes);
+  return h.type == "mlp" ? d * static_cast<double>(h.hidden) + static_cast<double>(h.hidden) * k : d * k;
+}
+
 std::string BackboneDigest(nam::Store& store, const workflow::BackboneSpec& bb) {
   auto info = store.Stat(workflow::BackboneObject(bb.name));
   if (!info) Throw(ErrorKind::kNotFound, "NAM: backbone '" + bb.name + "' is not loaded (run the load step first)");

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/overlap.h"
+#include "kernels/head.h"
 #include "modules/step_context.h"
 #include "nam/store.h"
 #include "workflow/pipeline.h"
@@ -64,6 +65,9 @@ void NarrowFeatures(const std::string& backbone, const float* x, size_t n, std::
 // Reads part `p` into `bytes` (reusing its memory) and checks its size against the index;
 // the rows are then at bytes.data() as float32 (float16 parts are widened as they are read).
 void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std::string& bytes);
+// Multiply-adds of head `h` on one row of `dim` features into `classes` outputs (its forward
+// pass): what the coordinator weighs a train or evaluate step by (StepContext::CheckSmall).
+double HeadMacsPerRow(const kernels::HeadConfig& h, int64_t dim, int64_t classes);
 // A split's whole features, reading part i + 1 while part i is copied.
 Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split);
 

@@ -34,6 +34,10 @@ struct StepContext {
   nlohmann::json inputs = nlohmann::json::object();
   // Set by RunStepInCoordinator: the step may only finish what needs no computing (WorkAhead).
   bool settled_only = false;
+  // Set by RunStepInCoordinator for train and evaluate of one rank: the step goes on in the
+  // coordinator only if its estimated multiply-adds are at most this (CheckSmall). Negative: no
+  // bound (a module process).
+  double small_macs = -1;
 
   const workflow::Pipeline& pipeline() const { return task.pipeline; }
   bool root() const { return comm->rank() == 0; }
@@ -55,6 +59,9 @@ struct StepContext {
   // backbone) or to write what it computed. In a settled-only run it throws Unsettled, before the step has
   // written anything; otherwise it does nothing.
   void WorkAhead() const;
+  // Called before a train or evaluate step computes, with its estimated multiply-adds: throws
+  // Unsettled, before anything is written, where they are over small_macs.
+  void CheckSmall(double macs) const;
   // This step's FPGA backend (task.fpga), opened on first use; rank 0 says which device it is
   // (and, for "auto" without OpenCL, why it is the CPU).
   kernels::fpga::Device& Fpga();

@@ -81,6 +81,10 @@ void StepContext::WorkAhead() const {
   if (settled_only) throw Unsettled{};
 }
 
+void StepContext::CheckSmall(double macs) const {
+  if (small_macs >= 0 && macs > small_macs) throw Unsettled{};
+}
+
 kernels::fpga::Device& StepContext::Fpga() {
   if (fpga_) return *fpga_;
   fpga_ = kernels::fpga::Open(task.fpga, &fpga_notice_);
@@ -172,9 +176,9 @@ void CheckTaskStep(workflow::Step step, const nlohmann::json& task) {
 }
 
 // Runs the step as this rank of `comm`, over `store` when given (else the task's NAM), and
-// commits its done object; settled_only as in StepContext.
+// commits its done object; settled_only and small_macs as in StepContext.
 void Execute(workflow::Step step, const nlohmann::json& task, parallel::Comm& comm, std::FILE* out,
-             nam::Store* store, bool settled_only) {
+             nam::Store* store, bool settled_only, double small_macs = -1) {
   CheckTaskStep(step, task);
   std::unique_ptr<nam::Store> opened;  // outlives the context, whose store wraps it
   StepContext c;
@@ -188,6 +192,7 @@ void Execute(workflow::Step step, const nlohmann::json& task, parallel::Comm& co
   c.out = out;
   c.overlap = OverlapModeFromEnv();
   c.settled_only = settled_only;
+  c.small_macs = small_macs;
   Dispatch(step, c);
   CommitDone(c, step, workflow::TaskKey(task), *recorded);
   // How this rank's bytes reached the NAM server: through its pool mapped here (one host), or
@@ -233,7 +238,18 @@ std::string RunStepInCoordinator(workflow::Step step, int64_t ranks, const nlohm
       return "";
     }
   }
-  if (ranks != 1 || !IsLight(step)) return "";
+  if (ranks != 1) return "";
+  if (step == workflow::Step::kTrain || step == workflow::Step::kEvaluate) {
+    try {
+      Execute(step, task, self, out, &store, false, kSmallStepMacs);
+      return kSmallStep;
+    } catch (const Unsettled&) {  // more work than a process start: a process
+      return "";
+    } catch (const std::exception&) {
+      return "";
+    }
+  }
+  if (!IsLight(step)) return "";
   try {
     Execute(step, task, self, out, &store, false);
     return kLightStep;

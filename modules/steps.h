@@ -31,11 +31,17 @@ void RunStep(workflow::Step step, const nlohmann::json& task, parallel::Comm& co
 //   and one image dry-run; heads moved from staging to their model objects; shards merged and
 //   the champion picked) takes less than a module process takes to start (~0.3-0.5 s: MPI,
 //   libfabric and its providers' constructors, the NAM connection).
+// - a small step of one rank (kSmallStep): train and evaluate whose heads take at most
+//   kSmallStepMacs multiply-adds, estimated before anything is written from the features' shapes
+//   (rows x features x outputs, x epochs x 3 for training): about 0.2 s at the ~20 G a second
+//   the heads' GEMMs reach on two cores here, less than the process would take to start.
 // The step writes what its process would (summary, done object). Any error gives "" too: a
 // process running the step then reports it, with the launcher's retries.
 std::string RunStepInCoordinator(workflow::Step step, int64_t ranks, const nlohmann::json& task, nam::Store& store,
                                  std::FILE* out);
 inline constexpr const char* kNothingToCompute = "nothing to compute: its outputs are in the NAM";
 inline constexpr const char* kLightStep = "a light step: less work than starting a module process";
+inline constexpr const char* kSmallStep = "a small step: its heads' work is less than starting a module process";
+inline constexpr double kSmallStepMacs = 4e9;
 
 }  // namespace msaflow::modules

@@ -224,6 +224,14 @@ void Train(StepContext& c) {
     c.Say(fmt::format("note: the task asks for {} sync ranks, this step has {}", layout.ranks, world.size()));
   std::map<std::string, Features> cache;
   const auto& cands = c.task.candidates;
+  if (c.small_macs >= 0) {  // in the coordinator, if it is little work: forward, and backward at about twice that
+    double macs = 0;
+    for (const auto& cand : cands) {
+      const FeaturesIndex f = FeaturesShape(c, cand.backbone, "train");
+      macs += 3 * static_cast<double>(f.n * cand.head.epochs) * HeadMacsPerRow(cand.head, f.dim, f.classes);
+    }
+    c.CheckSmall(macs);
+  }
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json trained = nlohmann::json::array();  // what this rank staged, for the step's summary
   const Stager staged = [&](const workflow::Candidate& cand, const Features& f, const kernels::Head& h,

@@ -113,9 +113,10 @@ TEST_F(TinyRound, RunsAllSteps) {
 }
 
 // The coordinator's shortcut: a step runs in-process when it has nothing to compute (load and
-// prepare, any ranks) or is light (load, store, select of one rank), and then writes what the
-// step's process would (summary, outputs, done object); otherwise it writes nothing at all.
-TEST_F(TinyRound, OnlySettledOrLightStepsRunInTheCoordinator) {
+// prepare, any ranks), is light (load, store, select of one rank) or small (train and evaluate
+// of one rank whose heads take less work than a process start), and then writes what the step's
+// process would (summary, outputs, done object); otherwise it writes nothing at all.
+TEST_F(TinyRound, OnlySettledLightOrSmallStepsRunInTheCoordinator) {
   std::FILE* sink = std::fopen("/dev/null", "w");
   auto here = [&](const orchestrator::RoundPlan& plan, const std::string& step, int64_t ranks = 1) {
     for (const auto& t : plan.tasks)
@@ -137,14 +138,26 @@ TEST_F(TinyRound, OnlySettledOrLightStepsRunInTheCoordinator) {
   EXPECT_EQ(here(plan_, "prepare"), "");  // no features yet, no cached dataset digest
   EXPECT_EQ(store_->List("").size(), after_load);
   Step("prepare");
-  EXPECT_EQ(here(plan_, "train"), "");  // training always computes
+  EXPECT_EQ(here(plan_, "train", 2), "");  // two ranks: a process
+  {  // heads of far more work than a process start: a process, and nothing written here
+    json big = doc_;
+    big["head"] = {{"type", {"mlp"}}, {"hidden", {4096}}, {"lr", {0.01}}, {"epochs", {10000}}};
+    const workflow::Pipeline p = workflow::ParsePipeline(big.dump(), "tiny.json", dir_);
+    const auto plan = orchestrator::PlanRound(p, machine_, "run1", nam_, 1, workflow::FirstRound(p), {});
+    const size_t objects = store_->List("").size();
+    EXPECT_EQ(here(plan, "train"), "");
+    EXPECT_EQ(here(plan, "evaluate"), "");  // no models yet: it fails, and a process says why
+    EXPECT_EQ(store_->List("").size(), objects);
+  }
   EXPECT_FALSE(done(1, "train"));
-  Step("train");
+  EXPECT_EQ(here(plan_, "train"), modules::kSmallStep);  // 2 softmax heads, 68 rows, 5 epochs
+  EXPECT_TRUE(done(1, "train"));
   EXPECT_EQ(here(plan_, "store"), modules::kLightStep);
   EXPECT_FALSE(store_->List("model/run1/1/").empty());
-  EXPECT_EQ(here(plan_, "evaluate"), "");  // evaluation computes
+  EXPECT_EQ(here(plan_, "evaluate", 2), "");
   EXPECT_FALSE(done(1, "evaluate"));
-  Step("evaluate");
+  EXPECT_EQ(here(plan_, "evaluate"), modules::kSmallStep);
+  EXPECT_TRUE(done(1, "evaluate"));
   EXPECT_EQ(here(plan_, "select", 2), "");
   EXPECT_FALSE(done(1, "select"));
   EXPECT_EQ(here(plan_, "select"), modules::kLightStep);
