@@ -111,6 +111,11 @@ struct Executor::Plan {
   memory input;   // user NCHW, handle set per call
   memory output;  // [N, C, 1, 1] plain
   int64_t channels = 0;
+  struct Cut {  // a further cut of a several-cut graph (Graph::more_outputs), pooled as `output`
+    memory output;
+    int64_t channels = 0;
+  };
+  std::vector<Cut> more;
   std::vector<std::shared_ptr<void>> buffers;
 };
 
@@ -140,6 +145,13 @@ bool ClipBounds(const Graph& g, const Node& n, float* lo, float* hi) {
   if (n.inputs.size() > 1 && !n.inputs[1].empty() && !ScalarInput(g, n, 1, lo)) return false;
   if (n.inputs.size() > 2 && !n.inputs[2].empty() && !ScalarInput(g, n, 2, hi)) return false;
   return true;
+}
+
+// Every cut tensor of the graph: its output, then the more outputs of a several-cut import.
+std::vector<std::string> Outputs(const Graph& g) {
+  std::vector<std::string> all{g.output};
+  all.insert(all.end(), g.more_outputs.begin(), g.more_outputs.end());
+  return all;
 }
 
 // The index of the node producing each tensor.
@@ -207,6 +219,7 @@ void RewritePadIntoConv(Graph& g) {
   for (const auto& n : g.nodes)
     for (const auto& in : n.inputs) readers[in]++;
   readers[g.output]++;
+  for (const auto& o : g.more_outputs) readers[o]++;
   const std::map<std::string, size_t> producer = Producers(g);
   for (auto& conv : g.nodes) {
     if (conv.op != "Conv" || conv.inputs.empty() || conv.Str("auto_pad", "NOTSET") != "NOTSET") continue;
@@ -470,8 +483,8 @@ Executor::Op MakeOp(const Graph& g, const Node& n) {
 }
 
 // Drops ops nothing reads any more (e.g. the pieces of a rewritten hardswish).
-std::vector<Executor::Op> DropDeadOps(std::vector<Executor::Op> ops, const std::string& out) {
-  std::set<std::string> live{out};
+std::vector<Executor::Op> DropDeadOps(std::vector<Executor::Op> ops, const std::vector<std::string>& outs) {
+  std::set<std::string> live(outs.begin(), outs.end());
   std::vector<char> keep(ops.size(), 0);
   for (size_t i = ops.size(); i-- > 0;) {
     if (!live.count(ops[i].output)) continue;
@@ -517,23 +530,24 @@ std::vector<Executor::Op> BuildOps(Graph& g) {
     ops.push_back(std::move(op));
   }
   g.output = resolve(g.output);
-  return DropDeadOps(std::move(ops), g.output);
+  for (auto& o : g.more_outputs) o = resolve(o);
+  return DropDeadOps(std::move(ops), Outputs(g));
 }
 
-// Consumers of each tensor; the graph output counts as one.
-std::map<std::string, int> UseCounts(const std::vector<Executor::Op>& ops, const std::string& out) {
+// Consumers of each tensor; each cut tensor counts as one more (no op is fused into it).
+std::map<std::string, int> UseCounts(const std::vector<Executor::Op>& ops, const std::vector<std::string>& outs) {
   std::map<std::string, int> uses;
   for (const auto& op : ops) {
     for (const auto& in : op.inputs) uses[in]++;
     if (!op.sum_input.empty()) uses[op.sum_input]++;
   }
-  uses[out]++;
+  for (const auto& o : outs) uses[o]++;
   return uses;
 }
 
 // Merges single-consumer elementwise ops into their producer (Conv or Eltwise).
-std::vector<Executor::Op> FuseEltwise(std::vector<Executor::Op> ops, const std::string& out) {
-  auto uses = UseCounts(ops, out);
+std::vector<Executor::Op> FuseEltwise(std::vector<Executor::Op> ops, const std::vector<std::string>& outs) {
+  auto uses = UseCounts(ops, outs);
   std::map<std::string, size_t> producer;
   std::vector<char> dead(ops.size(), 0);
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -644,7 +658,7 @@ Executor::Executor(Graph graph, Precision precision)
   if (!PrecisionAvailable(precision, &why)) Throw(ErrorKind::kUnsupported, std::string("executor: ") + why);
   // Unfused: shape arithmetic written as elementwise ops must fold node by node per plan.
   ops_ = BuildOps(graph_);
-  fused_op_count_ = FuseEltwise(ops_, graph_.output).size();
+  fused_op_count_ = FuseEltwise(ops_, Outputs(graph_)).size();
 }
 
 Executor::~Executor() = default;
@@ -698,6 +712,24 @@ std::vector<float> Executor::Features(const float* x, int64_t n, int64_t c, int6
   return out;
 }
 
+std::vector<std::vector<float>> Executor::FeaturesOfCuts(const float* x, int64_t n, int64_t c, int64_t h, int64_t w) {
+  std::vector<std::vector<float>> all;
+  all.push_back(Features(x, n, c, h, w));  // runs the plan: every cut is pooled
+  for (const Plan::Cut& more : PlanFor({n, c, h, w}).more) {
+    all.emplace_back(static_cast<size_t>(n * more.channels));
+    std::memcpy(all.back().data(), more.output.get_data_handle(), all.back().size() * sizeof(float));
+  }
+  return all;
+}
+
+std::vector<int64_t> Executor::FeatureDimsOfCuts(int64_t c, int64_t h, int64_t w) {
+  const int64_t n = graph_.input_dims.empty() || graph_.input_dims[0] <= 0 ? 1 : graph_.input_dims[0];
+  const Plan& plan = PlanFor({n, c, h, w});
+  std::vector<int64_t> dims{plan.channels};
+  for (const Plan::Cut& more : plan.more) dims.push_back(more.channels);
+  return dims;
+}
+
 namespace {
 
 // One plan's ops with everything its input dims decide: shape arithmetic folded into constants,
@@ -709,6 +741,12 @@ struct Resolved {
   std::map<std::string, Dims> shapes;           // the tensors the plan computes
   std::map<std::string, ConstTensor> folded;    // constants computed from shapes
   std::string output;                           // the cut tensor, after renames
+  std::vector<std::string> more_outputs;        // the further cuts (Graph::more_outputs), after renames
+  std::vector<std::string> outputs() const {
+    std::vector<std::string> all{output};
+    all.insert(all.end(), more_outputs.begin(), more_outputs.end());
+    return all;
+  }
 };
 
 std::string DimsText(const Dims& d) {
@@ -918,6 +956,10 @@ Resolved Resolve(std::vector<Executor::Op> ops, const Graph& g, const Dims& in_d
   }
   r.output = renamed(g.output);
   if (!r.shapes.count(r.output)) Throw(ErrorKind::kUnsupported, "the feature layer '" + g.output + "' is a constant");
+  for (const auto& o : g.more_outputs) {
+    r.more_outputs.push_back(renamed(o));
+    if (!r.shapes.count(r.more_outputs.back())) Throw(ErrorKind::kUnsupported, "the feature layer '" + o + "' is a constant");
+  }
   return r;
 }
 
@@ -925,10 +967,10 @@ Resolved Resolve(std::vector<Executor::Op> ops, const Graph& g, const Dims& in_d
 // other) of equal shapes, where the convolution's output has no other reader and `other`
 // exists when the convolution runs.
 std::vector<Executor::Op> FoldResidualAdds(std::vector<Executor::Op> ops, const std::map<std::string, Dims>& shapes,
-                                           const std::string& out) {
+                                           const std::vector<std::string>& outs) {
   using Op = Executor::Op;
   std::map<std::string, size_t> producer;
-  auto uses = UseCounts(ops, out);
+  auto uses = UseCounts(ops, outs);
   std::vector<char> dead(ops.size(), 0);
   for (size_t i = 0; i < ops.size(); ++i) {
     Op& op = ops[i];
@@ -993,7 +1035,8 @@ class PlanBuilder {
   // below zero).
   void ChooseInt8Types(const std::vector<Executor::Op>& ops) {
     if (precision_ != Precision::kInt8) return;
-    std::set<std::string> read_elsewhere{r_.output};
+    std::set<std::string> read_elsewhere;
+    for (const auto& o : r_.outputs()) read_elsewhere.insert(o);
     for (const Executor::Op& op : ops)
       if (op.kind != Kind::kConv) read_elsewhere.insert(op.inputs.begin(), op.inputs.end());
     for (const Executor::Op& op : ops) {
@@ -1047,34 +1090,44 @@ class PlanBuilder {
     if (!op.sum_input.empty()) release(op.sum_input);
   }
 
-  // Global average pooling of the cut tensor into plain [N, C, 1, 1], and the buffers handed to
-  // the plan.
+  // Global average pooling of each cut tensor into plain [N, C, 1, 1], and the buffers handed
+  // to the plan.
   void Output() {
-    const Value& cut = values_.at(r_.output);
+    plan_.output = Pooled(r_.output, g_.output, &plan_.channels);
+    for (size_t k = 0; k < r_.more_outputs.size(); ++k) {
+      Executor::Plan::Cut more;
+      more.output = Pooled(r_.more_outputs[k], g_.more_outputs[k], &more.channels);
+      plan_.more.push_back(std::move(more));
+    }
+    for (auto& b : buffers_) plan_.buffers.push_back(b.data);
+  }
+
+ private:
+  // The steps that pool tensor `t` (the feature layer `layer`) into a plain [N, C, 1, 1] f32
+  // memory, which is returned; `channels` gets C.
+  memory Pooled(const std::string& t, const std::string& layer, int64_t* channels) {
+    const Value& cut = values_.at(t);
     if (cut.dims.size() != 4 && cut.dims.size() != 2)
-      Throw(ErrorKind::kUnsupported, "the feature layer '" + g_.output + "' is " + DimsText(cut.dims) +
+      Throw(ErrorKind::kUnsupported, "the feature layer '" + layer + "' is " + DimsText(cut.dims) +
                                          "; expected an NCHW tensor (average-pooled) or N x features");
-    plan_.channels = cut.dims[1];
-    plan_.output = memory(memory::desc({cut.dims[0], cut.dims[1], 1, 1}, dt::f32, tag::abcd), eng_);
+    *channels = cut.dims[1];
+    memory out(memory::desc({cut.dims[0], cut.dims[1], 1, 1}, dt::f32, tag::abcd), eng_);
     if (cut.dims.size() == 2) {  // already one vector per image
-      memory flat(PlainDesc(cut.dims, dt::f32), eng_, plan_.output.get_data_handle());
+      memory flat(PlainDesc(cut.dims, dt::f32), eng_, out.get_data_handle());
       plan_.steps.push_back({dnnl::reorder(cut.mem, flat), {{DNNL_ARG_FROM, cut.mem}, {DNNL_ARG_TO, flat}}});
-      for (auto& b : buffers_) plan_.buffers.push_back(b.data);
-      return;
+      return out;
     }
     dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, algorithm::pooling_avg_exclude_padding,
                                      cut.mem.get_desc(),
                                      memory::desc({cut.dims[0], cut.dims[1], 1, 1}, cut.mem.get_desc().data_type(), tag::any),
                                      {1, 1}, {cut.dims[2], cut.dims[3]}, {0, 0}, {0, 0}, {0, 0});
     dnnl::pooling_v2_forward::primitive_desc pd(d, eng_);
-    memory pooled = pd.dst_desc() == plan_.output.get_desc() ? plan_.output : memory(pd.dst_desc(), eng_);
+    memory pooled = pd.dst_desc() == out.get_desc() ? out : memory(pd.dst_desc(), eng_);
     plan_.steps.push_back({dnnl::pooling_v2_forward(pd), {{DNNL_ARG_SRC, cut.mem}, {DNNL_ARG_DST, pooled}}});
-    if (pooled != plan_.output)
-      plan_.steps.push_back({dnnl::reorder(pooled, plan_.output), {{DNNL_ARG_FROM, pooled}, {DNNL_ARG_TO, plan_.output}}});
-    for (auto& b : buffers_) plan_.buffers.push_back(b.data);
+    if (pooled != out) plan_.steps.push_back({dnnl::reorder(pooled, out), {{DNNL_ARG_FROM, pooled}, {DNNL_ARG_TO, out}}});
+    return out;
   }
 
- private:
   struct Buffer {
     size_t size;
     std::shared_ptr<void> data;
@@ -1457,14 +1510,14 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool obse
   const Dims in_dims(shape.begin(), shape.end());
   const Resolved r = Resolve(ops_, graph_, in_dims);
   const std::map<std::string, Dims>& shapes = r.shapes;
-  std::vector<Op> ops = FuseEltwise(FoldResidualAdds(r.ops, shapes, r.output), r.output);
+  std::vector<Op> ops = FuseEltwise(FoldResidualAdds(r.ops, shapes, r.outputs()), r.outputs());
   // Last use of each tensor, to return buffers to the pool.
   std::map<std::string, size_t> last_use;
   for (size_t i = 0; i < ops.size(); ++i) {
     for (const auto& in : ops[i].inputs) last_use[in] = i;
     if (!ops[i].sum_input.empty()) last_use[ops[i].sum_input] = i;
   }
-  last_use[r.output] = ops.size();
+  for (const auto& o : r.outputs()) last_use[o] = ops.size();  // pooled after the last op
 
   PlanBuilder b(*plan, engine_->eng, engine_->strm, graph_, r, observe ? Precision::kF32 : precision_, ranges_);
   b.Input(in_dims);
@@ -1476,6 +1529,49 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool obse
   return ref;
 }
 
+namespace {
+
+bool SameSteps(const std::vector<EltStep>& a, const std::vector<EltStep>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].alg != b[i].alg || std::memcmp(&a[i].alpha, &b[i].alpha, sizeof(float)) != 0 ||
+        std::memcmp(&a[i].beta, &b[i].beta, sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+// Whether two fused ops compute the same thing the same way: the same node(s), inputs, output
+// and fused chains (the primitives built from them are then the same).
+bool SameOp(const Executor::Op& a, const Executor::Op& b) {
+  return a.kind == b.kind && a.name == b.name && a.inputs == b.inputs && a.output == b.output &&
+         a.sum_input == b.sum_input && a.part == b.part && a.pads == b.pads && a.strides == b.strides &&
+         SameSteps(a.post, b.post) && SameSteps(a.post_sum, b.post_sum);
+}
+
+}  // namespace
+
+std::vector<bool> Executor::CutsAsAlone(int64_t c, int64_t h, int64_t w) const {
+  const int64_t n = graph_.input_dims.empty() || graph_.input_dims[0] <= 0 ? 1 : graph_.input_dims[0];
+  const Dims in{n, c, h, w};
+  const Resolved all = Resolve(ops_, graph_, in);
+  const std::vector<Op> fused = FuseEltwise(FoldResidualAdds(all.ops, all.shapes, all.outputs()), all.outputs());
+  const std::vector<std::string> cuts = Outputs(graph_), resolved = all.outputs();
+  std::vector<bool> same;
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    Graph alone = graph_;  // the model cut at this tensor only, as ImportOnnx would give it
+    alone.output = cuts[k];
+    alone.more_outputs.clear();
+    const std::vector<Op> unfused = BuildOps(alone);
+    const Resolved r = Resolve(unfused, alone, in);
+    const std::vector<Op> want = FuseEltwise(FoldResidualAdds(r.ops, r.shapes, {r.output}), {r.output});
+    const std::vector<Op> got = DropDeadOps(fused, {resolved[k]});  // the several-cut plan's ops this cut needs
+    bool equal = r.output == resolved[k] && want.size() == got.size();
+    for (size_t i = 0; equal && i < want.size(); ++i) equal = SameOp(want[i], got[i]);
+    same.push_back(equal);
+  }
+  return same;
+}
+
 void Executor::CheckShape(int64_t n, int64_t c, int64_t h, int64_t w) const {
   const Dims in{n, c, h, w};
   for (size_t i = 0; i < 4; ++i)
@@ -1484,10 +1580,13 @@ void Executor::CheckShape(int64_t n, int64_t c, int64_t h, int64_t w) const {
                                           " is fixed at " + std::to_string(graph_.input_dims[i]) + " by the model, got " +
                                           std::to_string(in[i]));
   const Resolved r = Resolve(ops_, graph_, in);
-  const Dims& cut = r.shapes.at(r.output);
-  if (cut.size() != 4 && cut.size() != 2)
-    Throw(ErrorKind::kUnsupported, "the feature layer '" + graph_.output + "' is " + DimsText(cut) +
-                                       "; expected an NCHW tensor (average-pooled) or N x features");
+  const std::vector<std::string> layers = Outputs(graph_), cuts = r.outputs();
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    const Dims& cut = r.shapes.at(cuts[k]);
+    if (cut.size() != 4 && cut.size() != 2)
+      Throw(ErrorKind::kUnsupported, "the feature layer '" + layers[k] + "' is " + DimsText(cut) +
+                                         "; expected an NCHW tensor (average-pooled) or N x features");
+  }
 }
 
 }  // namespace msaflow::kernels

@@ -57,6 +57,17 @@ class Executor {
   // Channels of the cut tensor for an input of this shape (compiles the plan if needed).
   int64_t FeatureDim(int64_t c, int64_t h, int64_t w);
 
+  // A graph of several cuts (ImportOnnxCuts): one pass over the images gives every cut's
+  // features, in the import's order, each n x its FeatureDimsOfCuts() floats, row-major.
+  // (Features() gives the first cut's alone.)
+  std::vector<std::vector<float>> FeaturesOfCuts(const float* x, int64_t n, int64_t c, int64_t h, int64_t w);
+  std::vector<int64_t> FeatureDimsOfCuts(int64_t c, int64_t h, int64_t w);
+  // Per cut, whether the one pass computes it exactly as the model cut at it alone would: the
+  // same fused operations on the same inputs. Not so where another cut keeps a tensor that an
+  // operation alone would have fused into its producer (an activation after the cut convolution):
+  // that cut's features, or those after it, may then differ in the last bits.
+  std::vector<bool> CutsAsAlone(int64_t c, int64_t h, int64_t w) const;
+
   // Checks, without compiling anything, that the graph runs on n images of c x h x w: shape
   // arithmetic folds, every shape fits its operator, the feature layer is NCHW or N x features.
   // Throws as Features would (kUnsupported / kInvalidInput naming the node).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -190,6 +191,12 @@ std::string Node::Str(const std::string& a, const std::string& dflt) const {
 bool IsSupportedOp(const std::string& op) { return SupportedOps().count(op) != 0; }
 
 Graph ImportOnnx(const std::string& bytes, const std::string& origin, const std::string& cut) {
+  return ImportOnnxCuts(bytes, origin, {cut});
+}
+
+Graph ImportOnnxCuts(const std::string& bytes, const std::string& origin, const std::vector<std::string>& cuts) {
+  if (cuts.empty()) Throw(ErrorKind::kInvalidInput, origin + ": no feature layer to cut at");
+  const std::string& cut = cuts[0];
   onnx::ModelProto m = Parse(bytes, origin);
   const auto& g = m.graph();
   Graph out;
@@ -197,7 +204,12 @@ Graph ImportOnnx(const std::string& bytes, const std::string& origin, const std:
     if (op.domain().empty() || op.domain() == "ai.onnx") out.opset = op.version();
   for (const auto& init : g.initializer()) out.consts[init.name()] = ToConst(init, origin);
 
-  std::vector<int> need = NeededNodes(g, origin, cut);
+  std::vector<int> need;  // what any cut depends on, in the model's order
+  for (const auto& c : cuts) {
+    std::vector<int> more = NeededNodes(g, origin, c), both;
+    std::set_union(need.begin(), need.end(), more.begin(), more.end(), std::back_inserter(both));
+    need = std::move(both);
+  }
   std::map<std::string, int> producer_of;  // among the needed nodes
   for (int idx : need)
     for (const auto& o : g.node(idx).output()) producer_of[o] = idx;
@@ -268,6 +280,7 @@ Graph ImportOnnx(const std::string& bytes, const std::string& origin, const std:
     Throw(ErrorKind::kUnsupported, origin + ": input '" + out.input + "' has rank " +
                                        std::to_string(out.input_dims.size()) + "; expected an NCHW image (rank 4)");
   out.output = cut;
+  out.more_outputs.assign(cuts.begin() + 1, cuts.end());
   return out;
 }
 

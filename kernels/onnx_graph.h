@@ -49,6 +49,7 @@ struct Graph {
   std::vector<Node> nodes;           // topological order
   std::map<std::string, ConstTensor> consts;
   std::string output;                // the cut tensor
+  std::vector<std::string> more_outputs;  // further cut tensors (ImportOnnxCuts), pooled in the same pass
   int64_t opset = 0;
 };
 
@@ -62,6 +63,12 @@ bool IsSupportedOp(const std::string& op);
 // `cut` depends on. Throws kInvalidInput for malformed protobuf / graphs, kNotFound if `cut`
 // names no tensor (with a did-you-mean), kUnsupported naming the first unsupported node.
 Graph ImportOnnx(const std::string& bytes, const std::string& origin, const std::string& cut);
+
+// The same with several cuts of one model: the nodes any of them depends on, `cuts[0]` as the
+// graph's output and the others as more_outputs, so that one pass of the executor gives the
+// features of every cut (Executor::FeaturesOfCuts). Each cut's features are those of the graph
+// cut at it alone (kernels_test checks it bit for bit on the models measured here).
+Graph ImportOnnxCuts(const std::string& bytes, const std::string& origin, const std::vector<std::string>& cuts);
 
 // The cut model as ONNX bytes (only the needed nodes and initializers, output = cut tensor).
 std::string CutOnnx(const std::string& bytes, const std::string& origin, const std::string& cut);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstring>
 
 #include "common/error.h"
@@ -21,45 +22,71 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// The subset's features for one backbone, row-major [images, dim].
-std::vector<float> ComputeSubsetFeatures(const BackboneSpec& bb, const kernels::ImageSet& ds,
-                                         kernels::fpga::Device& cpu, int64_t* dim, std::string* note) {
+// Raw pixels as read: the bytes / 255, row-major [images, dim].
+std::vector<float> RawPixels(const BackboneSpec& bb, const kernels::ImageSet& ds, int64_t* dim) {
   const int64_t n = ds.count;
-  if (!bb.prepared()) {  // raw pixels as read
-    *dim = ds.Rows(0) * ds.Cols(0) * ds.Channels(0);
-    std::vector<float> f(static_cast<size_t>(n * *dim));
-    for (int64_t i = 0; i < n; ++i) {
-      if (ds.Rows(i) * ds.Cols(i) * ds.Channels(i) != *dim)
-        Throw(ErrorKind::kInvalidInput, "backbone '" + bb.name + "' (raw pixels) needs images of one size; " +
-                                            ds.Where(i) + " differs from the first");
-      const uint8_t* px = ds.Image(i);
-      for (int64_t j = 0; j < *dim; ++j) f[static_cast<size_t>(i * *dim + j)] = static_cast<float>(px[j]) / 255.f;
-    }
-    return f;
+  *dim = ds.Rows(0) * ds.Cols(0) * ds.Channels(0);
+  std::vector<float> f(static_cast<size_t>(n * *dim));
+  for (int64_t i = 0; i < n; ++i) {
+    if (ds.Rows(i) * ds.Cols(i) * ds.Channels(i) != *dim)
+      Throw(ErrorKind::kInvalidInput, "backbone '" + bb.name + "' (raw pixels) needs images of one size; " +
+                                          ds.Where(i) + " differs from the first");
+    const uint8_t* px = ds.Image(i);
+    for (int64_t j = 0; j < *dim; ++j) f[static_cast<size_t>(i * *dim + j)] = static_cast<float>(px[j]) / 255.f;
   }
-  const auto& in = bb.input;
-  std::unique_ptr<kernels::Executor> ex;
-  if (bb.kind != "pixels") {
-    // int8 needs ranges the load step measures; a ranking needs no such precision.
-    const std::string precision = bb.precision == "int8" ? "f32" : bb.precision;
-    if (bb.precision == "int8") *note = "int8 ranked in f32";
-    ex = std::make_unique<kernels::Executor>(
-        kernels::ImportOnnx(ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes), bb.onnx, bb.feature_layer),
-        kernels::ParsePrecision(precision));
-  }
+  return f;
+}
+
+// The precision a backbone is ranked in: int8 needs the ranges the load step measures, and a
+// ranking needs no such speed.
+std::string RankPrecision(const BackboneSpec& bb) { return bb.precision == "int8" ? "f32" : bb.precision; }
+
+// Whether one pass of a model serves both backbones: one ONNX file (cut at two layers), prepared
+// and run alike.
+bool OnePass(const BackboneSpec& a, const BackboneSpec& b) {
+  const kernels::InputSpec &x = a.input, &y = b.input;
+  return a.kind != "pixels" && b.kind != "pixels" && a.onnx == b.onnx && RankPrecision(a) == RankPrecision(b) &&
+         x.channels == y.channels && x.height == y.height && x.width == y.width && x.batch == y.batch &&
+         x.mean == y.mean && x.std == y.std;
+}
+
+// The executor of `group` (backbones of one model, OnePass with each other): its cuts in one
+// graph. Null for resized pixels (the prepared images are the features).
+std::unique_ptr<kernels::Executor> GroupExecutor(const std::vector<const BackboneSpec*>& group) {
+  const BackboneSpec& bb = *group[0];
+  if (bb.kind == "pixels") return nullptr;
+  std::vector<std::string> cuts;
+  for (const BackboneSpec* g : group) cuts.push_back(g->feature_layer);
+  return std::make_unique<kernels::Executor>(
+      kernels::ImportOnnxCuts(ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes), bb.onnx, cuts),
+      kernels::ParsePrecision(RankPrecision(bb)));
+}
+
+// The subset's features for each backbone of `group` from one pass over its images, row-major
+// [images, dims[k]] each.
+std::vector<std::vector<float>> GroupFeatures(const std::vector<const BackboneSpec*>& group, kernels::Executor* ex,
+                                              const kernels::ImageSet& ds, kernels::fpga::Device& cpu,
+                                              std::vector<int64_t>* dims) {
+  const int64_t n = ds.count;
+  const auto& in = group[0]->input;
   const int64_t per = in.channels * in.height * in.width;
-  *dim = ex ? ex->FeatureDim(in.channels, in.height, in.width) : per;
+  *dims = ex ? ex->FeatureDimsOfCuts(in.channels, in.height, in.width) : std::vector<int64_t>{per};
   const int64_t batch = in.batch > 0 ? in.batch : 64;
-  std::vector<float> f(static_cast<size_t>(n * *dim)), x(static_cast<size_t>(batch * per));
+  std::vector<std::vector<float>> f(dims->size());
+  for (size_t k = 0; k < f.size(); ++k) f[k].resize(static_cast<size_t>(n * (*dims)[k]));
+  std::vector<float> x(static_cast<size_t>(batch * per));
   for (int64_t s = 0; s < n; s += batch) {
     const int64_t b = std::min(batch, n - s);
     kernels::fpga::PrepareImages(cpu, ds, 0, s, b, in, x.data());
     if (in.batch > 0 && b < batch) std::fill(x.begin() + b * per, x.end(), 0.f);  // a fixed batch: whole ones
-    if (ex) {
-      const auto out = ex->Features(x.data(), in.batch > 0 ? batch : b, in.channels, in.height, in.width);
-      std::copy(out.begin(), out.begin() + b * *dim, f.begin() + s * *dim);
-    } else {
-      std::copy(x.begin(), x.begin() + b * per, f.begin() + s * *dim);
+    if (!ex) {
+      std::copy(x.begin(), x.begin() + b * per, f[0].begin() + s * per);
+      continue;
+    }
+    const auto out = ex->FeaturesOfCuts(x.data(), in.batch > 0 ? batch : b, in.channels, in.height, in.width);
+    for (size_t k = 0; k < f.size(); ++k) {
+      const int64_t d = (*dims)[k];
+      std::copy(out[k].begin(), out[k].begin() + b * d, f[k].begin() + s * d);
     }
   }
   return f;
@@ -84,23 +111,66 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
   r.subset_images = ds.count;
   r.rows = rows;
   const std::unique_ptr<kernels::fpga::Device> cpu = kernels::fpga::OpenCpu();
-  for (const auto& bb : p.backbones) {
-    BackboneRank b;
-    b.backbone = bb.name;
-    b.images = ds.count;
+  // One model cut at several layers runs once for all its cuts: the backbones in groups.
+  std::vector<std::vector<const BackboneSpec*>> groups;
+  std::vector<char> grouped(p.backbones.size(), 0);
+  for (size_t i = 0; i < p.backbones.size(); ++i) {
+    if (grouped[i]) continue;
+    groups.push_back({&p.backbones[i]});
+    for (size_t j = i + 1; j < p.backbones.size(); ++j)
+      if (!grouped[j] && OnePass(p.backbones[i], p.backbones[j])) {
+        groups.back().push_back(&p.backbones[j]);
+        grouped[j] = 1;
+      }
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<const BackboneSpec*> group = groups[g];
+    const BackboneSpec& first = *group[0];
+    std::vector<std::vector<float>> f;
+    std::vector<int64_t> dims(1);
     auto t0 = Clock::now();
-    std::vector<float> f = ComputeSubsetFeatures(bb, ds, *cpu, &b.dim, &b.note);
-    b.features_s = Since(t0);
-    t0 = Clock::now();
-    b.knn = kernels::KnnLooAccuracy(f.data(), ds.count, b.dim, ds.labels.data());
-    b.logme = kernels::LogMe(f.data(), ds.count, b.dim, ds.labels.data(), r.classes);
-    b.estimate_s = Since(t0);
-    b.as_prepared = bb.prepared() && bb.precision != "int8";
-    if (o.keep_features && bb.kind != "pixels") b.features = std::move(f);
-    if (say)
-      say(fmt::format("rank {}: kNN {:.3f}, LogME {:.3f} ({} features, {:.2f} s + {:.2f} s)", bb.name, b.knn, b.logme,
-                      b.dim, b.features_s, b.estimate_s));
-    r.backbones.push_back(std::move(b));
+    if (!first.prepared()) {
+      f.push_back(RawPixels(first, ds, &dims[0]));
+    } else {
+      std::unique_ptr<kernels::Executor> ex = GroupExecutor(group);
+      // A cut that one pass would compute otherwise than the model cut there alone (another cut
+      // keeps a tensor an activation would have been fused into) is ranked in a pass of its own:
+      // its features are then the very bits prepare computes.
+      while (ex && group.size() > 1) {
+        const std::vector<bool> alone = ex->CutsAsAlone(first.input.channels, first.input.height, first.input.width);
+        std::vector<const BackboneSpec*> keep;
+        for (size_t k = 0; k < group.size(); ++k) {
+          if (alone[k]) keep.push_back(group[k]);
+          else groups.push_back({group[k]});
+        }
+        if (keep.size() == group.size()) break;
+        group = std::move(keep);
+        ex = GroupExecutor(group);
+      }
+      f = GroupFeatures(group, ex.get(), ds, *cpu, &dims);
+    }
+    const double features_s = Since(t0) / static_cast<double>(group.size());  // the pass, shared by its cuts
+    for (size_t k = 0; k < group.size(); ++k) {
+      const BackboneSpec& bb = *group[k];
+      BackboneRank b;
+      b.backbone = bb.name;
+      b.images = ds.count;
+      b.dim = dims[k];
+      b.features_s = features_s;
+      if (bb.precision == "int8") b.note = "int8 ranked in f32";
+      if (group.size() > 1) b.note += fmt::format("{}one pass for {} cuts of {}", b.note.empty() ? "" : "; ", group.size(),
+                               std::filesystem::path(bb.onnx).filename().string());
+      t0 = Clock::now();
+      b.knn = kernels::KnnLooAccuracy(f[k].data(), ds.count, b.dim, ds.labels.data());
+      b.logme = kernels::LogMe(f[k].data(), ds.count, b.dim, ds.labels.data(), r.classes);
+      b.estimate_s = Since(t0);
+      b.as_prepared = bb.prepared() && bb.precision != "int8";
+      if (o.keep_features && bb.kind != "pixels") b.features = std::move(f[k]);
+      if (say)
+        say(fmt::format("rank {}: kNN {:.3f}, LogME {:.3f} ({} features, {:.2f} s + {:.2f} s)", bb.name, b.knn, b.logme,
+                        b.dim, b.features_s, b.estimate_s));
+      r.backbones.push_back(std::move(b));
+    }
   }
   std::stable_sort(r.backbones.begin(), r.backbones.end(), [](const BackboneRank& a, const BackboneRank& b) {
     return a.knn != b.knn ? a.knn > b.knn : a.logme > b.logme;

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include "common/files.h"
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
+#include "kernels/onnx_graph.h"
 #include "kernels/prepare.h"
 
 namespace msaflow::kernels {
@@ -61,6 +63,58 @@ TEST(Features, PPOCRv4MatchesOpenCV) {
   s.mean = {0.5f, 0.5f, 0.5f};
   s.std = {0.5f, 0.5f, 0.5f};
   Check("ch_PP-OCRv4_rec_infer.onnx", "p2o.AveragePool.1", s, 480);
+}
+
+// One model cut at several layers runs once for all of them (rank does so): each cut whose one
+// pass computes it as the model cut there alone (CutsAsAlone) gives the very bits of the model
+// cut there alone; PP-OCRv4's last cut, computed otherwise in a pass that keeps conv2d_195 (an
+// activation is no longer fused into that convolution), is said not to.
+void CheckCuts(const std::string& model, const std::vector<std::string>& cuts, InputSpec spec,
+               const std::vector<bool>& as_alone) {
+  ImageSet ds = ReadIdx(kRoot + "/data/fashion-mnist/t10k-images-idx3-ubyte.gz",
+                        kRoot + "/data/fashion-mnist/t10k-labels-idx1-ubyte.gz", 40);
+  const int64_t n = ds.count, c = spec.channels;
+  std::vector<float> x(static_cast<size_t>(n * c * spec.height * spec.width));
+  PrepareBatch(ds.pixels.data(), n, ds.rows, ds.cols, spec, x.data());
+  const std::string bytes = ReadFile(kRoot + "/models/" + model);
+  Executor pass(ImportOnnxCuts(bytes, model, cuts));
+  EXPECT_EQ(pass.CutsAsAlone(c, spec.height, spec.width), as_alone);
+  const auto all = pass.FeaturesOfCuts(x.data(), n, c, spec.height, spec.width);
+  const auto dims = pass.FeatureDimsOfCuts(c, spec.height, spec.width);
+  ASSERT_EQ(all.size(), cuts.size());
+  ASSERT_EQ(dims.size(), cuts.size());
+  EXPECT_EQ(pass.Features(x.data(), n, c, spec.height, spec.width), all[0]);  // the first cut's alone
+  for (size_t k = 0; k < cuts.size(); ++k) {
+    Executor alone(ImportOnnx(bytes, model, cuts[k]));
+    const std::vector<float> want = alone.Features(x.data(), n, c, spec.height, spec.width);
+    ASSERT_EQ(all[k].size(), want.size()) << cuts[k];
+    EXPECT_EQ(dims[k], alone.FeatureDim(c, spec.height, spec.width)) << cuts[k];
+    const bool same = std::memcmp(all[k].data(), want.data(), want.size() * sizeof(float)) == 0;
+    if (as_alone[k]) {
+      EXPECT_TRUE(same) << cuts[k];
+    }
+    double worst = 0, scale = 0;  // either way the same features, to rounding
+    for (size_t i = 0; i < want.size(); ++i) {
+      scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
+      worst = std::max(worst, std::fabs(static_cast<double>(all[k][i] - want[i])));
+    }
+    EXPECT_LE(worst, 1e-5 * scale) << cuts[k];
+  }
+}
+
+TEST(Features, OnePassOfMobileNetV2GivesEachCutsOwnBits) {
+  InputSpec s;
+  s.height = s.width = 96;
+  CheckCuts("mobilenet_v2.onnx", {"block_3_expand_relu", "block_13_expand_relu", "out_relu"}, s, {true, true, true});
+  CheckCuts("mobilenet_v2.onnx", {"out_relu", "block_3_expand_relu"}, s, {true, true});
+}
+
+TEST(Features, OnePassOfPPOCRv4SaysWhichCutItComputesOtherwise) {
+  InputSpec s;
+  s.height = s.width = 48;
+  s.mean = {0.5f, 0.5f, 0.5f};
+  s.std = {0.5f, 0.5f, 0.5f};
+  CheckCuts("ch_PP-OCRv4_rec_infer.onnx", {"conv2d_195.tmp_0", "p2o.AveragePool.1"}, s, {true, false});
 }
 
 }  // namespace

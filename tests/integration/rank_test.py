@@ -116,6 +116,10 @@ class Rank(unittest.TestCase):
         self.assertEqual(knn, sorted(knn, reverse=True))
         self.assertEqual(by_name["mnv2.block_13_expand_relu"]["dim"], 576)
         self.assertEqual(by_name["mnv2.block_3_expand_relu"]["dim"], 144)
+        # ... and one pass of the model gives both (tests/integration/features_test.cc: the same bits).
+        for cut in ("mnv2.block_3_expand_relu", "mnv2.block_13_expand_relu"):
+            self.assertEqual(by_name[cut]["note"], "one pass for 2 cuts of mobilenet_v2.onnx")
+        self.assertEqual(by_name["pixels"]["note"], "")
         for b in out["backbones"]:
             self.assertGreater(b["knn"], 0.3)  # ten classes: chance is 0.1
         # Another seed takes other images.
