@@ -24,6 +24,7 @@
 #include "workflow/datasets.h"
 #include "modules/calibration.h"
 #include "modules/features.h"
+#include "workflow/backbones.h"
 #include "workflow/objects.h"
 #include "workflow/rank.h"
 
@@ -55,22 +56,36 @@ struct SpotCheckFailed {
   std::string why;
 };
 
-// Computes parts [p0, p1) of `idx` from `ds` (the images of those parts' rows, the first being
-// row idx.PartLo(p0)) and writes each part to the NAM as it is finished. The rows that `known`
-// (rung 0's features of a subset; null for none) holds are not run through the backbone: the
-// first of them is, in the first batch, and must come out bit for bit as rung 0 had it
-// (SpotCheckFailed otherwise, before any part is written).
-PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels::Executor* ex,
-                      const kernels::ImageSet& ds, const FeaturesIndex& idx, int64_t p0, int64_t p1,
-                      const std::string& label, const workflow::SubsetFeatures* known) {
+// One backbone's features of a split, computed in a pass over its images (alone, or with the
+// other cuts of its model).
+struct Member {
+  const workflow::BackboneSpec* bb = nullptr;
+  FeaturesIndex idx;                            // all members of a pass share n, part_rows and parts
+  const workflow::SubsetFeatures* known = nullptr;  // rung 0's features of some rows, or null
+};
+
+// Computes parts [p0, p1) of every member's features from `ds` (the images of those parts' rows,
+// the first being row PartLo(p0)) in one pass of `ex` (a cut of each member, in order; null for
+// pixels) and writes each part to the NAM as it is finished. The rows that rung 0 computed (the
+// same rows for every member, else none is used) are not run through the backbone: the first
+// of them is, in the first batch, and must come out bit for bit as rung 0 had it for every
+// member (SpotCheckFailed otherwise, before any part is written).
+PartWork ComputeParts(StepContext& c, const std::vector<Member>& members, kernels::Executor* ex,
+                      const kernels::ImageSet& ds, int64_t p0, int64_t p1, const std::string& label) {
   PartWork w;
   if (p0 >= p1) return w;
-  const int64_t lo = idx.PartLo(p0), hi = idx.PartHi(p1 - 1), dim = idx.dim;
+  const workflow::BackboneSpec& bb = *members[0].bb;  // the members' input and batch are one (SharePass)
+  const FeaturesIndex& at = members[0].idx;           // ... and so are their rows and parts
+  const size_t M = members.size();
+  const int64_t lo = at.PartLo(p0), hi = at.PartHi(p1 - 1);
   w.rows = hi - lo;
   w.parts = p1 - p0;
-  // Rung 0's rows in [lo, hi): known->rows[k0, k1).
+  // Rung 0's rows in [lo, hi): known->rows[k0, k1), when every member has them.
+  const workflow::SubsetFeatures* known = members[0].known;
+  for (const Member& m : members)
+    if (!m.known || !bb.prepared() || m.known->rows != known->rows) known = nullptr;
   size_t k0 = 0, k1 = 0;
-  if (known && bb.prepared()) {
+  if (known) {
     k0 = static_cast<size_t>(std::lower_bound(known->rows.begin(), known->rows.end(), lo) - known->rows.begin());
     k1 = static_cast<size_t>(std::lower_bound(known->rows.begin(), known->rows.end(), hi) - known->rows.begin());
   }
@@ -103,10 +118,11 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
     return k < m ? row_of(k) : hi;
   };
 
-  std::map<int64_t, std::vector<float>> open;  // parts being filled
-  std::vector<std::vector<float>> spare;       // buffers of parts written, for the next ones
-  std::vector<float> in_flight;                // the part being written
-  std::vector<uint16_t> halves;                // ... narrowed to float16
+  // Parts being filled, a buffer per member; buffers of parts written, for the next ones.
+  std::map<int64_t, std::vector<std::vector<float>>> open;
+  std::vector<std::vector<float>> spare;
+  std::vector<std::vector<float>> in_flight(M);  // the part being written, per member
+  std::vector<std::vector<uint16_t>> halves(M);  // ... narrowed to float16
   Worker writer;  // writes part p while part p + 1 is computed; declared after the buffers, so it
                   // finishes (its destructor waits) before they go
   auto finish_write = [&] {
@@ -114,40 +130,52 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
     writer.Wait();  // rethrows a failed write
     w.put_wait_s += Since(t0);
   };
-  auto part_buffer = [&](int64_t p) -> float* {
+  auto part_buffer = [&](int64_t p, size_t j) -> float* {
     auto it = open.find(p);
     if (it == open.end()) {
-      std::vector<float> b;
-      if (!spare.empty()) {
-        b = std::move(spare.back());
-        spare.pop_back();
+      std::vector<std::vector<float>> bufs(M);
+      for (size_t i = 0; i < M; ++i) {
+        if (!spare.empty()) {
+          bufs[i] = std::move(spare.back());
+          spare.pop_back();
+        }
+        bufs[i].resize(static_cast<size_t>(at.part_rows * members[i].idx.dim));
       }
-      b.resize(static_cast<size_t>(idx.part_rows * dim));
-      it = open.emplace(p, std::move(b)).first;
+      it = open.emplace(p, std::move(bufs)).first;
     }
-    return it->second.data();
+    return it->second[j].data();
   };
   auto write_part = [&](int64_t p) {
-    float* o = part_buffer(p);
-    for (size_t k = k0; k < k1; ++k) {  // rung 0's rows of this part
-      const int64_t r = known->rows[k];
-      if (r < idx.PartLo(p) || r >= idx.PartHi(p)) continue;
-      std::copy_n(known->values.begin() + static_cast<int64_t>(k) * dim, dim, o + (r - idx.PartLo(p)) * dim);
+    for (size_t j = 0; j < M; ++j) {  // rung 0's rows of this part
+      float* o = part_buffer(p, j);
+      const int64_t dim = members[j].idx.dim;
+      for (size_t k = k0; k < k1; ++k) {
+        const int64_t r = known->rows[k];
+        if (r < at.PartLo(p) || r >= at.PartHi(p)) continue;
+        std::copy_n(members[j].known->values.begin() + static_cast<int64_t>(k) * dim, dim, o + (r - at.PartLo(p)) * dim);
+      }
     }
-    finish_write();  // the part written before is in: its buffer is free
-    if (!in_flight.empty()) spare.push_back(std::move(in_flight));
+    finish_write();  // the part written before is in: its buffers are free
+    for (auto& b : in_flight)
+      if (!b.empty()) spare.push_back(std::move(b));
     in_flight = std::move(open.at(p));
     open.erase(p);
-    const size_t values = static_cast<size_t>((idx.PartHi(p) - idx.PartLo(p)) * dim);
-    std::string_view data(reinterpret_cast<const char*>(in_flight.data()), values * sizeof(float));
-    if (idx.half) {
-      NarrowFeatures(bb.name, in_flight.data(), values, halves);
-      data = std::string_view(reinterpret_cast<const char*>(halves.data()), values * sizeof(uint16_t));
+    std::vector<std::string_view> data(M);
+    for (size_t j = 0; j < M; ++j) {
+      const size_t values = static_cast<size_t>((at.PartHi(p) - at.PartLo(p)) * members[j].idx.dim);
+      data[j] = std::string_view(reinterpret_cast<const char*>(in_flight[j].data()), values * sizeof(float));
+      if (members[j].idx.half) {
+        NarrowFeatures(members[j].bb->name, in_flight[j].data(), values, halves[j]);
+        data[j] = std::string_view(reinterpret_cast<const char*>(halves[j].data()), values * sizeof(uint16_t));
+      }
     }
-    auto put = [&c, &idx, &w, p, data] {
+    auto put = [&c, &members, &w, p, data] {
       auto t0 = Clock::now();
-      c.store->Put(workflow::FeaturesPartObject(idx.object, p), data,
-                   {{"kind", "features-part"}, {"part", p}, {"rows", idx.PartHi(p) - idx.PartLo(p)}, {"dim", idx.dim}});
+      for (size_t j = 0; j < data.size(); ++j) {
+        const FeaturesIndex& idx = members[j].idx;
+        c.store->Put(workflow::FeaturesPartObject(idx.object, p), data[j],
+                     {{"kind", "features-part"}, {"part", p}, {"rows", idx.PartHi(p) - idx.PartLo(p)}, {"dim", idx.dim}});
+      }
       w.put_s += Since(t0);
     };
     if (c.overlap != OverlapMode::kOff) {  // a write needs no result back: always behind the computing
@@ -160,16 +188,17 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
   };
   int64_t next_part = p0;  // parts are written in order, each once every row below its end is final
   auto write_finished = [&](int64_t below) {
-    while (next_part < p1 && idx.PartHi(next_part) <= below) write_part(next_part++);
+    while (next_part < p1 && at.PartHi(next_part) <= below) write_part(next_part++);
   };
-  if (!bb.prepared()) {  // raw pixels as read: the bytes / 255
+  if (!bb.prepared()) {  // raw pixels as read: the bytes / 255 (a pass of one)
+    const int64_t dim = at.dim;
     for (int64_t p = p0; p < p1; ++p) {
       auto t0 = Clock::now();
-      float* o = part_buffer(p);
-      const uint8_t* src = ds.Image(idx.PartLo(p) - lo);
-      for (int64_t i = 0, n = (idx.PartHi(p) - idx.PartLo(p)) * dim; i < n; ++i) o[i] = static_cast<float>(src[i]) / 255.f;
+      float* o = part_buffer(p, 0);
+      const uint8_t* src = ds.Image(at.PartLo(p) - lo);
+      for (int64_t i = 0, n = (at.PartHi(p) - at.PartLo(p)) * dim; i < n; ++i) o[i] = static_cast<float>(src[i]) / 255.f;
       w.batches.consume_s += Since(t0);
-      write_finished(idx.PartHi(p));
+      write_finished(at.PartHi(p));
     }
   } else {
     const auto& in = bb.input;
@@ -189,23 +218,27 @@ PartWork ComputeParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
         },
         [&](int64_t i) {
           const int64_t s = i * B, b = std::min(B, m - s);
-          std::vector<float> f;
-          if (ex) f = ex->Features(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
-          const float* v = ex ? f.data() : batch[i % 2].data();  // resized raw pixels: the prepared images are the features
-          for (int64_t k = s; k < s + b; ++k, v += dim) {
-            if (reuse && k == 0) {
-              const float* had = known->values.data() + static_cast<int64_t>(k0) * dim;
-              if (std::memcmp(v, had, static_cast<size_t>(dim) * sizeof(float)) != 0) {
-                int64_t j = 0;
-                while (std::memcmp(v + j, had + j, sizeof(float)) == 0) ++j;
-                throw SpotCheckFailed{fmt::format("row {}, value {}: {:.9g} here, {:.9g} in rung 0", list[0], j, v[j], had[j])};
+          std::vector<std::vector<float>> f;
+          if (ex) f = ex->FeaturesOfCuts(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
+          for (size_t j = 0; j < M; ++j) {
+            const int64_t dim = members[j].idx.dim;
+            const float* v = ex ? f[j].data() : batch[i % 2].data();  // resized raw pixels: the prepared images are the features
+            for (int64_t k = s; k < s + b; ++k, v += dim) {
+              if (reuse && k == 0) {
+                const float* had = members[j].known->values.data() + static_cast<int64_t>(k0) * dim;
+                if (std::memcmp(v, had, static_cast<size_t>(dim) * sizeof(float)) != 0) {
+                  int64_t d = 0;
+                  while (std::memcmp(v + d, had + d, sizeof(float)) == 0) ++d;
+                  throw SpotCheckFailed{fmt::format("{}, row {}, value {}: {:.9g} here, {:.9g} in rung 0",
+                                                    members[j].bb->name, list[0], d, v[d], had[d])};
+                }
+                continue;
               }
-              w.spot_check = fmt::format("row {} computed again: identical", list[0]);
-              continue;
+              const int64_t r = row_of(k), p = r / at.part_rows;
+              std::copy_n(v, dim, part_buffer(p, j) + (r - at.PartLo(p)) * dim);
             }
-            const int64_t r = row_of(k), p = r / idx.part_rows;
-            std::copy_n(v, dim, part_buffer(p) + (r - idx.PartLo(p)) * dim);
           }
+          if (reuse && s == 0) w.spot_check = fmt::format("row {} computed again: identical", list[0]);
           write_finished(final_below(s + b));
           if (i + 1 == next_report && i + 1 < batches) {
             c.Say(fmt::format("progress: features {} {}/{} images", label, s + b, m));
@@ -350,6 +383,79 @@ std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const work
 
 }  // namespace
 
+namespace {
+
+// The backbones one pass over the images computes together: the cuts of one model, run alike
+// (workflow::SharePass); every other backbone alone. In the pipeline's order.
+std::vector<std::vector<const workflow::BackboneSpec*>> PassGroups(const workflow::Pipeline& p) {
+  std::vector<std::vector<const workflow::BackboneSpec*>> groups;
+  std::vector<char> taken(p.backbones.size(), 0);
+  for (size_t i = 0; i < p.backbones.size(); ++i) {
+    if (taken[i]) continue;
+    groups.push_back({&p.backbones[i]});
+    for (size_t j = i + 1; j < p.backbones.size(); ++j)
+      if (!taken[j] && workflow::SharePass(p.backbones[i], p.backbones[j])) {
+        groups.back().push_back(&p.backbones[j]);
+        taken[j] = 1;
+      }
+  }
+  return groups;
+}
+
+// One pass: its backbones and the executor that gives all their cuts (null: one backbone, whose
+// own executor FeatureDim makes).
+struct Pass {
+  std::vector<const workflow::BackboneSpec*> bbs;
+  std::shared_ptr<kernels::Executor> ex;
+};
+
+// The executor of several cuts of one model, from the NAM copy of the backbone whose cut model
+// holds every other cut (the deepest of a chain); null when none does (cuts on separate branches).
+std::shared_ptr<kernels::Executor> CutsExecutor(StepContext& c, const std::vector<const workflow::BackboneSpec*>& bbs) {
+  std::vector<std::string> cuts;
+  for (const auto* bb : bbs) cuts.push_back(bb->feature_layer);
+  std::vector<std::pair<uint64_t, std::string>> by_size;  // the largest cut model first
+  for (const auto* bb : bbs)
+    if (auto info = c.store->Stat(workflow::BackboneObject(bb->name))) by_size.emplace_back(info->size, info->name);
+  std::sort(by_size.rbegin(), by_size.rend());
+  for (const auto& [size, name] : by_size) {
+    const nam::Object o = c.store->Get(name);
+    try {
+      return std::make_shared<kernels::Executor>(kernels::ImportOnnxCuts(o.bytes, "NAM " + name, cuts));
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kNotFound) throw;  // this cut model lacks a shallower cut's tensor
+    }
+  }
+  return nullptr;
+}
+
+// How the backbones `todo` (of one SharePass group) are computed: together where one pass gives
+// each cut exactly as the model cut there alone would (Executor::CutsAsAlone); the others alone.
+// Every rank decides the same from the same NAM objects.
+std::vector<Pass> PassesFor(StepContext& c, std::vector<const workflow::BackboneSpec*> todo) {
+  std::vector<Pass> passes;
+  while (todo.size() > 1) {
+    std::shared_ptr<kernels::Executor> ex = CutsExecutor(c, todo);
+    if (!ex) break;
+    const auto& in = todo[0]->input;
+    const std::vector<bool> alone = ex->CutsAsAlone(in.channels, in.height, in.width);
+    std::vector<const workflow::BackboneSpec*> together;
+    for (size_t k = 0; k < todo.size(); ++k) {
+      if (alone[k]) together.push_back(todo[k]);
+      else passes.push_back({{todo[k]}, nullptr});
+    }
+    if (together.size() == todo.size()) {
+      passes.push_back({std::move(together), std::move(ex)});
+      return passes;
+    }
+    todo = std::move(together);
+  }
+  for (const auto* bb : todo) passes.push_back({{bb}, nullptr});
+  return passes;
+}
+
+}  // namespace
+
 void Prepare(StepContext& c) {
   const int rank = c.comm->rank(), size = c.comm->size();
   nlohmann::json summary = {{"computed", nlohmann::json::array()}, {"reused", nlohmann::json::array()},
@@ -366,102 +472,151 @@ void Prepare(StepContext& c) {
   // Every split's labels, checked before anything is computed; the pixels are read per rank.
   const std::vector<workflow::SplitSource> splits = workflow::OpenSplits(c.pipeline());
   const int64_t classes = workflow::CheckSplits(c.pipeline(), splits);
-  std::map<std::string, std::string> digests;
+  std::map<std::string, std::string> digests, bb_digests;
   for (const auto& bb : c.pipeline().backbones) {
-    std::string bb_digest = BackboneDigest(*c.store, bb);
-    c.inputs["backbones"][bb.name] = bb_digest;
-    std::unique_ptr<kernels::Executor> ex;
+    bb_digests[bb.name] = BackboneDigest(*c.store, bb);
+    c.inputs["backbones"][bb.name] = bb_digests[bb.name];
+  }
+  // The summary's entries by (backbone, split), listed at the end in the pipeline's order.
+  std::map<std::pair<std::string, std::string>, std::pair<bool, nlohmann::json>> entries;  // computed?, entry
+  std::map<std::string, std::unique_ptr<kernels::Executor>> own;  // a backbone's own executor, across splits
+  std::map<std::string, std::vector<Pass>> passes;                 // by the backbones they compute
+  for (const auto& group : PassGroups(c.pipeline())) {
     for (const workflow::SplitSource& src : splits) {
       const std::string& split = src.name();
       if (!digests.count(split)) digests[split] = DatasetDigest(c, src);
-      std::string key = workflow::FeaturesObject(bb_digest, digests[split]);
-      nlohmann::json entry = {{"backbone", bb.name}, {"split", split}, {"object", key}, {"rows", src.count()}};
-      int reuse = 0;  // rank 0 decides for all
-      if (c.root()) {
-        auto info = c.store->Stat(key);
-        // Features written before they came in parts have no part_rows: computed again.
-        reuse = info && info->meta.contains("part_rows") ? 1 : 0;
-        if (info && !reuse) c.Say(fmt::format("features {}/{}: {} is in an older layout; computing it again", bb.name, split, key));
-      }
-      c.comm->Bcast(&reuse, sizeof reuse, 0);
-      if (reuse) {
-        if (c.root()) c.Say(fmt::format("features {}/{}: reused {} (backbone not run)", bb.name, split, key));
-        summary["reused"].push_back(entry);
-        continue;
-      }
-      auto t0 = Clock::now();
-      const int64_t dim = FeatureDim(c, bb, src, ex);
-      const std::optional<workflow::SubsetFeatures> rung0 =
-          split == "train" ? Rung0Features(c, bb, bb_digest, src.count(), dim) : std::nullopt;
-      FeaturesIndex idx;
-      idx.object = key;
-      idx.n = src.count();
-      idx.dim = dim;
-      idx.part_rows = FeaturesPartRows(dim, BatchOf(bb), part_bytes);
-      idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
-      idx.half = bb.feature_dtype == "f16";
-      // This rank's contiguous run of parts.
-      const int64_t p0 = idx.parts * rank / size, p1 = idx.parts * (rank + 1) / size;
-      // Only this rank's images are read (an image folder decodes only these).
-      const kernels::ImageSet ds = p0 < p1 ? src.Read(idx.PartLo(p0), idx.PartHi(p1 - 1)) : kernels::ImageSet{};
-      const workflow::SubsetFeatures* known = rung0 && split == "train" ? &*rung0 : nullptr;
-      PartWork w;
-      try {
-        w = ComputeParts(c, bb, ex.get(), ds, idx, p0, p1, bb.name + "/" + split, known);
-      } catch (const SpotCheckFailed& f) {
-        c.Say(fmt::format("features {}/{}: rung 0's features not used: computed again, {} (this CPU's kernels "
-                          "depend on the batch); every image runs through the backbone", bb.name, split, f.why));
-        w = ComputeParts(c, bb, ex.get(), ds, idx, p0, p1, bb.name + "/" + split, nullptr);
-        w.spot_check = "differed: " + f.why;
-      }
-      if (!w.spot_check.empty() && w.spot_check.rfind("differed", 0) != 0)
-        c.Say(fmt::format("features {}/{}: {} of rows [{}, {}) taken from rung 0, not run through the backbone again ({})",
-                          bb.name, split, w.reused_rows, idx.PartLo(p0), idx.PartLo(p0) + w.rows, w.spot_check));
-      double secs = Since(t0);
-      if (size > 1)
-        c.Say(fmt::format("features {}/{}: images [{}, {}) in {:.2f} s", bb.name, split, idx.PartLo(p0),
-                          idx.PartLo(p0) + w.rows, secs));
-      nlohmann::json mine = {{"rank", rank},
-                             {"rows", w.rows},
-                             {"parts", w.parts},
-                             {"seconds", secs},
-                             {"prepare_s", w.batches.fetch_s},
-                             {"backbone_s", w.batches.consume_s},
-                             {"prepare_wait_s", w.batches.wait_s},
-                             {"put_s", w.put_s},
-                             {"put_wait_s", w.put_wait_s}};
-      if (known) {
-        mine["reused_rows"] = w.reused_rows;
-        if (!w.spot_check.empty()) mine["spot_check"] = w.spot_check;
-      }
-      if (bb.prepared()) mine["overlap"] = c.OverlapReport()["image batches " + bb.name];
-      auto stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
-      if (c.root()) {
-        nlohmann::json meta = FeaturesMeta(src.count(), dim, classes, idx.part_rows, idx.half);
-        meta.update({{"backbone", bb.name}, {"backbone_digest", bb_digest}, {"dataset_digest", digests[split]},
-                     {"split", split}});
-        if (!src.class_names().empty()) meta["class_names"] = src.class_names();
-        const auto& labels = src.labels();
-        c.store->Put(key, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
-        secs = Since(t0);
-        c.Say(fmt::format("features {}/{}: computed {} x {} in {} part{} on {} rank{} in {:.1f} s ({:.2f} ms/image) -> {}",
-                          bb.name, split, src.count(), dim, idx.parts, idx.parts > 1 ? "s" : "", size, size > 1 ? "s" : "",
-                          secs, 1e3 * secs / static_cast<double>(std::max<int64_t>(1, src.count())), key));
-        entry["per_rank"] = nlohmann::json::array();
-        int64_t reused = 0;
-        for (const auto& s : stats) {
-          entry["per_rank"].push_back(nlohmann::json::parse(s));
-          reused += entry["per_rank"].back().value("reused_rows", int64_t{0});
+      std::vector<const workflow::BackboneSpec*> todo;
+      for (const auto* bb : group) {
+        const std::string key = workflow::FeaturesObject(bb_digests[bb->name], digests[split]);
+        nlohmann::json entry = {{"backbone", bb->name}, {"split", split}, {"object", key}, {"rows", src.count()}};
+        int reuse = 0;  // rank 0 decides for all
+        if (c.root()) {
+          auto info = c.store->Stat(key);
+          // Features written before they came in parts have no part_rows: computed again.
+          reuse = info && info->meta.contains("part_rows") ? 1 : 0;
+          if (info && !reuse)
+            c.Say(fmt::format("features {}/{}: {} is in an older layout; computing it again", bb->name, split, key));
         }
-        if (known) entry["reused_rows"] = reused;  // rung 0's rows: through the backbone once, there
+        c.comm->Bcast(&reuse, sizeof reuse, 0);
+        if (reuse) {
+          if (c.root()) c.Say(fmt::format("features {}/{}: reused {} (backbone not run)", bb->name, split, key));
+          entries[{bb->name, split}] = {false, std::move(entry)};
+          continue;
+        }
+        entries[{bb->name, split}] = {true, std::move(entry)};
+        todo.push_back(bb);
       }
-      entry["seconds"] = secs;
-      entry["ranks"] = size;
-      entry["parts"] = idx.parts;
-      if (c.root() && bb.prepared()) entry["fpga"] = PrepareFpgaTimes(c, bb, src, ds, stats);
-      summary["computed"].push_back(entry);
+      if (todo.empty()) continue;
+      std::string todo_key;  // the same backbones for another split: the same passes, executors and all
+      for (const auto* bb : todo) todo_key += bb->name + "\n";
+      if (!passes.count(todo_key)) passes[todo_key] = PassesFor(c, todo);
+      for (const Pass& pass : passes[todo_key]) {
+        auto t0 = Clock::now();
+        const workflow::BackboneSpec& first = *pass.bbs[0];
+        std::vector<int64_t> dims;
+        if (pass.ex) {
+          dims = pass.ex->FeatureDimsOfCuts(first.input.channels, first.input.height, first.input.width);
+        } else {
+          dims.push_back(FeatureDim(c, first, src, own[first.name]));
+        }
+        std::vector<std::optional<workflow::SubsetFeatures>> rung0(pass.bbs.size());
+        std::vector<Member> members(pass.bbs.size());
+        const int64_t widest = *std::max_element(dims.begin(), dims.end());
+        for (size_t j = 0; j < members.size(); ++j) {
+          const workflow::BackboneSpec& bb = *pass.bbs[j];
+          if (split == "train") rung0[j] = Rung0Features(c, bb, bb_digests[bb.name], src.count(), dims[j]);
+          FeaturesIndex& idx = members[j].idx;
+          idx.object = entries[{bb.name, split}].second["object"];
+          idx.n = src.count();
+          idx.dim = dims[j];
+          idx.part_rows = FeaturesPartRows(widest, BatchOf(bb), part_bytes);  // parts of the same rows for all
+          idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
+          idx.half = bb.feature_dtype == "f16";
+          members[j].bb = &bb;
+          members[j].known = rung0[j] ? &*rung0[j] : nullptr;
+        }
+        const FeaturesIndex& at = members[0].idx;
+        kernels::Executor* ex = pass.ex ? pass.ex.get() : own[first.name].get();
+        std::string names;
+        for (const auto* bb : pass.bbs) names += (names.empty() ? "" : ", ") + bb->name;
+        const std::string label = (pass.bbs.size() > 1 ? "{" + names + "}" : names) + "/" + split;
+        // This rank's contiguous run of parts; only its images are read (an image folder decodes only these).
+        const int64_t p0 = at.parts * rank / size, p1 = at.parts * (rank + 1) / size;
+        const kernels::ImageSet ds = p0 < p1 ? src.Read(at.PartLo(p0), at.PartHi(p1 - 1)) : kernels::ImageSet{};
+        const bool known = std::any_of(members.begin(), members.end(), [](const Member& m) { return m.known; });
+        PartWork w;
+        try {
+          w = ComputeParts(c, members, ex, ds, p0, p1, label);
+        } catch (const SpotCheckFailed& f) {
+          c.Say(fmt::format("features {}: rung 0's features not used: computed again, {} (this CPU's kernels "
+                            "depend on the batch); every image runs through the backbone", label, f.why));
+          for (Member& m : members) m.known = nullptr;
+          w = ComputeParts(c, members, ex, ds, p0, p1, label);
+          w.spot_check = "differed: " + f.why;
+        }
+        if (!w.spot_check.empty() && w.spot_check.rfind("differed", 0) != 0)
+          c.Say(fmt::format("features {}: {} of rows [{}, {}) taken from rung 0, not run through the backbone again ({})",
+                            label, w.reused_rows, at.PartLo(p0), at.PartLo(p0) + w.rows, w.spot_check));
+        double secs = Since(t0);
+        if (size > 1)
+          c.Say(fmt::format("features {}: images [{}, {}) in {:.2f} s", label, at.PartLo(p0), at.PartLo(p0) + w.rows, secs));
+        nlohmann::json mine = {{"rank", rank},
+                               {"rows", w.rows},
+                               {"parts", w.parts},
+                               {"seconds", secs},
+                               {"prepare_s", w.batches.fetch_s},
+                               {"backbone_s", w.batches.consume_s},
+                               {"prepare_wait_s", w.batches.wait_s},
+                               {"put_s", w.put_s},
+                               {"put_wait_s", w.put_wait_s}};
+        if (known) {
+          mine["reused_rows"] = w.reused_rows;
+          if (!w.spot_check.empty()) mine["spot_check"] = w.spot_check;
+        }
+        if (first.prepared()) mine["overlap"] = c.OverlapReport()["image batches " + first.name];
+        auto stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
+        for (size_t j = 0; j < members.size(); ++j) {
+          const workflow::BackboneSpec& bb = *pass.bbs[j];
+          const FeaturesIndex& idx = members[j].idx;
+          nlohmann::json& entry = entries[{bb.name, split}].second;
+          if (c.root()) {
+            nlohmann::json meta = FeaturesMeta(src.count(), idx.dim, classes, idx.part_rows, idx.half);
+            meta.update({{"backbone", bb.name}, {"backbone_digest", bb_digests[bb.name]},
+                         {"dataset_digest", digests[split]}, {"split", split}});
+            if (!src.class_names().empty()) meta["class_names"] = src.class_names();
+            const auto& labels = src.labels();
+            c.store->Put(idx.object, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
+            secs = Since(t0);
+            c.Say(fmt::format("features {}/{}: computed {} x {} in {} part{} on {} rank{} in {:.1f} s ({:.2f} ms/image){} -> {}",
+                              bb.name, split, src.count(), idx.dim, idx.parts, idx.parts > 1 ? "s" : "", size,
+                              size > 1 ? "s" : "", secs, 1e3 * secs / static_cast<double>(std::max<int64_t>(1, src.count())),
+                              pass.bbs.size() > 1 ? " in one pass with the model's other cuts" : "", idx.object));
+            entry["per_rank"] = nlohmann::json::array();
+            int64_t reused = 0;
+            for (const auto& s : stats) {
+              entry["per_rank"].push_back(nlohmann::json::parse(s));
+              reused += entry["per_rank"].back().value("reused_rows", int64_t{0});
+            }
+            if (known) entry["reused_rows"] = reused;  // rung 0's rows: through the backbone once, there
+            if (bb.prepared()) entry["fpga"] = PrepareFpgaTimes(c, bb, src, ds, stats);
+            if (pass.bbs.size() > 1) {
+              entry["one_pass_with"] = nlohmann::json::array();
+              for (const auto* other : pass.bbs)
+                if (other != &bb) entry["one_pass_with"].push_back(other->name);
+            }
+          }
+          entry["seconds"] = secs;
+          entry["ranks"] = size;
+          entry["parts"] = idx.parts;
+        }
+      }
     }
   }
+  for (const auto& bb : c.pipeline().backbones)
+    for (const workflow::SplitSource& src : splits) {
+      auto& [computed, entry] = entries.at({bb.name, src.name()});
+      summary[computed ? "computed" : "reused"].push_back(std::move(entry));
+    }
   summary["fpga"] = c.FpgaReport();
   if (c.root())
     c.store->Put(workflow::PreparedObject(c.task.run, c.task.round), summary.dump(), {{"kind", "prepare-summary"}});

@@ -16,6 +16,13 @@ std::string StorageSuffix(const BackboneSpec& bb) { return bb.feature_dtype == "
 
 }  // namespace
 
+bool SharePass(const BackboneSpec& a, const BackboneSpec& b) {
+  const kernels::InputSpec &x = a.input, &y = b.input;
+  return a.kind != "pixels" && b.kind != "pixels" && a.onnx == b.onnx && a.precision == "f32" && b.precision == "f32" &&
+         x.channels == y.channels && x.height == y.height && x.width == y.width && x.batch == y.batch &&
+         x.mean == y.mean && x.std == y.std;
+}
+
 std::string BackboneDigestOf(const BackboneSpec& bb, const std::string& model, const std::string& calibration) {
   const auto& in = bb.input;
   if (bb.kind == "pixels") {

@@ -18,6 +18,11 @@ void CheckBackboneInput(const kernels::Graph& g, const BackboneSpec& bb);
 // input as above: what `validate` and a run do before anything starts.
 void CheckBackbones(const Pipeline& p);
 
+// Whether one pass of a model over the images can give both backbones' features: one ONNX file
+// cut at two layers, prepared alike (input size, mean, std, fixed batch), both in f32. Rank and
+// prepare run such backbones together (Executor::FeaturesOfCuts).
+bool SharePass(const BackboneSpec& a, const BackboneSpec& b);
+
 // The content key of what backbone `bb` gives (its NAM object's "digest", and so part of every
 // features object's name): the model's bytes (`model`; ignored for kind pixels), the feature
 // layer, the input preparation, the fixed batch, the precision and the features' storage type.

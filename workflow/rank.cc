@@ -13,6 +13,7 @@
 #include "kernels/fpga/device.h"
 #include "kernels/onnx_graph.h"
 #include "kernels/transferability.h"
+#include "workflow/backbones.h"
 #include "workflow/datasets.h"
 
 namespace msaflow::workflow {
@@ -41,16 +42,7 @@ std::vector<float> RawPixels(const BackboneSpec& bb, const kernels::ImageSet& ds
 // ranking needs no such speed.
 std::string RankPrecision(const BackboneSpec& bb) { return bb.precision == "int8" ? "f32" : bb.precision; }
 
-// Whether one pass of a model serves both backbones: one ONNX file (cut at two layers), prepared
-// and run alike.
-bool OnePass(const BackboneSpec& a, const BackboneSpec& b) {
-  const kernels::InputSpec &x = a.input, &y = b.input;
-  return a.kind != "pixels" && b.kind != "pixels" && a.onnx == b.onnx && RankPrecision(a) == RankPrecision(b) &&
-         x.channels == y.channels && x.height == y.height && x.width == y.width && x.batch == y.batch &&
-         x.mean == y.mean && x.std == y.std;
-}
-
-// The executor of `group` (backbones of one model, OnePass with each other): its cuts in one
+// The executor of `group` (backbones of one model, SharePass with each other): its cuts in one
 // graph. Null for resized pixels (the prepared images are the features).
 std::unique_ptr<kernels::Executor> GroupExecutor(const std::vector<const BackboneSpec*>& group) {
   const BackboneSpec& bb = *group[0];
@@ -118,7 +110,7 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
     if (grouped[i]) continue;
     groups.push_back({&p.backbones[i]});
     for (size_t j = i + 1; j < p.backbones.size(); ++j)
-      if (!grouped[j] && OnePass(p.backbones[i], p.backbones[j])) {
+      if (!grouped[j] && SharePass(p.backbones[i], p.backbones[j])) {
         groups.back().push_back(&p.backbones[j]);
         grouped[j] = 1;
       }

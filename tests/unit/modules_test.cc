@@ -464,7 +464,7 @@ TEST_F(TinyRound, Rung0sFeaturesAreNotComputedAgainAndChangeNoBit) {
   bent.values[3] = std::nextafter(bent.values[3], 1e9f);
   e = prepare_with(bent);
   EXPECT_EQ(e["reused_rows"], 0);
-  EXPECT_EQ(e["per_rank"][0].value("spot_check", "").rfind("differed: row ", 0), 0u) << e.dump();
+  EXPECT_EQ(e["per_rank"][0].value("spot_check", "").rfind("differed: mnv2, row ", 0), 0u) << e.dump();
   EXPECT_EQ(parts(), plain);
 
   // Made for other files, or for another backbone: not read.
@@ -477,6 +477,42 @@ TEST_F(TinyRound, Rung0sFeaturesAreNotComputedAgainAndChangeNoBit) {
   EXPECT_EQ(prepare_with(other).count("reused_rows"), 0u);
   EXPECT_EQ(parts(), plain);
   ::unsetenv("MSAFLOW_PART_BYTES");
+}
+
+// Two cuts of one model are prepared in one pass over the images: each features object holds
+// the very values a prepare of that cut alone writes (its parts may cut the rows elsewhere: the
+// pass gives all its cuts the parts of the widest), and the summary says which ran together.
+TEST_F(TinyRound, CutsOfOneModelArePreparedInOnePassWithTheirOwnValues) {
+  const std::string model = std::string(MSAFLOW_SOURCE_DIR) + "/models/mobilenet_v2.onnx";
+  auto prepare = [&](const json& cuts) {
+    doc_["backbones"] = json::array({{{"name", "mnv2"}, {"onnx", model}, {"feature_layer", cuts},
+                                      {"input", {{"height", 16}, {"width", 16}}}}});
+    Replan();
+    Step("load");
+    Step("prepare");
+    std::map<std::string, std::string> values;  // each features object's rows, whatever its parts
+    for (const auto& o : store_->List("features/")) {
+      if (o.name.find(".p") != std::string::npos) continue;
+      for (int64_t p = 0; p < o.meta.at("parts").get<int64_t>(); ++p)
+        values[o.name] += store_->Get(workflow::FeaturesPartObject(o.name, p)).bytes;
+    }
+    return std::make_pair(values, json::parse(store_->Get(workflow::PreparedObject("run1", 1)).bytes));
+  };
+  const auto [both, summary] = prepare({"block_3_expand_relu", "block_13_expand_relu"});
+  ASSERT_EQ(both.size(), 6u);  // two cuts x train, validation, test
+  ASSERT_EQ(summary["computed"].size(), 6u);
+  for (const json& e : summary["computed"]) {
+    const std::string other = e["backbone"] == "mnv2.block_3_expand_relu" ? "mnv2.block_13_expand_relu"
+                                                                         : "mnv2.block_3_expand_relu";
+    EXPECT_EQ(e["one_pass_with"], json::array({other})) << e.dump();
+  }
+  std::map<std::string, std::string> alone;
+  for (const char* cut : {"block_3_expand_relu", "block_13_expand_relu"}) {
+    const auto [values, s] = prepare(cut);
+    EXPECT_EQ(s["computed"][0].count("one_pass_with"), 0u);
+    alone.insert(values.begin(), values.end());
+  }
+  EXPECT_EQ(both, alone);
 }
 
 // int8 ranges travel in the backbone object's metadata: they come back as they went, and a
