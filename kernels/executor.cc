@@ -490,6 +490,7 @@ std::vector<Executor::Op> DropDeadOps(std::vector<Executor::Op> ops, const std::
     if (!live.count(ops[i].output)) continue;
     keep[i] = 1;
     for (const auto& in : ops[i].inputs) live.insert(in);
+    if (!ops[i].sum_input.empty()) live.insert(ops[i].sum_input);  // a fused residual
   }
   std::vector<Executor::Op> kept;
   for (size_t i = 0; i < ops.size(); ++i)
@@ -534,7 +535,7 @@ std::vector<Executor::Op> BuildOps(Graph& g) {
   return DropDeadOps(std::move(ops), Outputs(g));
 }
 
-// Consumers of each tensor; each cut tensor counts as one more (no op is fused into it).
+// Consumers of each tensor; each tensor of `outs` counts as one more.
 std::map<std::string, int> UseCounts(const std::vector<Executor::Op>& ops, const std::vector<std::string>& outs) {
   std::map<std::string, int> uses;
   for (const auto& op : ops) {
@@ -545,9 +546,24 @@ std::map<std::string, int> UseCounts(const std::vector<Executor::Op>& ops, const
   return uses;
 }
 
-// Merges single-consumer elementwise ops into their producer (Conv or Eltwise).
+// The ops not merged into another, each followed by the copies made of it.
+std::vector<Executor::Op> KeepLive(std::vector<Executor::Op> ops, const std::vector<char>& dead,
+                                   std::map<size_t, std::vector<Executor::Op>> copies) {
+  std::vector<Executor::Op> kept;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!dead[i]) kept.push_back(std::move(ops[i]));
+    for (auto& copy : copies[i]) kept.push_back(std::move(copy));
+  }
+  return kept;
+}
+
+// Merges single-consumer elementwise ops into their producer (Conv or Eltwise). A cut tensor
+// (`outs`) that the merge would leave uncomputed is computed by a copy of its producer as it was
+// (the model cut there alone computes it just so), run right after it.
 std::vector<Executor::Op> FuseEltwise(std::vector<Executor::Op> ops, const std::vector<std::string>& outs) {
-  auto uses = UseCounts(ops, outs);
+  auto uses = UseCounts(ops, {});
+  const std::set<std::string> cuts(outs.begin(), outs.end());
+  std::map<size_t, std::vector<Executor::Op>> copies;  // by the op they follow
   std::map<std::string, size_t> producer;
   std::vector<char> dead(ops.size(), 0);
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -557,6 +573,7 @@ std::vector<Executor::Op> FuseEltwise(std::vector<Executor::Op> ops, const std::
       if (p != producer.end() && uses[op.inputs[0]] == 1) {
         Executor::Op& prev = ops[p->second];
         if (prev.kind == Kind::kConv || prev.kind == Kind::kEltwise || prev.kind == Kind::kGemm) {
+          if (cuts.count(prev.output)) copies[p->second].push_back(prev);
           auto& chain = prev.sum_input.empty() ? prev.post : prev.post_sum;
           for (const auto& s : op.post) PushStep(chain, s);
           prev.output = op.output;
@@ -568,10 +585,7 @@ std::vector<Executor::Op> FuseEltwise(std::vector<Executor::Op> ops, const std::
     }
     producer[op.output] = i;
   }
-  std::vector<Executor::Op> kept;
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (!dead[i]) kept.push_back(std::move(ops[i]));
-  return kept;
+  return KeepLive(std::move(ops), dead, std::move(copies));
 }
 
 memory::dims ToDims(const Dims& d) { return memory::dims(d.begin(), d.end()); }
@@ -965,12 +979,15 @@ Resolved Resolve(std::vector<Executor::Op> ops, const Graph& g, const Dims& in_d
 
 // Residual adds fused as a convolution's "sum" post-op, now that shapes are known: Add(conv_out,
 // other) of equal shapes, where the convolution's output has no other reader and `other`
-// exists when the convolution runs.
+// exists when the convolution runs. A cut convolution output (`outs`) is computed too, by a copy
+// of the convolution without the add.
 std::vector<Executor::Op> FoldResidualAdds(std::vector<Executor::Op> ops, const std::map<std::string, Dims>& shapes,
                                            const std::vector<std::string>& outs) {
   using Op = Executor::Op;
   std::map<std::string, size_t> producer;
-  auto uses = UseCounts(ops, outs);
+  auto uses = UseCounts(ops, {});
+  const std::set<std::string> cuts(outs.begin(), outs.end());
+  std::map<size_t, std::vector<Op>> copies;  // a cut convolution's output, computed as before the fold
   std::vector<char> dead(ops.size(), 0);
   for (size_t i = 0; i < ops.size(); ++i) {
     Op& op = ops[i];
@@ -984,6 +1001,7 @@ std::vector<Executor::Op> FoldResidualAdds(std::vector<Executor::Op> ops, const 
         // The residual must already exist when the convolution runs.
         auto other = producer.find(op.inputs[1 - side]);
         if (other != producer.end() && other->second > p->second) continue;
+        if (cuts.count(conv.output)) copies[p->second].push_back(conv);
         conv.sum_input = op.inputs[1 - side];
         conv.output = op.output;
         dead[i] = 1;
@@ -994,10 +1012,7 @@ std::vector<Executor::Op> FoldResidualAdds(std::vector<Executor::Op> ops, const 
     }
     producer[op.output] = i;
   }
-  std::vector<Op> kept;
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (!dead[i]) kept.push_back(std::move(ops[i]));
-  return kept;
+  return KeepLive(std::move(ops), dead, std::move(copies));
 }
 
 // Below this a magnitude's scale (and 1 / scale) would leave float's normal range.

@@ -284,6 +284,68 @@ void ExpectNearButNotEqual(const std::vector<float>& want, const std::vector<flo
 
 // bf16 keeps 8 bits of mantissa: the features of the same network agree with the naive f32
 // ones to about 1 % (of the largest feature), where the CPU can run it.
+// conv c1 (2->4) read by a relu (cut "r") and by a 1x1 conv (cut "y"): cut at "r" alone, the relu
+// is fused into c1; in one pass with "y" it cannot be (c1 has two readers).
+std::string BranchModel() {
+  onnx::ModelProto m;
+  m.set_ir_version(7);
+  m.add_opset_import()->set_version(10);
+  auto* g = m.mutable_graph();
+  auto* in = g->add_input();
+  in->set_name("x");
+  in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  auto* shape = in->mutable_type()->mutable_tensor_type()->mutable_shape();
+  shape->add_dim()->set_dim_param("N");
+  shape->add_dim()->set_dim_value(2);
+  shape->add_dim()->set_dim_param("H");
+  shape->add_dim()->set_dim_param("W");
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> w1(4 * 2 * 9), w2(3 * 4);
+  for (auto* v : {&w1, &w2})
+    for (auto& x : *v) x = u(rng);
+  AddConst(g, "w1", {4, 2, 3, 3}, w1);
+  AddConst(g, "w2", {3, 4, 1, 1}, w2);
+  IntsAttr(AddNode(g, "Conv", {"x", "w1"}, "c1"), "pads", {1, 1, 1, 1});
+  AddNode(g, "Relu", {"c1"}, "r");
+  AddNode(g, "Conv", {"c1", "w2"}, "y");
+  g->add_output()->set_name("y");
+  std::string bytes;
+  m.SerializeToString(&bytes);
+  return bytes;
+}
+
+// One pass over several cuts of a model gives each cut the bits of the model cut there alone
+// where CutsAsAlone says so: cuts whose activation or residual add the deeper cut fuses away
+// (c1 before its clip, c2 before the add) are computed by copies of their convolutions. Where
+// an extra reader keeps a fusion from happening ("r" beside "y"), CutsAsAlone says no.
+TEST(Executor, OnePassOfSeveralCutsGivesEachCutsOwnBits) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-2, 2);
+  std::vector<float> x(3 * 2 * 7 * 5);
+  for (auto& v : x) v = u(rng);
+  auto check = [&](const std::string& bytes, const std::vector<std::string>& cuts, const std::vector<bool>& alone) {
+    Executor pass(ImportOnnxCuts(bytes, "m", cuts));
+    EXPECT_EQ(pass.CutsAsAlone(2, 7, 5), alone);
+    const auto all = pass.FeaturesOfCuts(x.data(), 3, 2, 7, 5);
+    ASSERT_EQ(all.size(), cuts.size());
+    for (size_t k = 0; k < cuts.size(); ++k) {
+      Executor one(ImportOnnx(bytes, "m", cuts[k]));
+      const std::vector<float> want = one.Features(x.data(), 3, 2, 7, 5);
+      if (alone[k]) {
+        EXPECT_EQ(all[k], want) << cuts[k];
+      } else {
+        ASSERT_EQ(all[k].size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(all[k][i], want[i], 1e-5f * (1 + std::fabs(want[i])));
+      }
+    }
+  };
+  check(SmallModel(), {"c1", "c2", "out"}, {true, true, true});
+  check(SmallModel(), {"out", "r1"}, {true, true});
+  check(BranchModel(), {"r", "y"}, {false, true});
+  EXPECT_THROW(ImportOnnxCuts(SmallModel(), "m", {"out", "nope"}), Error);
+}
+
 TEST(Executor, Bf16FeaturesAgreeWithF32ToItsPrecision) {
   std::string why;
   if (!PrecisionAvailable(Precision::kBF16, &why)) {
