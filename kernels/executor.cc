@@ -1,6 +1,7 @@
 #include "kernels/executor.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -1547,11 +1548,10 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool obse
 namespace {
 
 bool SameSteps(const std::vector<EltStep>& a, const std::vector<EltStep>& b) {
+  auto bits = [](float v) { return std::bit_cast<uint32_t>(v); };
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].alg != b[i].alg || std::memcmp(&a[i].alpha, &b[i].alpha, sizeof(float)) != 0 ||
-        std::memcmp(&a[i].beta, &b[i].beta, sizeof(float)) != 0)
-      return false;
+    if (a[i].alg != b[i].alg || bits(a[i].alpha) != bits(b[i].alpha) || bits(a[i].beta) != bits(b[i].beta)) return false;
   return true;
 }
 

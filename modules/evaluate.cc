@@ -103,6 +103,23 @@ void WriteFarmSummary(StepContext& c, const std::vector<std::string>& parts, int
 
 }  // namespace
 
+namespace {
+
+// The multiply-adds of every model over the selection split and the test split.
+double EvaluateMacs(StepContext& c, const std::string& selection) {
+  std::vector<std::string> splits = {selection};
+  if (selection != "test") splits.emplace_back("test");
+  double macs = 0;
+  for (const auto& cand : c.task.candidates)
+    for (const std::string& split : splits) {
+      const FeaturesIndex f = FeaturesShape(c, cand.backbone, split);
+      macs += static_cast<double>(f.n) * HeadMacsPerRow(cand.head, f.dim, f.classes);
+    }
+  return macs;
+}
+
+}  // namespace
+
 void Evaluate(StepContext& c) {
   const auto& t = c.task;
   parallel::Comm& comm = *c.comm;
@@ -110,17 +127,7 @@ void Evaluate(StepContext& c) {
   const int64_t n_tasks = static_cast<int64_t>(t.candidates.size()) * shards;
   const parallel::Straggler slow = StragglerFor("evaluate", {});
   const std::string& selection = workflow::SelectionSplit(c.pipeline());
-  if (c.small_macs >= 0) {  // in the coordinator, if it is little work: every model over its splits
-    std::vector<std::string> splits = {selection};
-    if (selection != "test") splits.push_back("test");
-    double macs = 0;
-    for (const auto& cand : t.candidates)
-      for (const std::string& split : splits) {
-        const FeaturesIndex f = FeaturesShape(c, cand.backbone, split);
-        macs += static_cast<double>(f.n) * HeadMacsPerRow(cand.head, f.dim, f.classes);
-      }
-    c.CheckSmall(macs);
-  }
+  if (c.small_macs >= 0) c.CheckSmall(EvaluateMacs(c, selection));  // in the coordinator, if it is little work
   // Task k is shard k % shards of candidate k / shards: a rank drawing neighbouring tasks
   // finds the model in its cache. A rank reads only the features parts its shards need, once.
   struct Cached {

@@ -10,8 +10,10 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -64,6 +66,151 @@ struct Member {
   const workflow::SubsetFeatures* known = nullptr;  // rung 0's features of some rows, or null
 };
 
+// Whether two runs of floats hold the same bits; the first index that differs goes to `first`.
+bool SameBits(const float* a, const float* b, int64_t n, int64_t* first) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) {
+      *first = i;
+      return false;
+    }
+  return true;
+}
+
+// Which of a rank's rows [lo, hi) a pass computes, given rung 0's features (the same rows for
+// every member, else none is used): all of them, or the first known row (to be checked) and the
+// rows rung 0 did not compute, ascending, with their images gathered.
+struct RowsToCompute {
+  const workflow::SubsetFeatures* known = nullptr;  // members[0]'s, standing for the rows of all
+  size_t k0 = 0, k1 = 0;                            // known->rows[k0, k1) lie in [lo, hi)
+  std::vector<int64_t> list;                        // reusing: the rows computed, in order
+  kernels::ImageSet gathered;                       // ... and their images
+  bool reuse() const { return k1 > k0; }
+};
+
+RowsToCompute PlanRows(const std::vector<Member>& members, const kernels::ImageSet& ds, int64_t lo, int64_t hi) {
+  RowsToCompute r;
+  r.known = members[0].known;
+  for (const Member& m : members)
+    if (!m.known || !m.bb->prepared() || m.known->rows != r.known->rows) r.known = nullptr;
+  if (!r.known) return r;
+  const auto& rows = r.known->rows;
+  r.k0 = static_cast<size_t>(std::lower_bound(rows.begin(), rows.end(), lo) - rows.begin());
+  r.k1 = static_cast<size_t>(std::lower_bound(rows.begin(), rows.end(), hi) - rows.begin());
+  if (!r.reuse()) return r;
+  r.list.reserve(static_cast<size_t>(hi - lo) - (r.k1 - r.k0) + 1);
+  r.list.push_back(rows[r.k0]);
+  for (int64_t row = lo, k = static_cast<int64_t>(r.k0); row < hi; ++row) {
+    if (k < static_cast<int64_t>(r.k1) && rows[static_cast<size_t>(k)] == row) {
+      ++k;
+      continue;
+    }
+    r.list.push_back(row);
+  }
+  std::vector<int64_t> local(r.list.size());
+  for (size_t i = 0; i < r.list.size(); ++i) local[i] = r.list[i] - lo;
+  r.gathered = kernels::Subset(ds, local);
+  return r;
+}
+
+// The parts of a pass's members for parts [p0, p1): filled in any order, written to the NAM in
+// order, each (every member's) once every row below its end is final, while the next is
+// computed; rung 0's rows are copied in as a part is written.
+class PartWriter {
+ public:
+  PartWriter(StepContext& c, const std::vector<Member>& members, const RowsToCompute& rows, int64_t p0, int64_t p1,
+             PartWork& w)
+      : c_(c), members_(members), rows_(rows), at_(members[0].idx), next_(p0), p1_(p1), w_(w),
+        in_flight_(members.size()), halves_(members.size()) {}
+  PartWriter(const PartWriter&) = delete;
+  PartWriter& operator=(const PartWriter&) = delete;
+
+  // Member j's buffer for part p (rows from PartLo(p)).
+  float* Buffer(int64_t p, size_t j) {
+    auto it = open_.find(p);
+    if (it == open_.end()) {
+      std::vector<std::vector<float>> bufs(members_.size());
+      for (size_t i = 0; i < bufs.size(); ++i) {
+        if (!spare_.empty()) {
+          bufs[i] = std::move(spare_.back());
+          spare_.pop_back();
+        }
+        bufs[i].resize(static_cast<size_t>(at_.part_rows * members_[i].idx.dim));
+      }
+      it = open_.emplace(p, std::move(bufs)).first;
+    }
+    return it->second[j].data();
+  }
+  // Every row below `below` is final: the parts it completes are written.
+  void WriteFinished(int64_t below) {
+    while (next_ < p1_ && at_.PartHi(next_) <= below) Write(next_++);
+  }
+  // The last parts (of known rows only, if any), and the wait for the last write.
+  void Finish() {
+    WriteFinished(std::numeric_limits<int64_t>::max());
+    WaitForWrite();
+  }
+
+ private:
+  void WaitForWrite() {
+    auto t0 = Clock::now();
+    writer_.Wait();  // rethrows a failed write
+    w_.put_wait_s += Since(t0);
+  }
+  void Write(int64_t p) {
+    for (size_t j = 0; j < members_.size(); ++j) {  // rung 0's rows of this part
+      float* o = Buffer(p, j);
+      const int64_t dim = members_[j].idx.dim;
+      for (size_t k = rows_.k0; k < rows_.k1; ++k) {
+        const int64_t r = rows_.known->rows[k];
+        if (r < at_.PartLo(p) || r >= at_.PartHi(p)) continue;
+        std::copy_n(members_[j].known->values.begin() + static_cast<int64_t>(k) * dim, dim, o + (r - at_.PartLo(p)) * dim);
+      }
+    }
+    WaitForWrite();  // the part written before is in: its buffers are free
+    for (auto& b : in_flight_)
+      if (!b.empty()) spare_.push_back(std::move(b));
+    in_flight_ = std::move(open_.at(p));
+    open_.erase(p);
+    std::vector<std::string_view> data(members_.size());
+    for (size_t j = 0; j < members_.size(); ++j) {
+      const size_t values = static_cast<size_t>((at_.PartHi(p) - at_.PartLo(p)) * members_[j].idx.dim);
+      data[j] = std::string_view(reinterpret_cast<const char*>(in_flight_[j].data()), values * sizeof(float));
+      if (members_[j].idx.half) {
+        NarrowFeatures(members_[j].bb->name, in_flight_[j].data(), values, halves_[j]);
+        data[j] = std::string_view(reinterpret_cast<const char*>(halves_[j].data()), values * sizeof(uint16_t));
+      }
+    }
+    auto put = [this, p, data] {
+      auto t0 = Clock::now();
+      for (size_t j = 0; j < data.size(); ++j) {
+        const FeaturesIndex& idx = members_[j].idx;
+        c_.store->Put(workflow::FeaturesPartObject(idx.object, p), data[j],
+                      {{"kind", "features-part"}, {"part", p}, {"rows", idx.PartHi(p) - idx.PartLo(p)}, {"dim", idx.dim}});
+      }
+      w_.put_s += Since(t0);
+    };
+    if (c_.overlap != OverlapMode::kOff) {  // a write needs no result back: always behind the computing
+      writer_.Submit(put);
+    } else {
+      auto t0 = Clock::now();
+      put();
+      w_.put_wait_s += Since(t0);
+    }
+  }
+
+  StepContext& c_;
+  const std::vector<Member>& members_;
+  const RowsToCompute& rows_;
+  const FeaturesIndex& at_;  // the rows and parts of every member
+  int64_t next_, p1_;        // the next part to write; the end
+  PartWork& w_;
+  std::map<int64_t, std::vector<std::vector<float>>> open_;  // parts being filled, a buffer per member
+  std::vector<std::vector<float>> spare_;                    // buffers of parts written, for the next ones
+  std::vector<std::vector<float>> in_flight_;                // the part being written, per member
+  std::vector<std::vector<uint16_t>> halves_;                // ... narrowed to float16
+  Worker writer_;  // last: it finishes (its destructor waits) before the buffers go
+};
+
 // Computes parts [p0, p1) of every member's features from `ds` (the images of those parts' rows,
 // the first being row PartLo(p0)) in one pass of `ex` (a cut of each member, in order; null for
 // pixels) and writes each part to the NAM as it is finished. The rows that rung 0 computed (the
@@ -76,179 +223,77 @@ PartWork ComputeParts(StepContext& c, const std::vector<Member>& members, kernel
   if (p0 >= p1) return w;
   const workflow::BackboneSpec& bb = *members[0].bb;  // the members' input and batch are one (SharePass)
   const FeaturesIndex& at = members[0].idx;           // ... and so are their rows and parts
-  const size_t M = members.size();
   const int64_t lo = at.PartLo(p0), hi = at.PartHi(p1 - 1);
   w.rows = hi - lo;
   w.parts = p1 - p0;
-  // Rung 0's rows in [lo, hi): known->rows[k0, k1), when every member has them.
-  const workflow::SubsetFeatures* known = members[0].known;
-  for (const Member& m : members)
-    if (!m.known || !bb.prepared() || m.known->rows != known->rows) known = nullptr;
-  size_t k0 = 0, k1 = 0;
-  if (known) {
-    k0 = static_cast<size_t>(std::lower_bound(known->rows.begin(), known->rows.end(), lo) - known->rows.begin());
-    k1 = static_cast<size_t>(std::lower_bound(known->rows.begin(), known->rows.end(), hi) - known->rows.begin());
-  }
-  const bool reuse = k1 > k0;
-  // The rows computed here, in order: all of [lo, hi), or, reusing, the spot-checked known row
-  // first and then the rows rung 0 did not compute (ascending). Their images, gathered.
-  std::vector<int64_t> list;
-  kernels::ImageSet gathered;
-  if (reuse) {
-    list.reserve(static_cast<size_t>(hi - lo) - (k1 - k0) + 1);
-    list.push_back(known->rows[k0]);
-    for (int64_t r = lo, k = static_cast<int64_t>(k0); r < hi; ++r) {
-      if (k < static_cast<int64_t>(k1) && known->rows[static_cast<size_t>(k)] == r) {
-        ++k;
-        continue;
-      }
-      list.push_back(r);
-    }
-    std::vector<int64_t> local(list.size());
-    for (size_t i = 0; i < list.size(); ++i) local[i] = list[i] - lo;
-    gathered = kernels::Subset(ds, local);
-    w.reused_rows = static_cast<int64_t>(k1 - k0) - 1;  // the spot-checked one runs again
-  }
-  const kernels::ImageSet& images = reuse ? gathered : ds;
-  const int64_t m = reuse ? static_cast<int64_t>(list.size()) : hi - lo;
-  auto row_of = [&](int64_t k) { return reuse ? list[static_cast<size_t>(k)] : lo + k; };
+  const RowsToCompute rows = PlanRows(members, ds, lo, hi);
+  const bool reuse = rows.reuse();
+  if (reuse) w.reused_rows = static_cast<int64_t>(rows.k1 - rows.k0) - 1;  // the spot-checked one runs again
+  const kernels::ImageSet& images = reuse ? rows.gathered : ds;
+  const int64_t m = reuse ? static_cast<int64_t>(rows.list.size()) : hi - lo;
+  auto row_of = [&](int64_t k) { return reuse ? rows.list[static_cast<size_t>(k)] : lo + k; };
   // Once items [0, k) are placed, every row below this one has its features (computed or known).
   auto final_below = [&](int64_t k) -> int64_t {
-    if (reuse && k == 0) return m > 1 ? list[1] : hi;  // item 0 is a known row
+    if (reuse && k == 0) return m > 1 ? rows.list[1] : hi;  // item 0 is a known row
     return k < m ? row_of(k) : hi;
   };
-
-  // Parts being filled, a buffer per member; buffers of parts written, for the next ones.
-  std::map<int64_t, std::vector<std::vector<float>>> open;
-  std::vector<std::vector<float>> spare;
-  std::vector<std::vector<float>> in_flight(M);  // the part being written, per member
-  std::vector<std::vector<uint16_t>> halves(M);  // ... narrowed to float16
-  Worker writer;  // writes part p while part p + 1 is computed; declared after the buffers, so it
-                  // finishes (its destructor waits) before they go
-  auto finish_write = [&] {
-    auto t0 = Clock::now();
-    writer.Wait();  // rethrows a failed write
-    w.put_wait_s += Since(t0);
-  };
-  auto part_buffer = [&](int64_t p, size_t j) -> float* {
-    auto it = open.find(p);
-    if (it == open.end()) {
-      std::vector<std::vector<float>> bufs(M);
-      for (size_t i = 0; i < M; ++i) {
-        if (!spare.empty()) {
-          bufs[i] = std::move(spare.back());
-          spare.pop_back();
-        }
-        bufs[i].resize(static_cast<size_t>(at.part_rows * members[i].idx.dim));
-      }
-      it = open.emplace(p, std::move(bufs)).first;
-    }
-    return it->second[j].data();
-  };
-  auto write_part = [&](int64_t p) {
-    for (size_t j = 0; j < M; ++j) {  // rung 0's rows of this part
-      float* o = part_buffer(p, j);
-      const int64_t dim = members[j].idx.dim;
-      for (size_t k = k0; k < k1; ++k) {
-        const int64_t r = known->rows[k];
-        if (r < at.PartLo(p) || r >= at.PartHi(p)) continue;
-        std::copy_n(members[j].known->values.begin() + static_cast<int64_t>(k) * dim, dim, o + (r - at.PartLo(p)) * dim);
-      }
-    }
-    finish_write();  // the part written before is in: its buffers are free
-    for (auto& b : in_flight)
-      if (!b.empty()) spare.push_back(std::move(b));
-    in_flight = std::move(open.at(p));
-    open.erase(p);
-    std::vector<std::string_view> data(M);
-    for (size_t j = 0; j < M; ++j) {
-      const size_t values = static_cast<size_t>((at.PartHi(p) - at.PartLo(p)) * members[j].idx.dim);
-      data[j] = std::string_view(reinterpret_cast<const char*>(in_flight[j].data()), values * sizeof(float));
-      if (members[j].idx.half) {
-        NarrowFeatures(members[j].bb->name, in_flight[j].data(), values, halves[j]);
-        data[j] = std::string_view(reinterpret_cast<const char*>(halves[j].data()), values * sizeof(uint16_t));
-      }
-    }
-    auto put = [&c, &members, &w, p, data] {
-      auto t0 = Clock::now();
-      for (size_t j = 0; j < data.size(); ++j) {
-        const FeaturesIndex& idx = members[j].idx;
-        c.store->Put(workflow::FeaturesPartObject(idx.object, p), data[j],
-                     {{"kind", "features-part"}, {"part", p}, {"rows", idx.PartHi(p) - idx.PartLo(p)}, {"dim", idx.dim}});
-      }
-      w.put_s += Since(t0);
-    };
-    if (c.overlap != OverlapMode::kOff) {  // a write needs no result back: always behind the computing
-      writer.Submit(put);
-    } else {
-      auto t0 = Clock::now();
-      put();
-      w.put_wait_s += Since(t0);
-    }
-  };
-  int64_t next_part = p0;  // parts are written in order, each once every row below its end is final
-  auto write_finished = [&](int64_t below) {
-    while (next_part < p1 && at.PartHi(next_part) <= below) write_part(next_part++);
-  };
+  PartWriter parts(c, members, rows, p0, p1, w);
   if (!bb.prepared()) {  // raw pixels as read: the bytes / 255 (a pass of one)
     const int64_t dim = at.dim;
     for (int64_t p = p0; p < p1; ++p) {
       auto t0 = Clock::now();
-      float* o = part_buffer(p, 0);
+      float* o = parts.Buffer(p, 0);
       const uint8_t* src = ds.Image(at.PartLo(p) - lo);
       for (int64_t i = 0, n = (at.PartHi(p) - at.PartLo(p)) * dim; i < n; ++i) o[i] = static_cast<float>(src[i]) / 255.f;
       w.batches.consume_s += Since(t0);
-      write_finished(at.PartHi(p));
+      parts.WriteFinished(at.PartHi(p));
     }
-  } else {
-    const auto& in = bb.input;
-    kernels::fpga::Device* fpga = &c.Fpga();  // opened here, before the data manager's thread uses it
-    const int64_t B = BatchOf(bb), per = in.channels * in.height * in.width;
-    const int64_t batches = (m + B - 1) / B;
-    std::vector<float> batch[2];
-    for (auto& b : batch) b.resize(static_cast<size_t>(B * per));
-    int64_t next_report = batches / 4;
-    w.batches = Overlap(
-        batches,
-        [&](int64_t i) {
-          const int64_t s = i * B, b = std::min(B, m - s);
-          kernels::fpga::PrepareImages(*fpga, images, 0, s, b, in, batch[i % 2].data());
-          if (in.batch > 0 && b < B)  // a model with a fixed batch gets whole batches: zeros after the last image
-            std::fill(batch[i % 2].begin() + b * per, batch[i % 2].end(), 0.f);
-        },
-        [&](int64_t i) {
-          const int64_t s = i * B, b = std::min(B, m - s);
-          std::vector<std::vector<float>> f;
-          if (ex) f = ex->FeaturesOfCuts(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
-          for (size_t j = 0; j < M; ++j) {
-            const int64_t dim = members[j].idx.dim;
-            const float* v = ex ? f[j].data() : batch[i % 2].data();  // resized raw pixels: the prepared images are the features
-            for (int64_t k = s; k < s + b; ++k, v += dim) {
-              if (reuse && k == 0) {
-                const float* had = members[j].known->values.data() + static_cast<int64_t>(k0) * dim;
-                if (std::memcmp(v, had, static_cast<size_t>(dim) * sizeof(float)) != 0) {
-                  int64_t d = 0;
-                  while (std::memcmp(v + d, had + d, sizeof(float)) == 0) ++d;
-                  throw SpotCheckFailed{fmt::format("{}, row {}, value {}: {:.9g} here, {:.9g} in rung 0",
-                                                    members[j].bb->name, list[0], d, v[d], had[d])};
-                }
-                continue;
-              }
-              const int64_t r = row_of(k), p = r / at.part_rows;
-              std::copy_n(v, dim, part_buffer(p, j) + (r - at.PartLo(p)) * dim);
-            }
-          }
-          if (reuse && s == 0) w.spot_check = fmt::format("row {} computed again: identical", list[0]);
-          write_finished(final_below(s + b));
-          if (i + 1 == next_report && i + 1 < batches) {
-            c.Say(fmt::format("progress: features {} {}/{} images", label, s + b, m));
-            next_report += batches / 4;
-          }
-        },
-        c.Overlapping("image batches " + bb.name));
+    parts.Finish();
+    return w;
   }
-  write_finished(hi);  // parts of known rows only
-  finish_write();
+  const auto& in = bb.input;
+  kernels::fpga::Device* fpga = &c.Fpga();  // opened here, before the data manager's thread uses it
+  const int64_t B = BatchOf(bb), per = in.channels * in.height * in.width;
+  const int64_t batches = (m + B - 1) / B;
+  std::vector<float> batch[2];
+  for (auto& b : batch) b.resize(static_cast<size_t>(B * per));
+  int64_t next_report = batches / 4;
+  w.batches = Overlap(
+      batches,
+      [&](int64_t i) {
+        const int64_t s = i * B, b = std::min(B, m - s);
+        kernels::fpga::PrepareImages(*fpga, images, 0, s, b, in, batch[i % 2].data());
+        if (in.batch > 0 && b < B)  // a model with a fixed batch gets whole batches: zeros after the last image
+          std::fill(batch[i % 2].begin() + b * per, batch[i % 2].end(), 0.f);
+      },
+      [&](int64_t i) {
+        const int64_t s = i * B, b = std::min(B, m - s);
+        std::vector<std::vector<float>> f;
+        if (ex) f = ex->FeaturesOfCuts(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
+        for (size_t j = 0; j < members.size(); ++j) {
+          const int64_t dim = members[j].idx.dim;
+          const float* v = ex ? f[j].data() : batch[i % 2].data();  // resized raw pixels: the prepared images are the features
+          for (int64_t k = s; k < s + b; ++k, v += dim) {
+            if (reuse && k == 0) {  // the spot check
+              const float* had = members[j].known->values.data() + static_cast<int64_t>(rows.k0) * dim;
+              if (int64_t d = 0; !SameBits(v, had, dim, &d))
+                throw SpotCheckFailed{fmt::format("{}, row {}, value {}: {:.9g} here, {:.9g} in rung 0",
+                                                  members[j].bb->name, rows.list[0], d, v[d], had[d])};
+              continue;
+            }
+            const int64_t r = row_of(k), p = r / at.part_rows;
+            std::copy_n(v, dim, parts.Buffer(p, j) + (r - at.PartLo(p)) * dim);
+          }
+        }
+        if (reuse && s == 0) w.spot_check = fmt::format("row {} computed again: identical", rows.list[0]);
+        parts.WriteFinished(final_below(s + b));
+        if (i + 1 == next_report && i + 1 < batches) {
+          c.Say(fmt::format("progress: features {} {}/{} images", label, s + b, m));
+          next_report += batches / 4;
+        }
+      },
+      c.Overlapping("image batches " + bb.name));
+  parts.Finish();
   return w;
 }
 
@@ -413,6 +458,7 @@ struct Pass {
 // holds every other cut (the deepest of a chain); null when none does (cuts on separate branches).
 std::shared_ptr<kernels::Executor> CutsExecutor(StepContext& c, const std::vector<const workflow::BackboneSpec*>& bbs) {
   std::vector<std::string> cuts;
+  cuts.reserve(bbs.size());
   for (const auto* bb : bbs) cuts.push_back(bb->feature_layer);
   std::vector<std::pair<uint64_t, std::string>> by_size;  // the largest cut model first
   for (const auto* bb : bbs)
@@ -454,10 +500,162 @@ std::vector<Pass> PassesFor(StepContext& c, std::vector<const workflow::Backbone
   return passes;
 }
 
+// What a prepare step keeps across its passes.
+struct PrepareRun {
+  int64_t part_bytes = 0, classes = 0;
+  std::map<std::string, std::string> dataset_digests, backbone_digests;
+  // The summary's entries by (backbone, split), listed at the end in the pipeline's order.
+  std::map<std::pair<std::string, std::string>, std::pair<bool, nlohmann::json>> entries;  // computed?, entry
+  std::map<std::string, std::unique_ptr<kernels::Executor>> own;  // a backbone's own executor, across splits
+  std::map<std::string, std::vector<Pass>> passes;                 // by the backbones they compute
+};
+
+// Rank 0 puts member `m`'s features object (once every rank's parts are in: `stats`) and fills
+// its summary entry; every rank notes the seconds, ranks and parts.
+void Commit(StepContext& c, PrepareRun& run, const Pass& pass, const Member& m, const workflow::SplitSource& src,
+            const kernels::ImageSet& ds, const std::vector<std::string>& stats, bool known, Clock::time_point t0) {
+  const workflow::BackboneSpec& bb = *m.bb;
+  const FeaturesIndex& idx = m.idx;
+  const std::string& split = src.name();
+  const int size = c.comm->size();
+  nlohmann::json& entry = run.entries[{bb.name, split}].second;
+  double secs = Since(t0);
+  if (c.root()) {
+    nlohmann::json meta = FeaturesMeta(src.count(), idx.dim, run.classes, idx.part_rows, idx.half);
+    meta.update({{"backbone", bb.name}, {"backbone_digest", run.backbone_digests[bb.name]},
+                 {"dataset_digest", run.dataset_digests[split]}, {"split", split}});
+    if (!src.class_names().empty()) meta["class_names"] = src.class_names();
+    const auto& labels = src.labels();
+    c.store->Put(idx.object, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
+    secs = Since(t0);
+    c.Say(fmt::format("features {}/{}: computed {} x {} in {} part{} on {} rank{} in {:.1f} s ({:.2f} ms/image){} -> {}",
+                      bb.name, split, src.count(), idx.dim, idx.parts, idx.parts > 1 ? "s" : "", size,
+                      size > 1 ? "s" : "", secs, 1e3 * secs / static_cast<double>(std::max<int64_t>(1, src.count())),
+                      pass.bbs.size() > 1 ? " in one pass with the model's other cuts" : "", idx.object));
+    entry["per_rank"] = nlohmann::json::array();
+    int64_t reused = 0;
+    for (const auto& s : stats) {
+      entry["per_rank"].push_back(nlohmann::json::parse(s));
+      reused += entry["per_rank"].back().value("reused_rows", int64_t{0});
+    }
+    if (known) entry["reused_rows"] = reused;  // rung 0's rows: through the backbone once, there
+    if (bb.prepared()) entry["fpga"] = PrepareFpgaTimes(c, bb, src, ds, stats);
+    if (pass.bbs.size() > 1) {
+      entry["one_pass_with"] = nlohmann::json::array();
+      for (const auto* other : pass.bbs)
+        if (other != &bb) entry["one_pass_with"].push_back(other->name);
+    }
+  }
+  entry["seconds"] = secs;
+  entry["ranks"] = size;
+  entry["parts"] = idx.parts;
+}
+
+// One pass over split `src` for the backbones of `pass`: this rank's parts computed and written,
+// then (rank 0) each features object and its summary entry.
+void ComputePass(StepContext& c, PrepareRun& run, const Pass& pass, const workflow::SplitSource& src) {
+  const int rank = c.comm->rank(), size = c.comm->size();
+  const std::string& split = src.name();
+  auto t0 = Clock::now();
+  const workflow::BackboneSpec& first = *pass.bbs[0];
+  std::vector<int64_t> dims;
+  if (pass.ex) {
+    dims = pass.ex->FeatureDimsOfCuts(first.input.channels, first.input.height, first.input.width);
+  } else {
+    dims.push_back(FeatureDim(c, first, src, run.own[first.name]));
+  }
+  std::vector<std::optional<workflow::SubsetFeatures>> rung0(pass.bbs.size());
+  std::vector<Member> members(pass.bbs.size());
+  const int64_t widest = *std::max_element(dims.begin(), dims.end());
+  for (size_t j = 0; j < members.size(); ++j) {
+    const workflow::BackboneSpec& bb = *pass.bbs[j];
+    if (split == "train") rung0[j] = Rung0Features(c, bb, run.backbone_digests[bb.name], src.count(), dims[j]);
+    FeaturesIndex& idx = members[j].idx;
+    idx.object = run.entries[{bb.name, split}].second["object"];
+    idx.n = src.count();
+    idx.dim = dims[j];
+    idx.part_rows = FeaturesPartRows(widest, BatchOf(bb), run.part_bytes);  // parts of the same rows for all
+    idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
+    idx.half = bb.feature_dtype == "f16";
+    members[j].bb = &bb;
+    members[j].known = rung0[j] ? &*rung0[j] : nullptr;
+  }
+  const FeaturesIndex& at = members[0].idx;
+  kernels::Executor* ex = pass.ex ? pass.ex.get() : run.own[first.name].get();
+  std::string names;
+  for (const auto* bb : pass.bbs) names += (names.empty() ? "" : ", ") + bb->name;
+  const std::string label = (pass.bbs.size() > 1 ? "{" + names + "}" : names) + "/" + split;
+  // This rank's contiguous run of parts; only its images are read (an image folder decodes only these).
+  const int64_t p0 = at.parts * rank / size, p1 = at.parts * (rank + 1) / size;
+  const kernels::ImageSet ds = p0 < p1 ? src.Read(at.PartLo(p0), at.PartHi(p1 - 1)) : kernels::ImageSet{};
+  const bool known = std::any_of(members.begin(), members.end(), [](const Member& m) { return m.known; });
+  PartWork w;
+  try {
+    w = ComputeParts(c, members, ex, ds, p0, p1, label);
+  } catch (const SpotCheckFailed& f) {
+    c.Say(fmt::format("features {}: rung 0's features not used: computed again, {} (this CPU's kernels "
+                      "depend on the batch); every image runs through the backbone", label, f.why));
+    for (Member& m : members) m.known = nullptr;
+    w = ComputeParts(c, members, ex, ds, p0, p1, label);
+    w.spot_check = "differed: " + f.why;
+  }
+  if (!w.spot_check.empty() && w.spot_check.rfind("differed", 0) != 0)
+    c.Say(fmt::format("features {}: {} of rows [{}, {}) taken from rung 0, not run through the backbone again ({})",
+                      label, w.reused_rows, at.PartLo(p0), at.PartLo(p0) + w.rows, w.spot_check));
+  double secs = Since(t0);
+  if (size > 1)
+    c.Say(fmt::format("features {}: images [{}, {}) in {:.2f} s", label, at.PartLo(p0), at.PartLo(p0) + w.rows, secs));
+  nlohmann::json mine = {{"rank", rank},
+                         {"rows", w.rows},
+                         {"parts", w.parts},
+                         {"seconds", secs},
+                         {"prepare_s", w.batches.fetch_s},
+                         {"backbone_s", w.batches.consume_s},
+                         {"prepare_wait_s", w.batches.wait_s},
+                         {"put_s", w.put_s},
+                         {"put_wait_s", w.put_wait_s}};
+  if (known) {
+    mine["reused_rows"] = w.reused_rows;
+    if (!w.spot_check.empty()) mine["spot_check"] = w.spot_check;
+  }
+  if (first.prepared()) mine["overlap"] = c.OverlapReport()["image batches " + first.name];
+  const std::vector<std::string> stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
+  for (const Member& m : members) Commit(c, run, pass, m, src, ds, stats, known, t0);
+}
+
+// The backbones of `group` whose features of `src` are not in the NAM yet (rank 0 decides for
+// all); the others' entries say they were reused.
+std::vector<const workflow::BackboneSpec*> ToCompute(StepContext& c, PrepareRun& run,
+                                                     const std::vector<const workflow::BackboneSpec*>& group,
+                                                     const workflow::SplitSource& src) {
+  const std::string& split = src.name();
+  std::vector<const workflow::BackboneSpec*> todo;
+  for (const auto* bb : group) {
+    const std::string key = workflow::FeaturesObject(run.backbone_digests[bb->name], run.dataset_digests[split]);
+    nlohmann::json entry = {{"backbone", bb->name}, {"split", split}, {"object", key}, {"rows", src.count()}};
+    int reuse = 0;
+    if (c.root()) {
+      auto info = c.store->Stat(key);
+      // Features written before they came in parts have no part_rows: computed again.
+      reuse = info && info->meta.contains("part_rows") ? 1 : 0;
+      if (info && !reuse)
+        c.Say(fmt::format("features {}/{}: {} is in an older layout; computing it again", bb->name, split, key));
+    }
+    c.comm->Bcast(&reuse, sizeof reuse, 0);
+    if (reuse) {
+      if (c.root()) c.Say(fmt::format("features {}/{}: reused {} (backbone not run)", bb->name, split, key));
+      run.entries[{bb->name, split}] = {false, std::move(entry)};
+      continue;
+    }
+    run.entries[{bb->name, split}] = {true, std::move(entry)};
+    todo.push_back(bb);
+  }
+  return todo;
+}
+
 }  // namespace
 
 void Prepare(StepContext& c) {
-  const int rank = c.comm->rank(), size = c.comm->size();
   nlohmann::json summary = {{"computed", nlohmann::json::array()}, {"reused", nlohmann::json::array()},
                             {"overlap", OverlapModeName(c.overlap)}};
   if (EverythingReused(c, &summary)) {
@@ -468,153 +666,29 @@ void Prepare(StepContext& c) {
     return;
   }
   c.WorkAhead();
-  const int64_t part_bytes = FeaturesPartBytes();
+  PrepareRun run;
+  run.part_bytes = FeaturesPartBytes();
   // Every split's labels, checked before anything is computed; the pixels are read per rank.
   const std::vector<workflow::SplitSource> splits = workflow::OpenSplits(c.pipeline());
-  const int64_t classes = workflow::CheckSplits(c.pipeline(), splits);
-  std::map<std::string, std::string> digests, bb_digests;
+  run.classes = workflow::CheckSplits(c.pipeline(), splits);
   for (const auto& bb : c.pipeline().backbones) {
-    bb_digests[bb.name] = BackboneDigest(*c.store, bb);
-    c.inputs["backbones"][bb.name] = bb_digests[bb.name];
+    run.backbone_digests[bb.name] = BackboneDigest(*c.store, bb);
+    c.inputs["backbones"][bb.name] = run.backbone_digests[bb.name];
   }
-  // The summary's entries by (backbone, split), listed at the end in the pipeline's order.
-  std::map<std::pair<std::string, std::string>, std::pair<bool, nlohmann::json>> entries;  // computed?, entry
-  std::map<std::string, std::unique_ptr<kernels::Executor>> own;  // a backbone's own executor, across splits
-  std::map<std::string, std::vector<Pass>> passes;                 // by the backbones they compute
   for (const auto& group : PassGroups(c.pipeline())) {
     for (const workflow::SplitSource& src : splits) {
-      const std::string& split = src.name();
-      if (!digests.count(split)) digests[split] = DatasetDigest(c, src);
-      std::vector<const workflow::BackboneSpec*> todo;
-      for (const auto* bb : group) {
-        const std::string key = workflow::FeaturesObject(bb_digests[bb->name], digests[split]);
-        nlohmann::json entry = {{"backbone", bb->name}, {"split", split}, {"object", key}, {"rows", src.count()}};
-        int reuse = 0;  // rank 0 decides for all
-        if (c.root()) {
-          auto info = c.store->Stat(key);
-          // Features written before they came in parts have no part_rows: computed again.
-          reuse = info && info->meta.contains("part_rows") ? 1 : 0;
-          if (info && !reuse)
-            c.Say(fmt::format("features {}/{}: {} is in an older layout; computing it again", bb->name, split, key));
-        }
-        c.comm->Bcast(&reuse, sizeof reuse, 0);
-        if (reuse) {
-          if (c.root()) c.Say(fmt::format("features {}/{}: reused {} (backbone not run)", bb->name, split, key));
-          entries[{bb->name, split}] = {false, std::move(entry)};
-          continue;
-        }
-        entries[{bb->name, split}] = {true, std::move(entry)};
-        todo.push_back(bb);
-      }
+      if (!run.dataset_digests.count(src.name())) run.dataset_digests[src.name()] = DatasetDigest(c, src);
+      const std::vector<const workflow::BackboneSpec*> todo = ToCompute(c, run, group, src);
       if (todo.empty()) continue;
       std::string todo_key;  // the same backbones for another split: the same passes, executors and all
       for (const auto* bb : todo) todo_key += bb->name + "\n";
-      if (!passes.count(todo_key)) passes[todo_key] = PassesFor(c, todo);
-      for (const Pass& pass : passes[todo_key]) {
-        auto t0 = Clock::now();
-        const workflow::BackboneSpec& first = *pass.bbs[0];
-        std::vector<int64_t> dims;
-        if (pass.ex) {
-          dims = pass.ex->FeatureDimsOfCuts(first.input.channels, first.input.height, first.input.width);
-        } else {
-          dims.push_back(FeatureDim(c, first, src, own[first.name]));
-        }
-        std::vector<std::optional<workflow::SubsetFeatures>> rung0(pass.bbs.size());
-        std::vector<Member> members(pass.bbs.size());
-        const int64_t widest = *std::max_element(dims.begin(), dims.end());
-        for (size_t j = 0; j < members.size(); ++j) {
-          const workflow::BackboneSpec& bb = *pass.bbs[j];
-          if (split == "train") rung0[j] = Rung0Features(c, bb, bb_digests[bb.name], src.count(), dims[j]);
-          FeaturesIndex& idx = members[j].idx;
-          idx.object = entries[{bb.name, split}].second["object"];
-          idx.n = src.count();
-          idx.dim = dims[j];
-          idx.part_rows = FeaturesPartRows(widest, BatchOf(bb), part_bytes);  // parts of the same rows for all
-          idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
-          idx.half = bb.feature_dtype == "f16";
-          members[j].bb = &bb;
-          members[j].known = rung0[j] ? &*rung0[j] : nullptr;
-        }
-        const FeaturesIndex& at = members[0].idx;
-        kernels::Executor* ex = pass.ex ? pass.ex.get() : own[first.name].get();
-        std::string names;
-        for (const auto* bb : pass.bbs) names += (names.empty() ? "" : ", ") + bb->name;
-        const std::string label = (pass.bbs.size() > 1 ? "{" + names + "}" : names) + "/" + split;
-        // This rank's contiguous run of parts; only its images are read (an image folder decodes only these).
-        const int64_t p0 = at.parts * rank / size, p1 = at.parts * (rank + 1) / size;
-        const kernels::ImageSet ds = p0 < p1 ? src.Read(at.PartLo(p0), at.PartHi(p1 - 1)) : kernels::ImageSet{};
-        const bool known = std::any_of(members.begin(), members.end(), [](const Member& m) { return m.known; });
-        PartWork w;
-        try {
-          w = ComputeParts(c, members, ex, ds, p0, p1, label);
-        } catch (const SpotCheckFailed& f) {
-          c.Say(fmt::format("features {}: rung 0's features not used: computed again, {} (this CPU's kernels "
-                            "depend on the batch); every image runs through the backbone", label, f.why));
-          for (Member& m : members) m.known = nullptr;
-          w = ComputeParts(c, members, ex, ds, p0, p1, label);
-          w.spot_check = "differed: " + f.why;
-        }
-        if (!w.spot_check.empty() && w.spot_check.rfind("differed", 0) != 0)
-          c.Say(fmt::format("features {}: {} of rows [{}, {}) taken from rung 0, not run through the backbone again ({})",
-                            label, w.reused_rows, at.PartLo(p0), at.PartLo(p0) + w.rows, w.spot_check));
-        double secs = Since(t0);
-        if (size > 1)
-          c.Say(fmt::format("features {}: images [{}, {}) in {:.2f} s", label, at.PartLo(p0), at.PartLo(p0) + w.rows, secs));
-        nlohmann::json mine = {{"rank", rank},
-                               {"rows", w.rows},
-                               {"parts", w.parts},
-                               {"seconds", secs},
-                               {"prepare_s", w.batches.fetch_s},
-                               {"backbone_s", w.batches.consume_s},
-                               {"prepare_wait_s", w.batches.wait_s},
-                               {"put_s", w.put_s},
-                               {"put_wait_s", w.put_wait_s}};
-        if (known) {
-          mine["reused_rows"] = w.reused_rows;
-          if (!w.spot_check.empty()) mine["spot_check"] = w.spot_check;
-        }
-        if (first.prepared()) mine["overlap"] = c.OverlapReport()["image batches " + first.name];
-        auto stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
-        for (size_t j = 0; j < members.size(); ++j) {
-          const workflow::BackboneSpec& bb = *pass.bbs[j];
-          const FeaturesIndex& idx = members[j].idx;
-          nlohmann::json& entry = entries[{bb.name, split}].second;
-          if (c.root()) {
-            nlohmann::json meta = FeaturesMeta(src.count(), idx.dim, classes, idx.part_rows, idx.half);
-            meta.update({{"backbone", bb.name}, {"backbone_digest", bb_digests[bb.name]},
-                         {"dataset_digest", digests[split]}, {"split", split}});
-            if (!src.class_names().empty()) meta["class_names"] = src.class_names();
-            const auto& labels = src.labels();
-            c.store->Put(idx.object, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
-            secs = Since(t0);
-            c.Say(fmt::format("features {}/{}: computed {} x {} in {} part{} on {} rank{} in {:.1f} s ({:.2f} ms/image){} -> {}",
-                              bb.name, split, src.count(), idx.dim, idx.parts, idx.parts > 1 ? "s" : "", size,
-                              size > 1 ? "s" : "", secs, 1e3 * secs / static_cast<double>(std::max<int64_t>(1, src.count())),
-                              pass.bbs.size() > 1 ? " in one pass with the model's other cuts" : "", idx.object));
-            entry["per_rank"] = nlohmann::json::array();
-            int64_t reused = 0;
-            for (const auto& s : stats) {
-              entry["per_rank"].push_back(nlohmann::json::parse(s));
-              reused += entry["per_rank"].back().value("reused_rows", int64_t{0});
-            }
-            if (known) entry["reused_rows"] = reused;  // rung 0's rows: through the backbone once, there
-            if (bb.prepared()) entry["fpga"] = PrepareFpgaTimes(c, bb, src, ds, stats);
-            if (pass.bbs.size() > 1) {
-              entry["one_pass_with"] = nlohmann::json::array();
-              for (const auto* other : pass.bbs)
-                if (other != &bb) entry["one_pass_with"].push_back(other->name);
-            }
-          }
-          entry["seconds"] = secs;
-          entry["ranks"] = size;
-          entry["parts"] = idx.parts;
-        }
-      }
+      if (!run.passes.count(todo_key)) run.passes[todo_key] = PassesFor(c, todo);
+      for (const Pass& pass : run.passes[todo_key]) ComputePass(c, run, pass, src);
     }
   }
   for (const auto& bb : c.pipeline().backbones)
     for (const workflow::SplitSource& src : splits) {
-      auto& [computed, entry] = entries.at({bb.name, src.name()});
+      auto& [computed, entry] = run.entries.at({bb.name, src.name()});
       summary[computed ? "computed" : "reused"].push_back(std::move(entry));
     }
   summary["fpga"] = c.FpgaReport();

@@ -48,6 +48,7 @@ std::unique_ptr<kernels::Executor> GroupExecutor(const std::vector<const Backbon
   const BackboneSpec& bb = *group[0];
   if (bb.kind == "pixels") return nullptr;
   std::vector<std::string> cuts;
+  cuts.reserve(group.size());
   for (const BackboneSpec* g : group) cuts.push_back(g->feature_layer);
   return std::make_unique<kernels::Executor>(
       kernels::ImportOnnxCuts(ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes), bb.onnx, cuts),
