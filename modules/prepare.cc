@@ -653,11 +653,21 @@ std::vector<const workflow::BackboneSpec*> ToCompute(StepContext& c, PrepareRun&
   return todo;
 }
 
+// Rung 0's features (halving) have served once this step is done: removed after its done object
+// is committed (a resumed run never prepares that round again).
+void RemoveRung0Features(StepContext& c) {
+  if (!c.root() || c.pipeline().rounds.strategy != "halving") return;
+  for (const auto& bb : c.pipeline().backbones)
+    if (const std::string obj = workflow::Rung0FeaturesObject(c.task.run, bb.name); c.store->Stat(obj))
+      c.RemoveOnceDone(obj);
+}
+
 }  // namespace
 
 void Prepare(StepContext& c) {
   nlohmann::json summary = {{"computed", nlohmann::json::array()}, {"reused", nlohmann::json::array()},
                             {"overlap", OverlapModeName(c.overlap)}};
+  RemoveRung0Features(c);
   if (EverythingReused(c, &summary)) {
     summary["fpga"] = c.FpgaReport();
     if (c.root())

@@ -260,6 +260,9 @@ class Rank(unittest.TestCase):
             self.assertIn(f"features {e['backbone']}/train: {rung0['subset_images'] - 1} of rows [0, {e['rows']}) taken "
                           "from rung 0", r.stdout)
         self.assertTrue(all("reused_rows" not in e for e in r1["features"]["computed"] if e["split"] != "train"))
+        # Once round 1's prepare is done they have served, and are gone from the NAM.
+        left = msaflow("nam", "ls", "rung0/", "--nam", "file://" + os.path.join(runs, "nam"))
+        self.assertEqual((left.returncode, left.stdout), (0, ""), left.stderr)
         first = [c for c in r1["candidates"] if c["candidate"]["id"].startswith("r1-")]
         self.assertEqual(len(first), 4)
         self.assertTrue(all(c["candidate"]["backbone"] in kept and c["candidate"]["head"]["epochs"] == 2 for c in first))

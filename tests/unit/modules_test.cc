@@ -451,6 +451,8 @@ TEST_F(TinyRound, Rung0sFeaturesAreNotComputedAgainAndChangeNoBit) {
     store_->Put(workflow::Rung0FeaturesObject("run1", "mnv2"), workflow::SubsetFeaturesBody(given),
                 workflow::SubsetFeaturesMeta(given));
     Step("prepare");
+    // Served: removed once the step's done object is in.
+    EXPECT_FALSE(store_->Stat(workflow::Rung0FeaturesObject("run1", "mnv2")));
     return train_entry();
   };
 
