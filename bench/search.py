@@ -19,7 +19,7 @@ to 28x28 there). Per dataset:
   4. `rounds.strategy: "halving"` on the same pipeline, run right after the exhaustive one, with
      eta 3 (rung 0 keeps 2 backbones; 12 heads x 2 epochs, the best 4 continued to 5, the best 2
      to 15) and eta 6 (keeps 1; 12 x 1, 2 to 3, 1 to 15):
-     wall time to the champion, its validation and test accuracy, images through backbones and
+     wall time to the champion, its validation and test accuracy, images x cuts whose features were computed (one pass of a model gives several cuts) and
      head-epochs trained, each against the exhaustive run's. Goal: within 0.5 point of the
      exhaustive champion's validation accuracy in at most 1/3 of its time.
 Prints the CPU it ran on; every figure is measured in this run.
@@ -108,7 +108,7 @@ def kendall(a, b):
 
 
 def figures(res):
-    """A run's champion (validation and test accuracy), the images its backbones ran on (rung 0's
+    """A run's champion (validation and test accuracy), the images x cuts whose features it computed (rung 0's
     subset included) and the head-epochs it trained."""
     images = sum(e["rows"] - e.get("reused_rows", 0) for r in res["rounds"] for e in r["features"]["computed"])
     images += res.get("halving", {}).get("rung0", {}).get("images_through_backbones", 0)
@@ -182,7 +182,7 @@ def main():
                   f"{'keeps' if champion in keep else 'loses'} the champion {champion}")
         # Halving on the same pipeline, right after: eta 3 (rung 0 keeps 2 of 6) and eta 6 (keeps 1).
         line["exhaustive"] = ex = figures(res)
-        print(f"  {'':10s} {'seconds':>8s} {'val acc':>8s} {'test acc':>8s} {'images thru backbones':>22s} {'head-epochs':>12s}")
+        print(f"  {'':10s} {'seconds':>8s} {'val acc':>8s} {'test acc':>8s} {'images x cuts':>22s} {'head-epochs':>12s}")
         print(f"  {'exhaustive':10s} {run_s:8.1f} {ex['val']:8.4f} {ex['test']:8.4f} {ex['images']:22d} {ex['epochs']:12d}")
         for eta in (3, 6):
             doc["rounds"] = {"max": 3, "candidates": 12, "top_k": 1, "seed": 3, "strategy": "halving", "eta": eta}
