@@ -19,8 +19,8 @@ to 28x28 there). Per dataset:
   4. `rounds.strategy: "halving"` on the same pipeline, run right after the exhaustive one, with
      eta 3 (rung 0 keeps 2 backbones; 12 heads x 2 epochs, the best 4 continued to 5, the best 2
      to 15) and eta 6 (keeps 1; 12 x 1, 2 to 3, 1 to 15):
-     wall time to the champion, its validation and test accuracy, images x cuts whose features were computed (one pass of a model gives several cuts) and
-     head-epochs trained, each against the exhaustive run's. Goal: within 0.5 point of the
+     wall time to the champion, its validation and test accuracy, images x cuts whose features
+     were computed (one pass of a model gives several cuts) and head-epochs trained, each against the exhaustive run's. Goal: within 0.5 point of the
      exhaustive champion's validation accuracy in at most 1/3 of its time.
 Prints the CPU it ran on; every figure is measured in this run.
 """
@@ -108,8 +108,8 @@ def kendall(a, b):
 
 
 def figures(res):
-    """A run's champion (validation and test accuracy), the images x cuts whose features it computed (rung 0's
-    subset included) and the head-epochs it trained."""
+    """A run's champion (validation and test accuracy), the images x cuts whose features it
+    computed (rung 0's subset included) and the head-epochs it trained."""
     images = sum(e["rows"] - e.get("reused_rows", 0) for r in res["rounds"] for e in r["features"]["computed"])
     images += res.get("halving", {}).get("rung0", {}).get("images_through_backbones", 0)
     epochs = sum(c["candidate"]["head"]["epochs"] for r in res["rounds"] for c in r["candidates"]
