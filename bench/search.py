@@ -20,8 +20,9 @@ to 28x28 there). Per dataset:
      eta 3 (rung 0 keeps 2 backbones; 12 heads x 2 epochs, the best 4 continued to 5, the best 2
      to 15) and eta 6 (keeps 1; 12 x 1, 2 to 3, 1 to 15):
      wall time to the champion, its validation and test accuracy, images x cuts whose features
-     were computed (one pass of a model gives several cuts) and head-epochs trained, each against the exhaustive run's. Goal: within 0.5 point of the
-     exhaustive champion's validation accuracy in at most 1/3 of its time.
+     were computed (one pass of a model gives several cuts) and head-epochs trained, each
+     against the exhaustive run's. Goal: within 0.5 point of the exhaustive champion's
+     validation accuracy in at most 1/3 of its time.
 Prints the CPU it ran on; every figure is measured in this run.
 """
 import argparse
