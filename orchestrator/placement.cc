@@ -88,6 +88,11 @@ StepCost StepCostFromJson(const json& j, const std::string& where) {
   return c;
 }
 
+double PassShare(const json& features_entry) {
+  const json others = features_entry.value("one_pass_with", json::array());
+  return 1.0 / static_cast<double>(1 + (others.is_array() ? others.size() : 0));
+}
+
 std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::Pipeline& p) {
   std::map<std::string, StepCost> out;
   const json steps = round.value("step_seconds", json::object());
@@ -105,7 +110,7 @@ std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::
     for (const auto& e : round["features"].value("computed", json::array())) {
       c.ranks = e.value("ranks", c.ranks);
       c.items += e.value("rows", int64_t{0});
-      for (const auto& r : e.value("per_rank", json::array())) c.work_s += Num(r, "seconds");
+      for (const auto& r : e.value("per_rank", json::array())) c.work_s += Num(r, "seconds") * PassShare(e);
     }
   }
   if (out.count("train") && round.contains("training")) {

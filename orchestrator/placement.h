@@ -30,6 +30,11 @@ struct StepCost {
   double PerItem() const { return items ? work_s / static_cast<double>(items) : 0; }
 };
 
+// The part of a prepare summary's features entry that is its own: 1 for a backbone prepared
+// alone; 1/K for each of K cuts of one model prepared in one pass, whose entries each carry the
+// pass's seconds (one_pass_with names the others).
+double PassShare(const nlohmann::json& features_entry);
+
 // The costs of a round as `msaflow run` records them in results.json ("costs"): from the
 // step summaries (features, training, evaluation) and step_seconds of that round.
 // Steps without shared work (load, store, select; prepare when every feature was reused)

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/version.h"
 #include "common/files.h"
+#include "orchestrator/placement.h"
 #include "orchestrator/run.h"
 
 namespace msaflow::orchestrator {
@@ -27,7 +28,7 @@ using workflow::TrainMode;
 double StepSeconds(const json& round, const std::string& step) {
   if (step == "prepare") {
     double s = 0;
-    for (const auto& f : round.at("features").at("computed")) s += f.value("seconds", 0.0);
+    for (const auto& f : round.at("features").at("computed")) s += f.value("seconds", 0.0) * PassShare(f);
     return s;
   }
   if (step == "train") return round.at("training").at("wall_s");

@@ -147,6 +147,12 @@ TEST(Placement, MeasuresSharedWorkPerItemAndWhatDoesNotDivide) {
   nlohmann::json paired = MeasuredRound();
   for (auto& e : paired["training"]["candidates"]) e["together"] = 2;
   EXPECT_DOUBLE_EQ(MeasureRound(paired, TwoBackbones()).at("train").work_s, 6.0);
+  // So do two cuts of one model prepared in one pass: each entry carries the pass's seconds.
+  nlohmann::json one_pass = MeasuredRound();
+  one_pass["features"]["computed"][1]["per_rank"] = one_pass["features"]["computed"][0]["per_rank"];
+  one_pass["features"]["computed"][0]["one_pass_with"] = {"b"};
+  one_pass["features"]["computed"][1]["one_pass_with"] = {"a"};
+  EXPECT_DOUBLE_EQ(MeasureRound(one_pass, TwoBackbones()).at("prepare").work_s, 5.0);
   // Round-trips through results.json.
   StepCost back = StepCostFromJson(ToJson(prep), "costs/prepare");
   EXPECT_DOUBLE_EQ(back.work_s, prep.work_s);
