@@ -63,9 +63,10 @@ class Executor {
   std::vector<std::vector<float>> FeaturesOfCuts(const float* x, int64_t n, int64_t c, int64_t h, int64_t w);
   std::vector<int64_t> FeatureDimsOfCuts(int64_t c, int64_t h, int64_t w);
   // Per cut, whether the one pass computes it exactly as the model cut at it alone would: the
-  // same fused operations on the same inputs. Not so where another cut keeps a tensor that an
-  // operation alone would have fused into its producer (an activation after the cut convolution):
-  // that cut's features, or those after it, may then differ in the last bits.
+  // same fused operations on the same inputs. A cut that a deeper cut's fusion would leave
+  // uncomputed is computed by a copy of its producer, and so as alone; not so where another
+  // cut's branch reads a tensor on the way, which keeps an activation the cut alone would fuse
+  // from being fused: that cut's features may then differ in the last bits.
   std::vector<bool> CutsAsAlone(int64_t c, int64_t h, int64_t w) const;
 
   // Checks, without compiling anything, that the graph runs on n images of c x h x w: shape

@@ -430,30 +430,6 @@ std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const work
 
 namespace {
 
-// The backbones one pass over the images computes together: the cuts of one model, run alike
-// (workflow::SharePass); every other backbone alone. In the pipeline's order.
-std::vector<std::vector<const workflow::BackboneSpec*>> PassGroups(const workflow::Pipeline& p) {
-  std::vector<std::vector<const workflow::BackboneSpec*>> groups;
-  std::vector<char> taken(p.backbones.size(), 0);
-  for (size_t i = 0; i < p.backbones.size(); ++i) {
-    if (taken[i]) continue;
-    groups.push_back({&p.backbones[i]});
-    for (size_t j = i + 1; j < p.backbones.size(); ++j)
-      if (!taken[j] && workflow::SharePass(p.backbones[i], p.backbones[j])) {
-        groups.back().push_back(&p.backbones[j]);
-        taken[j] = 1;
-      }
-  }
-  return groups;
-}
-
-// One pass: its backbones and the executor that gives all their cuts (null: one backbone, whose
-// own executor FeatureDim makes).
-struct Pass {
-  std::vector<const workflow::BackboneSpec*> bbs;
-  std::shared_ptr<kernels::Executor> ex;
-};
-
 // The executor of several cuts of one model, from the NAM copy of the backbone whose cut model
 // holds every other cut (the deepest of a chain); null when none does (cuts on separate branches).
 std::shared_ptr<kernels::Executor> CutsExecutor(StepContext& c, const std::vector<const workflow::BackboneSpec*>& bbs) {
@@ -475,31 +451,6 @@ std::shared_ptr<kernels::Executor> CutsExecutor(StepContext& c, const std::vecto
   return nullptr;
 }
 
-// How the backbones `todo` (of one SharePass group) are computed: together where one pass gives
-// each cut exactly as the model cut there alone would (Executor::CutsAsAlone); the others alone.
-// Every rank decides the same from the same NAM objects.
-std::vector<Pass> PassesFor(StepContext& c, std::vector<const workflow::BackboneSpec*> todo) {
-  std::vector<Pass> passes;
-  while (todo.size() > 1) {
-    std::shared_ptr<kernels::Executor> ex = CutsExecutor(c, todo);
-    if (!ex) break;
-    const auto& in = todo[0]->input;
-    const std::vector<bool> alone = ex->CutsAsAlone(in.channels, in.height, in.width);
-    std::vector<const workflow::BackboneSpec*> together;
-    for (size_t k = 0; k < todo.size(); ++k) {
-      if (alone[k]) together.push_back(todo[k]);
-      else passes.push_back({{todo[k]}, nullptr});
-    }
-    if (together.size() == todo.size()) {
-      passes.push_back({std::move(together), std::move(ex)});
-      return passes;
-    }
-    todo = std::move(together);
-  }
-  for (const auto* bb : todo) passes.push_back({{bb}, nullptr});
-  return passes;
-}
-
 // What a prepare step keeps across its passes.
 struct PrepareRun {
   int64_t part_bytes = 0, classes = 0;
@@ -507,12 +458,12 @@ struct PrepareRun {
   // The summary's entries by (backbone, split), listed at the end in the pipeline's order.
   std::map<std::pair<std::string, std::string>, std::pair<bool, nlohmann::json>> entries;  // computed?, entry
   std::map<std::string, std::unique_ptr<kernels::Executor>> own;  // a backbone's own executor, across splits
-  std::map<std::string, std::vector<Pass>> passes;                 // by the backbones they compute
+  std::map<std::string, std::vector<workflow::Pass>> passes;       // by the backbones they compute
 };
 
 // Rank 0 puts member `m`'s features object (once every rank's parts are in: `stats`) and fills
 // its summary entry; every rank notes the seconds, ranks and parts.
-void Commit(StepContext& c, PrepareRun& run, const Pass& pass, const Member& m, const workflow::SplitSource& src,
+void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const Member& m, const workflow::SplitSource& src,
             const kernels::ImageSet& ds, const std::vector<std::string>& stats, bool known, Clock::time_point t0) {
   const workflow::BackboneSpec& bb = *m.bb;
   const FeaturesIndex& idx = m.idx;
@@ -553,7 +504,7 @@ void Commit(StepContext& c, PrepareRun& run, const Pass& pass, const Member& m, 
 
 // One pass over split `src` for the backbones of `pass`: this rank's parts computed and written,
 // then (rank 0) each features object and its summary entry.
-void ComputePass(StepContext& c, PrepareRun& run, const Pass& pass, const workflow::SplitSource& src) {
+void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const workflow::SplitSource& src) {
   const int rank = c.comm->rank(), size = c.comm->size();
   const std::string& split = src.name();
   auto t0 = Clock::now();
@@ -685,15 +636,16 @@ void Prepare(StepContext& c) {
     run.backbone_digests[bb.name] = BackboneDigest(*c.store, bb);
     c.inputs["backbones"][bb.name] = run.backbone_digests[bb.name];
   }
-  for (const auto& group : PassGroups(c.pipeline())) {
+  for (const auto& group : workflow::PassGroups(c.pipeline())) {
     for (const workflow::SplitSource& src : splits) {
       if (!run.dataset_digests.count(src.name())) run.dataset_digests[src.name()] = DatasetDigest(c, src);
       const std::vector<const workflow::BackboneSpec*> todo = ToCompute(c, run, group, src);
       if (todo.empty()) continue;
       std::string todo_key;  // the same backbones for another split: the same passes, executors and all
       for (const auto* bb : todo) todo_key += bb->name + "\n";
-      if (!run.passes.count(todo_key)) run.passes[todo_key] = PassesFor(c, todo);
-      for (const Pass& pass : run.passes[todo_key]) ComputePass(c, run, pass, src);
+      if (!run.passes.count(todo_key))  // every rank plans the same from the same NAM objects
+        run.passes[todo_key] = workflow::PlanPasses(todo, [&c](const auto& bbs) { return CutsExecutor(c, bbs); });
+      for (const workflow::Pass& pass : run.passes[todo_key]) ComputePass(c, run, pass, src);
     }
   }
   for (const auto& bb : c.pipeline().backbones)

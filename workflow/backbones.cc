@@ -23,6 +23,43 @@ bool SharePass(const BackboneSpec& a, const BackboneSpec& b) {
          x.mean == y.mean && x.std == y.std;
 }
 
+std::vector<std::vector<const BackboneSpec*>> PassGroups(const Pipeline& p) {
+  std::vector<std::vector<const BackboneSpec*>> groups;
+  std::vector<char> taken(p.backbones.size(), 0);
+  for (size_t i = 0; i < p.backbones.size(); ++i) {
+    if (taken[i]) continue;
+    groups.push_back({&p.backbones[i]});
+    for (size_t j = i + 1; j < p.backbones.size(); ++j)
+      if (!taken[j] && SharePass(p.backbones[i], p.backbones[j])) {
+        groups.back().push_back(&p.backbones[j]);
+        taken[j] = 1;
+      }
+  }
+  return groups;
+}
+
+std::vector<Pass> PlanPasses(std::vector<const BackboneSpec*> group, const CutsExecutorFn& cuts_executor) {
+  std::vector<Pass> passes;
+  while (group.size() > 1) {
+    std::shared_ptr<kernels::Executor> ex = cuts_executor(group);
+    if (!ex) break;
+    const auto& in = group[0]->input;
+    const std::vector<bool> alone = ex->CutsAsAlone(in.channels, in.height, in.width);
+    std::vector<const BackboneSpec*> together;
+    for (size_t k = 0; k < group.size(); ++k) {
+      if (alone[k]) together.push_back(group[k]);
+      else passes.push_back({{group[k]}, nullptr});
+    }
+    if (together.size() == group.size()) {
+      passes.push_back({std::move(together), std::move(ex)});
+      return passes;
+    }
+    group = std::move(together);
+  }
+  for (const auto* bb : group) passes.push_back({{bb}, nullptr});
+  return passes;
+}
+
 std::string BackboneDigestOf(const BackboneSpec& bb, const std::string& model, const std::string& calibration) {
   const auto& in = bb.input;
   if (bb.kind == "pixels") {

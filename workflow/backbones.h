@@ -2,8 +2,12 @@
 // size) against what the prepare step will feed it. The load step checks the same.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "kernels/executor.h"
 #include "kernels/onnx_graph.h"
 #include "workflow/pipeline.h"
 
@@ -22,6 +26,22 @@ void CheckBackbones(const Pipeline& p);
 // cut at two layers, prepared alike (input size, mean, std, fixed batch), both in f32. Rank and
 // prepare run such backbones together (Executor::FeaturesOfCuts).
 bool SharePass(const BackboneSpec& a, const BackboneSpec& b);
+
+// The backbones of `p` in groups that one pass can serve (each SharePass with its group's first),
+// in the pipeline's order; a backbone that shares with none is a group of its own.
+std::vector<std::vector<const BackboneSpec*>> PassGroups(const Pipeline& p);
+
+// One pass over the images: its backbones and, for several cuts of one model, the executor that
+// gives them all (null: one backbone, run by an executor of its own).
+struct Pass {
+  std::vector<const BackboneSpec*> bbs;
+  std::shared_ptr<kernels::Executor> ex;
+};
+using CutsExecutorFn = std::function<std::shared_ptr<kernels::Executor>(const std::vector<const BackboneSpec*>&)>;
+// How one group of PassGroups runs: together where one pass computes each cut exactly as the
+// model cut there alone would (Executor::CutsAsAlone); each other cut alone. `cuts_executor`
+// makes the executor of several cuts, or null where it cannot (then every cut runs alone).
+std::vector<Pass> PlanPasses(std::vector<const BackboneSpec*> group, const CutsExecutorFn& cuts_executor);
 
 // The content key of what backbone `bb` gives (its NAM object's "digest", and so part of every
 // features object's name): the model's bytes (`model`; ignored for kind pixels), the feature

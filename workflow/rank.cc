@@ -44,13 +44,13 @@ std::string RankPrecision(const BackboneSpec& bb) { return bb.precision == "int8
 
 // The executor of `group` (backbones of one model, SharePass with each other): its cuts in one
 // graph. Null for resized pixels (the prepared images are the features).
-std::unique_ptr<kernels::Executor> GroupExecutor(const std::vector<const BackboneSpec*>& group) {
+std::shared_ptr<kernels::Executor> GroupExecutor(const std::vector<const BackboneSpec*>& group) {
   const BackboneSpec& bb = *group[0];
   if (bb.kind == "pixels") return nullptr;
   std::vector<std::string> cuts;
   cuts.reserve(group.size());
   for (const BackboneSpec* g : group) cuts.push_back(g->feature_layer);
-  return std::make_unique<kernels::Executor>(
+  return std::make_shared<kernels::Executor>(
       kernels::ImportOnnxCuts(ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes), bb.onnx, cuts),
       kernels::ParsePrecision(RankPrecision(bb)));
 }
@@ -104,56 +104,20 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
   r.subset_images = ds.count;
   r.rows = rows;
   const std::unique_ptr<kernels::fpga::Device> cpu = kernels::fpga::OpenCpu();
-  // One model cut at several layers runs once for all its cuts: the backbones in groups.
-  std::vector<std::vector<const BackboneSpec*>> groups;
-  std::vector<char> grouped(p.backbones.size(), 0);
-  for (size_t i = 0; i < p.backbones.size(); ++i) {
-    if (grouped[i]) continue;
-    groups.push_back({&p.backbones[i]});
-    for (size_t j = i + 1; j < p.backbones.size(); ++j)
-      if (!grouped[j] && SharePass(p.backbones[i], p.backbones[j])) {
-        groups.back().push_back(&p.backbones[j]);
-        grouped[j] = 1;
-      }
-  }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    std::vector<const BackboneSpec*> group = groups[g];
-    const BackboneSpec& first = *group[0];
-    std::vector<std::vector<float>> f;
-    std::vector<int64_t> dims(1);
-    auto t0 = Clock::now();
-    if (!first.prepared()) {
-      f.push_back(RawPixels(first, ds, &dims[0]));
-    } else {
-      std::unique_ptr<kernels::Executor> ex = GroupExecutor(group);
-      // A cut that one pass would compute otherwise than the model cut there alone (another cut
-      // keeps a tensor an activation would have been fused into) is ranked in a pass of its own:
-      // its features are then the very bits prepare computes.
-      while (ex && group.size() > 1) {
-        const std::vector<bool> alone = ex->CutsAsAlone(first.input.channels, first.input.height, first.input.width);
-        std::vector<const BackboneSpec*> keep;
-        for (size_t k = 0; k < group.size(); ++k) {
-          if (alone[k]) keep.push_back(group[k]);
-          else groups.push_back({group[k]});
-        }
-        if (keep.size() == group.size()) break;
-        group = std::move(keep);
-        ex = GroupExecutor(group);
-      }
-      f = GroupFeatures(group, ex.get(), ds, *cpu, &dims);
-    }
-    const double features_s = Since(t0) / static_cast<double>(group.size());  // the pass, shared by its cuts
-    for (size_t k = 0; k < group.size(); ++k) {
-      const BackboneSpec& bb = *group[k];
+  // The estimates of the backbones of one pass, from their features `f`; `features_s`: the pass.
+  auto estimate = [&](const std::vector<const BackboneSpec*>& bbs, std::vector<std::vector<float>>& f,
+                      const std::vector<int64_t>& dims, double features_s) {
+    for (size_t k = 0; k < bbs.size(); ++k) {
+      const BackboneSpec& bb = *bbs[k];
       BackboneRank b;
       b.backbone = bb.name;
       b.images = ds.count;
       b.dim = dims[k];
-      b.features_s = features_s;
+      b.features_s = features_s / static_cast<double>(bbs.size());  // the pass, shared by its cuts
       if (bb.precision == "int8") b.note = "int8 ranked in f32";
-      if (group.size() > 1) b.note += fmt::format("{}one pass for {} cuts of {}", b.note.empty() ? "" : "; ", group.size(),
-                               std::filesystem::path(bb.onnx).filename().string());
-      t0 = Clock::now();
+      if (bbs.size() > 1)
+        b.note = fmt::format("one pass for {} cuts of {}", bbs.size(), std::filesystem::path(bb.onnx).filename().string());
+      const auto t0 = Clock::now();
       b.knn = kernels::KnnLooAccuracy(f[k].data(), ds.count, b.dim, ds.labels.data());
       b.logme = kernels::LogMe(f[k].data(), ds.count, b.dim, ds.labels.data(), r.classes);
       b.estimate_s = Since(t0);
@@ -163,6 +127,24 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
         say(fmt::format("rank {}: kNN {:.3f}, LogME {:.3f} ({} features, {:.2f} s + {:.2f} s)", bb.name, b.knn, b.logme,
                         b.dim, b.features_s, b.estimate_s));
       r.backbones.push_back(std::move(b));
+    }
+  };
+  // One model cut at several layers runs once for all its cuts, where that gives each cut the
+  // very bits prepare computes (workflow::PlanPasses).
+  for (const auto& group : PassGroups(p)) {
+    if (!group[0]->prepared()) {  // raw pixels as read (a group of one)
+      const auto t0 = Clock::now();
+      std::vector<int64_t> dims(1);
+      std::vector<std::vector<float>> f{RawPixels(*group[0], ds, &dims[0])};
+      estimate(group, f, dims, Since(t0));
+      continue;
+    }
+    for (const Pass& pass : PlanPasses(group, [](const auto& bbs) { return GroupExecutor(bbs); })) {
+      const auto t0 = Clock::now();
+      const std::shared_ptr<kernels::Executor> ex = pass.ex ? pass.ex : GroupExecutor(pass.bbs);
+      std::vector<int64_t> dims;
+      std::vector<std::vector<float>> f = GroupFeatures(pass.bbs, ex.get(), ds, *cpu, &dims);
+      estimate(pass.bbs, f, dims, Since(t0));
     }
   }
   std::stable_sort(r.backbones.begin(), r.backbones.end(), [](const BackboneRank& a, const BackboneRank& b) {

@@ -173,9 +173,8 @@ void IntsAttr(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> 
   for (auto x : v) a->add_ints(x);
 }
 
-// conv(3x3, pad 1, 2->4 channels) -> clip(0,6) -> add(residual conv 1x1) -> relu
-std::string SmallModel(const std::string& extra_op = "") {
-  onnx::ModelProto m;
+// A model whose graph has one input "x": N x 2 x H x W floats (opset 10).
+onnx::GraphProto* TwoChannelModel(onnx::ModelProto& m) {
   m.set_ir_version(7);
   m.add_opset_import()->set_version(10);
   auto* g = m.mutable_graph();
@@ -187,6 +186,13 @@ std::string SmallModel(const std::string& extra_op = "") {
   shape->add_dim()->set_dim_value(2);
   shape->add_dim()->set_dim_param("H");
   shape->add_dim()->set_dim_param("W");
+  return g;
+}
+
+// conv(3x3, pad 1, 2->4 channels) -> clip(0,6) -> add(residual conv 1x1) -> relu
+std::string SmallModel(const std::string& extra_op = "") {
+  onnx::ModelProto m;
+  auto* g = TwoChannelModel(m);
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> w1(4 * 2 * 9), b1(4), w2(4 * 2);
@@ -288,17 +294,7 @@ void ExpectNearButNotEqual(const std::vector<float>& want, const std::vector<flo
 // is fused into c1; in one pass with "y" it cannot be (c1 has two readers).
 std::string BranchModel() {
   onnx::ModelProto m;
-  m.set_ir_version(7);
-  m.add_opset_import()->set_version(10);
-  auto* g = m.mutable_graph();
-  auto* in = g->add_input();
-  in->set_name("x");
-  in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
-  auto* shape = in->mutable_type()->mutable_tensor_type()->mutable_shape();
-  shape->add_dim()->set_dim_param("N");
-  shape->add_dim()->set_dim_value(2);
-  shape->add_dim()->set_dim_param("H");
-  shape->add_dim()->set_dim_param("W");
+  auto* g = TwoChannelModel(m);
   std::mt19937 rng(4);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> w1(4 * 2 * 9), w2(3 * 4);
