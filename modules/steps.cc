@@ -1,5 +1,6 @@
 #include "modules/steps.h"
 
+#include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -129,7 +130,8 @@ void CommitDone(StepContext& c, workflow::Step step_kind, const std::string& key
   nlohmann::json mine = {{"rank", c.comm->rank()},       {"host", host},
                          {"put_bytes", rec.put_bytes()}, {"got_bytes", rec.got_bytes()},
                          {"max_rss_kib", ru.ru_maxrss},  {"minor_faults", ru.ru_minflt},
-                         {"cpu_s", cpu_s},               {"puts", nlohmann::json::array()},
+                         {"cpu_s", cpu_s},               {"threads", omp_get_max_threads()},
+                         {"puts", nlohmann::json::array()},
                          {"remove", c.remove_once_done()}};
   for (const auto& i : rec.Puts()) mine["puts"].push_back({{"name", i.name}, {"size", i.size}, {"checksum", i.checksum}});
   std::vector<std::string> all = c.comm->Gather(mine.dump(), 0);

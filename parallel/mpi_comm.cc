@@ -8,8 +8,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
+#include "common/files.h"
 
 namespace msaflow::parallel {
 namespace {
@@ -252,6 +255,40 @@ bool MpiSession::LaunchedByMpi() {
   return false;
 }
 
+namespace {
+
+// The ranks (this one included) that compute on this rank's cores: those on the same kernel
+// (boot id) with the same CPU set. Not Open MPI's shared-memory node, which goes by hostname:
+// nodes that are namespaces or containers of one machine (the multi-host test cluster) have
+// hostnames of their own and share its cores, and each rank there took them all as threads.
+int RanksSharingCores(const cpu_set_t& mine) {
+  const std::string boot = ReadBootId();
+  if (boot.empty()) {  // no boot id: as Open MPI groups them
+    MPI_Comm node;
+    int local = 1;
+    Check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "Comm_split_type");
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    return local;
+  }
+  struct Where {
+    char boot[64];
+    cpu_set_t cpus;
+  } me{};
+  std::strncpy(me.boot, boot.c_str(), sizeof me.boot - 1);
+  me.cpus = mine;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<Where> all(static_cast<size_t>(size));
+  Check(MPI_Allgather(&me, sizeof me, MPI_BYTE, all.data(), sizeof me, MPI_BYTE, MPI_COMM_WORLD), "Allgather");
+  int local = 0;
+  for (const Where& w : all)
+    local += std::memcmp(w.boot, me.boot, sizeof me.boot) == 0 && CPU_EQUAL(&w.cpus, &me.cpus);
+  return std::max(1, local);
+}
+
+}  // namespace
+
 MpiSession::MpiSession(int* argc, char*** argv) {
   int local = 1;
   mpi_ = LaunchedByMpi();
@@ -264,19 +301,17 @@ MpiSession::MpiSession(int* argc, char*** argv) {
     int provided = 0;
     Check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "Init_thread");
     world_ = std::make_unique<MpiComm>(MPI_COMM_WORLD);
-    MPI_Comm node;
-    Check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "Comm_split_type");
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
   } else {
     world_ = std::make_unique<SelfComm>();
   }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (mpi_) local = RanksSharingCores(set);
   const char* env = std::getenv("OMP_NUM_THREADS");
   if (env && *env) {
     threads_ = omp_get_max_threads();
   } else {
-    cpu_set_t set;
-    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
     threads_ = std::max(1, cores / local);
     omp_set_num_threads(threads_);
   }

@@ -95,7 +95,15 @@ class Hosts(TempDirCase):
             # No rank shares the NAM server's host: every one moved its bytes over the fabric.
             self.assertEqual(log.count("NAM bytes by RMA over the fabric"), len(seen), log[-2000:])
             self.assertNotIn("mapped on this host", log)
+            # The hosts are namespaces of this machine: ranks on two of them share its cores, and
+            # each takes its share as threads (not every core, as Open MPI's hostname-based node
+            # would say), in the log and in what the journal records for the simulator.
+            share = max(1, len(os.sched_getaffinity(0)) // len(seen))
+            self.assertEqual(re.findall(r"^rank \d+/\d+ on node .*, (\d+) threads?$", log, re.M), [str(share)] * len(seen),
+                             log[:2000])
         ev = [json.loads(line) for line in self.read("runs", "het", "journal.jsonl").splitlines()[1:] if line.strip()]
+        train_end = [e for e in ev if e.get("event") == "task-end" and e.get("task") == "r1-train"][-1]
+        self.assertEqual([rk["threads"] for rk in train_end["ranks"]], [max(1, len(os.sched_getaffinity(0)) // 2)] * 2)
         nam = [e for e in ev if e.get("event") == "nam-server"]
         self.assertEqual(len(nam), 1, ev)
         self.assertIn("fabric://nam01:", json.dumps(nam[0]))
@@ -142,7 +150,7 @@ class Hosts(TempDirCase):
 
     def test_hosts_cut_off_mid_step_fail_the_round_naming_them_and_resume_finishes(self):
         doc = pipeline("cut")
-        doc["head"]["epochs"] = [100]  # a train step of seconds: the link goes down inside it
+        doc["head"]["epochs"] = [1000]  # a train step of seconds: the link goes down inside it
         p = self.write("p.json", doc)
         runs = os.path.join(self.dir, "runs")
         r = subprocess.run([EXE, "run", p, "--runs", runs, "--run-id", "local"], capture_output=True, text=True,
