@@ -6,8 +6,8 @@
 --hosts adds the same check on the multi-host test cluster (Slurm runs, hetjob and chained, its
 fabric measured by bench_comm first) and the verdict over both together.
 
-Two calibrating runs of the tiny pipeline (2 training ranks in sync, 2 evaluation ranks, 1
-preparation rank, 1x data; and 1 training rank, 1 evaluation rank, 2x data), then configurations that differ from it in training ranks and mode (independent, sync, async,
+Two calibrating runs of the tiny pipeline (2 training ranks in sync, 2 evaluation ranks, 2
+preparation ranks, 1x data; and 1 rank for each, 2x data), then configurations that differ from it in training ranks and mode (independent, sync, async,
 hybrid), evaluation and preparation ranks, and data (1x, 2x, 4x): each is run for real on this
 machine and predicted by `msaflow simulate --from-runs <the calibrating runs>` with its ranks and
 data scale. Prints predicted and measured makespan and the error of each, then the median and
@@ -139,8 +139,8 @@ def run_on_hosts(exe, work, tag, doc, mode, runs):
 
 def hosts_check(exe, work):
     """--hosts: the same check on the multi-host test cluster, as Slurm runs (hetjob, chained),
-    calibrated by two hetjob configurations run twice each there, each round measured from its
-    start to its end (the queue wait included, as the model has it)."""
+    calibrated by two configurations run twice each there (one of the four runs chained), each
+    round measured from its start to its end (the queue wait included, as the model has it)."""
     from slurm_clusters import TestCluster
     cluster = TestCluster(ROOT, HOSTS_MACHINE, hosts=True)
     cluster.up()
@@ -162,16 +162,19 @@ def hosts_check(exe, work):
         calib = os.path.join(work, "runs-hosts-calibration")
         os.makedirs(calib, exist_ok=True)
 
-        def calibrating(tag, doc):
+        def calibrating(tag, doc, mode):
             runs = os.path.join(work, "runs-" + tag)
-            seconds = run_on_hosts(exe, work, tag, doc, "hetjob", runs)[1]
+            seconds = run_on_hosts(exe, work, tag, doc, mode, runs)[1]
             os.rename(os.path.join(runs, tag), os.path.join(calib, tag))
             return seconds
-        b_s = [calibrating(f"hcal-b{k}", doc_for("hcal-b", 1, "independent", 1, 1, 2)) for k in range(2)]
-        a_s = [calibrating(f"hcal-a{k}", doc_for("hcal-a", 2, "sync", 2, 1, 1)) for k in range(2)]
-        print("calibration on the multi-host cluster (hetjob), twice each: independent 1 rank, evaluate 1, 2x data: "
-              f"{b_s[0]:.2f}, {b_s[1]:.2f} s; sync 2 ranks, evaluate 2, 1x data: {a_s[0]:.2f}, {a_s[1]:.2f} s "
-              "(rounds' wall)")
+        # The second sync run chained: a chained round's jobs wait for the one before, which a
+        # hetjob never shows (the calibration measures that wait from chained rounds only).
+        b_s = [calibrating(f"hcal-b{k}", doc_for("hcal-b", 1, "independent", 1, 1, 2), "hetjob") for k in range(2)]
+        a_s = [calibrating(f"hcal-a{k}", doc_for("hcal-a", 2, "sync", 2, 1, 1), mode)
+               for k, mode in enumerate(("hetjob", "chained"))]
+        print("calibration on the multi-host cluster: independent 1 rank, evaluate 1, 2x data, hetjob twice: "
+              f"{b_s[0]:.2f}, {b_s[1]:.2f} s; sync 2 ranks, evaluate 2, 1x data, hetjob and chained: {a_s[0]:.2f}, "
+              f"{a_s[1]:.2f} s (rounds' wall)")
         print(f"{'configuration':<40} {'predicted':>10} {'measured':>10} {'error':>8}")
         errors = []
         for i, (name, tr, mode, ev, scale, slurm) in enumerate(HOSTS_CONFIGS):
@@ -202,17 +205,17 @@ def main():
     a = ap.parse_args()
     print(cpu.describe())
     with work_directory(a.keep, "simcheck") as work:
-        # Two calibrating runs, as docs/simulate.md advises: steps on one rank and on several
-        # (one rank starts without mpirun), and two data sizes 2x apart (the work that does not
-        # grow with the data is fitted apart from the work that does). Prepare stays on one rank:
-        # on this 2-core machine 2 ranks of 1 thread run it slower than 1 rank of 2, which the
-        # model's threads-per-rank rule does not know.
+        # Two calibrating runs, as docs/simulate.md advises: every divisible step on one rank and
+        # on several (one rank starts without mpirun, or in the coordinator; several start through
+        # mpirun, and prepare's serial part - its models imported on one thread each - grows from
+        # 0.4 s to 1.5 s here), and two data sizes 2x apart (the work that does not grow with the
+        # data is fitted apart from the work that does).
         # The 1x run last: the latest run's items are what --data-scale multiplies.
         calib = os.path.join(work, "runs-calibration")
         _, b_s = run(a.exe, work, "cal-b", doc_for("cal-b", 1, "independent", 1, 1, 2), calib)
-        _, a_s = run(a.exe, work, "cal-a", doc_for("cal-a", 2, "sync", 2, 1, 1), calib)
-        print(f"calibration: sync 2 ranks, evaluate 2, prepare 1, 1x data: {a_s:.2f} s; independent 1 rank, "
-              f"evaluate 1, 2x data: {b_s:.2f} s (steps' sums)")
+        _, a_s = run(a.exe, work, "cal-a", doc_for("cal-a", 2, "sync", 2, 2, 1), calib)
+        print(f"calibration: sync 2 ranks, evaluate 2, prepare 2, 1x data: {a_s:.2f} s; independent 1 rank, "
+              f"evaluate 1, prepare 1, 2x data: {b_s:.2f} s (steps' sums)")
         print(f"{'configuration':<26} {'predicted':>10} {'measured':>10} {'error':>8}")
         errors = []
         for i, (name, tr, mode, ev, pr, scale) in enumerate(CONFIGS):

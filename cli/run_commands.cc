@@ -95,7 +95,7 @@ int Simulate(Options& o) {
   const workflow::Machine m = MachineOf(o, p);
   o.sim.ranks = KeyCounts(o.sim_ranks, "--ranks");
   o.sim.nodes = KeyCounts(o.sim_nodes, "--nodes");
-  const simulate::Calibration c = simulate::Calibrate(o.sim_from, p);
+  const simulate::Calibration c = simulate::Calibrate(o.sim_from, p, m.slurm.nodes_share_cores);
   const simulate::Result r = simulate::Simulate(p, m, c, o.sim);
   if (o.as_json) {
     nlohmann::json j = simulate::ToJson(r);
@@ -105,16 +105,20 @@ int Simulate(Options& o) {
                         {"launcher", c.launcher},
                         {"queue_wait_s", c.queue_wait_s},
                         {"job_overhead_s", c.job_overhead_s},
+                        {"chain_wait_s", c.chain_wait_s},
                         {"measured_round_s", c.measured_round_s}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("%s on %s, calibrated by %zu run(s) (latest %s)\n", p.name.c_str(), m.name.c_str(), c.runs.size(),
               c.runs.back().c_str());
-  if (c.launcher == "slurm")
+  if (c.launcher == "slurm") {
     std::printf("Slurm, as measured: %.2f s in the queue and %.2f s more per job (its start and end, srun between "
-                "steps)\n",
+                "steps)",
                 c.queue_wait_s, c.job_overhead_s);
+    if (c.chain_wait_s >= 0) std::printf("; chained, %.2f s from one job's step to the next's", c.chain_wait_s);
+    std::printf("\n");
+  }
   std::printf("%s", simulate::Table(r).c_str());
   return 0;
 }
@@ -159,7 +163,7 @@ orchestrator::Placement PlaceByModel(const workflow::Pipeline& p, const workflow
   const unsigned cores = std::thread::hardware_concurrency();
   simulate::Calibration cal;
   try {
-    cal = simulate::Calibrate(runs_dir, p);
+    cal = simulate::Calibrate(runs_dir, p, m.slurm.nodes_share_cores);
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kNotFound) throw;
     return orchestrator::PlaceWithoutCosts(p, m, cores);

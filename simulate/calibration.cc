@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <tuple>
 #include <thread>
@@ -39,6 +40,9 @@ struct RunFigures {
   // beyond the queue wait and the steps' own seconds: job starts and ends, srun between steps.
   std::vector<std::string> slurm_mode;
   std::vector<double> beyond_steps_s;
+  // Slurm, chained rounds: from one job's step ending to the next job's step starting (the
+  // dependent job's wait and start), each as the journal has it.
+  std::vector<double> chain_gaps_s;
 };
 
 // "r3-train" -> (3, "train"); false for other task ids.
@@ -92,12 +96,22 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
   }
   // Bytes to and from the NAM, and the heads' size, from the tasks' ends; each round's wall time.
   const std::string jpath = dir + "/journal.jsonl";
-  out->beyond_steps_s.assign(out->rounds.size(), -1);
+  out->beyond_steps_s.assign(out->rounds.size(), std::nan(""));  // NaN: not measured
   if (PathExists(jpath)) {
     const record::Journal j = record::ReadJournal(jpath);
     std::map<int64_t, double> started;
+    std::map<int64_t, std::map<std::string, std::pair<double, double>>> spans;  // round -> task -> (start, end)
     for (const auto& e : j.events) {
       if (e.event == "run-start") out->launcher = e.fields.value("launcher", "");
+      if ((e.event == "task-start" || e.event == "task-end") && e.fields.contains("time") &&
+          e.fields["time"].is_string()) {
+        int64_t round = 0;
+        std::string step;
+        if (SplitTask(e.fields.value("task", ""), &round, &step)) {
+          auto& span = spans[round][step];
+          (e.event == "task-start" ? span.first : span.second) = record::ParseJournalTime(e.fields["time"].get<std::string>());
+        }
+      }
       if ((e.event == "round-start" || e.event == "round-end") && e.fields.contains("time") &&
           e.fields["time"].is_string() && e.fields.contains("round") && e.fields["round"].is_number_integer()) {
         const int64_t round = e.fields["round"].get<int64_t>();
@@ -108,6 +122,17 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
           const auto k = static_cast<size_t>(round - 1);
           if (!out->slurm_mode[k].empty() && k < out->queue_s.size())
             out->beyond_steps_s[k] = t - started[round] - out->queue_s[k] - out->round_s[k];
+          if (out->slurm_mode[k] == "chained") {  // one job per step, each after the one before
+            std::vector<std::pair<double, double>> by_start;
+            for (const auto& [step, span] : spans[round])
+              if (span.first > 0 && span.second > 0) by_start.push_back(span);
+            std::sort(by_start.begin(), by_start.end());
+            for (size_t i = 1; i < by_start.size(); ++i) {
+              const double gap = by_start[i].first - by_start[i - 1].second;
+              out->chain_gaps_s.push_back(std::max(0.0, gap));
+              out->beyond_steps_s[k] -= std::max(0.0, gap);
+            }
+          }
         }
       }
       if (e.event != "task-end" || e.fields.value("status", "") != "ok") continue;
@@ -122,10 +147,12 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
       StepModel& s = it->second;
       s.nam_in_bytes = s.nam_out_bytes = 0;  // a retried task: its last end counts
       std::map<std::string, int64_t> per_host;
+      s.threads = 0;
       for (const auto& rk : e.fields.value("ranks", json::array())) {
         s.nam_in_bytes += Num(rk, "got_bytes");
         s.nam_out_bytes += Num(rk, "put_bytes");
         ++per_host[rk.value("host", "")];
+        if (const auto t = static_cast<int64_t>(Num(rk, "threads")); t > 0) s.threads = s.threads ? std::min(s.threads, t) : t;
       }
       for (const auto& [host, n] : per_host) s.per_node = std::max(s.per_node, n);
       s.size = step == "evaluate" && s.nam_in_bytes > 0 ? s.nam_in_bytes : static_cast<double>(s.items);
@@ -142,7 +169,7 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
 
 }  // namespace
 
-Calibration Calibrate(const std::string& from, const workflow::Pipeline& p) {
+Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool nodes_share_cores) {
   if (!fs::is_directory(from)) Throw(ErrorKind::kNotFound, "--from-runs " + from + ": no such directory");
   std::vector<RunFigures> runs;
   RunFigures one;
@@ -171,24 +198,16 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p) {
   std::vector<double> queue, overhead;
   for (const auto& r : runs) queue.insert(queue.end(), r.queue_s.begin(), r.queue_s.end());
   c.queue_wait_s = Median(queue);
-  // What a Slurm job costs beyond its queue wait and its steps, per job: a hetjob round is one
-  // job, a chained round one per change of module along its steps.
-  for (const auto& r : runs)
-    for (size_t k = 0; k < r.rounds.size() && k < r.beyond_steps_s.size(); ++k) {
-      if (r.beyond_steps_s[k] < 0) continue;
-      int64_t jobs = 1;
-      if (r.slurm_mode[k] == "chained") {
-        jobs = 0;
-        std::string last;
-        for (const workflow::Step st : workflow::kSteps) {
-          const workflow::StepSpec* spec = p.FindStep(workflow::StepName(st));
-          if (!spec || !r.rounds[k].count(workflow::StepName(st))) continue;
-          if (spec->module != last) ++jobs;
-          last = spec->module;
-        }
-      }
-      overhead.push_back(std::max(0.0, r.beyond_steps_s[k]) / static_cast<double>(std::max<int64_t>(1, jobs)));
-    }
+  // What a Slurm job costs beyond its queue wait and its steps: a hetjob round is one job; a
+  // chained round one per step, the first like a hetjob's and each later one after the gap from
+  // the step before (taken out of its round's figure above).
+  std::vector<double> gaps;
+  for (const auto& r : runs) {
+    gaps.insert(gaps.end(), r.chain_gaps_s.begin(), r.chain_gaps_s.end());
+    for (size_t k = 0; k < r.rounds.size() && k < r.beyond_steps_s.size(); ++k)
+      if (!std::isnan(r.beyond_steps_s[k])) overhead.push_back(std::max(0.0, r.beyond_steps_s[k]));
+  }
+  if (!gaps.empty()) c.chain_wait_s = Median(gaps);
   c.job_overhead_s = Median(overhead);
   // Work in core-seconds (a rank had the node's cores over the ranks on it as threads:
   // parallel/mpi_comm.cc), fitted per step over every run and round as fixed + per-unit x size,
@@ -203,8 +222,10 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p) {
   for (const auto& r : runs)
     for (size_t k = 0; k < r.rounds.size(); ++k)
       for (const auto& [step, s] : r.rounds[k]) {
-        const int64_t per_node = s.per_node > 0 ? s.per_node : s.ranks;
-        const double threads = static_cast<double>(std::max<int64_t>(1, c.cores / per_node));
+        // The threads its ranks had as recorded; else the node's cores over its ranks there (on
+        // nodes sharing this machine's cores, a step's ranks shared them all).
+        const int64_t per_node = nodes_share_cores || s.per_node <= 0 ? s.ranks : s.per_node;
+        const double threads = static_cast<double>(s.threads > 0 ? s.threads : std::max<int64_t>(1, c.cores / per_node));
         if (s.size > 0) points[step].push_back({s.size, s.per_item_s * threads * static_cast<double>(s.items)});
         serial[{k, step, s.ranks > 1}].push_back(s.serial_s);
       }

@@ -56,28 +56,27 @@ double Serial(const StepWork& w, int64_t ranks) {
   return it != w.m.serial_by_ranks.end() ? it->second : w.m.serial_s;
 }
 
-// Rank i of a step: start, read from the NAM, compute (exchanging gradients when training
-// together), write to the NAM.
-// `core_s` core-seconds of work on this rank's threads.
-void Compute(sg4::Host* me, const StepWork& w, double core_s) {
+// `core_s` core-seconds of work on this rank's threads, on the cores of `cpu`.
+void Compute(sg4::Host* cpu, const StepWork& w, double core_s) {
   if (core_s <= 0) return;
   const int t = static_cast<int>(w.threads);
-  if (t > 1)
-    sg4::this_actor::thread_execute(me, core_s * kSpeed / t, t);
-  else
-    sg4::this_actor::execute(core_s * kSpeed);
+  sg4::this_actor::exec_init(core_s * kSpeed / t)->set_host(cpu)->set_thread_count(t)->wait();
 }
 
-void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts, sg4::Host* nam,
-              const sg4::BarrierPtr& barrier, double latency_s) {
+// Rank i of a step: start, read from the NAM, compute (exchanging gradients when training
+// together), write to the NAM. Its bytes go from its node's host; its work runs on `cpu`: that
+// host, or the one machine whose cores every node shares.
+void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts, sg4::Host* shared_cpu,
+              sg4::Host* nam, const sg4::BarrierPtr& barrier, double latency_s) {
   sg4::Host* me = hosts[static_cast<size_t>(i)];
+  sg4::Host* cpu = shared_cpu ? shared_cpu : me;
   const double r = static_cast<double>(w.ranks);
-  sg4::this_actor::execute(Serial(w, w.ranks) * kSpeed);
+  sg4::this_actor::exec_init(Serial(w, w.ranks) * kSpeed)->set_host(cpu)->wait();
   Transfer(nam, me, w.m.nam_in_bytes * w.scale / r);
   const std::string step = w.m.step;
   if (step == "evaluate") {  // the farm hands out (model x shard) tasks: some ranks get one more
     const int64_t items = w.m.items, mine = items / w.ranks + (i < items % w.ranks ? 1 : 0);
-    Compute(me, w, items > 0 ? Work(w) * static_cast<double>(mine) / static_cast<double>(items) : Work(w) / r);
+    Compute(cpu, w, items > 0 ? Work(w) * static_cast<double>(mine) / static_cast<double>(items) : Work(w) / r);
   } else if (step == "train" && w.ranks > 1 && w.mode != workflow::TrainMode::kIndependent && w.m.model_bytes > 0) {
     // The updates this rank takes part in: all of them in sync (each is one global batch split
     // over the ranks), its group's in hybrid, its own in async.
@@ -92,7 +91,7 @@ void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts
     const double per_chunk = steps / static_cast<double>(chunks);
     const double work = Work(w) / r / static_cast<double>(chunks);
     for (int64_t c = 0; c < chunks; ++c) {
-      Compute(me, w, work);
+      Compute(cpu, w, work);
       if (w.mode == workflow::TrainMode::kSync || w.mode == workflow::TrainMode::kHybrid) {
         // Ring allreduce in the (group's) ring: 2(n-1)/n of the gradient out each step, 2(n-1) messages.
         const int64_t n = w.mode == workflow::TrainMode::kSync ? w.ranks
@@ -115,7 +114,7 @@ void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts
       if (w.mode == workflow::TrainMode::kSync) barrier->wait();
     }
   } else {
-    Compute(me, w, Work(w) / r);
+    Compute(cpu, w, Work(w) / r);
   }
   Transfer(me, nam, w.m.nam_out_bytes * w.scale / r);
 }
@@ -190,8 +189,11 @@ class Model {
     mode_ = !slurm_ ? "local" : !o_.slurm_mode.empty() ? o_.slurm_mode : m_.slurm.mode;
     if (mode_ != "local" && mode_ != "hetjob" && mode_ != "chained")
       Throw(ErrorKind::kInvalidInput, "--slurm-mode " + mode_ + ": expected hetjob or chained");
+    shared_ = slurm_ && m_.slurm.nodes_share_cores;
     queue_ = !slurm_ ? 0 : o_.queue_wait_s >= 0 ? o_.queue_wait_s : c_.queue_wait_s;
     job_ = !slurm_ ? 0 : c_.job_overhead_s;
+    // A chained job after the first: as measured in chained rounds, else as a round's first.
+    chain_ = !slurm_ ? 0 : c_.chain_wait_s >= 0 && o_.queue_wait_s < 0 ? c_.chain_wait_s : queue_ + job_;
   }
 
   // The work of every round, step by step.
@@ -214,7 +216,8 @@ class Model {
         w.nodes = std::min(nodes_[mod.name], w.ranks);
         w.per_node = Ceil(w.ranks, w.nodes);
         w.nodes = Ceil(w.ranks, w.per_node);
-        w.threads = std::max<int64_t>(1, NodeCores(mod.name) / w.per_node);
+        // Nodes sharing one machine's cores: the step's ranks share them all.
+        w.threads = std::max<int64_t>(1, NodeCores(mod.name) / (shared_ ? w.ranks : w.per_node));
         w.scale = (name == "prepare" || name == "train" || name == "evaluate") ? o_.data_scale : 1;
         if (name == "train") {
           w.mode = spec->parallel.mode;
@@ -231,7 +234,7 @@ class Model {
   // A node's cores: this machine's locally, else the module's max_ranks over its nodes in the
   // machine file (--nodes grows the module, not its nodes).
   int64_t NodeCores(const std::string& module) {
-    if (!slurm_) return std::max(1u, std::thread::hardware_concurrency());
+    if (!slurm_ || shared_) return std::max(1u, std::thread::hardware_concurrency());
     const workflow::ModuleSpec& mod = m_.Module(module, "steps");
     return std::max<int64_t>(1, Ceil(mod.max_ranks, std::max<int64_t>(1, mod.nodes)));
   }
@@ -263,6 +266,12 @@ class Model {
           hosts_[name].push_back(AddHost(fmt::format("{}{:03d}", name, i + 1), static_cast<int>(cores)));
       }
     }
+    if (shared_) {  // the one machine's cores, which every node's ranks compute on
+      shared_cpu_ = zone_->create_host("cores", kSpeed)
+                        ->set_core_count(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+                        ->seal();
+      ++res_.hosts;
+    }
     nam_ = slurm_ ? AddHost("nam", 4) : hosts_.begin()->second[0];
     coordinator_ = hosts_.count("cm") ? hosts_["cm"][0] : hosts_.begin()->second[0];
   }
@@ -273,13 +282,12 @@ class Model {
       RoundResult& rr = res_.rounds[k];
       rr.round = static_cast<int64_t>(k) + 1;
       rr.start_s = sg4::Engine::get_clock();
-      // Each job waits in the queue, then costs what calibration measured beyond its steps.
-      if (mode_ == "hetjob" && queue_ + job_ > 0) sg4::this_actor::sleep_for(queue_ + job_);
-      std::string last_module;
-      for (const StepWork& w : plan_[k]) {
-        if (mode_ == "chained" && queue_ + job_ > 0 && w.module != last_module) sg4::this_actor::sleep_for(queue_ + job_);
-        last_module = w.module;
-        rr.steps.push_back(RunStep(w, k));
+      // Each job waits in the queue, then costs what calibration measured beyond its steps; a
+      // chained round is a job per step, each after the one before.
+      for (size_t i = 0; i < plan_[k].size(); ++i) {
+        const double wait = i == 0 ? queue_ + job_ : mode_ == "chained" ? chain_ : 0;
+        if (wait > 0) sg4::this_actor::sleep_for(wait);
+        rr.steps.push_back(RunStep(plan_[k][i], k));
       }
       rr.seconds = sg4::Engine::get_clock() - rr.start_s;
       if (mode_ == "hetjob") {
@@ -304,10 +312,12 @@ class Model {
     const sg4::BarrierPtr barrier = sg4::Barrier::create(static_cast<unsigned>(w.ranks));
     std::vector<sg4::ActorPtr> ranks;
     const double latency = o_.latency_s;
-    sg4::Host* nam = nam_;
+    sg4::Host *nam = nam_, *cpu = shared_cpu_;
     for (int64_t i = 0; i < w.ranks; ++i) {
       ranks.push_back(sg4::Actor::create(fmt::format("r{}-{}-{}", k + 1, w.m.step, i), where[static_cast<size_t>(i)],
-                                         [&w, i, &where, nam, barrier, latency] { RankBody(w, i, where, nam, barrier, latency); }));
+                                         [&w, i, &where, cpu, nam, barrier, latency] {
+                                           RankBody(w, i, where, cpu, nam, barrier, latency);
+                                         }));
       ++res_.actors;
     }
     for (auto& a : ranks) a->join();
@@ -330,7 +340,7 @@ class Model {
         const int64_t cores = NodeCores(w.module), nodes = slurm_ ? nodes_[w.module] : 1;
         const int64_t limit = std::max<int64_t>(1, slurm_ ? std::max(mod.max_ranks, nodes) : std::min(mod.max_ranks, cores));
         auto at = [&](int64_t r) {
-          const int64_t per_node = Ceil(r, std::min(nodes, r));
+          const int64_t per_node = shared_ ? r : Ceil(r, std::min(nodes, r));
           return Analytic(w, r, std::max<int64_t>(1, cores / per_node), o_.link_bytes_per_s, o_.latency_s);
         };
         // 1, 2, 4 ... and the limit itself; the next taken while it saves >= 5 %.
@@ -361,7 +371,10 @@ class Model {
   bool slurm_ = false;
   std::string mode_;
   double queue_ = 0;
-  double job_ = 0;  // Slurm: per job beyond the queue wait and the steps (calibrated)
+  double job_ = 0;    // Slurm: per job beyond the queue wait and the steps (calibrated)
+  double chain_ = 0;  // Slurm, chained: a later job's wait after the step before
+  bool shared_ = false;  // the nodes share this machine's cores (slurm.nodes_share_cores)
+  sg4::Host* shared_cpu_ = nullptr;
   std::vector<std::vector<StepWork>> plan_;
   sg4::NetZone* zone_ = nullptr;
   std::map<std::string, std::vector<sg4::Host*>> hosts_;

@@ -26,6 +26,7 @@ struct StepModel {
   double fixed_core_s = 0;  // once calibrated: the work that does not grow with the size
   std::map<bool, double> serial_by_ranks;  // once calibrated: serial_s for one rank (false), several (true)
   int64_t per_node = 0;     // the most ranks it had on one node (0: not recorded, all on one)
+  int64_t threads = 0;      // the fewest threads a rank had (0: not recorded)
   int64_t items = 0;        // items in that round
   double serial_s = 0;      // per process: start-up, reading inputs, committing
   double nam_in_bytes = 0;  // all ranks together, from the NAM
@@ -44,11 +45,16 @@ struct Calibration {
   std::string launcher;                                  // the latest run's: "local" or "slurm"
   double queue_wait_s = 0;                               // Slurm: a round's wait in the queue (median)
   double job_overhead_s = 0;  // Slurm: per job, what a round took beyond its queue wait and its steps (median)
+  // Slurm, chained: from a job's step ending to the next job's step starting (median); < 0 when
+  // no chained round was measured (then each later job waits as a round's first does).
+  double chain_wait_s = -1;
   int64_t cores = 1;  // of a node the runs ran on: taken as this machine's (calibrate where you simulate from)
 };
 // `from` is a run directory or a directory of them; only runs of pipeline `p.name` with costs
-// recorded count. Throws kNotFound when none does, kCorrupt naming a file that is not a run's.
-Calibration Calibrate(const std::string& from, const workflow::Pipeline& p);
+// recorded count. `nodes_share_cores`: the runs' nodes were namespaces of this machine (the
+// machine file's slurm.nodes_share_cores), so a step's ranks shared its cores wherever they ran.
+// Throws kNotFound when no run counts, kCorrupt naming a file that is not a run's.
+Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool nodes_share_cores = false);
 
 struct Options {
   std::map<std::string, int64_t> ranks;  // step -> ranks; default: the pipeline's

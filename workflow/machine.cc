@@ -170,7 +170,7 @@ SlurmSpec ReadSlurm(const json& sl, const std::map<std::string, ModuleSpec>& mod
                     const std::string& base_dir) {
   SlurmSpec slurm;
   auto fail = [&](const std::string& ptr, const std::string& what) { Bad(origin, ptr, what); };
-  if (!sl.is_object()) fail("/slurm", "expected an object {mode, fallback, partition, conf, poll_s}");
+  if (!sl.is_object()) fail("/slurm", "expected an object {mode, fallback, partition, conf, poll_s, nodes_share_cores}");
   auto is_mode = [](const json& v) { return v.is_string() && (v == "hetjob" || v == "chained" || v == "single"); };
   for (const auto& [k, v] : sl.items()) {
     if (k == "mode") {
@@ -201,8 +201,11 @@ SlurmSpec ReadSlurm(const json& sl, const std::map<std::string, ModuleSpec>& mod
     } else if (k == "poll_s") {
       if (!v.is_number() || v.get<double>() <= 0) fail("/slurm/poll_s", "expected seconds > 0");
       slurm.poll_s = v;
+    } else if (k == "nodes_share_cores") {
+      if (!v.is_boolean()) fail("/slurm/nodes_share_cores", "expected true or false");
+      slurm.nodes_share_cores = v;
     } else {
-      fail("/slurm", "unknown field '" + k + "' (expected mode, fallback, partition, conf, poll_s)");
+      fail("/slurm", "unknown field '" + k + "' (expected mode, fallback, partition, conf, poll_s, nodes_share_cores)");
     }
   }
   const bool single = slurm.mode == "single" ||

@@ -40,6 +40,9 @@ struct SlurmSpec {
   std::string partition;  // single mode: the one partition holding every module's nodes
   std::string conf;       // SLURM_CONF for sbatch/scontrol/scancel ("" = Slurm's default)
   double poll_s = 0.25;
+  // The nodes are namespaces of the machine msaflow runs on (the test clusters of
+  // scripts/slurm-cluster.sh): their ranks share this machine's cores, as the simulator counts them.
+  bool nodes_share_cores = false;
 };
 
 // A Slurm time limit ("30", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS",

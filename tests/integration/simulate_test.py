@@ -5,6 +5,7 @@ input with one clear error. Its accuracy against runs it was not calibrated by, 
 bench/simulate_check's (docs/simulate.md).
 
 Usage: simulate_test.py MSAFLOW_EXE SOURCE_ROOT"""
+import datetime
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from small_pipeline import tiny_pipeline  # noqa: E402
 
 MACHINE_1000 = os.path.join(ROOT, "configs", "machines", "msa-1000.json")
+MACHINE_SLURM = os.path.join(ROOT, "configs", "machines", "slurm-local.json")
 
 
 def msaflow(*args):
@@ -94,10 +96,85 @@ class Simulate(unittest.TestCase):
         chained = self.simulate("--machine", MACHINE_1000, "--ranks", "prepare=128", "--ranks", "train=64",
                                 "--ranks", "evaluate=512", "--data-scale", "100", "--rounds", "3",
                                 "--slurm-mode", "chained", "--queue-wait", "30")
-        # chained: a job per module switch, each waiting 30 s in the queue
-        self.assertGreater(chained["makespan_s"], s["makespan_s"] + 3 * 30)
+        # chained: a job per step (as the launcher submits them), each waiting 30 s in the queue;
+        # a hetjob round waits once
+        later_jobs = sum(len(r["steps"]) - 1 for r in chained["rounds"])
+        self.assertGreater(chained["makespan_s"], s["makespan_s"] + later_jobs * 30 - 1)
         self.assertLess(sum(n["held"] for n in chained["node_seconds"].values()),
                         sum(n["held"] for n in s["node_seconds"].values()))
+
+    def machine(self, share):
+        """The one-host test cluster's machine file, its nodes sharing this machine's cores or not."""
+        with open(MACHINE_SLURM) as f:
+            m = json.load(f)
+        m["slurm"]["conf"] = os.path.join(self.tmp.name, "slurm.conf")
+        m["slurm"]["nodes_share_cores"] = share
+        path = os.path.join(self.tmp.name, f"machine-{share}.json")
+        with open(path, "w") as f:
+            json.dump(m, f)
+        return path
+
+    def test_nodes_that_share_this_machines_cores_compute_as_this_machine(self):
+        args = ["--ranks", "evaluate=2", "--nodes", "esb=2", "--queue-wait", "0"]
+        local, shared, own = (self.simulate(*args), self.simulate("--machine", self.machine(True), *args),
+                              self.simulate("--machine", self.machine(False), *args))
+        ev = lambda s: [x for x in s["rounds"][0]["steps"] if x["step"] == "evaluate"][0]
+        self.assertEqual((ev(shared)["ranks"], ev(shared)["nodes"]), (2, 2))
+        # Two ESB nodes that are namespaces of this machine: its cores, as the local run had them.
+        self.assertAlmostEqual(ev(shared)["seconds"], ev(local)["seconds"], delta=0.02 + 0.02 * ev(local)["seconds"])
+        # Nodes of their own: each rank has its node's cores, the work goes faster.
+        work = local["placement"]["favoured_ranks"]["evaluate"]["work_s"]
+        self.assertGreater(work, 0)
+        self.assertLess(ev(own)["seconds"], ev(shared)["seconds"] - 0.2 * work / 4)
+
+    def test_a_chained_rounds_waits_are_measured_from_its_journal(self):
+        # The calibrating run as a chained Slurm run would have recorded it: its rounds waited
+        # 0.4 s in the queue, and each later job started 0.7 s after the step before it ended.
+        src, run = os.path.join(self.runs, "a"), os.path.join(self.tmp.name, "chained", "a")
+        os.makedirs(run)
+        with open(os.path.join(src, "results.json")) as f:
+            res = json.load(f)
+        for rd in res["rounds"]:
+            rd["node_seconds"] = {"mode": "chained", "queue_s": 0.4, "round_s": 0, "modules": []}
+        with open(os.path.join(run, "results.json"), "w") as f:
+            json.dump(res, f)
+        costs = {rd["round"]: rd["costs"] for rd in res["rounds"]}
+        t, lines = 1.7e9, []
+        stamp = lambda: datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds")[:-6] + "Z"
+        with open(os.path.join(src, "journal.jsonl")) as f:
+            events = [json.loads(line) for line in f]
+        first = True
+        for e in events:
+            if e.get("event") == "run-start":
+                e["launcher"] = "slurm"
+            elif e.get("event") == "round-start":
+                first = True
+            elif e.get("event") == "task-start":
+                t += 0.4 if first else 0.7
+                first = False
+            elif e.get("event") == "task-end":
+                rnd, step = e["task"][1:].split("-", 1)
+                t += costs[int(rnd)][step]["wall_s"]
+            e["time"] = stamp()
+            lines.append(json.dumps(e))
+        with open(os.path.join(run, "journal.jsonl"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        r = msaflow("simulate", self.pipeline, "--from-runs", run, "--json", "--machine", self.machine(True),
+                    "--slurm-mode", "chained")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        s = json.loads(r.stdout)
+        cal = s["calibration"]
+        self.assertAlmostEqual(cal["chain_wait_s"], 0.7, delta=0.002)
+        self.assertAlmostEqual(cal["queue_wait_s"], 0.4, delta=1e-9)
+        self.assertAlmostEqual(cal["job_overhead_s"], 0.0, delta=0.01)
+        for rd in s["rounds"]:  # the round's first job after the queue wait, every later one 0.7 s after the step before
+            steps = rd["steps"]
+            self.assertAlmostEqual(steps[0]["start_s"] - rd["start_s"], 0.4, delta=0.011)
+            for a, b in zip(steps, steps[1:]):
+                self.assertAlmostEqual(b["start_s"] - (a["start_s"] + a["seconds"]), 0.7, delta=0.002)
+        r = msaflow("simulate", self.pipeline, "--from-runs", run, "--machine", self.machine(True), "--slurm-mode", "chained")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("chained, 0.70 s from one job's step to the next's", r.stdout)
 
     def test_bad_input_gets_one_clear_error(self):
         cases = [

@@ -512,6 +512,14 @@ TEST(Slurm, MachineFilesAreValidated) {
             "m.json: /slurm/partition: the single mode needs the one partition that holds every module's nodes");
   EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"fallback": ["chained", 3]}})"),
             "m.json: /slurm/fallback/1: expected \"hetjob\", \"chained\" or \"single\"");
+  EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"nodes_share_cores": "yes"}})"),
+            "m.json: /slurm/nodes_share_cores: expected true or false");
+  EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"nodes_share_core": true}})"),
+            "m.json: /slurm: unknown field 'nodes_share_core' (expected mode, fallback, partition, conf, poll_s, "
+            "nodes_share_cores)");
+  EXPECT_TRUE(ParseMachine(R"({"name": "x", "launcher": "slurm", "modules": {}, "slurm": {"nodes_share_cores": true}})",
+                           "m.json", "")
+                  .slurm.nodes_share_cores);
   EXPECT_EQ(error(R"({"name": "x", "launcher": "slurm", "modules": {"cm": {"feature": "cm"}, "dam": {}},
                       "slurm": {"fallback": ["single"], "partition": "all"}})"),
             "m.json: /modules: in single mode either every module names its node feature or none does");
