@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -96,6 +97,7 @@ struct Row {
   double read_ms, compute_ms, serial_s, overlapped_s, chosen_s;
   Ratio overlap_gain, chosen_gain;  // serial / overlapped, serial / chosen, paired by repetition
   std::string chosen;  // what the data manager chose (auto), and why
+  std::string tally;   // how often it chose each way over the repetitions
 };
 
 Row Measure(const std::string& what, nam::Store& store, const kernels::Head& head, int64_t parts, int reps) {
@@ -119,6 +121,7 @@ Row Measure(const std::string& what, nam::Store& store, const kernels::Head& hea
   if (f < 1) w.rows = std::max<int64_t>(16, static_cast<int64_t>(f * kRows));
   std::vector<double> serial, overlapped, chosen;
   std::string choice_said;
+  std::map<std::string, int> choices;  // each repetition's fresh choice
   int64_t c1 = 0, c2 = 0, c3 = 0;
   for (int i = 0; i < reps; ++i) {  // interleaved, so drifts in the machine's load hit all three
     OverlapChoice in_turn(OverlapMode::kOff), ahead(OverlapMode::kOn), automatic(OverlapMode::kAuto);
@@ -136,7 +139,10 @@ Row Measure(const std::string& what, nam::Store& store, const kernels::Head& hea
     }
     if (c1 != c2 || c1 != c3) Throw(ErrorKind::kInternal, what + ": the three runs predicted differently");
     if (i == 0) choice_said = automatic.Describe();
+    ++choices[automatic.chosen()];
   }
+  std::string tally;
+  for (const auto& [way, count] : choices) tally += (tally.empty() ? "" : ", ") + way + " " + std::to_string(count);
   const double compute_s = head_s * w.repeat * static_cast<double>(w.rows) / kRows;
   return {what,
           1e3 * read_s,
@@ -146,7 +152,8 @@ Row Measure(const std::string& what, nam::Store& store, const kernels::Head& hea
           bench::Median(chosen),
           PairedRatio(serial, overlapped),
           PairedRatio(serial, chosen),
-          choice_said};
+          choice_said,
+          tally};
 }
 
 }  // namespace
@@ -221,8 +228,9 @@ int main(int argc, char** argv) {
                   r.what.c_str(), r.read_ms, r.compute_ms, r.serial_s, r.overlapped_s, r.overlap_gain.median,
                   r.overlap_gain.lo, r.overlap_gain.hi, r.chosen_s, r.chosen_gain.median, r.chosen_gain.lo,
                   r.chosen_gain.hi);
-    std::printf("\n  the data manager's choice (auto, first repetition):\n");
-    for (const auto& r : rows) std::printf("    %s: %s\n", r.what.c_str(), r.chosen.c_str());
+    std::printf("\n  the data manager's choice (auto; why: the first repetition's):\n");
+    for (const auto& r : rows)
+      std::printf("    %s: %s of %d repetitions; %s\n", r.what.c_str(), r.tally.c_str(), reps, r.chosen.c_str());
     // Goals (issue 32): the chosen mode never more than 3 % slower than reading in turn, and
     // >= 1.6x where overlapping pays (the simulated remote link: transfer ~ compute, CPU idle).
     bool met = true;

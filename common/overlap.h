@@ -66,18 +66,20 @@ class Worker {
 enum class OverlapMode { kOff, kOn, kAuto };
 
 // The data manager's choice for one stream of items (a step's NAM reads of features, its image
-// batches), kept across Overlap calls. In auto mode the first kProbe items (after a call's
-// first, which nothing can hide) are fetched ahead, measuring each item's time and how long the
-// fetch's thread wanted a CPU (ran, or waited in a run queue). A fetch that mostly waits (under
-// half of it on a CPU: a link, a disk) hides behind any computing: overlapping stays, at no
-// cost. A fetch that costs CPU competes with the computing for the same cores (a NAM server on
-// the node, a copy out of a mapped pool), so the next kProbe items are read in turn, and
-// overlapping is kept only if an item took at least kGain times less that way (medians, so one
-// item slowed by something else decides nothing) and the computing left a core to spare: read
-// in turn, the process's CPU time over a consume says how many cores the computing keeps busy,
-// and where fewer than half of a fetch's share of a core are left over (the computing on every
-// core), overlapping cannot gain whatever a few noisy items timed. Fetches that found their
-// item already in memory (under 20 µs) tell nothing and are not counted.
+// batches), kept across Overlap calls. In auto mode the stream's first fetch (read in turn: nothing
+// can hide it) is measured: how long its thread wanted a CPU (ran, or waited in a run queue).
+// A fetch that mostly waits (under kWaits of it on a CPU: a link, a disk) hides behind any
+// computing: the next kProbe items are fetched ahead to confirm it (measured again, now beside the
+// computing), and overlapping stays, at no cost. A fetch that costs CPU competes with the
+// computing for the same cores (a NAM server on the node, a copy out of a mapped pool): the next
+// items are read in turn, the process's CPU time over each consume saying how many cores the
+// computing keeps busy. Where less than the fetch's share of a core is left over (the computing on
+// every core, or the fetch waiting for a CPU even alone: a NAM server on the node moving the
+// bytes), overlapping cannot gain: read in turn, having fetched nothing ahead.
+// Where a core is to spare, kProbe items are fetched ahead too, and overlapping is kept only if
+// an item took at least kGain times less that way (medians, so one item slowed by something
+// else decides nothing). Fetches that found their item already in memory (under 20 µs) tell
+// nothing and are not counted.
 class OverlapChoice {
  public:
   static constexpr int kProbe = 3;
@@ -90,16 +92,21 @@ class OverlapChoice {
   explicit OverlapChoice(OverlapMode mode = OverlapMode::kAuto, int cores = 0) : mode_(mode), cores_(cores) {}
   // Whether the next item's fetch runs beside the current item's consume.
   bool ahead() const { return phase_ == Phase::kOverlapped || phase_ == Phase::kTrial; }
-  // An item consumed while the next was fetched: from its consume's start to that fetch's end;
-  // the fetch's wall seconds and the seconds its thread wanted a CPU.
+  // An item consumed while the next was fetched: from handing that fetch to the helper to the
+  // end of both; the fetch's wall seconds and the seconds its thread wanted a CPU.
   void SawOverlapped(double item_s, double fetch_s, double fetch_cpu_s);
   // An item read in turn: its fetch's seconds (0: it was fetched ahead), its consume's, and the
   // process's CPU seconds over the consume (< 0: not measured).
   void SawInTurn(double fetch_s, double consume_s, double consume_cpu_s = -1);
+  // The stream's first fetch, read in turn: its seconds and the seconds it wanted a CPU (< 0: not
+  // measured). Decides, before its item is consumed, whether the next is fetched ahead.
+  void SawFirstFetch(double fetch_s, double fetch_cpu_s);
   bool decided() const { return phase_ == Phase::kOverlapped || phase_ == Phase::kInTurn; }
   int64_t items() const { return items_; }
   // Whether the next fetch ahead is measured (its CPU demand too).
   bool measuring() const { return phase_ == Phase::kTrial; }
+  // Whether the next fetch read in turn is measured (its CPU demand).
+  bool measuring_fetch() const { return phase_ == Phase::kFirst; }
   // Whether the next consume read in turn is measured (the process's CPU time over it).
   bool measuring_consume() const { return phase_ == Phase::kProbe; }
   // "overlapped", "in turn", or "undecided" (too few items to measure: read in turn).
@@ -111,14 +118,22 @@ class OverlapChoice {
   nlohmann::json Json() const;
 
  private:
-  enum class Phase { kTrial, kProbe, kOverlapped, kInTurn };  // ahead, then in turn, then decided
+  // The first fetch in turn; then ahead (kTrial) or in turn (kProbe), maybe the other after; then decided.
+  enum class Phase { kFirst, kTrial, kProbe, kOverlapped, kInTurn };
   void Decide(Phase to, std::string why);
+  void AddFetch(double fetch_s, double fetch_cpu_s);
+  void AddInTurn(double fetch_s, double consume_s, double consume_cpu_s);
+  // Both ways timed, or the computing found to leave no core: overlapped or in turn.
+  void DecideFromProbes();
+  double FetchShare() const { return fetch_s_ > 0 ? fetch_cpu_s_ / fetch_s_ : 0; }
   OverlapMode mode_;
   int cores_;
   Phase phase_ = mode_ == OverlapMode::kOn ? Phase::kOverlapped
                  : mode_ == OverlapMode::kOff ? Phase::kInTurn
-                                              : Phase::kTrial;
+                                              : Phase::kFirst;
   int64_t items_ = 0;
+  int64_t fetches_ = 0;  // measured for their CPU demand
+  bool share_in_turn_ = false;  // measured read in turn (else beside the computing)
   double fetch_s_ = 0, fetch_cpu_s_ = 0, consume_s_ = 0, consume_cpu_s_ = 0;
   double cores_seen_ = 0;  // the cores counted when deciding
   std::vector<double> in_turn_items_, trial_items_;  // seconds per item, for the medians
