@@ -59,6 +59,8 @@ bool SplitTask(const std::string& id, int64_t* round, std::string* step) {
   return true;
 }
 
+void ReadJournalFigures(const std::string& jpath, RunFigures* out);
+
 // One run's figures, or nothing when it is not a finished run of `pipeline` with costs.
 bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* out) {
   const std::string results = dir + "/results.json";
@@ -94,8 +96,14 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
     out->rounds.push_back(std::move(steps));
     out->round_s.push_back(total);
   }
-  // Bytes to and from the NAM, and the heads' size, from the tasks' ends; each round's wall time.
-  const std::string jpath = dir + "/journal.jsonl";
+  ReadJournalFigures(dir + "/journal.jsonl", out);
+  return !out->rounds.empty();
+}
+
+// From a run's journal: bytes to and from the NAM, the ranks per host and their threads, and the
+// heads' size, from the tasks' ends; each Slurm round's time beyond its queue wait and steps, and
+// a chained round's gaps between its jobs.
+void ReadJournalFigures(const std::string& jpath, RunFigures* out) {
   out->beyond_steps_s.assign(out->rounds.size(), std::nan(""));  // NaN: not measured
   if (PathExists(jpath)) {
     const record::Journal j = record::ReadJournal(jpath);
@@ -164,7 +172,6 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
       }
     }
   }
-  return !out->rounds.empty();
 }
 
 }  // namespace
