@@ -237,6 +237,10 @@ void AddServiceCommands(CLI::App& app, cli::Options& o, std::vector<Command>& co
   serve->add_flag("--insecure", o.serve.insecure, "allow plain HTTP on an address other than loopback");
   serve->add_option("--ready-file", o.serve.ready_file, "write {url, pid} here once serving; removed on exit");
   serve->add_option("--max-streams", o.serve.max_streams, "event streams open at once")->capture_default_str();
+  serve->add_option("--request-timeout", o.serve.request_timeout_s,
+                    "seconds a client has to send a request's body after its headers (the headers: 10 s)")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
   serve->add_option("--model", o.serve_models, "NAME=PATH: a model every user may infer with at /v2/models/NAME "
                                                 "(a run directory or an exported .onnx; repeat)");
   serve->add_option("--max-batch", o.serve.max_batch, "inference: images run together")->capture_default_str();

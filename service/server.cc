@@ -28,6 +28,7 @@
 #include "launch/launcher.h"
 #include "report/report.h"
 #include "service/api_error.h"
+#include "service/deadlines.h"
 #include "service/events.h"
 #include "service/inference_api.h"
 #include "service/registry.h"
@@ -192,12 +193,14 @@ class Service {
                                      return 0;  // the users file is being replaced: the global bound holds
                                    }
                                  }}),
-        models_(registry_, o.models, inference::BatchOptions{o.max_batch, o.max_delay_ms, o.max_queue}) {}
+        models_(registry_, o.models, inference::BatchOptions{o.max_batch, o.max_delay_ms, o.max_queue}),
+        deadlines_(o.read_timeout_s, o.request_timeout_s) {}
 
   static std::vector<Handler> Handlers(Service* self);
   static void InferenceHandlers(Service* self, std::vector<Handler>& h);
   int Run();
   void Configure(httplib::Server& s);
+  httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
 
  private:
   const User& Caller() const {
@@ -216,6 +219,7 @@ class Service {
   std::atomic<size_t> streams_{0};
   std::atomic<bool> stopping_{false};
   int listen_fd_ = -1;
+  Deadlines deadlines_;  // whole-request deadlines: headers, then body
 };
 
 // Takes one of the bounded event-stream slots, or answers 503.
@@ -439,6 +443,60 @@ std::vector<Handler> Service::Handlers(Service* self) {
   return h;
 }
 
+// Before routing, once a request's headers are in: limits, then authentication.
+httplib::Server::HandlerResponse Service::PreRoute(const httplib::Request& req, httplib::Response& res) {
+  deadlines_.HeadersIn(req.remote_addr, req.remote_port);
+  t_user = nullptr;
+  t_users.reset();
+  if (t_reject) {
+    res.set_header("Connection", "close");
+    res.set_header("Retry-After", "1");
+    SendError(res, ApiError(503, "busy", "the service has too many connections; try again"));
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  // Only an infer request may carry more than a pipeline's bound (64 MiB against 1 MiB): a
+  // declared length over it is refused before the body is read.
+  const bool infer = req.path.rfind("/v2/models/", 0) == 0 && req.path.size() > 6 &&
+                     req.path.compare(req.path.size() - 6, 6, "/infer") == 0;
+  if (!infer && req.get_header_value<uint64_t>("Content-Length") > o_.max_body) {
+    res.set_header("Connection", "close");
+    SendError(res, ApiError(413, "payload_too_large", fmt::format("a request body here is at most {} bytes", o_.max_body)));
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  // A chunked body declares no length: cpp-httplib would read up to the infer bound (64 MiB)
+  // before the route's own bound could refuse it. Only infer takes one.
+  if (!infer && !req.has_header("Content-Length") && req.has_header("Transfer-Encoding")) {
+    res.set_header("Connection", "close");
+    SendError(res, ApiError(411, "length_required",
+                            fmt::format("a request body here needs a Content-Length (at most {} bytes); only "
+                                        "/v2/models/.../infer takes a chunked body",
+                                        o_.max_body)));
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  const bool api = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/v2/", 0) == 0;
+  if (!api || req.path == "/v1/health" || req.path.rfind("/v2/health/", 0) == 0)
+    return httplib::Server::HandlerResponse::Unhandled;
+  const std::string auth = req.get_header_value("Authorization");
+  const std::string scheme = "Bearer ";
+  std::shared_ptr<const Users> users;
+  try {
+    users = users_.Get();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "msaflow serve: %s\n", e.what());
+    SendError(res, ApiError(503, "users_unreadable", "the service cannot read its users file"));
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  const User* u = auth.rfind(scheme, 0) == 0 ? users->Authenticate(auth.substr(scheme.size())) : nullptr;
+  if (!u) {
+    SendError(res, ApiError(401, "unauthorized", auth.empty() ? "this needs an Authorization: Bearer <token> header"
+                                                              : "the bearer token is not one the service knows"));
+    return httplib::Server::HandlerResponse::Handled;
+  }
+  t_users = users;
+  t_user = u;
+  return httplib::Server::HandlerResponse::Unhandled;
+}
+
 // Limits, authentication, errors as JSON, and the routes.
 void Service::Configure(httplib::Server& s) {
   const size_t workers = o_.workers, waiting = o_.max_waiting;
@@ -457,57 +515,10 @@ void Service::Configure(httplib::Server& s) {
   s.set_keep_alive_timeout(5);
   s.set_keep_alive_max_count(1000);
   s.set_default_headers({{"X-Content-Type-Options", "nosniff"}, {"Referrer-Policy", "no-referrer"}});
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    t_user = nullptr;
-    t_users.reset();
-    if (t_reject) {
-      res.set_header("Connection", "close");
-      res.set_header("Retry-After", "1");
-      SendError(res, ApiError(503, "busy", "the service has too many connections; try again"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    // Only an infer request may carry more than a pipeline's bound (64 MiB against 1 MiB): a
-    // declared length over it is refused before the body is read.
-    const bool infer = req.path.rfind("/v2/models/", 0) == 0 && req.path.size() > 6 &&
-                       req.path.compare(req.path.size() - 6, 6, "/infer") == 0;
-    if (!infer && req.get_header_value<uint64_t>("Content-Length") > o_.max_body) {
-      res.set_header("Connection", "close");
-      SendError(res, ApiError(413, "payload_too_large", fmt::format("a request body here is at most {} bytes", o_.max_body)));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    // A chunked body declares no length: cpp-httplib would read up to the infer bound (64 MiB)
-    // before the route's own bound could refuse it. Only infer takes one.
-    if (!infer && !req.has_header("Content-Length") && req.has_header("Transfer-Encoding")) {
-      res.set_header("Connection", "close");
-      SendError(res, ApiError(411, "length_required",
-                              fmt::format("a request body here needs a Content-Length (at most {} bytes); only "
-                                          "/v2/models/.../infer takes a chunked body",
-                                          o_.max_body)));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    const bool api = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/v2/", 0) == 0;
-    if (!api || req.path == "/v1/health" || req.path.rfind("/v2/health/", 0) == 0)
-      return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    const std::string scheme = "Bearer ";
-    std::shared_ptr<const Users> users;
-    try {
-      users = users_.Get();
-    } catch (const Error& e) {
-      std::fprintf(stderr, "msaflow serve: %s\n", e.what());
-      SendError(res, ApiError(503, "users_unreadable", "the service cannot read its users file"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    const User* u = auth.rfind(scheme, 0) == 0 ? users->Authenticate(auth.substr(scheme.size())) : nullptr;
-    if (!u) {
-      SendError(res, ApiError(401, "unauthorized", auth.empty() ? "this needs an Authorization: Bearer <token> header"
-                                                                : "the bearer token is not one the service knows"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    t_users = users;
-    t_user = u;
-    return httplib::Server::HandlerResponse::Unhandled;
+  s.set_logger([this](const httplib::Request& req, const httplib::Response&) {
+    deadlines_.Answered(req.remote_addr, req.remote_port);
   });
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return PreRoute(req, res); });
   s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string msg = res.status == 404   ? "no such route"
@@ -533,9 +544,14 @@ void Service::Configure(httplib::Server& s) {
     }
   });
   for (Handler& h : Handlers(this)) {
-    if (h.route.method == "GET") s.Get(h.pattern, h.fn);
-    if (h.route.method == "POST") s.Post(h.pattern, h.fn);
-    if (h.route.method == "DELETE") s.Delete(h.pattern, h.fn);
+    // The body is in once the handler runs: no deadline while it answers (an event stream).
+    auto fn = [this, f = std::move(h.fn)](const httplib::Request& req, httplib::Response& res) {
+      deadlines_.Handling(req.remote_addr, req.remote_port);
+      f(req, res);
+    };
+    if (h.route.method == "GET") s.Get(h.pattern, fn);
+    if (h.route.method == "POST") s.Post(h.pattern, fn);
+    if (h.route.method == "DELETE") s.Delete(h.pattern, fn);
   }
 }
 
@@ -576,6 +592,7 @@ int Service::Run() {
   // cpp-httplib 0.11 listens with a backlog of 5: 16 clients connecting at once would see
   // SYNs dropped and retried a second later. Listening again only raises the backlog.
   if (listen_fd_ >= 0) ::listen(listen_fd_, 1024);
+  deadlines_.Start(listen_fd_);
   registry_.StartQueue();
   const std::string url = fmt::format("{}://{}:{}", tls ? "https" : "http", host.find(':') != std::string::npos ? "[" + host + "]" : host, bound);
   if (!o_.ready_file.empty()) WriteFileAtomic(o_.ready_file, json{{"url", url}, {"pid", ::getpid()}}.dump() + "\n");
@@ -599,6 +616,10 @@ int Service::Run() {
   const bool ok = s.listen_after_bind();
   stopping_ = true;
   watcher.join();
+  deadlines_.Stop();
+  if (deadlines_.cut() > 0)
+    std::printf("msaflow serve: %lld connection(s) cut off for sending a request too slowly\n",
+                static_cast<long long>(deadlines_.cut()));
   registry_.StopQueue();
   if (!o_.ready_file.empty()) ::unlink(o_.ready_file.c_str());
   if (g_stop_signal) std::printf("msaflow serve: stopped by signal %d\n", g_stop_signal.load());

@@ -26,7 +26,8 @@ struct ServeOptions {
   size_t max_waiting = 256;   // connections waiting for a worker; beyond, 503 at once
   size_t max_streams = 128;   // event streams open at once; beyond, 503
   size_t max_body = 1 << 20;  // request body bytes; beyond, 413
-  int read_timeout_s = 10;    // a client this slow to send its request is cut off
+  int read_timeout_s = 10;    // a request's headers must all come within this (and each read)
+  int request_timeout_s = 120;  // ... and its body within this after them (64 MiB at 0.5 MiB/s)
   // Inference (/v2, service/inference_api.h): models every user may name, NAME -> a run
   // directory or an exported .onnx; the batching of each model; the body of an infer request.
   std::map<std::string, std::string> models;

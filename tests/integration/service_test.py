@@ -6,10 +6,12 @@ service mid-run and a restart, the interrupted run resumed through the API; the 
 --max-running and per-user quotas; TLS; hostile HTTP never stopping it.
 Usage: service_test.py MSAFLOW_EXE SOURCE_ROOT [Class.test_name ...]"""
 import base64
+import concurrent.futures
 import http.client
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
@@ -233,7 +235,8 @@ class Api(unittest.TestCase):
         cls.work = cls.tmp.name
         cls.own = os.path.join(cls.work, "ben-files")
         os.makedirs(cls.own)
-        cls.svc = Service(cls.work, [("ana", [DATA, MODELS], 0), ("ben", [cls.own], 0)], extra=["--max-running", "2"])
+        cls.svc = Service(cls.work, [("ana", [DATA, MODELS], 0), ("ben", [cls.own], 0)],
+                          extra=["--max-running", "2", "--request-timeout", "4"])
 
     @classmethod
     def tearDownClass(cls):
@@ -476,6 +479,49 @@ class Api(unittest.TestCase):
             sk.close()
         # Cut off by the read timeout, not kept until this test's own 30 s socket timeout.
         self.assertLess(time.monotonic() - t0, 25)
+        self.assertEqual(self.svc.request("GET", "/v1/health")[0], 200)
+
+    def test_clients_that_trickle_a_request_are_cut_off_at_its_deadline(self):
+        # A byte every half second keeps every read within the read timeout: cpp-httplib alone
+        # kept such a connection, and a worker, for ever ("slow loris"). The service gives a
+        # request's headers 10 s from the connection's start, its body --request-timeout (4 s
+        # here) after them.
+        def trickle(head, drip):
+            """Seconds until the service closed a connection that sent `head`, then `drip` every 0.5 s."""
+            sk = socket.create_connection((self.svc.host, self.svc.port), timeout=30)
+            t0 = time.monotonic()
+            try:
+                sk.sendall(head)
+                while time.monotonic() - t0 < 40:
+                    readable, _, _ = select.select([sk], [], [], 0.5)
+                    if readable:
+                        while sk.recv(65536):  # a 408 perhaps, then the close
+                            pass
+                        return time.monotonic() - t0
+                    sk.sendall(drip)
+            except (BrokenPipeError, ConnectionResetError):
+                return time.monotonic() - t0
+            finally:
+                sk.close()
+            return None
+
+        token = self.svc.tokens["ana"].encode()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            headers = pool.submit(trickle, b"GET /v1/runs HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"a")
+            body = pool.submit(trickle, b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token +
+                               b"\r\nContent-Type: application/json\r\nContent-Length: 900\r\n\r\n{", b" ")
+            # Meanwhile others are served.
+            t0 = time.monotonic()
+            status, v, _ = self.svc.request("GET", "/v1/runs", user="ana")
+            self.assertEqual(status, 200, v)
+            self.assertLess(time.monotonic() - t0, 5)
+            cut_headers, cut_body = headers.result(), body.result()
+        self.assertIsNotNone(cut_headers, "a connection trickling its headers was kept 40 s")
+        self.assertGreater(cut_headers, 9)
+        self.assertLess(cut_headers, 14)
+        self.assertIsNotNone(cut_body, "a connection trickling its body was kept 40 s")
+        self.assertGreater(cut_body, 3)
+        self.assertLess(cut_body, 8)
         self.assertEqual(self.svc.request("GET", "/v1/health")[0], 200)
 
     def test_hostile_http_gets_4xx_and_never_stops_the_service(self):
