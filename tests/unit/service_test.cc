@@ -2,15 +2,21 @@
 // file and its tokens, the folders a pipeline may name, and how a validation message splits
 // into pointer, message and hint. tests/integration/service_test.py drives the real process.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "service/admission.h"
+#include "service/deadlines.h"
 #include "service/events.h"
 #include "service/server.h"
 #include "service/users.h"
@@ -164,6 +170,70 @@ TEST_F(TempDir, AFollowedJournalGivesEachCompleteLineOnceByItsLineNumber) {
   EXPECT_EQ(got[0].text, R"({"event":"b"})");
   EXPECT_EQ(f.Since(path, 0).size(), 2u);
   EXPECT_TRUE(f.Since(path, 3).empty());
+}
+
+// A listening socket on loopback, port chosen by the kernel.
+int Listener() {
+  const int l = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(::listen(l, 16), 0);
+  return l;
+}
+
+// A client connected to `listener`, and the accepted end; the client's port.
+struct Pair {
+  int client = -1, served = -1, port = -1;
+};
+Pair Connect(int listener) {
+  sockaddr_in a{};
+  socklen_t n = sizeof a;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &n);
+  Pair p;
+  p.client = ::socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_EQ(::connect(p.client, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  p.served = ::accept(listener, nullptr, nullptr);
+  sockaddr_in c{};
+  n = sizeof c;
+  ::getsockname(p.client, reinterpret_cast<sockaddr*>(&c), &n);
+  p.port = ntohs(c.sin_port);
+  return p;
+}
+
+// Whether the service's end of `p` was shut down: the client reads the end of the stream.
+bool Cut(const Pair& p) {
+  char b;
+  return ::recv(p.client, &b, 1, MSG_DONTWAIT) == 0;
+}
+
+// The watchdog behind `msaflow serve`'s whole-request deadlines, on real sockets: a connection
+// silent past the headers' deadline is shut down, one whose body is late past the body's, one
+// whose handler runs never; the process's other connections (another port) are not its business.
+TEST(Deadlines, ConnectionsLateWithTheirRequestAreShutDownAndNoOther) {
+  const int service = Listener(), other = Listener();
+  Deadlines d(1.0, 2.0);
+  d.Start(service);
+  const Pair silent = Connect(service), body = Connect(service), handled = Connect(service), elsewhere = Connect(other);
+  d.HeadersIn("127.0.0.1", body.port);
+  d.Handling("127.0.0.1", handled.port);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1700));
+  EXPECT_TRUE(Cut(silent));
+  EXPECT_FALSE(Cut(body));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  EXPECT_TRUE(Cut(body));
+  EXPECT_FALSE(Cut(handled));
+  EXPECT_FALSE(Cut(elsewhere));
+  EXPECT_EQ(d.cut(), 2);
+  // Answered, a connection is given the headers' deadline again for its next request.
+  d.Answered("127.0.0.1", handled.port);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1700));
+  EXPECT_TRUE(Cut(handled));
+  d.Stop();
+  for (const Pair& p : {silent, body, handled, elsewhere}) ::close(p.client), ::close(p.served);
+  ::close(service);
+  ::close(other);
 }
 
 }  // namespace
