@@ -112,13 +112,13 @@ void Deadlines::Scan(uint16_t local_port) {
       if (fresh) it->second.since = now;  // opened since the last look: its headers are due
       it->second.seen = true;
       present.insert(peer);
-      const Conn& c = it->second;
+      Conn& c = it->second;
       const double limit = c.phase == Phase::kHeaders ? headers_s_
                            : c.phase == Phase::kBody  ? body_s_
                                                       : std::numeric_limits<double>::infinity();
-      if (now - c.since > limit) {
+      if (!c.cut && now - c.since > limit) {
         late.emplace_back(fd, peer);
-        conns_.erase(it);  // shut down below; should it linger, a later look starts it afresh
+        c.cut = true;  // once: its socket may linger until its worker closes it
       }
     }
     // Connections gone; and what a handler told of a connection no scan found (it closed in

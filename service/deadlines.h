@@ -47,6 +47,7 @@ class Deadlines {
     double since = 0;  // when this phase began
     Phase phase = Phase::kHeaders;
     bool seen = false;  // found by a scan (not only told of by a handler)
+    bool cut = false;   // shut down
   };
   void Set(const std::string& addr, int port, Phase phase);
   void Scan(uint16_t local_port);

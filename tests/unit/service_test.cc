@@ -213,22 +213,24 @@ bool Cut(const Pair& p) {
 // whose handler runs never; the process's other connections (another port) are not its business.
 TEST(Deadlines, ConnectionsLateWithTheirRequestAreShutDownAndNoOther) {
   const int service = Listener(), other = Listener();
-  Deadlines d(1.0, 2.0);
+  // The watchdog looks every 0.5 s: a connection is first seen by 0.5 s and cut by the first
+  // look past its deadline; the checks below leave it 0.7 s or more beyond that.
+  Deadlines d(1.0, 4.0);
   d.Start(service);
   const Pair silent = Connect(service), body = Connect(service), handled = Connect(service), elsewhere = Connect(other);
   d.HeadersIn("127.0.0.1", body.port);
   d.Handling("127.0.0.1", handled.port);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1700));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2800));
   EXPECT_TRUE(Cut(silent));
   EXPECT_FALSE(Cut(body));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2400));
   EXPECT_TRUE(Cut(body));
   EXPECT_FALSE(Cut(handled));
   EXPECT_FALSE(Cut(elsewhere));
   EXPECT_EQ(d.cut(), 2);
   // Answered, a connection is given the headers' deadline again for its next request.
   d.Answered("127.0.0.1", handled.port);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1700));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2200));
   EXPECT_TRUE(Cut(handled));
   d.Stop();
   for (const Pair& p : {silent, body, handled, elsewhere}) ::close(p.client), ::close(p.served);
