@@ -216,8 +216,8 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool
   }
   if (!gaps.empty()) c.chain_wait_s = Median(gaps);
   c.job_overhead_s = Median(overhead);
-  // Work in core-seconds (a rank had the node's cores over the ranks on it as threads:
-  // parallel/mpi_comm.cc), fitted per step over every run and round as fixed + per-unit x size,
+  // Work in core-seconds (rank-seconds times the threads each rank had: its share of the cores
+  // it shared with other ranks, parallel/mpi_comm.cc), fitted per step over every run and round as fixed + per-unit x size,
   // the size being what the work grows with (items: image passes, training updates; for
   // evaluate the bytes of features it read, as its tasks do not grow with the data). With one
   // size only, all of it is taken as growing with the size. Serial time by median over the runs,
