@@ -110,11 +110,13 @@ def kendall(a, b):
 
 def figures(res):
     """A run's champion (validation and test accuracy), the images x cuts whose features it
-    computed (rung 0's subset included) and the head-epochs it trained."""
+    computed (rung 0's subset included) and the head-epochs it trained (an epoch of a halving round's subset
+    counted as its share of an epoch of all the data)."""
     images = sum(e["rows"] - e.get("reused_rows", 0) for r in res["rounds"] for e in r["features"]["computed"])
     images += res.get("halving", {}).get("rung0", {}).get("images_through_backbones", 0)
-    epochs = sum(c["candidate"]["head"]["epochs"] for r in res["rounds"] for c in r["candidates"]
-                 if c["candidate"]["id"].startswith(f"r{r['round']}-"))
+    # An epoch over a halving round's subset counts as its share of an epoch over all the data.
+    epochs = round(sum(c["candidate"]["head"]["epochs"] * r.get("halving", {}).get("train_fraction", 1)
+                       for r in res["rounds"] for c in r["candidates"] if c["candidate"]["id"].startswith(f"r{r['round']}-")))
     return {"val": res["champion"]["accuracy"], "test": res["result"]["accuracy"], "images": images, "epochs": epochs}
 
 

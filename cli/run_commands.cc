@@ -305,6 +305,7 @@ int Why(Options& o) {
                     o.why_task.c_str(), std::filesystem::path(o.run_dir).filename().c_str(), b.value("why", "").c_str(),
                     b.value("knn", 0.0), b.value("logme", 0.0), static_cast<long long>(rung0.value("subset_images", 0)),
                     rung0.value("rank_by", "").c_str());
+        for (const auto& line : orchestrator::HalvingRaceStory(o.run_dir, o.why_task)) std::printf("  %s\n", line.c_str());
         return 0;
       }
   record::ExplainTask(o.run_dir, o.why_task, stdout);

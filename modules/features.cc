@@ -102,8 +102,11 @@ FeaturesIndex FeaturesShape(StepContext& c, const std::string& backbone, const s
 }
 
 FeaturesIndex OpenFeatures(StepContext& c, const std::string& backbone, const std::string& split) {
-  std::string key = FeaturesKey(c, backbone, split);
-  nam::Object o = c.store->Get(key);
+  return OpenFeaturesObject(*c.store, FeaturesKey(c, backbone, split));
+}
+
+FeaturesIndex OpenFeaturesObject(nam::Store& store, const std::string& key) {
+  nam::Object o = store.Get(key);
   FeaturesIndex f = IndexFromMeta(key, o.info.meta);
   if (static_cast<int64_t>(o.bytes.size()) != f.n)
     Malformed(key, std::to_string(o.bytes.size()) + " label bytes for " + std::to_string(f.n) + " rows");
@@ -162,6 +165,22 @@ Features LoadFeatures(StepContext& c, const std::string& backbone, const std::st
         std::memcpy(f.x.data() + idx.PartLo(p) * f.dim, buf[p % 2].data(), buf[p % 2].size());
       },
       c.Overlapping("features " + split));
+  return f;
+}
+
+Features LoadFeaturesObject(nam::Store& store, const std::string& key) {
+  FeaturesIndex idx = OpenFeaturesObject(store, key);
+  Features f;
+  f.n = idx.n;
+  f.dim = idx.dim;
+  f.classes = idx.classes;
+  f.labels = std::move(idx.labels);
+  f.x.resize(static_cast<size_t>(f.n * f.dim));
+  std::string buf;
+  for (int64_t p = 0; p < idx.parts; ++p) {
+    ReadFeaturesPart(store, idx, p, buf);
+    std::memcpy(f.x.data() + idx.PartLo(p) * f.dim, buf.data(), buf.size());
+  }
   return f;
 }
 

@@ -58,6 +58,8 @@ std::string FeaturesKey(StepContext& c, const std::string& backbone, const std::
 FeaturesIndex FeaturesShape(StepContext& c, const std::string& backbone, const std::string& split);
 // The shape and the labels.
 FeaturesIndex OpenFeatures(StepContext& c, const std::string& backbone, const std::string& split);
+// ... of the features object named `key`.
+FeaturesIndex OpenFeaturesObject(nam::Store& store, const std::string& key);
 // Features of `backbone` as float16 into `out` (resized to n); kInvalidInput naming the
 // backbone when a value is past float16's range (65504) or not a number, since it would be
 // stored as an infinity.
@@ -70,5 +72,7 @@ void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std:
 double HeadMacsPerRow(const kernels::HeadConfig& h, int64_t dim, int64_t classes);
 // A split's whole features, reading part i + 1 while part i is copied.
 Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split);
+// The whole features object named `key`, its parts read in turn.
+Features LoadFeaturesObject(nam::Store& store, const std::string& key);
 
 }  // namespace msaflow::modules

@@ -1,4 +1,5 @@
-// Step 2a (DAM): images prepared for each backbone and run through it once per dataset split;
+// Step 2a (DAM): images prepared for each backbone and run through it once per dataset split
+// (a halving round's training subset grows from the rows the round before and rung 0 computed);
 // the features go to the NAM under a content key (modules/features.h). Sharded by parts: the
 // rows are cut into parts of whole 64-image batches, each rank computes a contiguous run of
 // parts and writes them itself, and rank 0 writes the features object last, once every part
@@ -20,6 +21,7 @@
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
 #include "kernels/fpga/device.h"
+#include "kernels/half.h"
 #include "kernels/onnx_graph.h"
 #include "common/checksum.h"
 #include "common/error.h"
@@ -46,7 +48,7 @@ int64_t BatchOf(const workflow::BackboneSpec& bb) { return bb.input.batch > 0 ? 
 // What one rank did for one (backbone, split).
 struct PartWork {
   int64_t rows = 0, parts = 0;
-  int64_t reused_rows = 0;  // rows whose features rung 0 computed, not run through the backbone here
+  int64_t reused_rows = 0;  // rows whose features were known (rung 0's, the last round's), not run through the backbone here
   std::string spot_check;   // with reused rows: how the one of them computed again compared
   OverlapStats batches;     // fetch: preparing a batch; consume: the backbone on it
   double put_s = 0;         // writing parts to the NAM
@@ -63,7 +65,7 @@ struct SpotCheckFailed {
 struct Member {
   const workflow::BackboneSpec* bb = nullptr;
   FeaturesIndex idx;                            // all members of a pass share n, part_rows and parts
-  const workflow::SubsetFeatures* known = nullptr;  // rung 0's features of some rows, or null
+  const workflow::SubsetFeatures* known = nullptr;  // known features of some rows (KnownTrainRows), or null
 };
 
 // Whether two runs of floats hold the same bits; the first index that differs goes to `first`.
@@ -76,9 +78,21 @@ bool SameBits(const float* a, const float* b, int64_t n, int64_t* first) {
   return true;
 }
 
-// Which of a rank's rows [lo, hi) a pass computes, given rung 0's features (the same rows for
+// Whether a computed row and a known one hold what the member stores the same: the same float32
+// bits, or for float16 features the same bits once narrowed (a known float16 row was widened).
+bool SameValues(const Member& m, const float* a, const float* b, int64_t n, int64_t* first) {
+  if (!m.idx.half) return SameBits(a, b, n, first);
+  for (int64_t i = 0; i < n; ++i)
+    if (kernels::FloatToHalfScalar(a[i]) != kernels::FloatToHalfScalar(b[i])) {
+      *first = i;
+      return false;
+    }
+  return true;
+}
+
+// Which of a rank's rows [lo, hi) a pass computes, given known features (the same rows for
 // every member, else none is used): all of them, or the first known row (to be checked) and the
-// rows rung 0 did not compute, ascending, with their images gathered.
+// rows not known, ascending, with their images gathered.
 struct RowsToCompute {
   const workflow::SubsetFeatures* known = nullptr;  // members[0]'s, standing for the rows of all
   size_t k0 = 0, k1 = 0;                            // known->rows[k0, k1) lie in [lo, hi)
@@ -114,7 +128,7 @@ RowsToCompute PlanRows(const std::vector<Member>& members, const kernels::ImageS
 
 // The parts of a pass's members for parts [p0, p1): filled in any order, written to the NAM in
 // order, each (every member's) once every row below its end is final, while the next is
-// computed; rung 0's rows are copied in as a part is written.
+// computed; the known rows are copied in as a part is written.
 class PartWriter {
  public:
   PartWriter(StepContext& c, const std::vector<Member>& members, const RowsToCompute& rows, int64_t p0, int64_t p1,
@@ -157,7 +171,7 @@ class PartWriter {
     w_.put_wait_s += Since(t0);
   }
   void Write(int64_t p) {
-    for (size_t j = 0; j < members_.size(); ++j) {  // rung 0's rows of this part
+    for (size_t j = 0; j < members_.size(); ++j) {  // the known rows of this part
       float* o = Buffer(p, j);
       const int64_t dim = members_[j].idx.dim;
       for (size_t k = rows_.k0; k < rows_.k1; ++k) {
@@ -213,10 +227,11 @@ class PartWriter {
 
 // Computes parts [p0, p1) of every member's features from `ds` (the images of those parts' rows,
 // the first being row PartLo(p0)) in one pass of `ex` (a cut of each member, in order; null for
-// pixels) and writes each part to the NAM as it is finished. The rows that rung 0 computed (the
-// same rows for every member, else none is used) are not run through the backbone: the first
-// of them is, in the first batch, and must come out bit for bit as rung 0 had it for every
-// member (SpotCheckFailed otherwise, before any part is written).
+// pixels) and writes each part to the NAM as it is finished. The rows whose features are known
+// (rung 0's, or a halving round's before: the same rows for every member, else none is used)
+// are not run through the backbone: the first of them is, in the first batch, and must come out
+// as it was known, bit for bit, for every member (SpotCheckFailed otherwise, before any part is
+// written).
 PartWork ComputeParts(StepContext& c, const std::vector<Member>& members, kernels::Executor* ex,
                       const kernels::ImageSet& ds, int64_t p0, int64_t p1, const std::string& label) {
   PartWork w;
@@ -276,8 +291,8 @@ PartWork ComputeParts(StepContext& c, const std::vector<Member>& members, kernel
           for (int64_t k = s; k < s + b; ++k, v += dim) {
             if (reuse && k == 0) {  // the spot check
               const float* had = members[j].known->values.data() + static_cast<int64_t>(rows.k0) * dim;
-              if (int64_t d = 0; !SameBits(v, had, dim, &d))
-                throw SpotCheckFailed{fmt::format("{}, row {}, value {}: {:.9g} here, {:.9g} in rung 0",
+              if (int64_t d = 0; !SameValues(members[j], v, had, dim, &d))
+                throw SpotCheckFailed{fmt::format("{}, row {}, value {}: {:.9g} here, {:.9g} known",
                                                   members[j].bb->name, rows.list[0], d, v[d], had[d])};
               continue;
             }
@@ -397,6 +412,13 @@ int64_t FeatureDim(StepContext& c, const workflow::BackboneSpec& bb, const workf
   return ex->FeatureDim(bb.input.channels, bb.input.height, bb.input.width);
 }
 
+// The checksum of the training split's stamp as a whole (a subset's rows are part of it).
+std::string WholeTrainStamp(const workflow::Pipeline& p) {
+  workflow::Pipeline whole = p;
+  whole.train.subset_fraction = 1;
+  return ChecksumHex(workflow::SplitStamp(whole, "train"));
+}
+
 // The features rung 0 of the halving strategy computed for `bb` on rows of the training split
 // (orchestrator/halving.h), when they are of this very backbone (digest) and split (stamp);
 // anything else is said and left: every row is then computed here.
@@ -413,7 +435,7 @@ std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const work
   if (info->meta.value("backbone_digest", "") != bb_digest)
     return unused("computed for backbone digest " + info->meta.value("backbone_digest", std::string("(none)")) +
                   ", the NAM's is " + bb_digest);
-  if (info->meta.value("split_stamp", "") != ChecksumHex(workflow::SplitStamp(c.pipeline(), "train")))
+  if (info->meta.value("split_stamp", "") != WholeTrainStamp(c.pipeline()))
     return unused("the training split's files changed since rung 0");
   try {
     workflow::SubsetFeatures s =
@@ -424,6 +446,100 @@ std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const work
     if (e.kind() != ErrorKind::kCorrupt && e.kind() != ErrorKind::kNotFound) throw;
     return unused(e.what());
   }
+}
+
+// halving: the features the previous round's prepare wrote for `bb` on its (smaller) subset of
+// the training split, with their rows as positions in the whole split; nothing when that round
+// trained on the whole split too, or when they are not of this backbone, these files or this
+// split's order (said, and left: those rows are then computed here).
+std::optional<workflow::SubsetFeatures> PreviousRoundFeatures(StepContext& c, const workflow::BackboneSpec& bb,
+                                                              const std::string& bb_digest,
+                                                              const workflow::SplitSource& src, int64_t dim) {
+  if (c.pipeline().rounds.strategy != "halving" || c.task.round < 2 || bb.kind == "pixels") return std::nullopt;
+  const auto summary_info = c.store->Stat(workflow::PreparedObject(c.task.run, c.task.round - 1));
+  if (!summary_info) return std::nullopt;
+  const nlohmann::json summary = nlohmann::json::parse(c.store->Get(summary_info->name).bytes, nullptr, false);
+  std::string obj;
+  for (const char* kind : {"computed", "reused"})
+    if (summary.is_object() && summary.contains(kind) && summary[kind].is_array())
+      for (const auto& e : summary[kind])
+        if (e.is_object() && e.value("backbone", "") == bb.name && e.value("split", "") == "train")
+          obj = e.value("object", "");
+  if (obj.empty()) return std::nullopt;
+  const auto info = c.store->Stat(obj);
+  if (!info || !info->meta.contains("subset") || !info->meta["subset"].is_object()) return std::nullopt;
+  const std::string label = fmt::format("round {}'s {}", c.task.round - 1, obj);
+  auto unused = [&](const std::string& why) -> std::optional<workflow::SubsetFeatures> {
+    if (c.root()) c.Say(fmt::format("features {}/train: {} not used: {}", bb.name, label, why));
+    return std::nullopt;
+  };
+  const nlohmann::json& sub = info->meta["subset"];
+  if (info->meta.value("backbone_digest", "") != bb_digest) return unused("another backbone digest");
+  if (sub.value("whole_stamp", "") != WholeTrainStamp(c.pipeline()) ||
+      sub.value("whole_rows", int64_t{-1}) != src.whole_count())
+    return unused("the training split's files changed since");
+  try {
+    const std::vector<int64_t> positions =
+        src.SubsetPositions(sub.at("fraction").get<double>(), sub.at("seed").get<uint64_t>());
+    Features f = LoadFeaturesObject(*c.store, obj);
+    if (f.n != static_cast<int64_t>(positions.size()) || f.dim != dim)
+      return unused(fmt::format("{} rows of {} features, expected {} of {}", f.n, f.dim, positions.size(), dim));
+    const std::vector<int64_t> mine = src.Positions();  // the labels must be the whole split's at those positions
+    const std::vector<uint8_t>& labels = src.labels();
+    for (size_t i = 0, k = 0; i < positions.size(); ++i) {
+      while (k < mine.size() && mine[k] < positions[i]) ++k;
+      if (k < mine.size() && mine[k] == positions[i] && labels[k] != f.labels[i])
+        return unused(fmt::format("row {} has label {}, the split's is {}", i, f.labels[i], labels[k]));
+    }
+    workflow::SubsetFeatures s;
+    s.backbone = bb.name;
+    s.backbone_digest = bb_digest;
+    s.dim = dim;
+    s.rows = positions;
+    s.values = std::move(f.x);
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    return unused(std::string("its subset metadata: ") + e.what());
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kCorrupt && e.kind() != ErrorKind::kNotFound) throw;
+    return unused(e.what());
+  }
+}
+
+// The features of `bb` on the training split `src` that are known already: rung 0's and the
+// previous round's (positions in the whole split), those of `src`'s rows, with the rows
+// renumbered as `src` numbers them (ascending). `from` says where they came from.
+std::optional<workflow::SubsetFeatures> KnownTrainRows(StepContext& c, const workflow::BackboneSpec& bb,
+                                                       const std::string& bb_digest, const workflow::SplitSource& src,
+                                                       int64_t dim, std::string* from) {
+  std::optional<workflow::SubsetFeatures> sources[2] = {PreviousRoundFeatures(c, bb, bb_digest, src, dim),
+                                                        Rung0Features(c, bb, bb_digest, src.whole_count(), dim)};
+  const char* names[2] = {"the previous round", "rung 0"};
+  const std::vector<int64_t> mine = src.Positions();
+  workflow::SubsetFeatures out;
+  out.backbone = bb.name;
+  out.backbone_digest = bb_digest;
+  out.dim = dim;
+  std::vector<size_t> at(2, 0);
+  int64_t counts[2] = {0, 0};
+  for (size_t i = 0; i < mine.size(); ++i) {
+    for (int k = 0; k < 2; ++k) {
+      if (!sources[k]) continue;
+      const auto& rows = sources[k]->rows;
+      while (at[k] < rows.size() && rows[at[k]] < mine[i]) ++at[k];
+      if (at[k] < rows.size() && rows[at[k]] == mine[i]) {
+        out.rows.push_back(static_cast<int64_t>(i));
+        const auto v = sources[k]->values.begin() + static_cast<int64_t>(at[k]) * dim;
+        out.values.insert(out.values.end(), v, v + dim);
+        ++counts[k];
+        break;
+      }
+    }
+  }
+  if (out.rows.empty()) return std::nullopt;
+  for (int k = 0; k < 2; ++k)
+    if (counts[k]) *from += fmt::format("{}{} from {}", from->empty() ? "" : ", ", counts[k], names[k]);
+  return out;
 }
 
 }  // namespace
@@ -475,6 +591,9 @@ void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const M
     nlohmann::json meta = FeaturesMeta(src.count(), idx.dim, run.classes, idx.part_rows, idx.half);
     meta.update({{"backbone", bb.name}, {"backbone_digest", run.backbone_digests[bb.name]},
                  {"dataset_digest", run.dataset_digests[split]}, {"split", split}});
+    if (const auto& t = c.pipeline().train; split == "train" && t.subset())  // a later round's prepare grows from it
+      meta["subset"] = {{"fraction", t.subset_fraction}, {"seed", t.subset_seed}, {"whole_rows", src.whole_count()},
+                        {"whole_stamp", WholeTrainStamp(c.pipeline())}};
     if (!src.class_names().empty()) meta["class_names"] = src.class_names();
     const auto& labels = src.labels();
     c.store->Put(idx.object, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
@@ -489,7 +608,7 @@ void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const M
       entry["per_rank"].push_back(nlohmann::json::parse(s));
       reused += entry["per_rank"].back().value("reused_rows", int64_t{0});
     }
-    if (known) entry["reused_rows"] = reused;  // rung 0's rows: through the backbone once, there
+    if (known) entry["reused_rows"] = reused;  // known rows: through the backbone once, in rung 0 or a round before
     if (bb.prepared()) entry["fpga"] = PrepareFpgaTimes(c, bb, src, ds, stats);
     if (pass.bbs.size() > 1) {
       entry["one_pass_with"] = nlohmann::json::array();
@@ -518,9 +637,12 @@ void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, co
   std::vector<std::optional<workflow::SubsetFeatures>> rung0(pass.bbs.size());
   std::vector<Member> members(pass.bbs.size());
   const int64_t widest = *std::max_element(dims.begin(), dims.end());
+  std::string known_from;  // where the known rows came from (the first member's say for all)
   for (size_t j = 0; j < members.size(); ++j) {
     const workflow::BackboneSpec& bb = *pass.bbs[j];
-    if (split == "train") rung0[j] = Rung0Features(c, bb, run.backbone_digests[bb.name], src.count(), dims[j]);
+    std::string from;
+    if (split == "train") rung0[j] = KnownTrainRows(c, bb, run.backbone_digests[bb.name], src, dims[j], &from);
+    if (j == 0) known_from = from;
     FeaturesIndex& idx = members[j].idx;
     idx.object = run.entries[{bb.name, split}].second["object"];
     idx.n = src.count();
@@ -544,15 +666,15 @@ void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, co
   try {
     w = ComputeParts(c, members, ex, ds, p0, p1, label);
   } catch (const SpotCheckFailed& f) {
-    c.Say(fmt::format("features {}: rung 0's features not used: computed again, {} (this CPU's kernels "
-                      "depend on the batch); every image runs through the backbone", label, f.why));
+    c.Say(fmt::format("features {}: the known features ({}) not used: computed again, {} (this CPU's kernels "
+                      "depend on the batch); every image runs through the backbone", label, known_from, f.why));
     for (Member& m : members) m.known = nullptr;
     w = ComputeParts(c, members, ex, ds, p0, p1, label);
     w.spot_check = "differed: " + f.why;
   }
   if (!w.spot_check.empty() && w.spot_check.rfind("differed", 0) != 0)
-    c.Say(fmt::format("features {}: {} of rows [{}, {}) taken from rung 0, not run through the backbone again ({})",
-                      label, w.reused_rows, at.PartLo(p0), at.PartLo(p0) + w.rows, w.spot_check));
+    c.Say(fmt::format("features {}: {} of rows [{}, {}) known ({}), not run through the backbone again ({})", label,
+                      w.reused_rows, at.PartLo(p0), at.PartLo(p0) + w.rows, known_from, w.spot_check));
   double secs = Since(t0);
   if (size > 1)
     c.Say(fmt::format("features {}: images [{}, {}) in {:.2f} s", label, at.PartLo(p0), at.PartLo(p0) + w.rows, secs));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 
 #include "common/checksum.h"
@@ -125,6 +126,71 @@ Rung0 HalvingRung0(const workflow::Pipeline& p, const std::string& run_dir, cons
       Throw(ErrorKind::kCorrupt, run_dir + "/" + kRung0File + ": keeps backbone '" + k + "', which the pipeline lacks");
   }
   return {workflow::KeepBackbones(p, keep), std::move(handed)};
+}
+
+std::vector<std::string> HalvingRaceStory(const std::string& run_dir, const std::string& backbone) {
+  std::vector<int> in;  // the rounds it was in the race
+  std::vector<double> fractions;
+  int last_round = 0;
+  for (const auto& e : record::ReadJournal(run_dir + "/journal.jsonl").events) {
+    if (e.event != "round-start" || !e.fields.contains("halving")) continue;
+    const int round = e.fields.value("round", 0);
+    last_round = std::max(last_round, round);
+    const json& h = e.fields["halving"];
+    const json names = h.value("backbones", json::array());
+    if (std::find(names.begin(), names.end(), backbone) == names.end() || std::count(in.begin(), in.end(), round)) continue;
+    in.push_back(round);
+    fractions.push_back(h.value("train_fraction", 1.0));
+  }
+  if (in.empty()) return {};
+  std::string data;
+  for (size_t i = 0; i < fractions.size(); ++i)
+    data += (i ? ", " : "") + (fractions[i] >= 1 ? std::string("all") : fmt::format("{:.3g} %", 100 * fractions[i]));
+  std::vector<std::string> out;
+  out.push_back(fmt::format("in the race in round{} {} (on {} of the training data)", in.size() > 1 ? "s" : "",
+                            in.size() > 1 ? fmt::format("{}-{}", in.front(), in.back()) : std::to_string(in.front()),
+                            data));
+  const int left = in.back();
+  if (left == last_round) {
+    out.push_back(fmt::format("still in the race in round {}, the last one run", left));
+    return out;
+  }
+  // Why it left: its best head of round `left` against the worst of those the next round continued.
+  const json res = PathExists(run_dir + "/results.json")
+                       ? json::parse(ReadFile(run_dir + "/results.json"), nullptr, false) : json();
+  if (!res.is_object() || !res.contains("rounds")) {
+    out.push_back(fmt::format("left the race after round {}: none of its heads was continued", left));
+    return out;
+  }
+  std::set<std::string> continued;
+  std::map<std::string, std::pair<std::string, double>> heads;  // id -> backbone, accuracy
+  for (const json& r : res["rounds"]) {
+    const std::string prefix = "r" + std::to_string(r.value("round", 0)) + "-";
+    for (const json& c : r.value("candidates", json::array())) {
+      const json& cand = c.at("candidate");
+      const std::string id = cand.value("id", "");
+      if (id.rfind(prefix, 0) != 0) continue;  // a kept model of an earlier round, listed again
+      heads[id] = {cand.value("backbone", ""), c.value("accuracy", 0.0)};
+      if (r.value("round", 0) == left + 1) continued.insert(cand.value("parent", ""));
+    }
+  }
+  const std::string mine_prefix = "r" + std::to_string(left) + "-";
+  std::string best;
+  double best_acc = -1, cut = 2;
+  size_t of = 0;
+  for (const auto& [id, h] : heads) {
+    if (id.rfind(mine_prefix, 0) != 0) continue;
+    ++of;
+    if (h.first == backbone && h.second > best_acc) best = id, best_acc = h.second;
+    if (continued.count(id)) cut = std::min(cut, h.second);
+  }
+  if (best.empty() || continued.empty()) {
+    out.push_back(fmt::format("left the race after round {}: none of its heads was continued", left));
+  } else {
+    out.push_back(fmt::format("left the race after round {}: its best head {} had {:.4f}, the best {} of {} heads "
+                              "continued had at least {:.4f}", left, best, best_acc, continued.size(), of, cut));
+  }
+  return out;
 }
 
 void PutRung0Features(nam::Store& store, const std::string& run, const std::vector<workflow::SubsetFeatures>& features,

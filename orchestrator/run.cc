@@ -82,6 +82,22 @@ Rung0 RoundsPipeline(const Pipeline& p, const std::string& dir, const JournalWri
   }
 }
 
+// halving: what a round's tasks run on (workflow::RoundPipeline): the backbones still in the
+// race and the part of the training split, for the journal's round-start and the run's output.
+json HalvingRace(const Pipeline& round_p) {
+  json backbones = json::array();
+  for (const auto& bb : round_p.backbones) backbones.push_back(bb.name);
+  return {{"backbones", std::move(backbones)}, {"train_fraction", round_p.train.subset_fraction}};
+}
+
+std::string HalvingRaceLine(int round, const json& race) {
+  std::vector<std::string> names = race.at("backbones").get<std::vector<std::string>>();
+  const double g = race.at("train_fraction").get<double>();
+  return fmt::format("round {} (halving): {} backbone{} in the race ({}), on {} of the training split", round,
+                     names.size(), names.size() == 1 ? "" : "s", Join(names, ", "),
+                     g >= 1 ? std::string("all") : fmt::format("{:.1f} % (stratified)", 100 * g));
+}
+
 // One coordinator's hold on a run: its NAM, its launcher, its journal, and the round loop.
 class RunDriver {
  public:
@@ -222,7 +238,9 @@ class RunDriver {
     round_ = round;
     round_account_ = json();
     const std::vector<Candidate> fresh = loop_.Candidates(round);
-    RoundPlan plan = PlanRound(p_, m_, id_, nam_uri_, round, fresh, loop_.kept());
+    // halving: the backbones still in the race, on the part of the training data this round has
+    const Pipeline round_p = workflow::RoundPipeline(p_, round, fresh);
+    RoundPlan plan = PlanRound(round_p, m_, id_, nam_uri_, round, fresh, loop_.kept());
     json step_seconds = json::object();
     RoundPlan todo{round, {}};
     std::map<std::string, int64_t> skipped;  // task id -> the outputs its done object lists
@@ -247,8 +265,14 @@ class RunDriver {
         files[t.id] = f;
       }
       progress_.RoundStart(round, p_.rounds.max, fresh.size(), loop_.kept().size(), plan.tasks.size(), skipped.size());
-      journal_.Event("round-start", {{"round", round}, {"candidates", fresh.size()}, {"tasks", plan.tasks.size()},
-                                     {"reused_tasks", skipped.size()}});
+      json start = {{"round", round}, {"candidates", fresh.size()}, {"tasks", plan.tasks.size()},
+                    {"reused_tasks", skipped.size()}};
+      if (p_.rounds.strategy == "halving") {
+        const json race = HalvingRace(round_p);
+        progress_.Line(HalvingRaceLine(round, race));
+        start["halving"] = race;
+      }
+      journal_.Event("round-start", start);
       for (const Task& t : plan.tasks)
         if (skipped.count(t.id)) progress_.TaskReused(t, static_cast<size_t>(skipped.at(t.id)));
       for (Task& t : todo.tasks)  // what is done already is no dependency to wait for
@@ -280,6 +304,7 @@ class RunDriver {
           curves[info->name] = info->meta["curve"];
     provenance_.push_back(record::ProvenanceRound(round, std::move(tasks), outcome.best, curves));
     json entry = RoundEntry(p_, round, outcome, step_seconds);
+    if (p_.rounds.strategy == "halving") entry["halving"] = HalvingRace(round_p);
     if (!round_account_.is_null() && !round_account_.empty()) entry["node_seconds"] = round_account_;
     if (!ended_before || !replayed) {
       progress_.RoundTable(p_, round, outcome);

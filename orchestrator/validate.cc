@@ -2,6 +2,8 @@
 
 #include <fmt/core.h>
 
+#include <set>
+
 #include "common/error.h"
 #include "common/files.h"
 #include "orchestrator/fpga_preflight.h"
@@ -12,6 +14,13 @@
 #include "workflow/datasets.h"
 
 namespace msaflow::orchestrator {
+
+namespace {
+
+// A round's part of the training split, as the schedule says it: "all the data", "33.3 % of the data".
+std::string DataShare(double g) { return g >= 1 ? "all the data" : fmt::format("{:.3g} % of the data", 100 * g); }
+
+}  // namespace
 
 std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workflow::Machine& m,
                                        const std::string& origin, const std::string& runs_dir) {
@@ -36,12 +45,30 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
                               layout.servers ? fmt::format(" + {} parameter server(s)", layout.servers) : ""));
   if (p.rounds.strategy == "halving") {  // what the strategy will do, round by round (docs/search.md)
     const size_t b = p.backbones.size(), eta = static_cast<size_t>(p.rounds.eta);
-    std::string heads;
-    for (int64_t r = 1, n = p.rounds.candidates; r <= p.rounds.max; ++r, n = (n + p.rounds.eta - 1) / p.rounds.eta)
-      heads += fmt::format("{}{} x {} epochs", r == 1 ? "" : ", then ", n, workflow::HalvingEpochs(p, static_cast<int>(r)));
+    std::string heads, whole;
+    // The models in the race: at most rung 0's survivors in round 1, then the heads continued.
+    std::set<std::string> onnx;
+    for (const auto& bb : p.backbones)
+      if (bb.kind != "pixels") onnx.insert(bb.onnx);
+    size_t race = std::min(onnx.size(), (b + eta - 1) / eta);
+    for (int64_t r = 1, n = p.rounds.candidates; r <= p.rounds.max; ++r, n = (n + p.rounds.eta - 1) / p.rounds.eta) {
+      const int ri = static_cast<int>(r);
+      race = std::min(race, static_cast<size_t>(n));
+      heads += fmt::format("{}{} x {} epochs on {}", r == 1 ? "" : ", then ", n, workflow::HalvingRoundEpochs(p, ri, race),
+                           DataShare(workflow::HalvingDataFraction(p, ri, race)));
+      whole += fmt::format("{}{}", r == 1 ? "" : ", ", workflow::HalvingEpochs(p, ri));
+    }
     lines.push_back(fmt::format("rounds: halving: rung 0 ranks {} backbone{} by {} on {:g}% of each class and keeps {}; "
-                                "heads {} (in all, continued)", b, b == 1 ? "" : "s", p.rounds.rank_by,
-                                100 * p.rounds.rank_fraction, (b + eta - 1) / eta, heads));
+                                "heads {} (continued: as many steps as {} epochs of all the data by each round's end)", b, b == 1 ? "" : "s",
+                                p.rounds.rank_by, 100 * p.rounds.rank_fraction, (b + eta - 1) / eta, heads, whole));
+    if (p.rounds.grow_data && p.rounds.max > 1)
+      lines.push_back("rounds: halving: a round whose heads all run one model (its cuts, or raw pixels) trains on all "
+                      "the data (the schedule above assumes the race keeps as many models as it can)");
+    if (!p.rounds.grow_data)
+      lines.push_back("rounds: halving: every round trains on all the training data (grow_data false)");
+    else if (workflow::HalvingDataFraction(p, 1, 2) >= 1 && p.rounds.max > 1)
+      lines.push_back("rounds: halving: every round trains on all the training data (an int8 backbone's ranges are "
+                      "measured on the training images)");
   }
   for (const auto& [step, s] : p.steps) {
     if (!workflow::UsesFpga(step)) continue;

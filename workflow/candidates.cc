@@ -121,10 +121,49 @@ int64_t HalvingEpochs(const Pipeline& p, int round) {
   return std::max<int64_t>(round, std::llround(e));  // every round adds at least one epoch
 }
 
+double HalvingDataFraction(const Pipeline& p, int round, size_t models) {
+  if (p.rounds.strategy != "halving" || !p.rounds.grow_data || round >= p.rounds.max || models < 2) return 1;
+  for (const auto& bb : p.backbones)
+    if (bb.precision == "int8") return 1;
+  double g = 1;
+  for (int64_t r = round; r < p.rounds.max; ++r) g /= static_cast<double>(p.rounds.eta);
+  return std::min(1.0, std::max(g, p.rounds.rank_fraction));
+}
+
+int64_t HalvingRoundEpochs(const Pipeline& p, int round, size_t models) {
+  const int64_t more = HalvingEpochs(p, round) - (round > 1 ? HalvingEpochs(p, round - 1) : 0);
+  return std::max<int64_t>(1, std::llround(static_cast<double>(more) / HalvingDataFraction(p, round, models)));
+}
+
+namespace {
+
+// The ONNX models the candidates' backbones run (cuts of one model share a pass over the images;
+// raw pixels cost nothing to prepare): what a smaller part of the data could spare preparing.
+size_t ModelsOf(const Pipeline& p, const std::vector<Candidate>& cands) {
+  std::set<std::string> models;
+  for (const auto& c : cands)
+    for (const auto& bb : p.backbones)
+      if (bb.name == c.backbone && bb.kind != "pixels") models.insert(bb.onnx);
+  return models.size();
+}
+
+}  // namespace
+
+Pipeline RoundPipeline(const Pipeline& p, int round, const std::vector<Candidate>& fresh) {
+  if (p.rounds.strategy != "halving" || fresh.empty()) return p;
+  std::set<std::string> race;
+  for (const auto& c : fresh) race.insert(c.backbone);
+  const double g = HalvingDataFraction(p, round, ModelsOf(p, fresh));
+  if (race.size() == p.backbones.size() && g >= 1) return p;
+  nlohmann::json source = race.size() == p.backbones.size() ? p.source : KeepBackbones(p, race).source;
+  if (g < 1) source["datasets"]["train"]["subset"] = {{"fraction", g}, {"seed", p.rounds.seed}};
+  return PipelineFromSource(source);
+}
+
 std::vector<Candidate> FirstRound(const Pipeline& p) {
   std::vector<Candidate> out = Sample(p, 1);
   if (p.rounds.strategy == "halving")
-    for (auto& c : out) c.head.epochs = HalvingEpochs(p, 1);
+    for (auto& c : out) c.head.epochs = HalvingRoundEpochs(p, 1, ModelsOf(p, out));
   return out;
 }
 
@@ -139,17 +178,17 @@ std::vector<Candidate> Continue(const Pipeline& p, int round, const std::vector<
     if (r.candidate.id.rfind(prefix, 0) == 0) last.push_back(&r);
   const size_t eta = static_cast<size_t>(p.rounds.eta);
   const size_t keep = std::max<size_t>(1, (last.size() + eta - 1) / eta);
-  const int64_t more = HalvingEpochs(p, round) - HalvingEpochs(p, round - 1);
   std::vector<Candidate> out;
   for (size_t i = 0; i < keep && i < last.size(); ++i) {
     Candidate c = last[i]->candidate;
     c.parent = c.id;
     c.warm_start = last[i]->model;
     c.id = Id(round, i);
-    c.head.epochs = std::max<int64_t>(1, more);
     c.head.data_seed = DataSeedFor(p, round);
     out.push_back(c);
   }
+  const size_t models = ModelsOf(p, out);  // the data, and so the epochs, depend on the models still in the race
+  for (auto& c : out) c.head.epochs = HalvingRoundEpochs(p, round, models);
   return out;
 }
 

@@ -24,8 +24,8 @@ Candidate CandidateFromJson(const nlohmann::json& j);
 std::string HeadLabel(const kernels::HeadConfig& h);  // "mlp-128 adam lr=1e-3 l2=1e-4 e=20"
 
 // Round 1: `rounds.candidates` configurations sampled without replacement from the search
-// space, backbones taken in turn so every backbone is tried (halving: for HalvingEpochs(p, 1)
-// epochs each). Deterministic for rounds.seed.
+// space, backbones taken in turn so every backbone is tried (halving: for HalvingRoundEpochs(p, 1,
+// the models among them) epochs each). Deterministic for rounds.seed.
 std::vector<Candidate> FirstRound(const Pipeline& p);
 
 struct Ranked {
@@ -44,12 +44,31 @@ struct Ranked {
 // warm-started from its weights; restart: the parents' configurations with new seeds; random:
 // fresh samples. Deterministic for rounds.seed and the rankings.
 // halving: the best ceil(n / eta) of the previous round's n candidates, each continued from its
-// weights (warm start, same configuration) for the epochs that bring it to HalvingEpochs(round).
+// weights (warm start, same configuration) for HalvingRoundEpochs(round, their models) epochs of that round's data.
 std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking,
                                  const std::vector<Ranked>& backbone_best = {});
 
 // halving: the epochs a candidate has trained in all by the end of round r: the pipeline's
 // largest "epochs" in the last round (rounds.max), 1/eta of it a round before, ... (at least r).
 int64_t HalvingEpochs(const Pipeline& p, int round);
+
+// halving with rounds.grow_data: the part of the training split round r trains on when the
+// backbones still in the race run `models` ONNX models: 1/eta a round before the last
+// (rounds.max, which has all of it), 1/eta^2 before that, ..., but at least rounds.rank_fraction
+// (rung 0 computed those features already). All of it (1) when they run fewer than two models:
+// cuts of one model share its pass over the images and raw pixels cost nothing, so no smaller
+// part would spare anything; for every other strategy; and where a backbone is int8 (its ranges
+// are measured on the training images, so a subset would give it other features).
+double HalvingDataFraction(const Pipeline& p, int round, size_t models);
+
+// halving: the epochs a candidate trains in round r over that round's data: as many steps as the
+// epochs of the whole split HalvingEpochs adds in round r (on a third of the data, three times
+// the epochs), so a subset makes preparing cheaper but no head less trained (at least 1).
+int64_t HalvingRoundEpochs(const Pipeline& p, int round, size_t models);
+
+// What round r's tasks run: `p` itself, but for halving only the backbones of the round's
+// candidates (`fresh`: those still in the race) and the training split's subset of
+// HalvingDataFraction(p, r, their models) (SplitSpec::subset, rounds.seed).
+Pipeline RoundPipeline(const Pipeline& p, int round, const std::vector<Candidate>& fresh);
 
 }  // namespace msaflow::workflow

@@ -16,6 +16,7 @@
 #include "kernels/image_codec.h"
 #include "kernels/image_folder.h"
 #include "kernels/npy.h"
+#include "kernels/transferability.h"
 
 namespace msaflow::workflow {
 
@@ -138,6 +139,9 @@ std::string SplitStamp(const Pipeline& p, const std::string& split) {
   std::string out = fmt::format("msaflow.split-stamp/1 {} format={} limit={}\n", split, s.format, s.limit);
   if (Carved(p, split))
     out += fmt::format("carved from train: fraction={} seed={}\n", p.validation->fraction, p.validation->seed);
+  if (split == "train" && s.subset())
+    out += fmt::format("subset: fraction={} seed={} min_per_class={}\n", s.subset_fraction, s.subset_seed,
+                       kSubsetMinPerClass);
   if (s.format == "folder") {
     const kernels::FolderListing l = kernels::ListImageFolder(s.root, s.limit);
     out += "folder " + s.root + "\n";
@@ -180,7 +184,36 @@ SplitSource SplitFrom(const Pipeline& p, const std::string& split, const Base& b
     std::iota(s.rows_.begin(), s.rows_.end(), 0);
   }
   for (int64_t r : s.rows_) s.labels_.push_back(b.labels[static_cast<size_t>(r)]);
+  if (split == "train" && p.train.subset()) {  // a stratified part of the split as carved
+    s.whole_labels_ = std::make_shared<const std::vector<uint8_t>>(std::move(s.labels_));
+    s.positions_ = s.SubsetPositions(p.train.subset_fraction, p.train.subset_seed);
+    std::vector<int64_t> rows;
+    rows.reserve(s.positions_.size());
+    s.labels_.clear();
+    for (int64_t pos : s.positions_) {
+      rows.push_back(s.rows_[static_cast<size_t>(pos)]);
+      s.labels_.push_back((*s.whole_labels_)[static_cast<size_t>(pos)]);
+    }
+    s.rows_ = std::move(rows);
+  }
   return s;
+}
+
+std::vector<int64_t> SplitSource::Positions() const {
+  if (whole_labels_) return positions_;
+  std::vector<int64_t> all(rows_.size());
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
+std::vector<int64_t> SplitSource::SubsetPositions(double fraction, uint64_t seed) const {
+  const std::vector<uint8_t>& whole = whole_labels_ ? *whole_labels_ : labels_;
+  if (fraction >= 1) {
+    std::vector<int64_t> all(whole.size());
+    std::iota(all.begin(), all.end(), 0);
+    return all;
+  }
+  return kernels::StratifiedSubset(whole, fraction, kSubsetMinPerClass, seed);
 }
 
 int64_t CheckSplits(const Pipeline& p, const std::vector<SplitSource>& splits) {

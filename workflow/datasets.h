@@ -33,6 +33,13 @@ class SplitSource {
   std::string Where(int64_t i) const;
   // An image folder (whose images may differ in size), not an IDX or .npy file.
   bool folder() const { return folder_ != nullptr; }
+  // A training split that is a subset (SplitSpec::subset): its rows' positions in the whole split
+  // (ascending), and the whole split's size. Without a subset: 0..count-1, and count.
+  std::vector<int64_t> Positions() const;
+  int64_t whole_count() const { return static_cast<int64_t>(whole_labels_ ? whole_labels_->size() : rows_.size()); }
+  // The positions in the whole split of its subset of `fraction` (seeded as SplitSpec::subset_seed
+  // is): the same rows as a split opened with that subset; all of them for a fraction of 1.
+  std::vector<int64_t> SubsetPositions(double fraction, uint64_t seed) const;
 
  private:
   friend SplitSource SplitFrom(const Pipeline& p, const std::string& split, const Base& b);
@@ -40,6 +47,9 @@ class SplitSource {
   std::shared_ptr<const kernels::ImageSet> set_;     // idx, npy: the whole file (after its limit)
   std::shared_ptr<const kernels::FolderListing> folder_;
   std::vector<int64_t> rows_;                        // split row -> row of the set or listing
+  // A subset: the whole split's labels, and each row's position among them.
+  std::shared_ptr<const std::vector<uint8_t>> whole_labels_;
+  std::vector<int64_t> positions_;
   std::vector<uint8_t> labels_;
   std::vector<std::string> class_names_;
 };

@@ -122,6 +122,11 @@ class Reader {
     return x;
   }
 
+  bool Bool(const json& v, const std::string& ptr) const {
+    if (!v.is_boolean()) Fail(ptr, "expected true or false, got " + TypeName(v));
+    return v.get<bool>();
+  }
+
   double Number(const json& v, const std::string& ptr, double lo, double hi) const {
     if (!v.is_number()) Fail(ptr, "expected a number, got " + TypeName(v));
     double x = v.get<double>();
@@ -163,18 +168,28 @@ class Reader {
   std::string origin_, base_;
 };
 
-SplitSpec ReadSplit(const Reader& r, const json& v, const std::string& ptr) {
+// A split's file or folder; `subset` (a stratified part) is allowed on the training split only.
+SplitSpec ReadSplit(const Reader& r, const json& v, const std::string& ptr, bool subset_allowed = false) {
   SplitSpec s;
   if (v.is_object() && v.contains("format")) s.format = r.Enum(v["format"], ptr + "/format", {"idx", "npy", "folder"});
+  if (v.is_object() && v.contains("subset") && !subset_allowed)
+    r.Fail(ptr + "/subset", "only the training split (/datasets/train) can be a subset");
   if (s.format == "folder") {
-    r.Object(v, ptr, {"format", "root", "limit"}, {"root"});
+    r.Object(v, ptr, {"format", "root", "limit", "subset"}, {"root"});
     s.root = r.Path(v["root"], ptr + "/root");
   } else {
-    r.Object(v, ptr, {"format", "images", "labels", "limit"}, {"images", "labels"});
+    r.Object(v, ptr, {"format", "images", "labels", "limit", "subset"}, {"images", "labels"});
     s.images = r.Path(v["images"], ptr + "/images");
     s.labels = r.Path(v["labels"], ptr + "/labels");
   }
   if (v.contains("limit")) s.limit = r.Int(v["limit"], ptr + "/limit", 1, 100000000);
+  if (v.contains("subset")) {
+    const json& sub = v["subset"];
+    const std::string sp = ptr + "/subset";
+    r.Object(sub, sp, {"fraction", "seed"}, {"fraction"});
+    s.subset_fraction = r.Number(sub["fraction"], sp + "/fraction", 0.001, 1);
+    if (sub.contains("seed")) s.subset_seed = static_cast<uint64_t>(r.Int(sub["seed"], sp + "/seed", 0, INT64_MAX));
+  }
   return s;
 }
 
@@ -336,7 +351,7 @@ void ReadHeader(const Reader& r, const json& doc, const std::string& base_dir, P
 // datasets and select_on.
 void ReadDatasets(const Reader& r, const json& doc, Pipeline& p) {
   r.Object(doc["datasets"], "/datasets", {"train", "validation", "test", "classes"}, {"train", "test"});
-  p.train = ReadSplit(r, doc["datasets"]["train"], "/datasets/train");
+  p.train = ReadSplit(r, doc["datasets"]["train"], "/datasets/train", true);
   p.test = ReadSplit(r, doc["datasets"]["test"], "/datasets/test");
   if (doc["datasets"].contains("validation"))
     p.validation = ReadValidation(r, doc["datasets"]["validation"], "/datasets/validation");
@@ -461,18 +476,19 @@ void ReadSteps(const Reader& r, const json& doc, Pipeline& p) {
 
 void ReadRounds(const Reader& r, const json& ro, RoundsSpec& rounds) {
   r.Object(ro, "/rounds", {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed", "backbone_margin",
-                           "eta", "rank_fraction", "rank_by"}, {});
+                           "eta", "rank_fraction", "rank_by", "grow_data"}, {});
   if (ro.contains("backbone_margin")) rounds.backbone_margin = r.Number(ro["backbone_margin"], "/rounds/backbone_margin", 0, 1);
   if (ro.contains("max")) rounds.max = r.Int(ro["max"], "/rounds/max", 1, 1000);
   if (ro.contains("candidates")) rounds.candidates = r.Int(ro["candidates"], "/rounds/candidates", 1, 10000);
   if (ro.contains("top_k")) rounds.top_k = r.Int(ro["top_k"], "/rounds/top_k", 1, 10000);
   if (ro.contains("strategy"))
     rounds.strategy = r.Enum(ro["strategy"], "/rounds/strategy", {"perturb", "restart", "random", "halving"});
-  for (const char* k : {"eta", "rank_fraction", "rank_by"})
+  for (const char* k : {"eta", "rank_fraction", "rank_by", "grow_data"})
     if (ro.contains(k) && rounds.strategy != "halving")
       r.Fail(std::string("/rounds/") + k, "only for \"strategy\": \"halving\" (the strategy is \"" + rounds.strategy + "\")");
   if (ro.contains("eta")) rounds.eta = r.Int(ro["eta"], "/rounds/eta", 2, 16);
   if (ro.contains("rank_fraction")) rounds.rank_fraction = r.Number(ro["rank_fraction"], "/rounds/rank_fraction", 0.001, 1);
+  if (ro.contains("grow_data")) rounds.grow_data = r.Bool(ro["grow_data"], "/rounds/grow_data");
   if (ro.contains("rank_by")) rounds.rank_by = r.Enum(ro["rank_by"], "/rounds/rank_by", {"knn", "logme"});
   if (ro.contains("min_delta")) rounds.min_delta = r.Number(ro["min_delta"], "/rounds/min_delta", 0, 1);
   if (ro.contains("patience")) rounds.patience = r.Int(ro["patience"], "/rounds/patience", 1, 1000);

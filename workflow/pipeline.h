@@ -29,9 +29,18 @@ struct SplitSpec {
   double fraction = 0;
   uint64_t seed = 1;
   bool from_train() const { return fraction > 0; }
+  // train only: a stratified part of the split ({"subset": {"fraction", "seed"}}): each class's
+  // first round(fraction x its images) of a seeded order, at least kSubsetMinPerClass. A smaller
+  // fraction's rows are among a larger one's (the halving strategy grows its rounds' data so).
+  double subset_fraction = 1;
+  uint64_t subset_seed = 1;
+  bool subset() const { return subset_fraction < 1; }
   // The file or folder, for messages.
   const std::string& origin() const { return format == "folder" ? root : images; }
 };
+
+// A subset keeps at least this many images of a class (all of a class with fewer).
+inline constexpr int64_t kSubsetMinPerClass = 10;
 
 // Raw pixels resized to "input" give at most this many features an image (512 x 512 x 3 fits).
 constexpr int64_t kMaxPixelFeatures = int64_t{1} << 20;
@@ -98,6 +107,10 @@ struct RoundsSpec {
   int64_t eta = 3;
   double rank_fraction = 0.1;
   std::string rank_by = "knn";
+  // halving: round r trains on a stratified 1/eta^(max - r) of the training split (at least
+  // rank_fraction; the last round on all of it), nested, so that the backbones dropped on the
+  // way are never run over all the images (workflow::HalvingDataFraction).
+  bool grow_data = true;
   double min_delta = 0.0;
   double backbone_margin = 0.02;  // a backbone this close behind the champion keeps a parent (candidates.h)
   int64_t patience = 1;

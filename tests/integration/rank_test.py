@@ -25,6 +25,7 @@ import transferability_reference as ref  # noqa: E402
 
 FASHION = os.path.join(ROOT, "data", "fashion-mnist")
 MODEL = os.path.join(ROOT, "models", "mobilenet_v2.onnx")
+OCR = os.path.join(ROOT, "models", "ch_PP-OCRv4_rec_infer.onnx")
 
 
 def msaflow(*args):
@@ -63,6 +64,10 @@ def pipeline(limit=1500):
 
 def halving_doc():
     doc = pipeline()
+    # A second model, cut twice: five backbones, of which rung 0 keeps three that run two models
+    # (the data grows only while the race runs at least two: docs/search.md).
+    doc["backbones"].append({"name": "ocr", "onnx": OCR, "feature_layer": ["conv2d_195.tmp_0", "p2o.AveragePool.1"],
+                             "input": {"height": 48, "width": 48, "mean": [0.5] * 3, "std": [0.5] * 3}})
     doc["datasets"]["validation"] = {"from": "train", "fraction": 0.2, "seed": 1}
     doc["select_on"] = "validation"
     doc["head"] = {"type": "softmax", "lr": [0.001, 0.003], "epochs": 4}
@@ -229,26 +234,33 @@ class Rank(unittest.TestCase):
         with open(path, "w") as f:
             json.dump(doc, f)
         v = msaflow("validate", path)
-        self.assertIn("rounds: halving: rung 0 ranks 3 backbones by knn on 15% of each class and keeps 2; heads 4 x 2 "
-                      "epochs, then 2 x 4 epochs (in all, continued)", v.stdout)
+        self.assertIn("rounds: halving: rung 0 ranks 5 backbones by knn on 15% of each class and keeps 3; heads 4 x 4 "
+                      "epochs on 50 % of the data, then 2 x 2 epochs on all the data (continued: as many steps as 2, 4 "
+                      "epochs of all the data by each round's end)", v.stdout)
         runs = os.path.join(self.tmp.name, "runs")
         r = msaflow("run", path, "--runs", runs, "--run-id", "halving")
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
         with open(os.path.join(runs, "halving", "results.json")) as f:
             res = json.load(f)
         rung0 = res["halving"]["rung0"]
-        # Rung 0 is `msaflow rank` on the same subset: the same figures, the best two by kNN kept.
+        # Rung 0 is `msaflow rank` on the same subset: the same figures, the best three by kNN kept.
         ranked = json.loads(msaflow("rank", path, "--json", "--fraction", "0.15", "--seed", "6").stdout)
         self.assertEqual({b["backbone"]: (b["knn"], b["logme"]) for b in ranked["backbones"]},
                          {b["backbone"]: (b["knn"], b["logme"]) for b in rung0["backbones"]})
         order = sorted(rung0["backbones"], key=lambda b: (-b["knn"], -b["logme"]))
-        kept = [b["backbone"] for b in order[:2]]
+        kept = [b["backbone"] for b in order[:3]]
         self.assertEqual(rung0["kept"], kept)
-        self.assertEqual(rung0["dropped"], [order[2]["backbone"]])
-        self.assertIn("rung 0: ranking 3 backbones by kNN", r.stdout)
-        # Only the kept backbones were prepared and trained on.
+        self.assertEqual(rung0["dropped"], [b["backbone"] for b in order[3:]])
+        self.assertEqual(len({MODEL if b.startswith("mnv2") else OCR for b in kept if b != "pixels"}), 2, kept)
+        self.assertIn("rung 0: ranking 5 backbones by kNN", r.stdout)
+        # Only the kept backbones were prepared and trained on, round 1 on half the training split
+        # (stratified), round 2 on all of it.
         r1, r2 = res["rounds"]
         self.assertEqual({e["backbone"] for e in r1["features"]["computed"]}, set(kept))
+        train_rows = rung0["train_images"]  # 1500 less the validation carve's fifth
+        self.assertLess(abs(train_rows - 1200), 5)
+        half = [e["rows"] for e in r1["features"]["computed"] if e["split"] == "train"]
+        self.assertTrue(half and all(abs(n - train_rows // 2) <= 10 for n in half), half)
         # Rung 0's subset ran through each kept model once: prepare took those rows' features from
         # it (one computed again as a check), not from the backbone (bit for bit the same: the
         # modules unit test Rung0sFeaturesAreNotComputedAgainAndChangeNoBit).
@@ -257,16 +269,39 @@ class Rank(unittest.TestCase):
         for e in onnx_train:
             self.assertEqual(e["reused_rows"], rung0["subset_images"] - 1, e)
             self.assertIn("identical", e["per_rank"][0]["spot_check"])
-            self.assertIn(f"features {e['backbone']}/train: {rung0['subset_images'] - 1} of rows [0, {e['rows']}) taken "
-                          "from rung 0", r.stdout)
+            self.assertIn(f"features {e['backbone']}/train: {rung0['subset_images'] - 1} of rows [0, {e['rows']}) known "
+                          f"({rung0['subset_images']} from rung 0)", r.stdout)
         self.assertTrue(all("reused_rows" not in e for e in r1["features"]["computed"] if e["split"] != "train"))
+        # Round 2 grows the data for the backbones whose heads go on, and only for those: the rows
+        # round 1 computed are taken from its features (the modules unit test
+        # AHalvingRoundsDataGrowsFromTheRoundBefore checks the bytes).
+        with open(os.path.join(runs, "halving", "journal.jsonl")) as f:
+            events = [json.loads(line) for line in f if line.strip()]
+        starts = {e["round"]: e["halving"] for e in events if e.get("event") == "round-start"}
+        self.assertEqual(sorted(starts[1]["backbones"]), sorted(kept))
+        self.assertEqual(starts[1]["train_fraction"], 0.5)
+        self.assertEqual([r1["halving"], r2["halving"]], [starts[1], starts[2]])  # results.json says it too
+        race = sorted({c["candidate"]["backbone"] for c in r2["candidates"] if c["candidate"]["id"].startswith("r2-")})
+        self.assertEqual(sorted(starts[2]["backbones"]), race)
+        self.assertEqual(starts[2]["train_fraction"], 1)
+        self.assertIn(f"round 2 (halving): {len(race)} backbone", r.stdout)
+        grown = [e for e in r2["features"]["computed"] if e["split"] == "train"]
+        self.assertEqual(sorted(e["backbone"] for e in grown), race)
+        for e in grown:
+            self.assertEqual(e["rows"], train_rows)
+            before = next(b for b in r1["features"]["computed"] if b["split"] == "train" and b["backbone"] == e["backbone"])
+            if e["backbone"] != "pixels":
+                self.assertEqual(e["reused_rows"], before["rows"] - 1, e)
+                self.assertIn(f"({before['rows']} from the previous round)", r.stdout)
+        self.assertEqual(r2["features"]["computed"] and {e["split"] for e in r2["features"]["computed"]}, {"train"})
         # Once round 1's prepare is done they have served, and are gone from the NAM.
         left = msaflow("nam", "ls", "rung0/", "--nam", "file://" + os.path.join(runs, "nam"))
         self.assertEqual((left.returncode, left.stdout), (0, ""), left.stderr)
         first = [c for c in r1["candidates"] if c["candidate"]["id"].startswith("r1-")]
         self.assertEqual(len(first), 4)
-        self.assertTrue(all(c["candidate"]["backbone"] in kept and c["candidate"]["head"]["epochs"] == 2 for c in first))
-        # Round 2 continues the best half of round 1 from its weights, to 4 epochs in all.
+        # On half the data, twice the epochs: the steps of 2 epochs of all of it.
+        self.assertTrue(all(c["candidate"]["backbone"] in kept and c["candidate"]["head"]["epochs"] == 4 for c in first))
+        # Round 2 continues the best half of round 1 from its weights, 2 epochs of all the data.
         best_first = sorted(first, key=lambda c: -c["accuracy"])[:2]
         second = sorted((c for c in r2["candidates"] if c["candidate"]["id"].startswith("r2-")),
                         key=lambda c: c["candidate"]["id"])
@@ -274,15 +309,23 @@ class Rank(unittest.TestCase):
         self.assertEqual([c["candidate"]["warm_start"] for c in second], [c["model"] for c in best_first])
         self.assertTrue(all(c["candidate"]["head"]["epochs"] == 2 for c in second))
         # Journalled, and explained by `why`.
-        with open(os.path.join(runs, "halving", "journal.jsonl")) as f:
-            events = [json.loads(line) for line in f if line.strip()]
         rung = [e for e in events if e.get("event") == "rung0"]
         self.assertEqual(len(rung), 1)
         self.assertEqual(rung[0]["kept"], kept)
-        w = msaflow("why", os.path.join(runs, "halving"), order[2]["backbone"])
+        w = msaflow("why", os.path.join(runs, "halving"), order[3]["backbone"])
         self.assertEqual(w.returncode, 0, w.stderr)
-        self.assertIn(f"{order[2]['backbone']} in run halving: dropped at rung 0: kNN {order[2]['knn']:.3f} vs "
-                      f"{order[1]['knn']:.3f} of {order[1]['backbone']}", w.stdout)
+        self.assertIn(f"{order[3]['backbone']} in run halving: dropped at rung 0: kNN {order[3]['knn']:.3f} vs "
+                      f"{order[2]['knn']:.3f} of {order[2]['backbone']}", w.stdout)
+        # ... and what became of the kept ones in the rounds.
+        for b in kept:
+            w = msaflow("why", os.path.join(runs, "halving"), b)
+            self.assertEqual(w.returncode, 0, w.stderr)
+            self.assertIn("in the race in round", w.stdout)
+            if b in race:
+                self.assertIn("still in the race in round 2, the last one run", w.stdout)
+            else:
+                self.assertIn("left the race after round 1: its best head r1-c", w.stdout)
+                self.assertIn("the best 2 of 4 heads continued had at least", w.stdout)
         # Halving's keys belong to halving.
         doc["rounds"]["strategy"] = "perturb"
         with open(path, "w") as f:

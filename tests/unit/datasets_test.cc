@@ -4,6 +4,8 @@
 #include <png.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -153,6 +155,77 @@ TEST_F(Datasets, ValidationFromTrainIsStratifiedSeededAndDisjoint) {
   EXPECT_NE(tr.Digest(), va.Digest());
   EXPECT_EQ(va.Read(0, 10).count, 10);
   EXPECT_EQ(CheckDatasets(p), 3);
+}
+
+// A training subset (the halving strategy's growing rounds): stratified, at least 10 of a class,
+// a smaller fraction's rows among a larger one's, a content digest and a stamp of its own.
+TEST_F(Datasets, ATrainingSubsetIsStratifiedNestedAndKeyedApart) {
+  std::vector<int64_t> l64;
+  for (int i = 0; i < 300; ++i) l64.push_back(i < 200 ? 0 : i < 285 ? 1 : 2);  // 200, 85 and 15 images
+  std::string px;
+  for (int i = 0; i < 300; ++i) px += std::string(4, static_cast<char>(i));
+  Write("tr-x.npy", Npy("|u1", "(300, 2, 2)", px));
+  Write("tr-y.npy", Npy("<i8", "(300,)", Int64s(l64)));
+  Write("te-x.npy", Npy("|u1", "(3, 2, 2)", std::string(12, 'y')));
+  Write("te-y.npy", Npy("<i8", "(3,)", Int64s({0, 1, 2})));
+  const std::string val = R"(, "validation": {"from": "train", "fraction": 0.2, "seed": 5})";
+  Pipeline whole = Npys(val);
+  auto with_subset = [&](double fraction) {
+    Pipeline p = whole;
+    p.train.subset_fraction = fraction;
+    p.train.subset_seed = 3;
+    return p;
+  };
+  const SplitSource all = OpenSplit(whole, "train");
+  ASSERT_EQ(all.count(), 240);  // 160, 68 and 12 after the validation carve
+  const SplitSource third = OpenSplit(with_subset(1.0 / 3), "train"), tenth = OpenSplit(with_subset(0.1), "train");
+  int per[3] = {0, 0, 0};
+  for (uint8_t l : third.labels()) ++per[l];
+  EXPECT_EQ(per[0], 53);  // round(160 / 3)
+  EXPECT_EQ(per[1], 23);
+  EXPECT_EQ(per[2], 10);  // at least 10 of a class
+  std::fill(per, per + 3, 0);
+  for (uint8_t l : tenth.labels()) ++per[l];
+  EXPECT_EQ(per[0], 16);
+  EXPECT_EQ(per[1], 10);
+  EXPECT_EQ(per[2], 10);
+  // Nested: the tenth's rows are among the third's, each row the whole split's at its position.
+  const std::vector<int64_t> p3 = third.Positions(), p10 = tenth.Positions();
+  EXPECT_TRUE(std::includes(p3.begin(), p3.end(), p10.begin(), p10.end()));
+  EXPECT_EQ(third.whole_count(), 240);
+  EXPECT_EQ(all.SubsetPositions(1.0 / 3, 3), p3);
+  EXPECT_EQ(tenth.SubsetPositions(1.0 / 3, 3), p3);
+  EXPECT_NE(all.SubsetPositions(1.0 / 3, 4), p3);  // another seed, other rows
+  const kernels::ImageSet sub = third.Read(0, third.count()), full = all.Read(0, all.count());
+  for (size_t i = 0; i < p3.size(); ++i) {
+    ASSERT_EQ(std::memcmp(sub.Image(static_cast<int64_t>(i)), full.Image(p3[i]), 4), 0) << i;
+    ASSERT_EQ(third.labels()[i], all.labels()[static_cast<size_t>(p3[i])]) << i;
+  }
+  EXPECT_EQ(all.Positions().size(), 240u);
+  EXPECT_EQ(all.SubsetPositions(1, 3), all.Positions());
+  // Its own content key and stamp; validation and test are not touched.
+  EXPECT_NE(third.Digest(), all.Digest());
+  EXPECT_NE(third.Digest(), tenth.Digest());
+  EXPECT_NE(SplitStamp(with_subset(1.0 / 3), "train"), SplitStamp(whole, "train"));
+  EXPECT_EQ(SplitStamp(with_subset(1.0 / 3), "validation"), SplitStamp(whole, "validation"));
+  EXPECT_EQ(OpenSplit(with_subset(0.1), "validation").Digest(), OpenSplit(whole, "validation").Digest());
+  EXPECT_EQ(CheckDatasets(with_subset(0.1)), 3);
+  // From the pipeline's JSON, on the training split only.
+  const std::string text = R"({"name": "n", "datasets": {"train": {"format": "npy", "images": "tr-x.npy", "labels": "tr-y.npy",
+      "subset": {"fraction": 0.5, "seed": 9}}, "test": {"format": "npy", "images": "te-x.npy", "labels": "te-y.npy"}},
+      "select_on": "test", "backbones": [{"name": "pixels", "kind": "pixels"}]})";
+  const Pipeline j = ParsePipeline(text, "p.json", dir_);
+  EXPECT_EQ(j.train.subset_fraction, 0.5);
+  EXPECT_EQ(j.train.subset_seed, 9u);
+  EXPECT_EQ(OpenSplit(j, "train").count(), 153);  // 100 + 43 + 8, but at least 10 of the third class
+  std::string bad = text;
+  bad.replace(bad.find("\"te-y.npy\""), 10, R"("te-y.npy", "subset": {"fraction": 0.5})");
+  EXPECT_EQ(ErrorOf([&] { ParsePipeline(bad, "p.json", dir_); }),
+            "p.json: /datasets/test/subset: only the training split (/datasets/train) can be a subset");
+  bad = text;
+  bad.replace(bad.find("0.5"), 3, "0");
+  EXPECT_EQ(ErrorOf([&] { ParsePipeline(bad, "p.json", dir_); }),
+            "p.json: /datasets/train/subset/fraction: 0 is out of range; expected 0.001..1");
 }
 
 TEST_F(Datasets, LabelsNoModelCanLearnAreRefusedNamingFileAndImage) {

@@ -481,6 +481,93 @@ TEST_F(TinyRound, Rung0sFeaturesAreNotComputedAgainAndChangeNoBit) {
   ::unsetenv("MSAFLOW_PART_BYTES");
 }
 
+// halving with growing data (issue 30): round 1's prepare computes a third of the training split,
+// each row the very values a prepare of the whole split gives it; round 2's prepare of the whole
+// split takes those rows from round 1's features object (one computed again as a check) and writes
+// the same bytes as a prepare of every row. Made for other files, the object is not read.
+TEST_F(TinyRound, AHalvingRoundsDataGrowsFromTheRoundBefore) {
+  ::setenv("MSAFLOW_PART_BYTES", "16384", 1);  // parts of one 64-row batch: the train split's 68 rows in 2
+  // Two models in the race (the data grows only where a smaller part could spare one a pass): a
+  // copy of MobileNetV2 is another file.
+  const std::string model = std::string(MSAFLOW_SOURCE_DIR) + "/models/mobilenet_v2.onnx";
+  std::filesystem::copy_file(model, dir_ + "/other.onnx");
+  doc_["backbones"] = json::array({{{"name", "mnv2"}, {"onnx", model}, {"feature_layer", "block_3_expand_relu"},
+                                    {"input", {{"height", 16}, {"width", 16}}}},
+                                   {{"name", "other"}, {"onnx", "other.onnx"}, {"feature_layer", "block_1_expand_relu"},
+                                    {"input", {{"height", 16}, {"width", 16}}}}});
+  doc_["rounds"] = {{"max", 2}, {"candidates", 2}, {"seed", 1}, {"strategy", "halving"}, {"eta", 3}};
+  auto train_entry = [&](int round) {
+    const json summary = json::parse(store_->Get(workflow::PreparedObject("run1", round)).bytes);
+    for (const json& e : summary["computed"])
+      if (e["split"] == "train" && e["backbone"] == "mnv2") return e;
+    ADD_FAILURE() << "no train entry computed in round " << round << ": " << summary.dump();
+    return json();
+  };
+  auto parts_of = [&](const std::string& object) {  // the parts of a features object, by name
+    std::map<std::string, std::string> out;
+    for (const auto& o : store_->List(object + ".p")) out[o.name] = store_->Get(o.name).bytes;
+    return out;
+  };
+  // Every row of the whole split through the backbone.
+  Replan();
+  Step("load");
+  Step("prepare");
+  const std::string whole_object = train_entry(1)["object"];
+  const auto plain = parts_of(whole_object);
+  ASSERT_EQ(plain.size(), 2u);
+  const modules::Features all = modules::LoadFeaturesObject(*store_, whole_object);
+
+  // Round 1 of the run: a third of the split (at least 10 of each class); round 2 continues both
+  // heads, one on each model.
+  auto round = [&](int r) {
+    const auto fresh = workflow::FirstRound(pipeline_);
+    EXPECT_EQ(fresh.size(), 2u);
+    EXPECT_NE(fresh[0].backbone, fresh[1].backbone);
+    const workflow::Pipeline rp = workflow::RoundPipeline(pipeline_, r, fresh);
+    plan_ = orchestrator::PlanRound(rp, machine_, "run1", nam_, r, fresh, {});
+    Step("load");
+    Step("prepare");
+    return rp;
+  };
+  auto run_from_scratch = [&] {
+    Replan();  // a fresh NAM
+    const workflow::Pipeline r1 = round(1);
+    EXPECT_DOUBLE_EQ(r1.train.subset_fraction, 1.0 / 3);
+    return r1;
+  };
+  const workflow::Pipeline r1 = run_from_scratch();
+  const json e1 = train_entry(1);
+  const std::vector<int64_t> positions = workflow::OpenSplit(r1, "train").Positions();
+  ASSERT_EQ(e1["rows"], static_cast<int64_t>(positions.size()));
+  ASSERT_EQ(positions.size(), 30u);  // 10 of each of the 3 classes (a third would be fewer)
+  EXPECT_EQ(e1.count("reused_rows"), 0u);
+  const modules::Features sub = modules::LoadFeaturesObject(*store_, e1["object"]);
+  ASSERT_EQ(sub.dim, all.dim);
+  for (size_t i = 0; i < positions.size(); ++i)
+    ASSERT_EQ(std::memcmp(sub.x.data() + i * sub.dim, all.x.data() + positions[i] * all.dim, sizeof(float) * sub.dim), 0)
+        << "row " << i;
+  EXPECT_TRUE(store_->Stat(e1["object"])->meta.contains("subset"));
+
+  // Round 2: the whole split, growing from round 1's rows.
+  const workflow::Pipeline r2 = round(2);
+  EXPECT_FALSE(r2.train.subset());
+  const json e2 = train_entry(2);
+  EXPECT_EQ(e2["object"], whole_object);
+  EXPECT_EQ(e2["reused_rows"], 29);  // the checked row ran again
+  EXPECT_NE(e2["per_rank"][0].value("spot_check", "").find("identical"), std::string::npos) << e2.dump();
+  EXPECT_EQ(parts_of(whole_object), plain);
+
+  // Round 1's object made from other files (its stamp of the whole split differs): not read.
+  run_from_scratch();
+  nam::Object o = store_->Get(train_entry(1)["object"]);
+  o.info.meta["subset"]["whole_stamp"] = "0123456789abcdef";
+  store_->Put(o.info.name, o.bytes, o.info.meta);
+  round(2);
+  EXPECT_EQ(train_entry(2).count("reused_rows"), 0u);
+  EXPECT_EQ(parts_of(whole_object), plain);
+  ::unsetenv("MSAFLOW_PART_BYTES");
+}
+
 // Two cuts of one model are prepared in one pass over the images: each features object holds
 // the very values a prepare of that cut alone writes (its parts may cut the rows elsewhere: the
 // pass gives all its cuts the parts of the widest), and the summary says which ran together.

@@ -242,6 +242,94 @@ TEST(Candidates, FirstRoundCoversBackbonesDeterministically) {
   EXPECT_EQ(CandidateFromJson(ToJson(a[3])).head.lr, a[3].head.lr);
 }
 
+// halving (issue 30): round r trains on 1/eta^(max - r) of the training split, at least rung 0's
+// share, the last on all of it; a round's tasks see only the backbones still in the race.
+TEST(Candidates, HalvingGrowsTheDataAndNarrowsTheBackbonesRoundByRound) {
+  auto halving = [](const std::string& rounds, const std::string& precision = "f32") {
+    return ParsePipeline(R"({"name": "t",
+      "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                   "validation": {"from": "train", "fraction": 0.1}},
+      "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": ["x", "y"], "input": {"height": 32, "width": 32},
+                     "precision": ")" + precision + R"("},
+                    {"name": "n", "onnx": "n.onnx", "feature_layer": "z", "input": {"height": 32, "width": 32}},
+                    {"name": "pixels", "kind": "pixels"}],
+      "rounds": )" + rounds + "}",
+                         "p.json", "/b");
+  };
+  const Pipeline p = halving(R"({"max": 3, "candidates": 6, "seed": 4, "strategy": "halving", "eta": 3})");
+  EXPECT_DOUBLE_EQ(workflow::HalvingDataFraction(p, 1, 2), 1.0 / 9);
+  EXPECT_DOUBLE_EQ(workflow::HalvingDataFraction(p, 2, 2), 1.0 / 3);
+  EXPECT_EQ(workflow::HalvingDataFraction(p, 3, 2), 1);
+  // The steps of 2, then 7, then 20 epochs of all the data (head.epochs 20) by each round's end.
+  EXPECT_EQ(workflow::HalvingEpochs(p, 1), 2);
+  EXPECT_EQ(workflow::HalvingEpochs(p, 2), 7);
+  EXPECT_EQ(workflow::HalvingRoundEpochs(p, 1, 3), 18);  // 2 epochs' steps on a ninth of the data
+  EXPECT_EQ(workflow::HalvingRoundEpochs(p, 2, 2), 15);  // 5 more on a third
+  EXPECT_EQ(workflow::HalvingRoundEpochs(p, 3, 1), 13);
+  // A race of one backbone: all the data at once (a subset would spare it nothing), and so the epochs.
+  EXPECT_EQ(workflow::HalvingDataFraction(p, 1, 1), 1);
+  EXPECT_EQ(workflow::HalvingRoundEpochs(p, 1, 1), 2);
+  EXPECT_EQ(workflow::HalvingRoundEpochs(p, 2, 1), 5);
+  const Pipeline wide = halving(R"({"max": 3, "candidates": 6, "strategy": "halving", "eta": 4, "rank_fraction": 0.2})");
+  EXPECT_DOUBLE_EQ(workflow::HalvingDataFraction(wide, 1, 2), 0.2);  // 1/16, but rung 0 has a fifth already
+  EXPECT_DOUBLE_EQ(workflow::HalvingDataFraction(wide, 2, 2), 0.25);
+  EXPECT_EQ(workflow::HalvingDataFraction(halving(R"({"max": 3, "strategy": "halving", "grow_data": false})"), 1, 2), 1);
+  EXPECT_EQ(workflow::HalvingDataFraction(halving(R"({"max": 3, "strategy": "halving"})", "int8"), 1, 2), 1);
+  EXPECT_EQ(workflow::HalvingDataFraction(TwoBackbones(), 1, 2), 1);
+  // Round 1: every backbone; its tasks' pipeline takes a ninth of the training split.
+  const auto first = FirstRound(p);
+  EXPECT_EQ(first[0].head.epochs, 18);
+  const Pipeline r1 = workflow::RoundPipeline(p, 1, first);
+  EXPECT_EQ(r1.backbones.size(), 4u);
+  EXPECT_DOUBLE_EQ(r1.train.subset_fraction, 1.0 / 9);
+  EXPECT_EQ(r1.train.subset_seed, 4u);
+  EXPECT_EQ(r1.source["datasets"]["train"]["subset"]["fraction"], 1.0 / 9);
+  EXPECT_FALSE(r1.test.subset());
+  EXPECT_FALSE(p.train.subset());  // the run's own pipeline is left as it was
+  RoundPlan plan = PlanRound(r1, LoadMachine("local"), "run1", "mem://x", 1, first, {});
+  EXPECT_EQ(plan.tasks[1].body["pipeline"]["datasets"]["train"]["subset"]["fraction"], 1.0 / 9);
+  // Round 2: heads on both cuts of m: one model, whose pass a smaller part would spare nothing,
+  // so all the data (and the epochs of all of it); on m and n, a third.
+  std::vector<workflow::Candidate> cuts, models;
+  for (const auto& c : first) {
+    if (c.backbone.rfind("m.", 0) == 0 && cuts.size() < 2 && (cuts.empty() || cuts[0].backbone != c.backbone))
+      cuts.push_back(c);
+    if ((c.backbone == "n" || c.backbone == "m.x") && (models.empty() || models[0].backbone != c.backbone)) models.push_back(c);
+  }
+  ASSERT_EQ(cuts.size(), 2u);
+  ASSERT_EQ(models.size(), 2u);
+  const Pipeline one_model = workflow::RoundPipeline(p, 2, cuts);
+  EXPECT_EQ(one_model.backbones.size(), 2u);
+  EXPECT_FALSE(one_model.train.subset());
+  const Pipeline two_models = workflow::RoundPipeline(p, 2, models);
+  EXPECT_DOUBLE_EQ(two_models.train.subset_fraction, 1.0 / 3);
+  // Round 3: two heads on one cut of m: only that cut, on the whole split.
+  std::vector<workflow::Candidate> last;
+  for (const auto& c : first)
+    if (c.backbone == "m.y" && last.size() < 2) last.push_back(c);
+  ASSERT_EQ(last.size(), 2u);
+  const Pipeline r3 = workflow::RoundPipeline(p, 3, last);
+  ASSERT_EQ(r3.backbones.size(), 1u);
+  EXPECT_EQ(r3.backbones[0].name, "m.y");
+  EXPECT_FALSE(r3.train.subset());
+  EXPECT_FALSE(r3.source["datasets"]["train"].contains("subset"));
+  // Every other strategy: the pipeline itself.
+  EXPECT_EQ(workflow::RoundPipeline(TwoBackbones(), 1, FirstRound(TwoBackbones())).source, TwoBackbones().source);
+  // grow_data is halving's.
+  try {
+    halving(R"({"max": 3, "grow_data": true})");
+    ADD_FAILURE() << "grow_data without halving was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "p.json: /rounds/grow_data: only for \"strategy\": \"halving\" (the strategy is \"perturb\")");
+  }
+  try {
+    halving(R"({"max": 3, "strategy": "halving", "grow_data": 1})");
+    ADD_FAILURE() << "grow_data 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "p.json: /rounds/grow_data: expected true or false, got number 1");
+  }
+}
+
 TEST(Candidates, PerturbDerivesFromTheBest) {
   Pipeline p = TwoBackbones();
   auto first = FirstRound(p);
