@@ -379,7 +379,23 @@ std::string Rung0Table(const json& results) {
     out += fmt::format("<tr><td>{}</td><td>{:.3f}</td><td>{:.4f}</td><td>{}</td><td>{}</td></tr>",
                        Escape(b.value("backbone", "")), b.value("knn", 0.0), b.value("logme", 0.0), b.value("dim", 0),
                        Escape(b.value("why", "")));
-  return out + "</table>\n";
+  out += "</table>\n";
+  // The rounds after it: the backbones still in the race, on how much of the training data.
+  std::string rows;
+  for (const json& r : results.value("rounds", json::array())) {
+    if (!r.contains("halving")) continue;
+    const json& h = r["halving"];
+    std::vector<std::string> names;
+    for (const json& b : h.value("backbones", json::array()))
+      if (b.is_string()) names.push_back(Escape(b.get<std::string>()));
+    const double g = h.value("train_fraction", 1.0);
+    rows += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", r.value("round", 0), Join(names, ", "),
+                        g >= 1 ? std::string("all") : fmt::format("{:.1f} %", 100 * g));
+  }
+  if (!rows.empty())
+    out += "<h3>The race, round by round</h3>\n<table><tr><th>round</th><th>backbones in the race</th>"
+           "<th>training data</th></tr>" + rows + "</table>\n";
+  return out;
 }
 
 constexpr char kStyle[] = R"(

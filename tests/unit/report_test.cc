@@ -129,6 +129,17 @@ TEST(Report, AHalvingRunShowsRungZerosDecisions) {
                       "0.795</td>"),
             std::string::npos);
   EXPECT_EQ(RenderReport({Provenance(), json(), ""}).find("Rung 0"), std::string::npos);  // other strategies: none
+  // The rounds after it: which backbones were still in the race, on how much of the data.
+  json grown = results;
+  grown["rounds"] = {{{"round", 1}, {"halving", {{"backbones", {"mnv2.b13", "<ocr>"}}, {"train_fraction", 1.0 / 9}}}},
+                     {{"round", 2}, {"halving", {{"backbones", {"mnv2.b13"}}, {"train_fraction", 1.0}}}}};
+  const std::string race = RenderReport({Provenance(), grown, ""});
+  EXPECT_NE(race.find("<h3>The race, round by round</h3>"), std::string::npos);
+  EXPECT_NE(race.find("<tr><td>1</td><td>mnv2.b13, &lt;ocr&gt;</td><td>11.1 %</td></tr><tr><td>2</td><td>mnv2.b13</td>"
+                      "<td>all</td></tr>"),
+            std::string::npos)
+      << race;
+  EXPECT_EQ(html.find("The race"), std::string::npos);  // none without rounds
 }
 
 TEST(Report, TheBestSoFarNeverFalls) {
