@@ -62,12 +62,12 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
                                 "heads {} (continued: as many steps as {} epochs of all the data by each round's end)", b, b == 1 ? "" : "s",
                                 p.rounds.rank_by, 100 * p.rounds.rank_fraction, (b + eta - 1) / eta, heads, whole));
     if (p.rounds.grow_data && p.rounds.max > 1)
-      lines.push_back("rounds: halving: a round whose heads all run one model (its cuts, or raw pixels) trains on all "
+      lines.emplace_back("rounds: halving: a round whose heads all run one model (its cuts, or raw pixels) trains on all "
                       "the data (the schedule above assumes the race keeps as many models as it can)");
     if (!p.rounds.grow_data)
-      lines.push_back("rounds: halving: every round trains on all the training data (grow_data false)");
+      lines.emplace_back("rounds: halving: every round trains on all the training data (grow_data false)");
     else if (workflow::HalvingDataFraction(p, 1, 2) >= 1 && p.rounds.max > 1)
-      lines.push_back("rounds: halving: every round trains on all the training data (an int8 backbone's ranges are "
+      lines.emplace_back("rounds: halving: every round trains on all the training data (an int8 backbone's ranges are "
                       "measured on the training images)");
   }
   for (const auto& [step, s] : p.steps) {

@@ -523,7 +523,7 @@ TEST_F(TinyRound, AHalvingRoundsDataGrowsFromTheRoundBefore) {
     const auto fresh = workflow::FirstRound(pipeline_);
     EXPECT_EQ(fresh.size(), 2u);
     EXPECT_NE(fresh[0].backbone, fresh[1].backbone);
-    const workflow::Pipeline rp = workflow::RoundPipeline(pipeline_, r, fresh);
+    workflow::Pipeline rp = workflow::RoundPipeline(pipeline_, r, fresh);
     plan_ = orchestrator::PlanRound(rp, machine_, "run1", nam_, r, fresh, {});
     Step("load");
     Step("prepare");
@@ -531,7 +531,7 @@ TEST_F(TinyRound, AHalvingRoundsDataGrowsFromTheRoundBefore) {
   };
   auto run_from_scratch = [&] {
     Replan();  // a fresh NAM
-    const workflow::Pipeline r1 = round(1);
+    workflow::Pipeline r1 = round(1);
     EXPECT_DOUBLE_EQ(r1.train.subset_fraction, 1.0 / 3);
     return r1;
   };
