@@ -151,7 +151,11 @@ void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std:
 }
 
 Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split) {
-  FeaturesIndex idx = OpenFeatures(c, backbone, split);
+  return LoadFeaturesObject(*c.store, FeaturesKey(c, backbone, split), c.Overlapping("features " + split));
+}
+
+Features LoadFeaturesObject(nam::Store& store, const std::string& key, OverlapChoice& reading) {
+  FeaturesIndex idx = OpenFeaturesObject(store, key);
   Features f;
   f.n = idx.n;
   f.dim = idx.dim;
@@ -160,27 +164,11 @@ Features LoadFeatures(StepContext& c, const std::string& backbone, const std::st
   f.x.resize(static_cast<size_t>(f.n * f.dim));
   std::string buf[2];
   Overlap(
-      idx.parts, [&](int64_t p) { ReadFeaturesPart(*c.store, idx, p, buf[p % 2]); },
+      idx.parts, [&](int64_t p) { ReadFeaturesPart(store, idx, p, buf[p % 2]); },
       [&](int64_t p) {
         std::memcpy(f.x.data() + idx.PartLo(p) * f.dim, buf[p % 2].data(), buf[p % 2].size());
       },
-      c.Overlapping("features " + split));
-  return f;
-}
-
-Features LoadFeaturesObject(nam::Store& store, const std::string& key) {
-  FeaturesIndex idx = OpenFeaturesObject(store, key);
-  Features f;
-  f.n = idx.n;
-  f.dim = idx.dim;
-  f.classes = idx.classes;
-  f.labels = std::move(idx.labels);
-  f.x.resize(static_cast<size_t>(f.n * f.dim));
-  std::string buf;
-  for (int64_t p = 0; p < idx.parts; ++p) {
-    ReadFeaturesPart(store, idx, p, buf);
-    std::memcpy(f.x.data() + idx.PartLo(p) * f.dim, buf.data(), buf.size());
-  }
+      reading);
   return f;
 }
 

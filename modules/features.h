@@ -72,7 +72,8 @@ void ReadFeaturesPart(nam::Store& store, const FeaturesIndex& f, int64_t p, std:
 double HeadMacsPerRow(const kernels::HeadConfig& h, int64_t dim, int64_t classes);
 // A split's whole features, reading part i + 1 while part i is copied.
 Features LoadFeatures(StepContext& c, const std::string& backbone, const std::string& split);
-// The whole features object named `key`, its parts read in turn.
-Features LoadFeaturesObject(nam::Store& store, const std::string& key);
+// The whole features object named `key`, part i + 1 read while part i is copied where `reading`
+// decides so (common/overlap.h).
+Features LoadFeaturesObject(nam::Store& store, const std::string& key, OverlapChoice& reading);
 
 }  // namespace msaflow::modules

@@ -481,7 +481,7 @@ std::optional<workflow::SubsetFeatures> PreviousRoundFeatures(StepContext& c, co
   try {
     const std::vector<int64_t> positions =
         src.SubsetPositions(sub.at("fraction").get<double>(), sub.at("seed").get<uint64_t>());
-    Features f = LoadFeaturesObject(*c.store, obj);
+    Features f = LoadFeaturesObject(*c.store, obj, c.Overlapping("features of round " + std::to_string(c.task.round - 1)));
     if (f.n != static_cast<int64_t>(positions.size()) || f.dim != dim)
       return unused(fmt::format("{} rows of {} features, expected {} of {}", f.n, f.dim, positions.size(), dim));
     const std::vector<int64_t> mine = src.Positions();  // the labels must be the whole split's at those positions

@@ -515,7 +515,8 @@ TEST_F(TinyRound, AHalvingRoundsDataGrowsFromTheRoundBefore) {
   const std::string whole_object = train_entry(1)["object"];
   const auto plain = parts_of(whole_object);
   ASSERT_EQ(plain.size(), 2u);
-  const modules::Features all = modules::LoadFeaturesObject(*store_, whole_object);
+  OverlapChoice in_turn(OverlapMode::kOff);
+  const modules::Features all = modules::LoadFeaturesObject(*store_, whole_object, in_turn);
 
   // Round 1 of the run: a third of the split (at least 10 of each class); round 2 continues both
   // heads, one on each model.
@@ -541,7 +542,7 @@ TEST_F(TinyRound, AHalvingRoundsDataGrowsFromTheRoundBefore) {
   ASSERT_EQ(e1["rows"], static_cast<int64_t>(positions.size()));
   ASSERT_EQ(positions.size(), 30u);  // 10 of each of the 3 classes (a third would be fewer)
   EXPECT_EQ(e1.count("reused_rows"), 0u);
-  const modules::Features sub = modules::LoadFeaturesObject(*store_, e1["object"]);
+  const modules::Features sub = modules::LoadFeaturesObject(*store_, e1["object"], in_turn);
   ASSERT_EQ(sub.dim, all.dim);
   for (size_t i = 0; i < positions.size(); ++i)
     ASSERT_EQ(std::memcmp(sub.x.data() + i * sub.dim, all.x.data() + positions[i] * all.dim, sizeof(float) * sub.dim), 0)
