@@ -423,7 +423,8 @@ std::string WholeTrainStamp(const workflow::Pipeline& p) {
 // (orchestrator/halving.h), when they are of this very backbone (digest) and split (stamp);
 // anything else is said and left: every row is then computed here.
 std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const workflow::BackboneSpec& bb,
-                                                      const std::string& bb_digest, int64_t rows, int64_t dim) {
+                                                      const std::string& bb_digest, const std::string& whole_stamp,
+                                                      int64_t rows, int64_t dim) {
   if (c.pipeline().rounds.strategy != "halving" || bb.kind == "pixels") return std::nullopt;
   const std::string obj = workflow::Rung0FeaturesObject(c.task.run, bb.name);
   const auto info = c.store->Stat(obj);
@@ -435,7 +436,7 @@ std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const work
   if (info->meta.value("backbone_digest", "") != bb_digest)
     return unused("computed for backbone digest " + info->meta.value("backbone_digest", std::string("(none)")) +
                   ", the NAM's is " + bb_digest);
-  if (info->meta.value("split_stamp", "") != WholeTrainStamp(c.pipeline()))
+  if (info->meta.value("split_stamp", "") != whole_stamp)
     return unused("the training split's files changed since rung 0");
   try {
     workflow::SubsetFeatures s =
@@ -453,7 +454,7 @@ std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const work
 // trained on the whole split too, or when they are not of this backbone, these files or this
 // split's order (said, and left: those rows are then computed here).
 std::optional<workflow::SubsetFeatures> PreviousRoundFeatures(StepContext& c, const workflow::BackboneSpec& bb,
-                                                              const std::string& bb_digest,
+                                                              const std::string& bb_digest, const std::string& whole_stamp,
                                                               const workflow::SplitSource& src, int64_t dim) {
   if (c.pipeline().rounds.strategy != "halving" || c.task.round < 2 || bb.kind == "pixels") return std::nullopt;
   const auto summary_info = c.store->Stat(workflow::PreparedObject(c.task.run, c.task.round - 1));
@@ -475,7 +476,7 @@ std::optional<workflow::SubsetFeatures> PreviousRoundFeatures(StepContext& c, co
   };
   const nlohmann::json& sub = info->meta["subset"];
   if (info->meta.value("backbone_digest", "") != bb_digest) return unused("another backbone digest");
-  if (sub.value("whole_stamp", "") != WholeTrainStamp(c.pipeline()) ||
+  if (sub.value("whole_stamp", "") != whole_stamp ||
       sub.value("whole_rows", int64_t{-1}) != src.whole_count())
     return unused("the training split's files changed since");
   try {
@@ -510,10 +511,11 @@ std::optional<workflow::SubsetFeatures> PreviousRoundFeatures(StepContext& c, co
 // previous round's (positions in the whole split), those of `src`'s rows, with the rows
 // renumbered as `src` numbers them (ascending). `from` says where they came from.
 std::optional<workflow::SubsetFeatures> KnownTrainRows(StepContext& c, const workflow::BackboneSpec& bb,
-                                                       const std::string& bb_digest, const workflow::SplitSource& src,
-                                                       int64_t dim, std::string* from) {
-  std::optional<workflow::SubsetFeatures> sources[2] = {PreviousRoundFeatures(c, bb, bb_digest, src, dim),
-                                                        Rung0Features(c, bb, bb_digest, src.whole_count(), dim)};
+                                                       const std::string& bb_digest, const std::string& whole_stamp,
+                                                       const workflow::SplitSource& src, int64_t dim, std::string* from) {
+  std::optional<workflow::SubsetFeatures> sources[2] = {
+      PreviousRoundFeatures(c, bb, bb_digest, whole_stamp, src, dim),
+      Rung0Features(c, bb, bb_digest, whole_stamp, src.whole_count(), dim)};
   const char* names[2] = {"the previous round", "rung 0"};
   const std::vector<int64_t> mine = src.Positions();
   workflow::SubsetFeatures out;
@@ -575,6 +577,9 @@ struct PrepareRun {
   std::map<std::pair<std::string, std::string>, std::pair<bool, nlohmann::json>> entries;  // computed?, entry
   std::map<std::string, std::unique_ptr<kernels::Executor>> own;  // a backbone's own executor, across splits
   std::map<std::string, std::vector<workflow::Pass>> passes;       // by the backbones they compute
+  // The whole training split's stamp (WholeTrainStamp), once per step, where known features or a
+  // subset need it (halving; datasets.train.subset): an image folder is listed to make it.
+  std::string whole_train_stamp;
 };
 
 // Rank 0 puts member `m`'s features object (once every rank's parts are in: `stats`) and fills
@@ -593,7 +598,7 @@ void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const M
                  {"dataset_digest", run.dataset_digests[split]}, {"split", split}});
     if (const auto& t = c.pipeline().train; split == "train" && t.subset())  // a later round's prepare grows from it
       meta["subset"] = {{"fraction", t.subset_fraction}, {"seed", t.subset_seed}, {"whole_rows", src.whole_count()},
-                        {"whole_stamp", WholeTrainStamp(c.pipeline())}};
+                        {"whole_stamp", run.whole_train_stamp}};
     if (!src.class_names().empty()) meta["class_names"] = src.class_names();
     const auto& labels = src.labels();
     c.store->Put(idx.object, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
@@ -634,14 +639,15 @@ void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, co
   } else {
     dims.push_back(FeatureDim(c, first, src, run.own[first.name]));
   }
-  std::vector<std::optional<workflow::SubsetFeatures>> rung0(pass.bbs.size());
+  std::vector<std::optional<workflow::SubsetFeatures>> known_rows(pass.bbs.size());
   std::vector<Member> members(pass.bbs.size());
   const int64_t widest = *std::max_element(dims.begin(), dims.end());
   std::string known_from;  // where the known rows came from (the first member's say for all)
   for (size_t j = 0; j < members.size(); ++j) {
     const workflow::BackboneSpec& bb = *pass.bbs[j];
     std::string from;
-    if (split == "train") rung0[j] = KnownTrainRows(c, bb, run.backbone_digests[bb.name], src, dims[j], &from);
+    if (split == "train")
+      known_rows[j] = KnownTrainRows(c, bb, run.backbone_digests[bb.name], run.whole_train_stamp, src, dims[j], &from);
     if (j == 0) known_from = from;
     FeaturesIndex& idx = members[j].idx;
     idx.object = run.entries[{bb.name, split}].second["object"];
@@ -651,7 +657,7 @@ void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, co
     idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
     idx.half = bb.feature_dtype == "f16";
     members[j].bb = &bb;
-    members[j].known = rung0[j] ? &*rung0[j] : nullptr;
+    members[j].known = known_rows[j] ? &*known_rows[j] : nullptr;
   }
   const FeaturesIndex& at = members[0].idx;
   kernels::Executor* ex = pass.ex ? pass.ex.get() : run.own[first.name].get();
@@ -751,6 +757,8 @@ void Prepare(StepContext& c) {
   c.WorkAhead();
   PrepareRun run;
   run.part_bytes = FeaturesPartBytes();
+  if (c.pipeline().rounds.strategy == "halving" || c.pipeline().train.subset())
+    run.whole_train_stamp = WholeTrainStamp(c.pipeline());
   // Every split's labels, checked before anything is computed; the pixels are read per rank.
   const std::vector<workflow::SplitSource> splits = workflow::OpenSplits(c.pipeline());
   run.classes = workflow::CheckSplits(c.pipeline(), splits);
