@@ -34,19 +34,34 @@ fi
 NM=$NPM_DIR/node_modules
 
 mkdir -p models data
-if [[ ! -f models/mobilenet_v2.onnx || ! -f .cache/tfjs/weights.bin ]]; then
-  say "converting the TF.js MobileNetV2 of nsfwjs to ONNX"
+# The package's Keras models as ONNX: MobileNetV2 (the tests' model) and InceptionV3 (a third,
+# costlier architecture for bench/search.py --zoo deep). The topology and weights stay in
+# .cache/tfjs*/ for the converter's test against the Keras reference.
+convert_tfjs() {  # package folder, shard count, onnx file, trunk end, graph name, cache folder
+  local dir=$1 shards=$2 out=$3 end=$4 name=$5 cache=$6
+  if [[ -f models/$out && -f $cache/weights.bin ]]; then
+    say "models/$out: present"
+    return
+  fi
+  say "converting the TF.js $name of nsfwjs to ONNX"
+  local tmp
   tmp=$(mktemp -d)
   node -e "
-    const fs = require('fs'); const d = process.argv[1] + '/nsfwjs/dist/models/mobilenet_v2/';
+    const fs = require('fs'); const d = process.argv[1] + '/nsfwjs/dist/models/' + process.argv[3] + '/';
+    const n = Number(process.argv[4]);
     fs.writeFileSync(process.argv[2] + '/model.json', JSON.stringify(require(d + 'model.min.js')));
-    fs.writeFileSync(process.argv[2] + '/weights.bin', Buffer.from(require(d + 'group1-shard1of1.min.js'), 'base64'));
-  " "$NM" "$tmp"
-  /usr/bin/python3 scripts/tfjs_mobilenet_to_onnx.py "$tmp/model.json" "$tmp/weights.bin" models/mobilenet_v2.onnx
-  mkdir -p .cache/tfjs && cp "$tmp/model.json" "$tmp/weights.bin" .cache/tfjs/ && rm -rf "$tmp"
-else
-  say "models/mobilenet_v2.onnx: present"
-fi
+    const parts = [];
+    for (let i = 1; i <= n; i++) {
+      const f = n === 1 ? 'group1-shard1of1.min.js' : 'group1-shard' + i + 'of' + n + '.min.js';
+      parts.push(Buffer.from(require(d + f), 'base64'));
+    }
+    fs.writeFileSync(process.argv[2] + '/weights.bin', Buffer.concat(parts));
+  " "$NM" "$tmp" "$dir" "$shards"
+  /usr/bin/python3 scripts/tfjs_keras_to_onnx.py "$tmp/model.json" "$tmp/weights.bin" "models/$out" "$end" "$name"
+  mkdir -p "$cache" && cp "$tmp/model.json" "$tmp/weights.bin" "$cache/" && rm -rf "$tmp"
+}
+convert_tfjs mobilenet_v2 1 mobilenet_v2.onnx out_relu mobilenet_v2_nsfwjs .cache/tfjs
+convert_tfjs inception_v3 6 inception_v3.onnx mixed10 inception_v3_nsfwjs .cache/tfjs-inception
 # PP-OCRv4's recogniser (the tests' second model), and its detector and direction classifier
 # (bench/search.py --zoo wide: four distinct pretrained CNNs).
 for m in ch_PP-OCRv4_rec_infer.onnx ch_PP-OCRv4_det_infer.onnx ch_ppocr_mobile_v2.0_cls_infer.onnx; do

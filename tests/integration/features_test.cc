@@ -1,5 +1,6 @@
 // Features from the C++ executor match an independent implementation (OpenCV dnn on the same
-// ONNX file, cut by onnx.utils) within 1e-3 relative, for both real backbones, on real images.
+// ONNX file, cut by onnx.utils) within 1e-3 relative, for the real models (MobileNetV2, PP-OCRv4,
+// InceptionV3), on real images.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -65,6 +66,14 @@ TEST(Features, PPOCRv4MatchesOpenCV) {
   Check("ch_PP-OCRv4_rec_infer.onnx", "p2o.AveragePool.1", s, 480);
 }
 
+// InceptionV3 (converted from nsfwjs): max pooling, "same" averages that leave the padding out,
+// and the channel concatenations of its mixed blocks.
+TEST(Features, InceptionV3MatchesOpenCV) {
+  InputSpec s;
+  s.height = s.width = 96;
+  Check("inception_v3.onnx", "mixed5", s, 768);
+}
+
 // One model cut at several layers runs once for all of them (rank and prepare do so): each cut
 // whose one pass computes it as the model cut there alone (CutsAsAlone) gives the very bits of
 // the model cut there alone. PP-OCRv4's conv2d_195 is a convolution whose activation the deeper
@@ -116,6 +125,12 @@ TEST(Features, OnePassOfPPOCRv4GivesEachCutsOwnBits) {
   s.std = {0.5f, 0.5f, 0.5f};
   CheckCuts("ch_PP-OCRv4_rec_infer.onnx", {"conv2d_195.tmp_0", "p2o.AveragePool.1"}, s, {true, true});
   CheckCuts("ch_PP-OCRv4_rec_infer.onnx", {"p2o.AveragePool.1", "conv2d_195.tmp_0"}, s, {true, true});
+}
+
+TEST(Features, OnePassOfInceptionV3GivesEachCutsOwnBits) {
+  InputSpec s;
+  s.height = s.width = 96;
+  CheckCuts("inception_v3.onnx", {"mixed2", "mixed5", "mixed7"}, s, {true, true, true});
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Independent reference implementations used by msaflow's tests.
 
-* `keras_mobilenet(model_json, weights_bin, x_nhwc, stop)`: the TF.js Keras model evaluated
-  directly from its topology and (dequantized) weights, in NHWC with TF padding rules and
+* `keras_mobilenet(model_json, weights_bin, x_nhwc, stop)`: a TF.js Keras model of nsfwjs
+  (MobileNetV2, InceptionV3) evaluated directly from its topology and (dequantized) weights, in
+  NHWC with TF padding rules (a "same" average pools over the pixels inside the image only) and
   unfolded BatchNormalization, in numpy. Checks the ONNX converter.
 * `cv2_features(onnx_path, cut, x_nchw)`: the ONNX graph cut with onnx.utils.extract_model and
   run by OpenCV's dnn module, then global average pooling. Checks msaflow's executor.
@@ -42,8 +43,33 @@ def _same_pads(size, k, s):
     return total // 2, total - total // 2
 
 
+def _pool_nhwc(x, size, stride, same, op):
+    """TF pooling: "same" pads with -inf for max, and averages over the pixels inside only."""
+    n, h, w, c = x.shape
+    kh, kw = size
+    if same:
+        (t, b), (l, r) = _same_pads(h, kh, stride[0]), _same_pads(w, kw, stride[1])
+    else:
+        t = b = l = r = 0
+    fill = -np.inf if op == "max" else 0.0
+    xp = np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)), constant_values=fill)
+    inside = np.pad(np.ones((1, h, w, 1)), ((0, 0), (t, b), (l, r), (0, 0)))
+    oh, ow = (h + t + b - kh) // stride[0] + 1, (w + l + r - kw) // stride[1] + 1
+    acc = np.full((n, oh, ow, c), -np.inf) if op == "max" else np.zeros((n, oh, ow, c))
+    count = np.zeros((1, oh, ow, 1))
+    for i in range(kh):
+        for j in range(kw):
+            win = xp[:, i:i + stride[0] * oh:stride[0], j:j + stride[1] * ow:stride[1], :]
+            if op == "max":
+                acc = np.maximum(acc, win)
+            else:
+                acc += win
+                count += inside[:, i:i + stride[0] * oh:stride[0], j:j + stride[1] * ow:stride[1], :]
+    return acc if op == "max" else acc / count
+
+
 def keras_mobilenet(model_json, weights_bin, x, stop):
-    from tfjs_mobilenet_to_onnx import load_weights
+    from tfjs_keras_to_onnx import load_weights
     with open(model_json) as f:
         model = json.load(f)
     with open(weights_bin, "rb") as f:
@@ -71,12 +97,22 @@ def keras_mobilenet(model_json, weights_bin, x, stop):
             else:
                 k = weights[name + "/depthwise_kernel"]
                 y = _conv_nhwc(v, k.reshape(kh, kw, 1, -1), s, pads, v.shape[3])
+            if cfg.get("use_bias", False):
+                y = y + weights[name + "/bias"]
         elif cls == "BatchNormalization":
-            g, b = weights[name + "/gamma"], weights[name + "/beta"]
+            g = weights[name + "/gamma"] if cfg.get("scale", True) else 1.0
+            b = weights[name + "/beta"] if cfg.get("center", True) else 0.0
             m, var = weights[name + "/moving_mean"], weights[name + "/moving_variance"]
             y = (vals[src[0]] - m) / np.sqrt(var + cfg["epsilon"]) * g + b
         elif cls == "ReLU":
             y = np.clip(vals[src[0]], 0, cfg.get("max_value") or np.inf)
+        elif cls == "Activation" and cfg["activation"] == "relu":
+            y = np.maximum(vals[src[0]], 0)
+        elif cls in ("MaxPooling2D", "AveragePooling2D"):
+            y = _pool_nhwc(vals[src[0]], cfg["pool_size"], cfg["strides"], cfg["padding"] == "same",
+                           "max" if cls == "MaxPooling2D" else "avg")
+        elif cls == "Concatenate":
+            y = np.concatenate([vals[s] for s in src], axis=3)
         elif cls == "Add":
             y = vals[src[0]] + vals[src[1]]
         else:

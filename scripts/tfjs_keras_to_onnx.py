@@ -1,17 +1,22 @@
 #!/usr/bin/python3
-"""Convert the TF.js Keras MobileNetV2 of nsfwjs into an ONNX model (NCHW).
+"""Convert a TF.js Keras CNN of nsfwjs (MobileNetV2, InceptionV3) into an ONNX model (NCHW).
 
-Input: the topology (model.json, Keras 2.2.4 functional Model) and the weight shard
-(uint8-quantized: w = q * scale + min), both as dumped from the npm package's UMD modules.
-Output: an ONNX graph of the convolutional trunk (input -> out_relu) with
+Input: the topology (model.json, Keras 2.2.4 functional Model) and the weight shards
+concatenated (uint8-quantized: w = q * scale + min), both as dumped from the npm package's UMD
+modules. Output: an ONNX graph of the convolutional trunk (input -> the TRUNK_END layer) with
   * BatchNormalization folded into the preceding convolution,
   * ZeroPadding2D folded into the following convolution's pads,
   * TF "same" padding made explicit (SAME_UPPER where the stride is > 1),
   * ReLU(max_value=6) as Clip(0, 6) (opset 10: bounds as attributes, which every runtime reads),
-and every tensor named after the Keras layer that produced it, so `block_13_expand_relu`
-is a valid cut point. Input `input`: [N, 3, H, W] RGB in [0, 1]; N, H, W are dynamic.
+  * Activation("relu") as Relu, Concatenate on the channels as Concat(axis=1),
+  * MaxPooling2D / AveragePooling2D with TF's padding (a "same" average excludes the padding
+    from its count, as ONNX's count_include_pad=0 does),
+and every tensor named after the Keras layer that produced it, so `block_13_expand_relu` or
+`mixed5` is a valid cut point. Input `input`: [N, 3, H, W] RGB in [0, 1]; N, H, W are dynamic.
+The package's own classifier head (Flatten, Dense) is dropped.
 
-Usage: tfjs_mobilenet_to_onnx.py MODEL_JSON WEIGHTS_BIN OUT_ONNX
+Usage: tfjs_keras_to_onnx.py MODEL_JSON WEIGHTS_BIN OUT_ONNX [TRUNK_END [GRAPH_NAME]]
+  (TRUNK_END defaults to MobileNetV2's out_relu; GRAPH_NAME to mobilenet_v2_nsfwjs)
 """
 import json
 import sys
@@ -22,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 def fail(msg):
-    sys.stderr.write(f"tfjs_mobilenet_to_onnx: {msg}\n")
+    sys.stderr.write(f"tfjs_keras_to_onnx: {msg}\n")
     sys.exit(1)
 
 
@@ -50,8 +55,8 @@ def load_weights(manifest, blob):
 
 
 def main(argv):
-    if len(argv) != 4:
-        fail("usage: tfjs_mobilenet_to_onnx.py MODEL_JSON WEIGHTS_BIN OUT_ONNX")
+    if not 4 <= len(argv) <= 6:
+        fail("usage: tfjs_keras_to_onnx.py MODEL_JSON WEIGHTS_BIN OUT_ONNX [TRUNK_END [GRAPH_NAME]]")
     with open(argv[1]) as f:
         model = json.load(f)
     with open(argv[2], "rb") as f:
@@ -65,10 +70,20 @@ def main(argv):
     # Convolutions not yet emitted, waiting for a BatchNormalization to fold in.
     pending_conv = {}
     pad_of = {}  # ZeroPadding2D layer -> ((top, bottom), (left, right)) and its input tensor
-    graph_out = "out_relu"
+    graph_out = argv[4] if len(argv) > 4 else "out_relu"
+    graph_name = argv[5] if len(argv) > 5 else "mobilenet_v2_nsfwjs"
 
     def inbound(layer):
         return [src[0] for src in layer["inbound_nodes"][0]]
+
+    consumers = {}
+    for layer in layers:
+        for src in (layer["inbound_nodes"][0] if layer["inbound_nodes"] else []):
+            consumers.setdefault(src[0], []).append(layer["class_name"])
+
+    def is_head_pool(layer):
+        # The pooling that feeds the package's classifier (Flatten -> Dense) is part of the head.
+        return consumers.get(layer["name"]) == ["Flatten"]
 
     def add_init(name, arr):
         inits.append(numpy_helper.from_array(np.ascontiguousarray(arr, dtype=np.float32), name))
@@ -161,8 +176,30 @@ def main(argv):
                 nodes.append(helper.make_node("Clip", [out_of[src[0]]], [name], name=name,
                                               min=0.0, max=float(mx)))
             out_of[name] = name
+        elif cls == "Activation":
+            if cfg["activation"] != "relu":
+                fail(f"layer {name}: activation {cfg['activation']} unsupported (expected relu)")
+            nodes.append(helper.make_node("Relu", [out_of[src[0]]], [name], name=name))
+            out_of[name] = name
         elif cls == "Add":
             nodes.append(helper.make_node("Add", [out_of[s] for s in src], [name], name=name))
+            out_of[name] = name
+        elif cls == "Concatenate":
+            if cfg.get("axis", -1) not in (-1, 3):
+                fail(f"layer {name}: concatenation on axis {cfg['axis']} unsupported (expected the channels)")
+            nodes.append(helper.make_node("Concat", [out_of[s] for s in src], [name], name=name, axis=1))
+            out_of[name] = name
+        elif cls in ("MaxPooling2D", "AveragePooling2D") and name != graph_out and not is_head_pool(layer):
+            kh, kw = cfg["pool_size"]
+            sh, sw = cfg["strides"]
+            attrs = dict(kernel_shape=[kh, kw], strides=[sh, sw])
+            if cfg["padding"] == "same":
+                if sh == 1 and sw == 1:
+                    attrs["pads"] = [(kh - 1) // 2, (kw - 1) // 2, kh - 1 - (kh - 1) // 2, kw - 1 - (kw - 1) // 2]
+                else:
+                    attrs["auto_pad"] = "SAME_UPPER"
+            op = "MaxPool" if cls == "MaxPooling2D" else "AveragePool"
+            nodes.append(helper.make_node(op, [out_of[src[0]]], [name], name=name, **attrs))
             out_of[name] = name
         else:
             # The classifier head (pooling, dense layers) of the package's own task is dropped.
@@ -171,15 +208,18 @@ def main(argv):
             break
 
     if out_of.get(graph_out) != graph_out:
-        fail(f"layer {graph_out} not reached; the topology is not the expected MobileNetV2")
+        fail(f"layer {graph_out} not reached; the topology has no such layer in its trunk")
 
     inp = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, "H", "W"])
     out = helper.make_tensor_value_info(graph_out, TensorProto.FLOAT, ["N", None, None, None])
-    graph = helper.make_graph(nodes, "mobilenet_v2_nsfwjs", [inp], [out], initializer=inits)
+    graph = helper.make_graph(nodes, graph_name, [inp], [out], initializer=inits)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)],
-                          producer_name="msaflow tfjs_mobilenet_to_onnx")
-    m.doc_string = ("MobileNetV2 (alpha 1.0) trunk from nsfwjs@4.3.0, BN folded; "
-                    "input RGB in [0,1], NCHW")
+                          producer_name="msaflow tfjs_keras_to_onnx")
+    m.doc_string = (f"{graph_name}: the convolutional trunk (to {graph_out}) of a model of nsfwjs@4.3.0, "
+                    "BN folded; input RGB in [0,1], NCHW")
+    if graph_name == "mobilenet_v2_nsfwjs":
+        m.doc_string = ("MobileNetV2 (alpha 1.0) trunk from nsfwjs@4.3.0, BN folded; "
+                        "input RGB in [0,1], NCHW")
     onnx.checker.check_model(m)
     tmp = argv[3] + ".tmp"
     onnx.save(m, tmp)
