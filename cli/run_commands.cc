@@ -242,11 +242,22 @@ int Submit(Options& o) {
               sub.run_id.c_str(), job.c_str(), sub.where.c_str(), rd.c_str());
   std::fflush(stdout);
   if (!o.wait) return 0;
+  // Ctrl-C stops the following, not the run: the coordinator is a Slurm job of its own. Say so,
+  // and how to stop it, instead of leaving the user to guess whether it died with us.
+  launch::InstallInterruptHandlers();
   size_t shown = 0;
   std::string end;
   report::ProgressBar bar(stdout);  // on a terminal; plain lines otherwise
   int round = 0;
   for (;;) {
+    if (const int sig = launch::InterruptSignal()) {
+      bar.Clear();
+      std::printf("stopped following run %s (signal %d); it goes on as Slurm job %s\n  follow it: msaflow status %s\n"
+                  "  stop it:   msaflow cancel %s\n",
+                  sub.run_id.c_str(), sig, job.c_str(), rd.c_str(), rd.c_str());
+      std::fflush(stdout);
+      return 128 + sig;
+    }
     // Progress: the run's journal as it grows (a line being written is read next time).
     if (PathExists(rd + "/journal.jsonl")) {
       const auto journal = record::ReadJournal(rd + "/journal.jsonl");
@@ -272,7 +283,12 @@ int Submit(Options& o) {
       std::fflush(stdout);
     }
     bar.Tick();
-    end = runs.SubmittedEnd(p, m, job);
+    try {
+      end = runs.SubmittedEnd(p, m, job);
+    } catch (const Error&) {
+      if (launch::InterruptSignal()) continue;  // squeue got the terminal's Ctrl-C too
+      throw;
+    }
     if (!end.empty()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }

@@ -232,6 +232,32 @@ class Slurm(TempDirCase):
         self.assertEqual(r.returncode, 3)
         self.assertIn("needs a Slurm machine", r.stderr)
 
+    def test_ctrl_c_stops_following_a_submitted_run_not_the_run(self):
+        """`submit --wait` interrupted: it says the run goes on as its Slurm job and how to stop it,
+        and the job does go on until `msaflow cancel`."""
+        p = self.write("p.json", pipeline("slurm-follow", rounds=1))
+        rd = os.path.join(self.dir, "runs", "fol")
+        proc = subprocess.Popen([EXE, "submit", p, "--runs", os.path.join(self.dir, "runs"), "--run-id", "fol",
+                                 "--machine", MACHINE, "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(e["event"] == "task-start" for e in events(rd)):
+            self.assertIsNone(proc.poll(), "submit --wait ended before the run started")
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 128 + signal.SIGINT, out + err)
+        job = re.search(r"submitted as Slurm job (\d+)", out).group(1)
+        self.assertIn(f"it goes on as Slurm job {job}", out)
+        self.assertIn(f"msaflow cancel {rd}", out)
+        self.assertIn(job, squeue())  # still there: the coordinator was not the follower's
+        r = self.run_msaflow("cancel", rd)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        deadline = time.time() + 120
+        while time.time() < deadline and squeue():
+            time.sleep(0.2)
+        self.assertEqual(squeue(), "")
+
     def test_a_machine_can_name_a_running_nam_server(self):
         """The NAM at an address the machine file names: a server this test started on the node's
         name (not loopback, so with a token), used by every step, left running."""
