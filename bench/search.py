@@ -8,15 +8,16 @@ training (issue 30; docs/search.md).
 A zoo of six backbones (MobileNetV2 cut at three depths, PP-OCRv4 at two, raw pixels) on three
 datasets: Fashion-MNIST, MNIST digits, and a colour image folder the bench writes from the
 digits (each class its own tint, sizes 24..36 pixels, half PNG and half JPEG; raw pixels resized
-to 28x28 there). `--zoo wide` adds PP-OCRv4's text detector (PP-LCNetV3, cut at two stages) and its
-direction classifier (MobileNetV3-small): nine backbones of four distinct pretrained models, and
-eta 9 (rung 0 keeps 1) beside 3 and 6. Per dataset:
+to 28x28 there). `--zoo wide` adds PP-OCRv4's text detector (PP-LCNetV3, cut at two stages), its direction
+classifier (MobileNetV3-small) and nsfwjs's InceptionV3 (cut at three mixed blocks): twelve
+backbones of five distinct pretrained models, and eta 12 (rung 0 keeps 1) beside 3 (keeps 4) and
+6 (keeps 2). Per dataset:
   1. `msaflow rank` on 10 % of each class of the training split: kNN and LogME per backbone,
      and its seconds;
   2. the exhaustive search: `msaflow run`, one round, two softmax heads per backbone (lr 1e-3,
      3e-3, 15 epochs), every backbone over every image: each backbone's best validation
      accuracy, and the run's seconds;
-  3. Kendall's tau between each estimate and the trained accuracy over the six backbones, and
+  3. Kendall's tau between each estimate and the trained accuracy over the backbones, and
      whether keeping the best third by each estimate would have kept the exhaustive champion;
   4. `rounds.strategy: "halving"` on the same pipeline, run right after the exhaustive one, with
      eta 3 (rung 0 keeps 2 backbones; 12 heads x 2 epochs, the best 4 continued to 5, the best 2
@@ -47,6 +48,7 @@ MNV2 = str(ROOT / "models" / "mobilenet_v2.onnx")
 OCR = str(ROOT / "models" / "ch_PP-OCRv4_rec_infer.onnx")
 DET = str(ROOT / "models" / "ch_PP-OCRv4_det_infer.onnx")
 CLS = str(ROOT / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx")
+INCEPTION = str(ROOT / "models" / "inception_v3.onnx")
 
 
 def zoo(pixels_input=None, wide=False):
@@ -61,8 +63,11 @@ def zoo(pixels_input=None, wide=False):
          "input": {"height": 48, "width": 48, "channels": 3, **half}},
         px,
     ]
-    if wide:  # two more distinct pretrained CNNs: PP-OCRv4's detector (PP-LCNetV3, two stages) and its classifier
+    if wide:  # three more distinct pretrained CNNs: PP-OCRv4's detector (PP-LCNetV3, two stages), its classifier
+        # and InceptionV3 (nsfwjs; at 96 x 96 its mixed blocks 0-2 are 9 x 9, 3-7 are 4 x 4)
         out[2:2] = [
+            {"name": "inception", "onnx": INCEPTION, "feature_layer": ["mixed2", "mixed5", "mixed7"],
+             "input": {"height": 96, "width": 96, "channels": 3}},
             {"name": "det", "onnx": DET, "feature_layer": ["p2o.Add.147", "p2o.Add.215"],
              "input": {"height": 96, "width": 96, "channels": 3, "mean": [0.485, 0.456, 0.406],
                        "std": [0.229, 0.224, 0.225]}},
@@ -142,7 +147,8 @@ def main():
     ap.add_argument("--datasets", default="fashion-mnist,mnist-digits,colour-folder", help="which of the three, comma-separated")
     ap.add_argument("--zoo", choices=["six", "wide"], default="six",
                     help="six: MobileNetV2 at three cuts, PP-OCRv4 at two, raw pixels; wide: also PP-OCRv4's "
-                         "detector at two cuts and its direction classifier (nine backbones, four models)")
+                         "detector at two cuts, its direction classifier and InceptionV3 at three cuts (twelve "
+                         "backbones, five models)")
     ap.add_argument("--evaluate-ranks", type=int, default=1,
                     help="ranks of the evaluate step in every run (1: a few heads on a few thousand images take "
                          "milliseconds, and the coordinator runs them itself; 2 starts a farm of two processes a round)")
@@ -202,11 +208,11 @@ def main():
             line[est] = {"tau": tau, "keeps_champion": champion in keep}
             print(f"  {est}: Kendall tau {tau:+.2f}; the best third by it ({', '.join(keep)}) "
                   f"{'keeps' if champion in keep else 'loses'} the champion {champion}")
-        # Halving on the same pipeline, right after: eta 3 (rung 0 keeps 2 of 6) and eta 6 (keeps 1).
+        # Halving on the same pipeline, right after: eta 3 (rung 0 keeps 2 of 6), eta 6 (keeps 1), and 12 for wide.
         line["exhaustive"] = ex = figures(res)
         print(f"  {'':10s} {'seconds':>8s} {'val acc':>8s} {'test acc':>8s} {'images x cuts':>22s} {'head-epochs':>12s}")
         print(f"  {'exhaustive':10s} {run_s:8.1f} {ex['val']:8.4f} {ex['test']:8.4f} {ex['images']:22d} {ex['epochs']:12d}")
-        for eta in (3, 6, 9) if wide else (3, 6):
+        for eta in (3, 6, 12) if wide else (3, 6):
             doc["rounds"] = {"max": 3, "candidates": 12, "top_k": 1, "seed": 3, "strategy": "halving", "eta": eta}
             hpath = os.path.join(work, f"{name}-halving{eta}.json")
             with open(hpath, "w") as f:
