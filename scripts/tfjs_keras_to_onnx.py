@@ -189,7 +189,7 @@ def main(argv):
                 fail(f"layer {name}: concatenation on axis {cfg['axis']} unsupported (expected the channels)")
             nodes.append(helper.make_node("Concat", [out_of[s] for s in src], [name], name=name, axis=1))
             out_of[name] = name
-        elif cls in ("MaxPooling2D", "AveragePooling2D") and name != graph_out and not is_head_pool(layer):
+        elif cls in ("MaxPooling2D", "AveragePooling2D") and not is_head_pool(layer):
             kh, kw = cfg["pool_size"]
             sh, sw = cfg["strides"]
             attrs = dict(kernel_shape=[kh, kw], strides=[sh, sw])
