@@ -35,8 +35,8 @@ void Check(const std::string& model, const std::string& cut, InputSpec spec, int
     f.write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(x.size() * sizeof(float)));
   }
   const char* py = std::getenv("MSAFLOW_PYTHON");
-  std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " + kRoot + "/tests/python/ref_features.py " +
-                    kRoot + "/models/" + model + " " + cut + " " + std::to_string(n) + " " + std::to_string(c) + " " +
+  std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " + kRoot + "/tests/python/ref_features.py " + kRoot +
+                    "/models/" + model + " " + cut + " " + std::to_string(n) + " " + std::to_string(c) + " " +
                     std::to_string(spec.height) + " " + std::to_string(spec.width) + " " + in + " " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::string ref_bytes = ReadFile(out);
@@ -47,7 +47,8 @@ void Check(const std::string& model, const std::string& cut, InputSpec spec, int
   double scale = 0, worst = 0;
   for (size_t i = 0; i < got.size(); ++i) scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
   ASSERT_GT(scale, 0);
-  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i] - ref[i])) / scale);
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i] - ref[i])) / scale);
   std::printf("%s @ %s: max relative error %.2e over %zu values\n", model.c_str(), cut.c_str(), worst, got.size());
   EXPECT_LT(worst, 1e-3);
 }
