@@ -105,10 +105,14 @@ void WriteFarmSummary(StepContext& c, const std::vector<std::string>& parts, int
 
 namespace {
 
+// Whether the step scores its models on the test split besides the selection split: unless it
+// selects on test, or the round holds the test split back (workflow::TaskSpec::test).
+bool AlsoOnTest(const StepContext& c, const std::string& selection) { return selection != "test" && c.task.test; }
+
 // The multiply-adds of every model over the selection split and the test split.
 double EvaluateMacs(StepContext& c, const std::string& selection) {
   std::vector<std::string> splits = {selection};
-  if (selection != "test") splits.emplace_back("test");
+  if (AlsoOnTest(c, selection)) splits.emplace_back("test");
   double macs = 0;
   for (const auto& cand : c.task.candidates)
     for (const std::string& split : splits) {
@@ -119,6 +123,27 @@ double EvaluateMacs(StepContext& c, const std::string& selection) {
 }
 
 }  // namespace
+
+nlohmann::json EvaluateWhole(StepContext& c, const workflow::Candidate& cand, const std::string& model,
+                             const std::string& split) {
+  const FeaturesIndex f = OpenFeatures(c, cand.backbone, split);
+  const kernels::Head h = HeadFromModel(c.store->Get(model), cand.head);
+  if (h.in_dim != f.dim)
+    Throw(ErrorKind::kInvalidInput, "model " + cand.id + " expects " + std::to_string(h.in_dim) + " features, " +
+                                        split + " features have " + std::to_string(f.dim));
+  const int64_t classes = std::max(h.classes, f.classes);
+  kernels::Metrics met;
+  met.classes = classes;
+  met.confusion.assign(static_cast<size_t>(classes * classes), 0);
+  std::string bytes;
+  for (int64_t p = 0; p < f.parts; ++p) {
+    ReadFeaturesPart(*c.store, f, p, bytes);
+    const int64_t a = f.PartLo(p), n = f.PartHi(p) - a;
+    auto logits = h.Logits(reinterpret_cast<const float*>(bytes.data()), n);
+    met.Merge(kernels::Evaluate(logits.data(), f.labels.data() + a, n, classes));
+  }
+  return MetricsJson(met, f.class_names);
+}
 
 void Evaluate(StepContext& c) {
   const auto& t = c.task;
@@ -194,7 +219,7 @@ void Evaluate(StepContext& c) {
     const kernels::Metrics selected = evaluate(selection);  // opens the split's features, and so its names
     nlohmann::json result = MetricsJson(selected, names(selection));
     result["split"] = selection;
-    if (selection != "test") {
+    if (AlsoOnTest(c, selection)) {
       const kernels::Metrics test = evaluate("test");
       result["test"] = MetricsJson(test, names("test"));
     }

@@ -347,7 +347,7 @@ bool EverythingReused(StepContext& c, nlohmann::json* summary) {
     all = 1;
     for (const auto& bb : c.pipeline().backbones) {
       const std::string bb_digest = BackboneDigest(*c.store, bb);
-      for (const std::string& split : workflow::SplitNames(c.pipeline())) {
+      for (const std::string& split : workflow::SplitNames(c.pipeline(), c.task.test)) {
         const std::string key = workflow::FeaturesObject(bb_digest, c.DatasetDigest(split));
         const auto info = c.store->Stat(key);
         if (!info || !info->meta.contains("part_rows")) {
@@ -363,12 +363,13 @@ bool EverythingReused(StepContext& c, nlohmann::json* summary) {
   c.comm->Bcast(&all, sizeof all, 0);
   if (!all || !c.root()) return all == 1;
   for (const auto& bb : c.pipeline().backbones) c.inputs["backbones"][bb.name] = BackboneDigest(*c.store, bb);
-  for (const std::string& split : workflow::SplitNames(c.pipeline())) c.inputs["datasets"][split] = c.DatasetDigest(split);
+  for (const std::string& split : workflow::SplitNames(c.pipeline(), c.task.test))
+    c.inputs["datasets"][split] = c.DatasetDigest(split);
   for (const auto& e : reused)
     c.Say(fmt::format("features {}/{}: reused {} (backbone not run)", e["backbone"].get<std::string>(),
                       e["split"].get<std::string>(), e["object"].get<std::string>()));
   c.Say(fmt::format("every features object was there: no image read ({} of {} dataset digest(s) from the cache)",
-                    c.digest_cache_hits(), workflow::SplitNames(c.pipeline()).size()));
+                    c.digest_cache_hits(), workflow::SplitNames(c.pipeline(), c.task.test).size()));
   (*summary)["reused"] = std::move(reused);
   return true;
 }
@@ -760,7 +761,7 @@ void Prepare(StepContext& c) {
   if (c.pipeline().rounds.strategy == "halving" || c.pipeline().train.subset())
     run.whole_train_stamp = WholeTrainStamp(c.pipeline());
   // Every split's labels, checked before anything is computed; the pixels are read per rank.
-  const std::vector<workflow::SplitSource> splits = workflow::OpenSplits(c.pipeline());
+  const std::vector<workflow::SplitSource> splits = workflow::OpenSplits(c.pipeline(), c.task.test);
   run.classes = workflow::CheckSplits(c.pipeline(), splits);
   for (const auto& bb : c.pipeline().backbones) {
     run.backbone_digests[bb.name] = BackboneDigest(*c.store, bb);

@@ -15,6 +15,7 @@
 #include "kernels/metrics.h"
 #include "modules/evaluate.h"
 #include "modules/step_context.h"
+#include "workflow/datasets.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
@@ -100,9 +101,20 @@ json KeptEntry(StepContext& c, const workflow::KeptModel& k) {
                 {"split", res.value("split", "test")}};
   if (res.contains("per_class")) entry["per_class"] = res["per_class"];
   if (res.contains("class_names")) entry["class_names"] = res["class_names"];
-  if (res.contains("test") && res["test"].is_object()) {
-    entry["test"] = {{"accuracy", res["test"].value("accuracy", 0.0)}, {"loss", res["test"].value("loss", 0.0)}};
-    if (res["test"].contains("per_class")) entry["test"]["per_class"] = res["test"]["per_class"];
+  json test = res.contains("test") && res["test"].is_object() ? res["test"] : json();
+  if (test.is_null() && c.task.test && workflow::SelectionSplit(c.pipeline()) != "test") {
+    // Its round held the test split back (a halving round before the last): this one has the
+    // test features of its backbone (a model kept in a halving run is on a backbone still in the
+    // race), and the model is scored on them here. Nothing is written: a resumed select scores
+    // it again, to the same figures.
+    const workflow::Candidate cand = workflow::CandidateFromJson(k.candidate);
+    test = EvaluateWhole(c, cand, k.model, "test");
+    c.Say(fmt::format("kept model {} of round {}: scored on the test split its round held back, accuracy {:.4f}",
+                      cand.id, res["round"].dump(), test.value("accuracy", 0.0)));
+  }
+  if (test.is_object()) {
+    entry["test"] = {{"accuracy", test.value("accuracy", 0.0)}, {"loss", test.value("loss", 0.0)}};
+    if (test.contains("per_class")) entry["test"]["per_class"] = test["per_class"];
   }
   return entry;
 }

@@ -41,7 +41,7 @@ TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, c
 }
 
 RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_id, const std::string& nam_uri,
-                    int round, const std::vector<Candidate>& fresh, const std::vector<KeptCandidate>& kept) {
+                    int round, const std::vector<Candidate>& fresh, const std::vector<KeptCandidate>& kept, bool test) {
   RoundPlan plan;
   plan.round = round;
   nlohmann::json cands = nlohmann::json::array();
@@ -64,6 +64,9 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
     t.body = {{"format", kTaskFormat}, {"run", run_id}, {"round", round}, {"step", name},
               {"module", s.module},    {"nam", nam_uri}, {"pipeline", p.source}};
     if (workflow::HasCandidates(step)) t.body["candidates"] = cands;
+    // A round that holds the test split back says so to the steps that would run it (and only
+    // then: every other task's body, and so its key, is as it always was).
+    if (!test && (step == Step::kPrepare || step == Step::kEvaluate || step == Step::kSelect)) t.body["test"] = false;
     if (workflow::UsesFpga(step)) {  // the steps the DAM's FPGA serves
       t.body["fpga"] = workflow::FpgaConfigToJson(FpgaFor(p, mod));
       if (!m.OnThisHost() && !mod.gres.empty()) t.body["gres"] = mod.gres;  // a job component's GRES

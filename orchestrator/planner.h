@@ -52,7 +52,10 @@ struct KeptCandidate {
 TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, const ModuleSpec& mod,
                                size_t candidates);
 
+// `test` false: the round holds the test split back (workflow::TaskSpec::test; a halving round
+// that cannot be the run's last, RoundLoop::TestsInRound).
 RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_id, const std::string& nam_uri,
-                    int round, const std::vector<Candidate>& fresh, const std::vector<KeptCandidate>& kept);
+                    int round, const std::vector<Candidate>& fresh, const std::vector<KeptCandidate>& kept,
+                    bool test = true);
 
 }  // namespace msaflow::orchestrator

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <set>
 
 #include "common/error.h"
 #include "orchestrator/placement.h"
@@ -47,7 +48,9 @@ bool RoundLoop::Absorb(int round, const RoundOutcome& o, json round_entry) {
   const json& best = o.best;
   ranking_.clear();
   kept_.clear();
+  ranked_.clear();
   for (const auto& e : best.at("all")) {
+    ranked_.push_back({{CandidateFromJson(e.at("candidate")), e.at("model"), e.value("result", "")}, e.at("accuracy")});
     json classes = json::object();
     for (const char* k : {"per_class", "class_names"})
       if (e.contains(k)) classes[k] = e[k];
@@ -58,8 +61,11 @@ bool RoundLoop::Absorb(int round, const RoundOutcome& o, json round_entry) {
       per_bb_[bb] = e.at("accuracy");
       bb_best_[bb] = ranking_.back();
       per_bb_test_[bb] = {{"candidate", e.at("candidate").at("id")}, {p_.select_on + "_accuracy", e.at("accuracy")}};
-      if (e.contains("test")) per_bb_test_[bb]["test_accuracy"] = e["test"].value("accuracy", 0.0);
     }
+    // Its test figure, also when it comes later (a halving round before the last held the test
+    // split back, and the last one scored the model as one it kept).
+    if (e.contains("test") && per_bb_test_[bb].value("candidate", "") == e.at("candidate").at("id"))
+      per_bb_test_[bb]["test_accuracy"] = e["test"].value("accuracy", 0.0);
   }
   for (const auto& e : best.at("top_k")) kept_.push_back({CandidateFromJson(e.at("candidate")), e.at("model"), e.at("result")});
   rounds_.push_back(std::move(round_entry));
@@ -75,6 +81,29 @@ bool RoundLoop::Absorb(int round, const RoundOutcome& o, json round_entry) {
     return true;
   }
   return false;
+}
+
+std::vector<KeptCandidate> RoundLoop::KeptFor(const std::vector<Candidate>& fresh) const {
+  if (p_.rounds.strategy != "halving") return kept_;
+  std::set<std::string> race;
+  for (const auto& c : fresh) race.insert(c.backbone);
+  std::vector<KeptCandidate> out;
+  for (const auto& [k, metric] : ranked_)
+    if (out.size() < static_cast<size_t>(p_.rounds.top_k) && race.count(k.candidate.backbone)) out.push_back(k);
+  return out;
+}
+
+bool RoundLoop::TestsInRound(int round, const std::vector<Candidate>& fresh) const {
+  if (p_.rounds.strategy != "halving" || p_.select_on == "test" || round >= p_.rounds.max) return true;
+  if (rounds_.empty()) return false;                  // the stop rule looks back: round 1 ends a run only as its last
+  if (stale_ + 1 < p_.rounds.patience) return false;  // even a round without gain leaves the run going
+  // With min_delta 0 only a round worse than the best so far counts against patience, and it
+  // cannot be worse when its select ranks a model as good again.
+  if (p_.rounds.min_delta > 0) return true;
+  for (const auto& k : KeptFor(fresh))
+    for (const auto& [r, metric] : ranked_)
+      if (r.candidate.id == k.candidate.id && metric >= best_so_far_) return false;
+  return true;
 }
 
 const Ranked& RoundLoop::champion() const {

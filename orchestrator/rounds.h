@@ -33,8 +33,17 @@ class RoundLoop {
 
   // Round r's new candidates (round 1: the first round's; later: from the ranking so far).
   std::vector<Candidate> Candidates(int round) const;
-  // The models kept from earlier rounds, which the next round's select step ranks again.
-  const std::vector<KeptCandidate>& kept() const { return kept_; }
+  // The models kept from earlier rounds that the select step of the round training `fresh` ranks
+  // again: the last select's top-k. halving: the top-k of those on a backbone still in the race
+  // (`fresh`'s): a backbone that leaves the race takes its heads with it, as in successive halving.
+  std::vector<KeptCandidate> KeptFor(const std::vector<Candidate>& fresh) const;
+  // Whether round `round`, training `fresh`, runs the test split. Every round does, except a
+  // halving round that cannot be the run's last (docs/search.md): not the last of rounds.max, and
+  // the stop rule cannot end the run after it (patience not reached with this round, or, with
+  // min_delta 0, a model as good as the best so far is among those its select ranks again). So no
+  // test image goes through a backbone that leaves the race, and the last round scores on test
+  // the heads it trains and the models it keeps (select, for a kept model its round held back).
+  bool TestsInRound(int round, const std::vector<Candidate>& fresh) const;
 
   // Takes a finished round in (its best object, and the round's entry for results.json);
   // returns true when the stop rule ends the run after it.
@@ -53,8 +62,10 @@ class RoundLoop {
 
  private:
   const Pipeline& p_;
-  std::vector<Ranked> ranking_;  // best first, over all rounds
-  std::vector<KeptCandidate> kept_;
+  std::vector<Ranked> ranking_;      // best first, over all rounds
+  std::vector<KeptCandidate> kept_;  // the last select's top-k
+  // Everything the last select ranked, best first, with its accuracy on the selection split.
+  std::vector<std::pair<KeptCandidate, double>> ranked_;
   std::map<std::string, Ranked> bb_best_;          // backbone -> its best candidate so far
   nlohmann::json per_bb_ = nlohmann::json::object();       // backbone -> best accuracy on the selection split
   nlohmann::json per_bb_test_ = nlohmann::json::object();  // ... that candidate, with its test accuracy

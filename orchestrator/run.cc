@@ -84,18 +84,20 @@ Rung0 RoundsPipeline(const Pipeline& p, const std::string& dir, const JournalWri
 
 // halving: what a round's tasks run on (workflow::RoundPipeline): the backbones still in the
 // race and the part of the training split, for the journal's round-start and the run's output.
-json HalvingRace(const Pipeline& round_p) {
+// `test`: whether the round runs the test split (RoundLoop::TestsInRound).
+json HalvingRace(const Pipeline& round_p, bool test) {
   json backbones = json::array();
   for (const auto& bb : round_p.backbones) backbones.push_back(bb.name);
-  return {{"backbones", std::move(backbones)}, {"train_fraction", round_p.train.subset_fraction}};
+  return {{"backbones", std::move(backbones)}, {"train_fraction", round_p.train.subset_fraction}, {"test", test}};
 }
 
 std::string HalvingRaceLine(int round, const json& race) {
   std::vector<std::string> names = race.at("backbones").get<std::vector<std::string>>();
   const double g = race.at("train_fraction").get<double>();
-  return fmt::format("round {} (halving): {} backbone{} in the race ({}), on {} of the training split", round,
+  return fmt::format("round {} (halving): {} backbone{} in the race ({}), on {} of the training split{}", round,
                      names.size(), names.size() == 1 ? "" : "s", Join(names, ", "),
-                     g >= 1 ? std::string("all") : fmt::format("{:.1f} % (stratified)", 100 * g));
+                     g >= 1 ? std::string("all") : fmt::format("{:.1f} % (stratified)", 100 * g),
+                     race.value("test", true) ? "" : "; the test split held back for the last round");
 }
 
 // One coordinator's hold on a run: its NAM, its launcher, its journal, and the round loop.
@@ -240,7 +242,9 @@ class RunDriver {
     const std::vector<Candidate> fresh = loop_.Candidates(round);
     // halving: the backbones still in the race, on the part of the training data this round has
     const Pipeline round_p = workflow::RoundPipeline(p_, round, fresh);
-    RoundPlan plan = PlanRound(round_p, m_, id_, nam_uri_, round, fresh, loop_.kept());
+    const std::vector<KeptCandidate> kept = loop_.KeptFor(fresh);
+    const bool test = loop_.TestsInRound(round, fresh);
+    RoundPlan plan = PlanRound(round_p, m_, id_, nam_uri_, round, fresh, kept, test);
     json step_seconds = json::object();
     RoundPlan todo{round, {}};
     std::map<std::string, int64_t> skipped;  // task id -> the outputs its done object lists
@@ -264,11 +268,11 @@ class RunDriver {
         WriteFileAtomic(f, t.body.dump(2) + "\n");
         files[t.id] = f;
       }
-      progress_.RoundStart(round, p_.rounds.max, fresh.size(), loop_.kept().size(), plan.tasks.size(), skipped.size());
+      progress_.RoundStart(round, p_.rounds.max, fresh.size(), kept.size(), plan.tasks.size(), skipped.size());
       json start = {{"round", round}, {"candidates", fresh.size()}, {"tasks", plan.tasks.size()},
                     {"reused_tasks", skipped.size()}};
       if (p_.rounds.strategy == "halving") {
-        const json race = HalvingRace(round_p);
+        const json race = HalvingRace(round_p, test);
         progress_.Line(HalvingRaceLine(round, race));
         start["halving"] = race;
       }
@@ -304,7 +308,7 @@ class RunDriver {
           curves[info->name] = info->meta["curve"];
     provenance_.push_back(record::ProvenanceRound(round, std::move(tasks), outcome.best, curves));
     json entry = RoundEntry(p_, round, outcome, step_seconds);
-    if (p_.rounds.strategy == "halving") entry["halving"] = HalvingRace(round_p);
+    if (p_.rounds.strategy == "halving") entry["halving"] = HalvingRace(round_p, test);
     if (!round_account_.is_null() && !round_account_.empty()) entry["node_seconds"] = round_account_;
     if (!ended_before || !replayed) {
       progress_.RoundTable(p_, round, outcome);

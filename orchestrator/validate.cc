@@ -64,6 +64,13 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
     if (p.rounds.grow_data && p.rounds.max > 1)
       lines.emplace_back("rounds: halving: a round whose heads all run one model (its cuts, or raw pixels) trains on all "
                       "the data (the schedule above assumes the race keeps as many models as it can)");
+    if (p.rounds.max > 1 && p.select_on != "test")
+      lines.push_back(fmt::format(
+          "rounds: halving: the test split waits for the last round ({}{}): no backbone that "
+          "leaves the race before it runs a test image",
+          p.rounds.max,
+          p.rounds.patience < p.rounds.max - 1 ? ", or an earlier one after which the stop rule could end the run"
+                                               : ""));
     if (!p.rounds.grow_data)
       lines.emplace_back("rounds: halving: every round trains on all the training data (grow_data false)");
     else if (workflow::HalvingDataFraction(p, 1, 2) >= 1 && p.rounds.max > 1)

@@ -97,9 +97,11 @@ std::string SplitSource::Where(int64_t i) const {
 
 const std::string& SelectionSplit(const Pipeline& p) { return p.select_on; }
 
-std::vector<std::string> SplitNames(const Pipeline& p) {
-  if (p.validation) return {"train", "validation", "test"};
-  return {"train", "test"};
+std::vector<std::string> SplitNames(const Pipeline& p, bool test) {
+  std::vector<std::string> out = {"train"};
+  if (p.validation) out.emplace_back("validation");
+  if (test) out.emplace_back("test");
+  return out;
 }
 
 namespace {
@@ -152,10 +154,10 @@ std::string SplitStamp(const Pipeline& p, const std::string& split) {
   return out;
 }
 
-std::vector<SplitSource> OpenSplits(const Pipeline& p) {
+std::vector<SplitSource> OpenSplits(const Pipeline& p, bool test) {
   std::vector<SplitSource> out;
   std::optional<Base> train;  // read once when validation is carved out of it
-  for (const auto& split : SplitNames(p)) {
+  for (const auto& split : SplitNames(p, test)) {
     if (!Carved(p, split)) {
       out.push_back(OpenSplit(p, split));
       continue;

@@ -61,14 +61,15 @@ SplitSource OpenSplit(const Pipeline& p, const std::string& split);
 // size, inode and modification time (an image folder is listed, not decoded). Steps cache the
 // digest under it (StepContext::DatasetDigest, modules/step_context.h).
 std::string SplitStamp(const Pipeline& p, const std::string& split);
-// Every split of `p` (SplitNames order); a validation split taken from train shares the one
-// read of the training file.
-std::vector<SplitSource> OpenSplits(const Pipeline& p);
+// Every split of `p` (SplitNames order; without test when `test` is false); a validation split
+// taken from train shares the one read of the training file.
+std::vector<SplitSource> OpenSplits(const Pipeline& p, bool test = true);
 // `split` over an opened file or folder (internal to datasets.cc; OpenSplit and OpenSplits).
 SplitSource SplitFrom(const Pipeline& p, const std::string& split, const Base& b);
 
-// The splits a pipeline has, in the order they are prepared: train, [validation], test.
-std::vector<std::string> SplitNames(const Pipeline& p);
+// The splits a pipeline has, in the order they are prepared: train, [validation], test (left out
+// when `test` is false: a round that holds the test split back, workflow::TaskSpec::test).
+std::vector<std::string> SplitNames(const Pipeline& p, bool test = true);
 // The split candidates are selected on: "validation", or "test" when the pipeline says so.
 const std::string& SelectionSplit(const Pipeline& p);
 

@@ -107,6 +107,7 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
   }
   if (body.contains("metric")) t.metric = Field(body, "metric", origin, json::value_t::string).get<std::string>();
   if (body.contains("train")) t.train = TrainLayoutFromJson(body["train"], origin);
+  if (body.contains("test")) t.test = Field(body, "test", origin, json::value_t::boolean).get<bool>();
   if (body.contains("gres")) t.gres = Field(body, "gres", origin, json::value_t::string).get<std::string>();
   if (body.contains("fpga")) t.fpga = FpgaConfigFromJson(body["fpga"], origin + ": fpga", "/");
   return t;

@@ -49,6 +49,10 @@ struct TaskSpec {
   TrainLayout train;                  // train
   kernels::fpga::Config fpga;         // prepare, select: the FPGA backend (the module's, or the pipeline's override)
   std::string gres;                   // under Slurm: the GRES the step's job component asked for ("fpga:1")
+  // prepare, evaluate, select: whether the round runs the test split. False only in a halving
+  // round that cannot be the run's last (orchestrator/rounds.h, RoundLoop::TestsInRound): no test
+  // image goes through a backbone that may leave the race, and no head is scored on test.
+  bool test = true;
 };
 
 // One task of a round as the planner made it and a launcher runs it: a step bound to a module

@@ -237,6 +237,8 @@ class Rank(unittest.TestCase):
         self.assertIn("rounds: halving: rung 0 ranks 5 backbones by knn on 15% of each class and keeps 3; heads 4 x 4 "
                       "epochs on 50 % of the data, then 2 x 2 epochs on all the data (continued: as many steps as 2, 4 "
                       "epochs of all the data by each round's end)", v.stdout)
+        self.assertIn("rounds: halving: the test split waits for the last round (2): no backbone that leaves the race "
+                      "before it runs a test image", v.stdout)
         runs = os.path.join(self.tmp.name, "runs")
         r = msaflow("run", path, "--runs", runs, "--run-id", "halving")
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
@@ -293,7 +295,15 @@ class Rank(unittest.TestCase):
             if e["backbone"] != "pixels":
                 self.assertEqual(e["reused_rows"], before["rows"] - 1, e)
                 self.assertIn(f"({before['rows']} from the previous round)", r.stdout)
-        self.assertEqual(r2["features"]["computed"] and {e["split"] for e in r2["features"]["computed"]}, {"train"})
+        # The test split waited for the last round: round 1 ran no test image through a backbone,
+        # round 2 ran them through the backbones still in the race, and only those.
+        self.assertEqual({(e["backbone"], e["split"]) for e in r1["features"]["computed"]},
+                         {(b, s) for b in kept for s in ("train", "validation")})
+        self.assertEqual(sorted(e["backbone"] for e in r2["features"]["computed"] if e["split"] == "test"), race)
+        self.assertEqual({e["split"] for e in r2["features"]["computed"]}, {"train", "test"})
+        self.assertEqual((r1["halving"]["test"], r2["halving"]["test"]), (False, True))
+        self.assertIn("round 1 (halving): 3 backbones in the race", r.stdout)
+        self.assertIn("; the test split held back for the last round", r.stdout)
         # Once round 1's prepare is done they have served, and are gone from the NAM.
         left = msaflow("nam", "ls", "rung0/", "--nam", "file://" + os.path.join(runs, "nam"))
         self.assertEqual((left.returncode, left.stdout), (0, ""), left.stderr)
@@ -308,6 +318,27 @@ class Rank(unittest.TestCase):
         self.assertEqual([c["candidate"]["parent"] for c in second], [c["candidate"]["id"] for c in best_first])
         self.assertEqual([c["candidate"]["warm_start"] for c in second], [c["model"] for c in best_first])
         self.assertTrue(all(c["candidate"]["head"]["epochs"] == 2 for c in second))
+        # Round 1's heads were scored on validation only; round 2 scored its own on test, and its
+        # select the model it kept from round 1 (the best so far, on a backbone in the race).
+        self.assertTrue(all("test" not in c for c in first), first)
+        self.assertTrue(all("test" in c for c in r2["candidates"]), r2["candidates"])
+        kept_r1 = [c for c in r2["candidates"] if c["candidate"]["id"].startswith("r1-")]
+        self.assertEqual([c["candidate"]["id"] for c in kept_r1], [best_first[0]["candidate"]["id"]])
+        self.assertIn(f"kept model {kept_r1[0]['candidate']['id']} of round 1: scored on the test split its round "
+                      "held back", r.stdout)
+        # ... to the figure msaflow predict gives that model from the test images themselves.
+        test = doc["datasets"]["test"]
+        labels = idx(test["labels"], test["limit"])
+        p = msaflow("predict", os.path.join(runs, "halving"), test["images"], "--labels", test["labels"],
+                    "--limit", str(test["limit"]), "--candidate", kept_r1[0]["candidate"]["id"], "--json")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        probs = np.array([e["probabilities"] for e in json.loads(p.stdout)])
+        self.assertEqual(int((probs.argmax(1) == labels).sum()), sum(c["correct"] for c in kept_r1[0]["test"]["per_class"]))
+        # The champion's test figure is held out, and a backbone that left the race has none.
+        self.assertFalse(res["result"]["optimistic"])
+        self.assertEqual(res["result"]["accuracy"], res["champion"]["test"]["accuracy"])
+        on_test = res["best_per_backbone_on_test"]
+        self.assertEqual(sorted(b for b in on_test if "test_accuracy" in on_test[b]), race)
         # Journalled, and explained by `why`.
         rung = [e for e in events if e.get("event") == "rung0"]
         self.assertEqual(len(rung), 1)

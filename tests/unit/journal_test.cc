@@ -213,7 +213,7 @@ TEST(RoundLoop, StopRuleRankingAndResults) {
   auto r1 = loop.Candidates(1);
   ASSERT_EQ(r1.size(), 2u);
   EXPECT_FALSE(loop.Absorb(1, Outcome(1, r1, {0.70, 0.80}), {{"round", 1}}));
-  EXPECT_EQ(loop.kept().size(), 1u);
+  EXPECT_EQ(loop.KeptFor(loop.Candidates(2)).size(), 1u);
   EXPECT_EQ(loop.champion().candidate.id, r1[1].id);
   auto r2 = loop.Candidates(2);
   // A gain below min_delta, patience 1: the run stops after round 2.
@@ -237,6 +237,62 @@ TEST(RoundLoop, AReplayedRunReachesTheSameCandidates) {
   auto ca = a.Candidates(2), cb = b.Candidates(2);
   ASSERT_EQ(ca.size(), cb.size());
   for (size_t i = 0; i < ca.size(); ++i) EXPECT_EQ(workflow::ToJson(ca[i]), workflow::ToJson(cb[i]));
+}
+
+Pipeline Halving(double min_delta) {
+  return workflow::ParsePipeline(
+      R"({"name": "h",
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                 "validation": {"from": "train", "fraction": 0.1}},
+    "backbones": [{"name": "a", "kind": "pixels"}, {"name": "b", "kind": "pixels"}],
+    "head": {"type": ["softmax"], "lr": [0.001, 0.01]},
+    "rounds": {"max": 4, "candidates": 4, "top_k": 1, "seed": 9, "strategy": "halving", "eta": 2, "min_delta": )" +
+          std::to_string(min_delta) + "}}",
+      "p.json", "/b");
+}
+
+std::vector<Candidate> With(std::vector<Candidate> fresh, const Candidate& kept) {
+  fresh.push_back(kept);
+  return fresh;
+}
+
+TEST(RoundLoop, HalvingHoldsTheTestSplitBackUntilARoundThatMayBeTheLast) {
+  // Every other strategy, and selection on test, run it every round.
+  const Pipeline perturb_p = TwoRounds(0.0, 1), halving_p = Halving(0),
+                 strict_p = Halving(0.01);  // a loop holds its pipeline
+  RoundLoop perturb(perturb_p);
+  EXPECT_TRUE(perturb.TestsInRound(1, perturb.Candidates(1)));
+  RoundLoop loop(halving_p);
+  const auto r1 = loop.Candidates(1);
+  ASSERT_EQ(r1.size(), 4u);
+  ASSERT_EQ((std::vector<std::string>{r1[0].backbone, r1[1].backbone}), (std::vector<std::string>{"a", "b"}));
+  EXPECT_FALSE(loop.TestsInRound(1, r1));  // the stop rule looks back: round 1 cannot end the run
+  loop.Absorb(1, Outcome(1, r1, {0.9, 0.5, 0.6, 0.7}), {});
+  const auto r2 = loop.Candidates(2);  // r1-c00 (a) and r1-c03 (b) continued
+  ASSERT_EQ(r2.size(), 2u);
+  ASSERT_EQ(loop.KeptFor(r2).size(), 1u);
+  EXPECT_EQ(loop.KeptFor(r2)[0].candidate.id, r1[0].id);
+  // Patience 1, min_delta 0: round 2's select ranks the best so far again, so round 2 cannot come
+  // out worse and end the run.
+  EXPECT_FALSE(loop.TestsInRound(2, r2));
+  // With a min_delta, any round may fall short of it and be the last.
+  RoundLoop strict(strict_p);
+  strict.Absorb(1, Outcome(1, strict.Candidates(1), {0.9, 0.5, 0.6, 0.7}), {});
+  EXPECT_TRUE(strict.TestsInRound(2, strict.Candidates(2)));
+  // Round 2: b's head comes first of the new ones, so round 3 continues b alone. The best so far
+  // (r1-c00, on a) left the race with its backbone: round 3 keeps b's best, which may come out
+  // worse than 0.9 and end the run: round 3 runs the test split.
+  loop.Absorb(2, Outcome(2, With(r2, r1[0]), {0.6, 0.85, 0.9}), {});
+  const auto r3 = loop.Candidates(3);
+  ASSERT_EQ(r3.size(), 1u);
+  EXPECT_EQ(r3[0].backbone, "b");
+  ASSERT_EQ(loop.KeptFor(r3).size(), 1u);
+  EXPECT_EQ(loop.KeptFor(r3)[0].candidate.id, r2[1].id);
+  EXPECT_TRUE(loop.TestsInRound(3, r3));
+  // The last of rounds.max always does.
+  loop.Absorb(3, Outcome(3, With(r3, r2[1]), {0.95, 0.85}), {});
+  const auto r4 = loop.Candidates(4);
+  EXPECT_TRUE(loop.TestsInRound(4, r4));
 }
 
 TEST(TaskKey, IgnoresTheNamAddressOnly) {
