@@ -95,6 +95,9 @@ std::vector<KeptCandidate> RoundLoop::KeptFor(const std::vector<Candidate>& fres
 
 bool RoundLoop::TestsInRound(int round, const std::vector<Candidate>& fresh) const {
   if (p_.rounds.strategy != "halving" || p_.select_on == "test" || round >= p_.rounds.max) return true;
+  // A race of one model (its cuts, raw pixels beside it) spares no pass by waiting, as its data
+  // does not grow either (HalvingDataFraction): its test split comes in this round's prepare.
+  if (workflow::ModelsOf(p_, fresh) < 2) return true;
   if (rounds_.empty()) return false;                  // the stop rule looks back: round 1 ends a run only as its last
   if (stale_ + 1 < p_.rounds.patience) return false;  // even a round without gain leaves the run going
   // With min_delta 0 only a round worse than the best so far counts against patience, and it

@@ -38,11 +38,11 @@ class RoundLoop {
   // (`fresh`'s): a backbone that leaves the race takes its heads with it, as in successive halving.
   std::vector<KeptCandidate> KeptFor(const std::vector<Candidate>& fresh) const;
   // Whether round `round`, training `fresh`, runs the test split. Every round does, except a
-  // halving round that cannot be the run's last (docs/search.md): not the last of rounds.max, and
-  // the stop rule cannot end the run after it (patience not reached with this round, or, with
-  // min_delta 0, a model as good as the best so far is among those its select ranks again). So no
-  // test image goes through a backbone that leaves the race, and the last round scores on test
-  // the heads it trains and the models it keeps (select, for a kept model its round held back).
+  // halving round whose race runs two models or more and that cannot be the run's last
+  // (docs/search.md): not the last of rounds.max, and the stop rule cannot end the run after it (patience not reached
+  // with this round, or, with min_delta 0, a model as good as the best so far is among those its select ranks again).
+  // So no test image goes through a backbone that leaves the race, and the last round scores on test the heads it
+  // trains and the models it keeps (select, for a kept model its round held back).
   bool TestsInRound(int round, const std::vector<Candidate>& fresh) const;
 
   // Takes a finished round in (its best object, and the round's entry for results.json);

@@ -66,8 +66,8 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
                       "the data (the schedule above assumes the race keeps as many models as it can)");
     if (p.rounds.max > 1 && p.select_on != "test")
       lines.push_back(fmt::format(
-          "rounds: halving: the test split waits for the last round ({}{}): no backbone that "
-          "leaves the race before it runs a test image",
+          "rounds: halving: while the race runs two models or more, the test split waits for the last round ({}{}): "
+          "no backbone that leaves the race before it runs a test image",
           p.rounds.max,
           p.rounds.patience < p.rounds.max - 1 ? ", or an earlier one after which the stop rule could end the run"
                                                : ""));

@@ -135,10 +135,6 @@ int64_t HalvingRoundEpochs(const Pipeline& p, int round, size_t models) {
   return std::max<int64_t>(1, std::llround(static_cast<double>(more) / HalvingDataFraction(p, round, models)));
 }
 
-namespace {
-
-// The ONNX models the candidates' backbones run (cuts of one model share a pass over the images;
-// raw pixels cost nothing to prepare): what a smaller part of the data could spare preparing.
 size_t ModelsOf(const Pipeline& p, const std::vector<Candidate>& cands) {
   std::set<std::string> models;
   for (const auto& c : cands)
@@ -146,8 +142,6 @@ size_t ModelsOf(const Pipeline& p, const std::vector<Candidate>& cands) {
       if (bb.name == c.backbone && bb.kind != "pixels") models.insert(bb.onnx);
   return models.size();
 }
-
-}  // namespace
 
 Pipeline RoundPipeline(const Pipeline& p, int round, const std::vector<Candidate>& fresh) {
   if (p.rounds.strategy != "halving" || fresh.empty()) return p;

@@ -48,6 +48,10 @@ struct Ranked {
 std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking,
                                  const std::vector<Ranked>& backbone_best = {});
 
+// The ONNX models the candidates' backbones run (cuts of one model share a pass over the images;
+// raw pixels cost nothing to prepare): what a smaller race could spare preparing.
+size_t ModelsOf(const Pipeline& p, const std::vector<Candidate>& cands);
+
 // halving: the epochs a candidate has trained in all by the end of round r: the pipeline's
 // largest "epochs" in the last round (rounds.max), 1/eta of it a round before, ... (at least r).
 int64_t HalvingEpochs(const Pipeline& p, int round);

@@ -237,8 +237,8 @@ class Rank(unittest.TestCase):
         self.assertIn("rounds: halving: rung 0 ranks 5 backbones by knn on 15% of each class and keeps 3; heads 4 x 4 "
                       "epochs on 50 % of the data, then 2 x 2 epochs on all the data (continued: as many steps as 2, 4 "
                       "epochs of all the data by each round's end)", v.stdout)
-        self.assertIn("rounds: halving: the test split waits for the last round (2): no backbone that leaves the race "
-                      "before it runs a test image", v.stdout)
+        self.assertIn("rounds: halving: while the race runs two models or more, the test split waits for the last "
+                      "round (2): no backbone that leaves the race before it runs a test image", v.stdout)
         runs = os.path.join(self.tmp.name, "runs")
         r = msaflow("run", path, "--runs", runs, "--run-id", "halving")
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)

@@ -244,9 +244,11 @@ Pipeline Halving(double min_delta) {
       R"({"name": "h",
     "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
                  "validation": {"from": "train", "fraction": 0.1}},
-    "backbones": [{"name": "a", "kind": "pixels"}, {"name": "b", "kind": "pixels"}],
+    "backbones": [{"name": "a", "onnx": "a.onnx", "feature_layer": "x", "input": {"height": 8, "width": 8}},
+                  {"name": "b", "onnx": "b.onnx", "feature_layer": "x", "input": {"height": 8, "width": 8}},
+                  {"name": "c", "onnx": "c.onnx", "feature_layer": "x", "input": {"height": 8, "width": 8}}],
     "head": {"type": ["softmax"], "lr": [0.001, 0.01]},
-    "rounds": {"max": 4, "candidates": 4, "top_k": 1, "seed": 9, "strategy": "halving", "eta": 2, "min_delta": )" +
+    "rounds": {"max": 4, "candidates": 6, "top_k": 1, "seed": 9, "strategy": "halving", "eta": 2, "min_delta": )" +
           std::to_string(min_delta) + "}}",
       "p.json", "/b");
 }
@@ -256,43 +258,51 @@ std::vector<Candidate> With(std::vector<Candidate> fresh, const Candidate& kept)
   return fresh;
 }
 
+std::vector<std::string> Backbones(const std::vector<Candidate>& cands) {
+  std::vector<std::string> out;
+  for (const auto& c : cands) out.push_back(c.backbone);
+  return out;
+}
+
 TEST(RoundLoop, HalvingHoldsTheTestSplitBackUntilARoundThatMayBeTheLast) {
-  // Every other strategy, and selection on test, run it every round.
   const Pipeline perturb_p = TwoRounds(0.0, 1), halving_p = Halving(0),
                  strict_p = Halving(0.01);  // a loop holds its pipeline
+  // Every other strategy runs it every round.
   RoundLoop perturb(perturb_p);
   EXPECT_TRUE(perturb.TestsInRound(1, perturb.Candidates(1)));
-  RoundLoop loop(halving_p);
+  // Round 1 of halving, three models: the stop rule looks back, so round 1 cannot end the run.
+  RoundLoop loop(halving_p), strict(strict_p), best_goes_on(halving_p);
   const auto r1 = loop.Candidates(1);
-  ASSERT_EQ(r1.size(), 4u);
-  ASSERT_EQ((std::vector<std::string>{r1[0].backbone, r1[1].backbone}), (std::vector<std::string>{"a", "b"}));
-  EXPECT_FALSE(loop.TestsInRound(1, r1));  // the stop rule looks back: round 1 cannot end the run
-  loop.Absorb(1, Outcome(1, r1, {0.9, 0.5, 0.6, 0.7}), {});
-  const auto r2 = loop.Candidates(2);  // r1-c00 (a) and r1-c03 (b) continued
-  ASSERT_EQ(r2.size(), 2u);
+  ASSERT_EQ(Backbones(r1), (std::vector<std::string>{"a", "b", "c", "a", "b", "c"}));
+  EXPECT_FALSE(loop.TestsInRound(1, r1));
+  const RoundOutcome o1 = Outcome(1, r1, {0.9, 0.5, 0.6, 0.4, 0.7, 0.65});
+  for (RoundLoop* l : {&loop, &strict, &best_goes_on}) l->Absorb(1, o1, {});
+  const auto r2 = loop.Candidates(2);  // r1-c00 (a), r1-c04 (b), r1-c05 (c) continued
+  ASSERT_EQ(Backbones(r2), (std::vector<std::string>{"a", "b", "c"}));
   ASSERT_EQ(loop.KeptFor(r2).size(), 1u);
   EXPECT_EQ(loop.KeptFor(r2)[0].candidate.id, r1[0].id);
   // Patience 1, min_delta 0: round 2's select ranks the best so far again, so round 2 cannot come
-  // out worse and end the run.
+  // out worse and end the run. With a min_delta any round may fall short of it and be the last.
   EXPECT_FALSE(loop.TestsInRound(2, r2));
-  // With a min_delta, any round may fall short of it and be the last.
-  RoundLoop strict(strict_p);
-  strict.Absorb(1, Outcome(1, strict.Candidates(1), {0.9, 0.5, 0.6, 0.7}), {});
   EXPECT_TRUE(strict.TestsInRound(2, strict.Candidates(2)));
-  // Round 2: b's head comes first of the new ones, so round 3 continues b alone. The best so far
-  // (r1-c00, on a) left the race with its backbone: round 3 keeps b's best, which may come out
-  // worse than 0.9 and end the run: round 3 runs the test split.
-  loop.Absorb(2, Outcome(2, With(r2, r1[0]), {0.6, 0.85, 0.9}), {});
+  // Round 2: the heads on b and c come first of the new ones, so round 3 continues those two.
+  // The best so far (r1-c00, on a) leaves the race with its backbone: round 3 keeps b's best
+  // (0.85), which may come out worse than 0.9 and end the run, so round 3 runs the test split.
+  loop.Absorb(2, Outcome(2, With(r2, r1[0]), {0.5, 0.85, 0.8, 0.9}), {});
   const auto r3 = loop.Candidates(3);
-  ASSERT_EQ(r3.size(), 1u);
-  EXPECT_EQ(r3[0].backbone, "b");
+  ASSERT_EQ(Backbones(r3), (std::vector<std::string>{"b", "c"}));
   ASSERT_EQ(loop.KeptFor(r3).size(), 1u);
   EXPECT_EQ(loop.KeptFor(r3)[0].candidate.id, r2[1].id);
   EXPECT_TRUE(loop.TestsInRound(3, r3));
-  // The last of rounds.max always does.
-  loop.Absorb(3, Outcome(3, With(r3, r2[1]), {0.95, 0.85}), {});
+  // Had b's head beaten 0.9, round 3 would rank it again and could not end the run.
+  best_goes_on.Absorb(2, Outcome(2, With(r2, r1[0]), {0.5, 0.95, 0.8, 0.9}), {});
+  EXPECT_FALSE(best_goes_on.TestsInRound(3, best_goes_on.Candidates(3)));
+  // A race of one model would spare no pass by waiting: it runs the test split at once.
+  loop.Absorb(3, Outcome(3, With(r3, r2[1]), {0.95, 0.7, 0.85}), {});
   const auto r4 = loop.Candidates(4);
+  ASSERT_EQ(Backbones(r4), (std::vector<std::string>{"b"}));
   EXPECT_TRUE(loop.TestsInRound(4, r4));
+  EXPECT_TRUE(best_goes_on.TestsInRound(3, {r3[0]}));  // b alone, not the last round
 }
 
 TEST(TaskKey, IgnoresTheNamAddressOnly) {

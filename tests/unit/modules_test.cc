@@ -518,8 +518,9 @@ TEST_F(TinyRound, AHalvingRoundsDataGrowsFromTheRoundBefore) {
   OverlapChoice in_turn(OverlapMode::kOff);
   const modules::Features all = modules::LoadFeaturesObject(*store_, whole_object, in_turn);
 
-  // Round 1 of the run: a third of the split (at least 10 of each class); round 2 continues both
-  // heads, one on each model.
+  // Round 1 of the run: a third of the split (at least 10 of each class). Every round here takes
+  // the first round's two heads, one on each model (the race a round 2 that continued both would
+  // have): only their backbones matter to what prepare computes.
   auto round = [&](int r) {
     const auto fresh = workflow::FirstRound(pipeline_);
     EXPECT_EQ(fresh.size(), 2u);
