@@ -125,6 +125,7 @@ void CheckBackbone(const BackboneSpec& bb, const std::string& model) {
 void CheckCuts(const std::vector<const BackboneSpec*>& group, const std::string& model) {
   const BackboneSpec& first = *group.front();
   std::vector<std::string> cuts;
+  cuts.reserve(group.size());
   for (const auto* bb : group) cuts.push_back(bb->feature_layer);
   try {
     kernels::Graph g = kernels::ImportOnnxCuts(model, first.onnx, cuts);

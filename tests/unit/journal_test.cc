@@ -260,6 +260,7 @@ std::vector<Candidate> With(std::vector<Candidate> fresh, const Candidate& kept)
 
 std::vector<std::string> Backbones(const std::vector<Candidate>& cands) {
   std::vector<std::string> out;
+  out.reserve(cands.size());
   for (const auto& c : cands) out.push_back(c.backbone);
   return out;
 }
