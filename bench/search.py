@@ -136,7 +136,14 @@ def figures(res):
     # An epoch over a halving round's subset counts as its share of an epoch over all the data.
     epochs = round(sum(c["candidate"]["head"]["epochs"] * r.get("halving", {}).get("train_fraction", 1)
                        for r in res["rounds"] for c in r["candidates"] if c["candidate"]["id"].startswith(f"r{r['round']}-")))
-    return {"val": res["champion"]["accuracy"], "test": res["result"]["accuracy"], "images": images, "epochs": epochs}
+    # Where the run's time went: rung 0, the prepare steps, every other step, and the rest (the
+    # process start, the pipeline's checks, the NAM server, the results).
+    steps = [r.get("step_seconds", {}) for r in res["rounds"]]
+    parts = {"rung0_s": res.get("halving", {}).get("rung0", {}).get("seconds", 0.0),
+             "prepare_s": sum(s.get("prepare", 0.0) for s in steps),
+             "steps_s": sum(v for s in steps for k, v in s.items() if k != "prepare")}
+    return {"val": res["champion"]["accuracy"], "test": res["result"]["accuracy"], "images": images, "epochs": epochs,
+            **parts}
 
 
 def main():
@@ -227,6 +234,10 @@ def main():
                 hv = figures(json.load(f))
             label = f"halving {eta}"
             print(f"  {label:10s} {halving_s:8.1f} {hv['val']:8.4f} {hv['test']:8.4f} {hv['images']:22d} {hv['epochs']:12d}")
+            rest = halving_s - hv["rung0_s"] - hv["prepare_s"] - hv["steps_s"]
+            print(f"    where it went: rung 0 {hv['rung0_s']:.1f} s, prepare {hv['prepare_s']:.1f} s, the other steps "
+                  f"{hv['steps_s']:.1f} s, the rest {rest:.1f} s (start, checks, NAM server, results); the exhaustive "
+                  f"run's prepare {ex['prepare_s']:.1f} s")
             gap = ex["val"] - hv["val"]
             ok = gap <= 0.005 and halving_s <= run_s / 3
             print(f"    eta {eta}: {halving_s / run_s:.2f}x the time, {-gap * 100:+.2f} points of validation accuracy "
