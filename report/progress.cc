@@ -128,11 +128,17 @@ void ProgressPrinter::Finish(const Pipeline& p, const RoundLoop& loop, double se
                  champ.metric, champ.model.c_str());
   }
   std::fprintf(out_, "best per backbone (%s accuracy%s):", p.select_on.c_str(), held_out ? "; test accuracy" : "");
+  bool untested = false;
   for (const auto& [k, v] : loop.best_per_backbone().items()) {
     std::fprintf(out_, " %s %.4f", k.c_str(), v.at(p.select_on + "_accuracy").get<double>());
     if (held_out && v.contains("test_accuracy")) std::fprintf(out_, " / %.4f", v["test_accuracy"].get<double>());
+    if (held_out && !v.contains("test_accuracy")) {  // halving: it left the race before the test split ran
+      std::fprintf(out_, " / -");
+      untested = true;
+    }
     std::fprintf(out_, ";");
   }
+  if (untested) std::fprintf(out_, "\n  (-: left the race before the test split ran)");
   std::fprintf(out_, "\nstopped: %s; %.1f s; results in %s/results.json\n", loop.stop_reason().c_str(), seconds,
                dir.c_str());
   std::fflush(out_);

@@ -65,7 +65,14 @@ Story ReadStory(const json& prov) {
     for (const json& r : prov.at("rounds")) {
       const int round = r.at("round").get<int>();
       for (const json& c : r.at("candidates")) {
-        if (c.at("round").get<int>() != round) continue;  // a kept candidate, marked where it was trained
+        if (c.at("round").get<int>() != round) {  // a kept candidate, marked where it was trained
+          // ... whose test figure may come later: a halving round that held the test split back
+          // (docs/search.md) leaves it to the select that ranks the model again.
+          if (c.contains("test_accuracy"))
+            for (Mark& m : s.marks)
+              if (m.id == c.at("candidate").get<std::string>() && !m.test) m.test = c["test_accuracy"].get<double>();
+          continue;
+        }
         Mark m{round, c.at("candidate"), c.at("backbone"), c.at("head"), c.value("model", ""),
                c.at("accuracy").is_number() ? c["accuracy"].get<double>() : std::nan(""), std::nullopt,
                c.value("curve", json())};

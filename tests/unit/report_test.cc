@@ -91,6 +91,21 @@ std::vector<double> CurveXs(const std::string& html, const std::string& id) {
 // A long training's curve keeps every k-th epoch and says which ("epoch"): its points are drawn
 // at those epochs, on the axis of the longest training; a curve without a valid epoch list
 // (older msaflow, or not ascending) is drawn one point per epoch.
+// A halving round that held the test split back: its candidates have no test figure until a
+// later round's select scores the one it keeps; the report shows that figure where the candidate
+// was trained.
+TEST(Report, AKeptCandidatesLaterTestFigureIsShownWhereItWasTrained) {
+  json p = Provenance();
+  for (json& c : p["rounds"][0]["candidates"]) c.erase("test_accuracy");
+  p["rounds"][1]["candidates"][1]["test_accuracy"] = 0.7321;  // r1-c00, scored in round 2
+  const std::string html = RenderReport({p, json(), "finished: champion r2-c00"});
+  EXPECT_NE(html.find("<td>r1-c00</td><td>mnv2</td><td>softmax adam lr=1e-03</td><td>0.8000</td><td>0.7321</td>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<td>r1-c01</td><td>pixels</td><td>softmax adam lr=1e-03</td><td>0.7000</td><td></td>"),
+            std::string::npos);
+}
+
 TEST(Report, ThinnedCurvesAreDrawnAtTheirEpochs) {
   json p = Provenance();
   auto& cands = p["rounds"][0]["candidates"];
