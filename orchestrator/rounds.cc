@@ -83,13 +83,19 @@ bool RoundLoop::Absorb(int round, const RoundOutcome& o, json round_entry) {
   return false;
 }
 
-std::vector<KeptCandidate> RoundLoop::KeptFor(const std::vector<Candidate>& fresh) const {
-  if (p_.rounds.strategy != "halving") return kept_;
+std::vector<std::pair<KeptCandidate, double>> RoundLoop::HalvingKept(const std::vector<Candidate>& fresh) const {
   std::set<std::string> race;
   for (const auto& c : fresh) race.insert(c.backbone);
+  std::vector<std::pair<KeptCandidate, double>> out;
+  for (const auto& r : ranked_)
+    if (out.size() < static_cast<size_t>(p_.rounds.top_k) && race.count(r.first.candidate.backbone)) out.push_back(r);
+  return out;
+}
+
+std::vector<KeptCandidate> RoundLoop::KeptFor(const std::vector<Candidate>& fresh) const {
+  if (p_.rounds.strategy != "halving") return kept_;
   std::vector<KeptCandidate> out;
-  for (const auto& [k, metric] : ranked_)
-    if (out.size() < static_cast<size_t>(p_.rounds.top_k) && race.count(k.candidate.backbone)) out.push_back(k);
+  for (auto& [k, metric] : HalvingKept(fresh)) out.push_back(std::move(k));
   return out;
 }
 
@@ -101,12 +107,10 @@ bool RoundLoop::TestsInRound(int round, const std::vector<Candidate>& fresh) con
   if (rounds_.empty()) return false;                  // the stop rule looks back: round 1 ends a run only as its last
   if (stale_ + 1 < p_.rounds.patience) return false;  // even a round without gain leaves the run going
   // With min_delta 0 only a round worse than the best so far counts against patience, and it
-  // cannot be worse when its select ranks a model as good again.
+  // cannot be worse when its select ranks a model as good again (the best kept comes first).
   if (p_.rounds.min_delta > 0) return true;
-  for (const auto& k : KeptFor(fresh))
-    for (const auto& [r, metric] : ranked_)
-      if (r.candidate.id == k.candidate.id && metric >= best_so_far_) return false;
-  return true;
+  const auto kept = HalvingKept(fresh);
+  return kept.empty() || kept.front().second < best_so_far_;
 }
 
 const Ranked& RoundLoop::champion() const {

@@ -66,6 +66,8 @@ class RoundLoop {
   std::vector<KeptCandidate> kept_;  // the last select's top-k
   // Everything the last select ranked, best first, with its accuracy on the selection split.
   std::vector<std::pair<KeptCandidate, double>> ranked_;
+  // halving: the top-k of ranked_ on the backbones of `fresh` (the race), best first.
+  std::vector<std::pair<KeptCandidate, double>> HalvingKept(const std::vector<Candidate>& fresh) const;
   std::map<std::string, Ranked> bb_best_;          // backbone -> its best candidate so far
   nlohmann::json per_bb_ = nlohmann::json::object();       // backbone -> best accuracy on the selection split
   nlohmann::json per_bb_test_ = nlohmann::json::object();  // ... that candidate, with its test accuracy
