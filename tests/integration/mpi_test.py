@@ -228,13 +228,18 @@ class Mpi(unittest.TestCase):
         return meta["training"]
 
     def test_a_straggler_slows_only_itself_in_async_and_hybrid(self):
-        # Async, 4 workers, worker 1 four times slower: the others do not wait for it.
+        # Async, 4 workers, worker 1 four times slower: the others do not wait for it. Had they
+        # waited, every worker would have sent as many gradients as the straggler; they send about
+        # four times as many. Their shares are the OS scheduler's to make: 5 processes on 2 cores
+        # beside other tests starve one for milliseconds at a time. After 20 epochs CI saw
+        # [0, 3, 0, 637] (before the workers started level) and a loaded machine here
+        # [101, 64, 461, 14]: the check is on the fast workers' mean, over 50 epochs (0.2-3.6 s).
         t = self.training_of("straggler-async", {"mode": "async", "ranks": 4, "max_staleness": 64,
-                                                 "straggler": {"rank": 1, "factor": 4}})
+                                                 "straggler": {"rank": 1, "factor": 4}}, epochs=50)
         per = t["updates_per_worker"]
-        self.assertEqual(sum(per), 20 * 32)
+        self.assertEqual(sum(per), 50 * 32)
         fast = [u for i, u in enumerate(per) if i != 1]
-        self.assertGreaterEqual(min(fast), 2 * per[1], per)
+        self.assertGreaterEqual(sum(fast) / len(fast), 2 * per[1], per)
         self.assertLessEqual(t["staleness"]["max"], 64)
         # Hybrid, 2 groups of 2, rank 3 (group 1) four times slower: group 0 runs ahead.
         t = self.training_of("straggler-hybrid", {"mode": "hybrid", "ranks": 4, "groups": 2,
