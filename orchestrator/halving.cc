@@ -13,6 +13,7 @@
 #include "kernels/onnx_graph.h"
 #include "launch/launcher.h"
 #include "workflow/backbones.h"
+#include "workflow/candidates.h"
 #include "workflow/datasets.h"
 #include "workflow/objects.h"
 
@@ -144,8 +145,7 @@ std::vector<std::string> HalvingRaceStory(const std::string& run_dir, const std:
   }
   if (in.empty()) return {};
   std::string data;
-  for (size_t i = 0; i < fractions.size(); ++i)
-    data += (i ? ", " : "") + (fractions[i] >= 1 ? std::string("all") : fmt::format("{:.3g} %", 100 * fractions[i]));
+  for (size_t i = 0; i < fractions.size(); ++i) data += (i ? ", " : "") + workflow::DataShareText(fractions[i]);
   std::vector<std::string> out;
   out.push_back(fmt::format("in the race in round{} {} (on {} of the training data)", in.size() > 1 ? "s" : "",
                             in.size() > 1 ? fmt::format("{}-{}", in.front(), in.back()) : std::to_string(in.front()),

@@ -24,6 +24,7 @@
 #include "launch/shared_nam.h"
 #include "orchestrator/halving.h"
 #include "workflow/backbones.h"
+#include "workflow/candidates.h"
 #include "workflow/datasets.h"
 #include "launch/nam_process.h"
 
@@ -96,7 +97,7 @@ std::string HalvingRaceLine(int round, const json& race) {
   const double g = race.at("train_fraction").get<double>();
   return fmt::format("round {} (halving): {} backbone{} in the race ({}), on {} of the training split{}", round,
                      names.size(), names.size() == 1 ? "" : "s", Join(names, ", "),
-                     g >= 1 ? std::string("all") : fmt::format("{:.1f} % (stratified)", 100 * g),
+                     workflow::DataShareText(g) + (g >= 1 ? "" : " (stratified)"),
                      race.value("test", true) ? "" : "; the test split held back for the last round");
 }
 

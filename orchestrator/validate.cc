@@ -2,8 +2,6 @@
 
 #include <fmt/core.h>
 
-#include <set>
-
 #include "common/error.h"
 #include "common/files.h"
 #include "orchestrator/fpga_preflight.h"
@@ -18,7 +16,7 @@ namespace msaflow::orchestrator {
 namespace {
 
 // A round's part of the training split, as the schedule says it: "all the data", "33.3 % of the data".
-std::string DataShare(double g) { return g >= 1 ? "all the data" : fmt::format("{:.3g} % of the data", 100 * g); }
+std::string DataShare(double g) { return g >= 1 ? "all the data" : workflow::DataShareText(g) + " of the data"; }
 
 }  // namespace
 
@@ -47,10 +45,7 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
     const size_t b = p.backbones.size(), eta = static_cast<size_t>(p.rounds.eta);
     std::string heads, whole;
     // The models in the race: at most rung 0's survivors in round 1, then the heads continued.
-    std::set<std::string> onnx;
-    for (const auto& bb : p.backbones)
-      if (bb.kind != "pixels") onnx.insert(bb.onnx);
-    size_t race = std::min(onnx.size(), (b + eta - 1) / eta);
+    size_t race = std::min(workflow::ModelsOf(p), (b + eta - 1) / eta);
     for (int64_t r = 1, n = p.rounds.candidates; r <= p.rounds.max; ++r, n = (n + p.rounds.eta - 1) / p.rounds.eta) {
       const int ri = static_cast<int>(r);
       race = std::min(race, static_cast<size_t>(n));

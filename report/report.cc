@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -16,6 +16,7 @@
 #include "record/provenance.h"
 #include "record/status.h"
 #include "report/svg.h"
+#include "workflow/candidates.h"
 
 namespace msaflow::report {
 
@@ -397,7 +398,7 @@ std::string Rung0Table(const json& results) {
       if (b.is_string()) names.push_back(Escape(b.get<std::string>()));
     const double g = h.value("train_fraction", 1.0);
     rows += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>", r.value("round", 0), Join(names, ", "),
-                        g >= 1 ? std::string("all") : fmt::format("{:.1f} %", 100 * g));
+                        workflow::DataShareText(g));
   }
   if (!rows.empty())
     out += "<h3>The race, round by round</h3>\n<table><tr><th>round</th><th>backbones in the race</th>"

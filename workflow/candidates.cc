@@ -1,5 +1,7 @@
 #include "workflow/candidates.h"
 
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <random>
@@ -130,17 +132,36 @@ double HalvingDataFraction(const Pipeline& p, int round, size_t models) {
   return std::min(1.0, std::max(g, p.rounds.rank_fraction));
 }
 
+std::string DataShareText(double fraction) {
+  return fraction >= 1 ? std::string("all") : fmt::format("{:.3g} %", 100 * fraction);
+}
+
 int64_t HalvingRoundEpochs(const Pipeline& p, int round, size_t models) {
   const int64_t more = HalvingEpochs(p, round) - (round > 1 ? HalvingEpochs(p, round - 1) : 0);
   return std::max<int64_t>(1, std::llround(static_cast<double>(more) / HalvingDataFraction(p, round, models)));
 }
 
-size_t ModelsOf(const Pipeline& p, const std::vector<Candidate>& cands) {
+namespace {
+
+// The distinct ONNX files of the backbones `in` accepts.
+template <typename In>
+size_t ModelsAmong(const Pipeline& p, In in) {
   std::set<std::string> models;
-  for (const auto& c : cands)
-    for (const auto& bb : p.backbones)
-      if (bb.name == c.backbone && bb.kind != "pixels") models.insert(bb.onnx);
+  for (const auto& bb : p.backbones)
+    if (bb.kind != "pixels" && in(bb.name)) models.insert(bb.onnx);
   return models.size();
+}
+
+}  // namespace
+
+size_t ModelsOf(const Pipeline& p, const std::vector<Candidate>& cands) {
+  std::set<std::string> names;
+  for (const auto& c : cands) names.insert(c.backbone);
+  return ModelsAmong(p, [&](const std::string& name) { return names.count(name) > 0; });
+}
+
+size_t ModelsOf(const Pipeline& p) {
+  return ModelsAmong(p, [](const std::string&) { return true; });
 }
 
 Pipeline RoundPipeline(const Pipeline& p, int round, const std::vector<Candidate>& fresh) {

@@ -51,6 +51,8 @@ std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector
 // The ONNX models the candidates' backbones run (cuts of one model share a pass over the images;
 // raw pixels cost nothing to prepare): what a smaller race could spare preparing.
 size_t ModelsOf(const Pipeline& p, const std::vector<Candidate>& cands);
+// The ONNX models of all the pipeline's backbones.
+size_t ModelsOf(const Pipeline& p);
 
 // halving: the epochs a candidate has trained in all by the end of round r: the pipeline's
 // largest "epochs" in the last round (rounds.max), 1/eta of it a round before, ... (at least r).
@@ -64,6 +66,9 @@ int64_t HalvingEpochs(const Pipeline& p, int round);
 // part would spare anything; for every other strategy; and where a backbone is int8 (its ranges
 // are measured on the training images, so a subset would give it other features).
 double HalvingDataFraction(const Pipeline& p, int round, size_t models);
+
+// A round's share of the training data as the journal's readers print it: "all" or "11.1 %".
+std::string DataShareText(double fraction);
 
 // halving: the epochs a candidate trains in round r over that round's data: as many steps as the
 // epochs of the whole split HalvingEpochs adds in round r (on a third of the data, three times
