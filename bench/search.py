@@ -25,7 +25,9 @@ backbones of five distinct pretrained models, and eta 12 (rung 0 keeps 1) beside
      wall time to the champion, its validation and test accuracy, images x cuts whose features
      were computed (one pass of a model gives several cuts) and head-epochs trained, each
      against the exhaustive run's. Goal: within 0.5 point of the exhaustive champion's
-     validation accuracy in at most 1/3 of its time.
+     validation accuracy in at most 1/3 of its time. Where each run's time went (rung 0,
+     prepare, the other steps, the rest), and its floor: rung 0 and the kept backbones' own
+     computing, which no cut in start-up or step costs could take from a run that keeps them.
 Prints the CPU it ran on; every figure is measured in this run.
 """
 import argparse
