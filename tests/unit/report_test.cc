@@ -88,9 +88,6 @@ std::vector<double> CurveXs(const std::string& html, const std::string& id) {
   return xs;
 }
 
-// A long training's curve keeps every k-th epoch and says which ("epoch"): its points are drawn
-// at those epochs, on the axis of the longest training; a curve without a valid epoch list
-// (older msaflow, or not ascending) is drawn one point per epoch.
 // A halving round that held the test split back: its candidates have no test figure until a
 // later round's select scores the one it keeps; the report shows that figure where the candidate
 // was trained.
@@ -106,6 +103,9 @@ TEST(Report, AKeptCandidatesLaterTestFigureIsShownWhereItWasTrained) {
             std::string::npos);
 }
 
+// A long training's curve keeps every k-th epoch and says which ("epoch"): its points are drawn
+// at those epochs, on the axis of the longest training; a curve without a valid epoch list
+// (older msaflow, or not ascending) is drawn one point per epoch.
 TEST(Report, ThinnedCurvesAreDrawnAtTheirEpochs) {
   json p = Provenance();
   auto& cands = p["rounds"][0]["candidates"];
