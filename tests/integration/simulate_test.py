@@ -52,6 +52,14 @@ class Simulate(unittest.TestCase):
         self.assertEqual(s["calibration"]["runs"], [os.path.join(self.runs, "a")])
         self.assertEqual(len(s["rounds"]), len(self.results["rounds"]))
         end = 0.0
+
+        def spread(step, real):
+            """How far apart the rounds' work per item is, as seconds of this round's step."""
+            rates = [r["costs"][step]["work_s"] / r["costs"][step]["items"] for r in self.results["rounds"]
+                     if r["costs"].get(step, {}).get("items", 0) > 0]
+            c = real["costs"][step]
+            return (max(rates) - min(rates)) * c["items"] / max(1, c["ranks"]) if rates and c.get("items") else 0.0
+
         for sim, real in zip(s["rounds"], self.results["rounds"]):
             self.assertEqual([st["step"] for st in sim["steps"]],
                              [st for st in ("load", "prepare", "train", "store", "evaluate", "select") if st in real["costs"]])
@@ -61,8 +69,12 @@ class Simulate(unittest.TestCase):
                 measured = real["costs"][st["step"]]["wall_s"]
                 self.assertEqual(st["measured_s"], measured)
                 # The same machine, ranks and data: the model is its calibration, within what
-                # pooling the rounds (per item, serial by median) and the NAM's copies add.
-                self.assertLess(abs(st["seconds"] - measured), 0.1 * measured + 0.1, (st, real["costs"][st["step"]]))
+                # pooling the rounds (per item, serial by median) and the NAM's copies add. The
+                # pooled work per item lies between the rounds' own, so a round's prediction may
+                # be off by as much as the rounds differ: steps beside other tests (CI runs this
+                # under ASan, two tests at a time) can take 40 % longer in one round than the other.
+                self.assertLess(abs(st["seconds"] - measured), 0.1 * measured + 0.1 + spread(st["step"], real),
+                                (st, real["costs"][st["step"]]))
         self.assertAlmostEqual(s["makespan_s"], end, delta=1e-6)
         used = sum(st["nodes"] * st["seconds"] for r in s["rounds"] for st in r["steps"])
         self.assertAlmostEqual(sum(n["used"] for n in s["node_seconds"].values()), used, delta=1e-6)
