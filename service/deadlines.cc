@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -127,8 +128,15 @@ void Deadlines::Scan(uint16_t local_port) {
       it = !present.count(it->first) && (it->second.seen || now - it->second.since > 5) ? conns_.erase(it)
                                                                                           : std::next(it);
   }
-  for (const auto& [fd, peer] : late)
-    if (PeerOf(fd) == peer && ::shutdown(fd, SHUT_RDWR) == 0) ++cut_;  // still that connection
+  // Shut down through a duplicate of the descriptor, checked first: the socket checked is then
+  // the socket shut down. On `fd` itself, its worker could close it between the check and the
+  // shutdown and a new connection take its number, and the new one would be cut.
+  for (const auto& [fd, peer] : late) {
+    const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);  // CLOEXEC: a run started meanwhile inherits none
+    if (own < 0) continue;                            // closed since the scan
+    if (LocalPortOf(own) == local_port && PeerOf(own) == peer && ::shutdown(own, SHUT_RDWR) == 0) ++cut_;
+    ::close(own);  // the last reference only if the worker closed its own meanwhile: that socket was done
+  }
 }
 
 }  // namespace msaflow::service
