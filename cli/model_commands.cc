@@ -35,6 +35,7 @@ int Predict(Options& o) {
   std::unique_ptr<inference::Classifier> c =
       file ? inference::Classifier::FromOnnx(src)
            : std::make_unique<inference::Classifier>(inference::OpenTrainedModel(src, o.candidate));
+  if (!c->note().empty()) std::fprintf(stderr, "msaflow predict: note: %s\n", c->note().c_str());
   c->set_batch(o.predict_batch);
   const inference::Images in = inference::ReadImages(o.images, o.labels, o.limit);
   const std::vector<float> p = c->Classify(in.images);

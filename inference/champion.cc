@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "modules/calibration.h"
 #include "modules/model_object.h"
 #include "nam/file_store.h"
 #include "nam/store.h"
@@ -117,6 +118,9 @@ TrainedModel OpenTrainedModel(const std::string& run_dir_in, const std::string& 
       break;
     }
     m.backbone_onnx = bb.bytes;
+    if (m.backbone.precision == "int8")
+      m.int8_ranges =
+          modules::RangesFromJson(bb.info.meta.value("int8_ranges", json()), "NAM object '" + bb.info.name + "'");
   }
 
   // Class names: the test figures' per-class names, by class index.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ struct TrainedModel {
   kernels::Head head;
   workflow::BackboneSpec backbone;
   std::string backbone_onnx;   // the cut backbone the run loaded (empty for raw pixels)
+  // An int8 backbone's tensor ranges, as the load step measured them and kept them with the
+  // backbone in the NAM (empty for other precisions): predict quantizes with the run's own.
+  std::map<std::string, float> int8_ranges;
   std::vector<std::string> class_names;  // by class index: an image folder's names, else "0".."N-1"
   std::string metric;          // the pipeline's metric, its value on the selection split
   double metric_value = 0;

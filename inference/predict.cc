@@ -230,7 +230,20 @@ Classifier::Classifier(const TrainedModel& m) {
   pixels_dim_ = m.image_rows * m.image_cols * m.image_channels;
   if (kind_ != "pixels") {
     graph_ = kernels::ImportOnnx(m.backbone_onnx, "backbone '" + m.backbone.name + "'", m.backbone.feature_layer);
-    executor_ = std::make_unique<kernels::Executor>(graph_, kernels::ParsePrecision("f32"));
+    // In the run's own arithmetic (and an int8 backbone with the run's ranges): the run's test
+    // images then classify as the run evaluated them. A CPU that cannot computes in f32, and
+    // says so (note()).
+    kernels::Precision precision = kernels::ParsePrecision(m.backbone.precision);
+    std::string why;
+    if (!kernels::PrecisionAvailable(precision, &why)) {
+      note_ = fmt::format(
+          "backbone '{}' computed in f32, not {} as the run computed it: {}; its features, and so "
+          "perhaps a prediction, differ slightly from the run's",
+          m.backbone.name, m.backbone.precision, why);
+      precision = kernels::Precision::kF32;
+    }
+    executor_ = std::make_unique<kernels::Executor>(graph_, precision);
+    if (precision == kernels::Precision::kInt8) executor_->SetRanges(m.int8_ranges);
   }
   CheckResizedPixels("model " + m.model_object);
 }
@@ -281,6 +294,11 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
     Throw(ErrorKind::kInvalidInput, path + ": its msaflow metadata_props are damaged (" + e.what() + ")");
   }
   ReadHead(m.graph(), path, static_cast<int64_t>(c->class_names_.size()), &c->head_);
+  if (const std::string run_precision = bb.value("precision", "f32"); run_precision != "f32")
+    c->note_ = fmt::format(
+        "{}: the exported model computes in float32, as every ONNX runtime does; the run computed "
+        "its backbone in {} (predict on the run directory computes as the run did)",
+        path, run_precision);
   c->CheckResizedPixels(path);
   if (c->kind_ != "pixels") {
     c->graph_ = kernels::ImportOnnx(BackboneOnly(m, path, c->input_), path, bb.value("feature_layer", ""));

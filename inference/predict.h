@@ -41,6 +41,9 @@ class Classifier {
   const kernels::InputSpec& input() const { return input_; }
   int64_t classes() const { return head_.classes; }
   const std::vector<std::string>& class_names() const { return class_names_; }
+  // What the caller should tell the user about how this model computes ("" when it computes as
+  // the run did): a run's bf16 or int8 backbone on a CPU without them runs in f32.
+  const std::string& note() const { return note_; }
 
  private:
   Classifier() = default;
@@ -54,6 +57,7 @@ class Classifier {
   int64_t pixels_dim_ = 0;  // raw pixels: rows x cols x channels
   kernels::Head head_;
   std::vector<std::string> class_names_;
+  std::string note_;
   std::unique_ptr<kernels::Executor> executor_;
   kernels::Graph graph_;
 };

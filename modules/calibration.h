@@ -1,6 +1,7 @@
 // int8 backbones (a backbone's "precision": "int8"): the executor's tensor ranges, measured when
 // the backbone is loaded on the first images of the training split, and kept in the backbone's
-// NAM object so every rank of every later step quantizes alike (internal to modules/).
+// NAM object so every rank of every later step quantizes alike, and `msaflow predict` and the
+// service's inference on the run's model too (inference/champion.h).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
@@ -96,6 +97,7 @@ std::shared_ptr<inference::Batcher> ModelServer::Load(const std::string& path, c
   } catch (const Error& e) {
     throw ApiError(e.kind() == ErrorKind::kNotFound ? 404 : 409, "model_unavailable", e.what());
   }
+  if (!c->note().empty()) std::fprintf(stderr, "msaflow serve: model %s: %s\n", key.c_str(), c->note().c_str());
   if (loaded_.size() >= kMaxLoaded)
     for (auto it = loaded_.begin(); it != loaded_.end(); ++it)
       if (it->second.use_count() == 1) {  // nobody is inferring with it

@@ -17,8 +17,9 @@ from small_pipeline import small_pipeline  # noqa: E402
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
 with open("/proc/cpuinfo") as f:
-    HAS_VNNI = any(flag in ("avx512_vnni", "avx_vnni") for line in f if line.startswith("flags")
-                   for flag in line.split())
+    FLAGS = {flag for line in f if line.startswith("flags") for flag in line.split()}
+HAS_VNNI = bool(FLAGS & {"avx512_vnni", "avx_vnni"})
+HAS_AVX512 = "avx512f" in FLAGS  # bf16 (emulated below AVX512_BF16)
 
 
 class EndToEnd(unittest.TestCase):
@@ -168,13 +169,18 @@ class EndToEnd(unittest.TestCase):
     def test_int8_backbone_is_calibrated_when_loaded_and_trains_as_well_as_f32(self):
         """An int8 MobileNetV2: its ranges are measured by the load step on the first training
         images and kept with the backbone in the NAM; prepare's two ranks quantize with them;
-        the round's champion is as good as the f32 one (the same data, seeds and candidates)."""
+        the round's champion is as good as the f32 one (the same data, seeds and candidates).
+        `msaflow predict` on each run (and a bf16 one) computes the backbone as the run did: the
+        run's test images classify as the run counted them (in f32 an int8 or bf16 run's counts
+        came out one image off), while the exported file computes in float32 and says so."""
         doc = small_pipeline(ROOT, "int8", rounds=1)
         doc["backbones"] = [b for b in doc["backbones"] if b["name"] == "mobilenetv2"]
         doc["steps"]["prepare"]["ranks"] = 2
+        test = doc["datasets"]["test"]
         with tempfile.TemporaryDirectory() as d:
             results, outs = {}, {}
-            for precision in ("f32", "int8"):
+            # int8 last: the NAM's backbone is then the int8 one, checked below.
+            for precision in ("f32",) + (("bf16",) if HAS_AVX512 else ()) + ("int8",):
                 doc["backbones"][0]["precision"] = precision
                 p = os.path.join(d, f"{precision}.json")
                 with open(p, "w") as f:
@@ -185,6 +191,25 @@ class EndToEnd(unittest.TestCase):
                 outs[precision] = r.stdout
                 with open(os.path.join(d, precision, "results.json")) as f:
                     results[precision] = json.load(f)
+                # Before the next run loads its own backbone under the same name.
+                reported = sum(c["correct"] for c in results[precision]["champion"]["test"]["per_class"])
+                r = subprocess.run([EXE, "predict", os.path.join(d, precision), test["images"], "--labels",
+                                    test["labels"], "--limit", str(test["limit"]), "--batch", "7"],
+                                   capture_output=True, text=True, timeout=120)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                line = next((x for x in r.stdout.splitlines() if x.startswith("accuracy:")), "")
+                self.assertTrue(line.startswith(f"accuracy: {reported} of {test['limit']} labelled images"),
+                                (precision, reported, line))
+                self.assertEqual(r.stderr, "")  # nothing to note: it computed as the run did
+                if precision != "f32":
+                    onnx_file = os.path.join(d, f"{precision}.onnx")
+                    subprocess.run([EXE, "export", os.path.join(d, precision), "-o", onnx_file], check=True,
+                                   capture_output=True)
+                    r = subprocess.run([EXE, "predict", onnx_file, test["images"], "--labels", test["labels"],
+                                        "--limit", "8"], capture_output=True, text=True, timeout=120)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    self.assertIn(f"the exported model computes in float32, as every ONNX runtime does; the run "
+                                  f"computed its backbone in {precision}", r.stderr)
             self.assertRegex(outs["int8"], r"backbone mobilenetv2: int8 ranges of \d+ tensors measured on the "
                                            r"first 256 training images")
             self.assertNotIn("int8 ranges", outs["f32"])
