@@ -72,7 +72,7 @@ class Simulate(unittest.TestCase):
                 # pooling the rounds (per item, serial by median) and the NAM's copies add. The
                 # pooled work per item lies between the rounds' own, so a round's prediction may
                 # be off by as much as the rounds differ: steps beside other tests (CI runs this
-                # under ASan, two tests at a time) can take 40 % longer in one round than the other.
+                # under ASan, three tests at a time) can take 40 % longer in one round than the other.
                 self.assertLess(abs(st["seconds"] - measured), 0.1 * measured + 0.1 + spread(st["step"], real),
                                 (st, real["costs"][st["step"]]))
         self.assertAlmostEqual(s["makespan_s"], end, delta=1e-6)
