@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "kernels/fold.h"
 #include "kernels/tensor_ops.h"
+#include "kernels/window.h"
 
 namespace msaflow::kernels {
 
@@ -590,35 +591,6 @@ std::vector<Executor::Op> FuseEltwise(std::vector<Executor::Op> ops, const std::
 }
 
 memory::dims ToDims(const Dims& d) { return memory::dims(d.begin(), d.end()); }
-
-// Output size and (begin, end) padding of one spatial axis.
-// ceil_mode (pooling): the last window may hang over the end, as long as it starts inside the
-// input or its begin padding; the overhang becomes end padding.
-void SpatialOut(const std::string& auto_pad, int64_t in, int64_t k, int64_t s, int64_t d, int64_t pb, int64_t pe,
-                int64_t* out, int64_t* pad_b, int64_t* pad_e, bool ceil_mode = false) {
-  int64_t ke = (k - 1) * d + 1;
-  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-    *out = (in + s - 1) / s;
-    int64_t total = std::max<int64_t>((*out - 1) * s + ke - in, 0);
-    int64_t small = total / 2;
-    *pad_b = auto_pad == "SAME_UPPER" ? small : total - small;
-    *pad_e = total - *pad_b;
-  } else {
-    if (auto_pad == "VALID") pb = pe = 0;
-    *pad_b = pb;
-    *pad_e = pe;
-    const int64_t span = in + pb + pe - ke;
-    if (span < 0) {
-      *out = 0;
-    } else if (!ceil_mode) {
-      *out = span / s + 1;
-    } else {
-      *out = (span + s - 1) / s + 1;
-      if ((*out - 1) * s >= in + pb) --*out;
-      *pad_e = std::max(pe, (*out - 1) * s + ke - in - pb);
-    }
-  }
-}
 
 // The convolution's elementwise chain and residual add. dst_scale (int8 outputs): the chain runs
 // on real values, the residual is stored in the output's units (times dst_scale back to real),

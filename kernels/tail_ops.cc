@@ -1,0 +1,860 @@
+#include "kernels/tail_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <set>
+
+#include "common/error.h"
+#include "kernels/fold.h"
+#include "kernels/gemm.h"
+#include "kernels/window.h"
+
+namespace msaflow::kernels {
+
+namespace {
+
+using dnnl::algorithm;
+using dnnl::memory;
+using dnnl::prop_kind;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+// One engine and stream per thread (a Tail is used by one thread at a time).
+struct Dnnl {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+};
+Dnnl& Ctx() {
+  thread_local Dnnl ctx;
+  return ctx;
+}
+
+[[noreturn]] void Fail(const Node& n, ErrorKind kind, const std::string& what) {
+  Throw(kind, "node '" + n.name + "' (" + n.op + "): " + what);
+}
+
+std::string DimsText(const TensorDims& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+memory::dims ToDnnl(const TensorDims& d) { return memory::dims(d.begin(), d.end()); }
+
+memory Plain(const TensorDims& d, const float* data) {
+  const tag t = d.size() == 4 ? tag::abcd : d.size() == 5 ? tag::abcde : d.size() == 2 ? tag::ab : tag::a;
+  return memory(memory::desc(ToDnnl(d), dt::f32, t), Ctx().eng, const_cast<float*>(data));
+}
+
+// `user` in the layout `want`: itself where the layouts agree, else reordered into *buf.
+memory As(const memory& user, const memory::desc& want, memory* buf) {
+  if (user.get_desc() == want) return user;
+  if (!*buf || buf->get_desc() != want) *buf = memory(want, Ctx().eng);
+  dnnl::reorder(user, *buf).execute(Ctx().strm, const_cast<memory&>(user), *buf);
+  return *buf;
+}
+
+// Writes `from` (layout of its own) as the plain tensor `to` (dims d): directly, or through a
+// plain scratch added to it when `add`.
+void Deliver(const memory& from, const TensorDims& d, const GradOut& g) {
+  g.t->dims = d;
+  const size_t n = static_cast<size_t>(NumElements(d));
+  if (!g.add) {
+    g.t->v.resize(n);
+    memory to = Plain(d, g.t->v.data());
+    if (from.get_desc() == to.get_desc()) {
+      std::memcpy(g.t->v.data(), from.get_data_handle(), n * sizeof(float));
+    } else {
+      dnnl::reorder(from, to).execute(Ctx().strm, const_cast<memory&>(from), to);
+      Ctx().strm.wait();
+    }
+    return;
+  }
+  std::vector<float> tmp(n);
+  memory to = Plain(d, tmp.data());
+  dnnl::reorder(from, to).execute(Ctx().strm, const_cast<memory&>(from), to);
+  Ctx().strm.wait();
+  float* dst = g.t->v.data();
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) dst[i] += tmp[i];
+}
+
+// Writes or adds (GradOut::add) one gradient value.
+inline void Put(float* dst, size_t i, float v, bool add) { dst[i] = add ? dst[i] + v : v; }
+
+// Sizes the gradient of an input of dims d (keeping what an earlier consumer wrote).
+float* Prepare(const GradOut& g, const TensorDims& d) {
+  if (!g.add) {
+    g.t->dims = d;
+    g.t->v.resize(static_cast<size_t>(NumElements(d)));
+  }
+  return g.t->v.data();
+}
+
+void AddInto(std::vector<float>* grad, const std::vector<float>& part) {
+  for (size_t i = 0; i < part.size(); ++i) (*grad)[i] += part[i];
+}
+
+// ---- Convolution --------------------------------------------------------------------------
+
+class ConvOp : public TailOp {
+ public:
+  ConvOp(const Node& n, WeightRef w, WeightRef b) : node_(n), w_(std::move(w)), b_(std::move(b)) {
+    if (!w_.value) Fail(n, ErrorKind::kUnsupported, "expected inputs X, W[, B] with W a constant");
+    if (w_.dims.size() != 4) Fail(n, ErrorKind::kUnsupported, "only 2-D convolutions (4-D weights) train");
+    group_ = n.Int("group", 1);
+    if (group_ < 1 || w_.dims[0] % group_ != 0) Fail(n, ErrorKind::kUnsupported, "invalid group count");
+    if (n.Has("strides")) strides_ = n.Ints("strides");
+    if (n.Has("dilations")) dilations_ = n.Ints("dilations");
+    if (n.Has("pads")) pads_ = n.Ints("pads");
+    auto_pad_ = n.Str("auto_pad", "NOTSET");
+    if (strides_.size() != 2 || dilations_.size() != 2 || pads_.size() != 4)
+      Fail(n, ErrorKind::kUnsupported, "expected 2-D strides and dilations and 4 pads");
+    for (int64_t v : strides_)
+      if (v < 1) Fail(n, ErrorKind::kUnsupported, "strides must be at least 1");
+    for (int64_t v : dilations_)
+      if (v < 1) Fail(n, ErrorKind::kUnsupported, "dilations must be at least 1");
+    zero_bias_.assign(static_cast<size_t>(w_.dims[0]), 0.f);
+  }
+
+  void Forward(const std::vector<const Act*>& in, Act* out) override {
+    const TensorDims& x = in[0]->dims;
+    Compile(x);
+    out->dims = out_dims_;
+    out->v.resize(static_cast<size_t>(NumElements(out_dims_)));
+    src_user_ = Plain(x, in[0]->v.data());
+    src_ = As(src_user_, fwd_.src_desc(), &src_blk_);
+    memory w = As(Plain(WeightDims(), w_.value->data()), fwd_.weights_desc(), &w_blk_);
+    memory b = Plain({w_.dims[0]}, b_.value ? b_.value->data() : zero_bias_.data());
+    memory dst_user = Plain(out_dims_, out->v.data());
+    memory dst = fwd_.dst_desc() == dst_user.get_desc() ? dst_user : Scratch(fwd_.dst_desc(), &dst_blk_);
+    dnnl::convolution_forward(fwd_).execute(
+        Ctx().strm, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_BIAS, b}, {DNNL_ARG_DST, dst}});
+    if (dst != dst_user) dnnl::reorder(dst, dst_user).execute(Ctx().strm, dst, dst_user);
+    Ctx().strm.wait();
+  }
+
+  void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
+                const std::vector<GradOut>& din) override {
+    memory dd_user = Plain(out_dims_, dout.v.data());
+    memory dd_data;  // dout in the data pass's layout, when that pass runs
+    if (din[0].t) {
+      memory dd = dd_data = As(dd_user, bwd_data_.diff_dst_desc(), &dd_blk_);
+      memory w = As(Plain(WeightDims(), w_.value->data()), bwd_data_.weights_desc(), &w_blk_bwd_);
+      memory ds = Scratch(bwd_data_.diff_src_desc(), &ds_blk_);
+      dnnl::convolution_backward_data(bwd_data_).execute(
+          Ctx().strm, {{DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, ds}});
+      Ctx().strm.wait();
+      Deliver(ds, in[0]->dims, din[0]);
+    }
+    if (!w_.grad && !b_.grad) return;
+    memory src = src_.get_desc() == bwd_w_.src_desc() ? src_ : As(src_user_, bwd_w_.src_desc(), &src_blk_w_);
+    memory dd = dd_data && dd_data.get_desc() == bwd_w_.diff_dst_desc()
+                    ? dd_data
+                    : As(dd_user, bwd_w_.diff_dst_desc(), &dd_blk_w_);
+    memory dw = Scratch(bwd_w_.diff_weights_desc(), &dw_blk_);
+    std::vector<float> db(static_cast<size_t>(w_.dims[0]));
+    memory db_mem = Plain({w_.dims[0]}, db.data());
+    dnnl::convolution_backward_weights(bwd_w_).execute(
+        Ctx().strm,
+        {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_WEIGHTS, dw}, {DNNL_ARG_DIFF_BIAS, db_mem}});
+    Ctx().strm.wait();
+    if (w_.grad) {
+      Act part;
+      Deliver(dw, WeightDims(), {&part, false});
+      AddInto(w_.grad, part.v);
+    }
+    if (b_.grad) AddInto(b_.grad, db);
+  }
+
+ private:
+  TensorDims WeightDims() const {
+    const TensorDims& w = w_.dims;
+    if (group_ == 1) return w;
+    return {group_, w[0] / group_, w[1], w[2], w[3]};
+  }
+
+  static memory Scratch(const memory::desc& md, memory* buf) {
+    if (!*buf || buf->get_desc() != md) *buf = memory(md, Ctx().eng);
+    return *buf;
+  }
+
+  void Compile(const TensorDims& x) {
+    if (x == in_dims_) return;
+    const TensorDims& w = w_.dims;
+    if (x.size() != 4) Fail(node_, ErrorKind::kInvalidInput, "expected an NCHW input, got " + DimsText(x));
+    if (x[1] != w[1] * group_)
+      Fail(node_, ErrorKind::kInvalidInput,
+           "input has " + std::to_string(x[1]) + " channels, weights expect " + std::to_string(w[1] * group_));
+    TensorDims out{x[0], w[0], 0, 0};
+    memory::dims pl(2), pr(2), st(2), dil(2);
+    for (int a = 0; a < 2; ++a) {
+      int64_t pb, pe;
+      SpatialOut(auto_pad_, x[2 + a], w[2 + a], strides_[a], dilations_[a], pads_[a], pads_[2 + a], &out[2 + a], &pb,
+                 &pe);
+      if (out[2 + a] < 1) Fail(node_, ErrorKind::kInvalidInput, "the window does not fit the input " + DimsText(x));
+      pl[a] = pb;
+      pr[a] = pe;
+      st[a] = strides_[a];
+      dil[a] = dilations_[a] - 1;
+    }
+    memory::desc src_any(ToDnnl(x), dt::f32, tag::any), dst_any(ToDnnl(out), dt::f32, tag::any);
+    memory::desc w_any(ToDnnl(WeightDims()), dt::f32, tag::any), b_md({w[0]}, dt::f32, tag::a);
+    const auto alg = algorithm::convolution_direct;
+    dnnl::convolution_forward::desc fd(prop_kind::forward_training, alg, src_any, w_any, b_md, dst_any, st, dil, pl,
+                                       pr);
+    fwd_ = dnnl::convolution_forward::primitive_desc(fd, Ctx().eng);
+    dnnl::convolution_backward_data::desc bd(alg, src_any, w_any, dst_any, st, dil, pl, pr);
+    bwd_data_ = dnnl::convolution_backward_data::primitive_desc(bd, Ctx().eng, fwd_);
+    dnnl::convolution_backward_weights::desc wd(alg, src_any, w_any, b_md, dst_any, st, dil, pl, pr);
+    bwd_w_ = dnnl::convolution_backward_weights::primitive_desc(wd, Ctx().eng, fwd_);
+    in_dims_ = x;
+    out_dims_ = out;
+  }
+
+  Node node_;
+  WeightRef w_, b_;
+  int64_t group_ = 1;
+  TensorDims strides_{1, 1}, dilations_{1, 1}, pads_{0, 0, 0, 0};
+  std::string auto_pad_;
+  std::vector<float> zero_bias_;
+  TensorDims in_dims_, out_dims_;
+  dnnl::convolution_forward::primitive_desc fwd_;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_;
+  dnnl::convolution_backward_weights::primitive_desc bwd_w_;
+  memory src_user_, src_, src_blk_, w_blk_, dst_blk_, dd_blk_, w_blk_bwd_, ds_blk_, src_blk_w_, dd_blk_w_, dw_blk_;
+};
+
+// ---- Pooling --------------------------------------------------------------------------------
+
+class PoolOp : public TailOp {
+ public:
+  explicit PoolOp(const Node& n) : node_(n) {
+    kernel_ = n.Ints("kernel_shape");
+    if (kernel_.size() != 2) Fail(n, ErrorKind::kUnsupported, "expected a 2-D kernel_shape");
+    if (n.Has("strides")) strides_ = n.Ints("strides");
+    if (n.Has("pads")) pads_ = n.Ints("pads");
+    if (n.Has("dilations") && n.Ints("dilations") != TensorDims{1, 1})
+      Fail(n, ErrorKind::kUnsupported, "dilated pooling");
+    if (strides_.size() != 2 || pads_.size() != 4) Fail(n, ErrorKind::kUnsupported, "expected 2-D strides and 4 pads");
+    if (n.outputs.size() > 1 && !n.outputs[1].empty()) Fail(n, ErrorKind::kUnsupported, "MaxPool's indices output");
+    auto_pad_ = n.Str("auto_pad", "NOTSET");
+    ceil_ = n.Int("ceil_mode", 0) != 0;
+    include_pad_ = n.op == "AveragePool" && n.Int("count_include_pad", 0) != 0;
+    alg_ = n.op == "MaxPool" ? algorithm::pooling_max
+           : include_pad_    ? algorithm::pooling_avg_include_padding
+                             : algorithm::pooling_avg_exclude_padding;
+  }
+
+  void Forward(const std::vector<const Act*>& in, Act* out) override {
+    Compile(in[0]->dims);
+    out->dims = out_dims_;
+    out->v.resize(static_cast<size_t>(NumElements(out_dims_)));
+    memory src = Plain(in[0]->dims, in[0]->v.data()), dst = Plain(out_dims_, out->v.data());
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}};
+    if (alg_ == algorithm::pooling_max) args[DNNL_ARG_WORKSPACE] = ws_;
+    dnnl::pooling_v2_forward(fwd_).execute(Ctx().strm, args);
+    Ctx().strm.wait();
+  }
+
+  void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
+                const std::vector<GradOut>& din) override {
+    if (!din[0].t) return;
+    std::vector<float> tmp;
+    float* dst = din[0].add ? (tmp.resize(static_cast<size_t>(NumElements(in[0]->dims))), tmp.data())
+                            : Prepare(din[0], in[0]->dims);
+    memory dd = Plain(out_dims_, dout.v.data()), ds = Plain(in[0]->dims, dst);
+    std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_SRC, ds}};
+    if (alg_ == algorithm::pooling_max) args[DNNL_ARG_WORKSPACE] = ws_;
+    dnnl::pooling_v2_backward(bwd_).execute(Ctx().strm, args);
+    Ctx().strm.wait();
+    if (din[0].add) AddInto(&din[0].t->v, tmp);
+  }
+
+ private:
+  void Compile(const TensorDims& x) {
+    if (x == in_dims_) return;
+    if (x.size() != 4) Fail(node_, ErrorKind::kInvalidInput, "expected an NCHW input, got " + DimsText(x));
+    TensorDims out{x[0], x[1], 0, 0};
+    memory::dims pl(2), pr(2);
+    for (int a = 0; a < 2; ++a) {
+      int64_t pb, pe;
+      SpatialOut(auto_pad_, x[2 + a], kernel_[a], strides_[a], 1, pads_[a], pads_[2 + a], &out[2 + a], &pb, &pe, ceil_);
+      if (out[2 + a] < 1) Fail(node_, ErrorKind::kInvalidInput, "the window does not fit the input " + DimsText(x));
+      if (include_pad_ && pe != pads_[2 + a])
+        Fail(node_, ErrorKind::kUnsupported, "count_include_pad=1 with a ceil_mode window over the end");
+      pl[a] = pb;
+      pr[a] = pe;
+    }
+    memory::desc src(ToDnnl(x), dt::f32, tag::abcd), dst(ToDnnl(out), dt::f32, tag::abcd);
+    const memory::dims st{strides_[0], strides_[1]}, k{kernel_[0], kernel_[1]}, dil{0, 0};
+    dnnl::pooling_v2_forward::desc fd(prop_kind::forward_training, alg_, src, dst, st, k, dil, pl, pr);
+    fwd_ = dnnl::pooling_v2_forward::primitive_desc(fd, Ctx().eng);
+    dnnl::pooling_v2_backward::desc bd(alg_, src, dst, st, k, dil, pl, pr);
+    bwd_ = dnnl::pooling_v2_backward::primitive_desc(bd, Ctx().eng, fwd_);
+    if (alg_ == algorithm::pooling_max) ws_ = memory(fwd_.workspace_desc(), Ctx().eng);
+    in_dims_ = x;
+    out_dims_ = out;
+  }
+
+  Node node_;
+  TensorDims kernel_, strides_{1, 1}, pads_{0, 0, 0, 0};
+  std::string auto_pad_;
+  bool ceil_ = false, include_pad_ = false;
+  algorithm alg_;
+  TensorDims in_dims_, out_dims_;
+  dnnl::pooling_v2_forward::primitive_desc fwd_;
+  dnnl::pooling_v2_backward::primitive_desc bwd_;
+  memory ws_;
+};
+
+// ---- Elementwise ----------------------------------------------------------------------------
+
+enum class Unary { kRelu, kClip, kSigmoid, kHardSigmoid, kHardSwish, kIdentity };
+
+class UnaryOp : public TailOp {
+ public:
+  UnaryOp(Unary kind, float a, float b) : kind_(kind), a_(a), b_(b) {}
+
+  void Forward(const std::vector<const Act*>& in, Act* out) override {
+    const Act& x = *in[0];
+    out->dims = x.dims;
+    out->v.resize(x.v.size());
+    const float* xs = x.v.data();
+    float* ys = out->v.data();
+    const size_t n = x.v.size();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) ys[i] = F(xs[i]);
+  }
+
+  void Backward(const std::vector<const Act*>& in, const Act& out, const Act& dout,
+                const std::vector<GradOut>& din) override {
+    if (!din[0].t) return;
+    const float *xs = in[0]->v.data(), *ys = out.v.data(), *dy = dout.v.data();
+    const bool add = din[0].add;
+    float* dx = Prepare(din[0], in[0]->dims);
+    const size_t n = in[0]->v.size();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; ++i) Put(dx, i, dy[i] * D(xs[i], ys[i]), add);
+  }
+
+ private:
+  float F(float x) const {
+    switch (kind_) {
+      case Unary::kRelu:
+        return x > 0 ? x : 0.f;
+      case Unary::kClip:
+        return std::min(std::max(x, a_), b_);
+      case Unary::kSigmoid:
+        return 1.f / (1.f + std::exp(-x));
+      case Unary::kHardSigmoid:
+        return std::min(std::max(a_ * x + b_, 0.f), 1.f);
+      case Unary::kHardSwish:
+        return x * std::min(std::max(x / 6.f + 0.5f, 0.f), 1.f);
+      case Unary::kIdentity:
+        return x;
+    }
+    return x;
+  }
+  // dy/dx at x (y = F(x)). At the kinks: the convention of PyTorch's backward formulas (relu,
+  // hardtanh, hardsigmoid pass no gradient at their bounds; hardswish takes the inner slope at 3).
+  float D(float x, float y) const {
+    switch (kind_) {
+      case Unary::kRelu:
+        return x > 0 ? 1.f : 0.f;
+      case Unary::kClip:
+        return x > a_ && x < b_ ? 1.f : 0.f;
+      case Unary::kSigmoid:
+        return y * (1.f - y);
+      case Unary::kHardSigmoid: {
+        const float t = a_ * x + b_;
+        return t > 0 && t < 1 ? a_ : 0.f;
+      }
+      case Unary::kHardSwish:
+        return x < -3.f ? 0.f : x <= 3.f ? x / 3.f + 0.5f : 1.f;
+      case Unary::kIdentity:
+        return 1.f;
+    }
+    return 1.f;
+  }
+
+  Unary kind_;
+  float a_, b_;
+};
+
+// A scalar constant input (Clip's min and max in opset 11 and later), else the default.
+float ScalarOr(const Graph& g, const Node& n, size_t i, float dflt) {
+  if (n.inputs.size() <= i || n.inputs[i].empty()) return dflt;
+  auto it = g.consts.find(n.inputs[i]);
+  if (it == g.consts.end() || it->second.numel() != 1)
+    Fail(n, ErrorKind::kUnsupported, "min and max must be scalar constants");
+  return it->second.data[0];
+}
+
+std::unique_ptr<TailOp> MakeUnary(const Graph& g, const Node& n) {
+  const std::string& t = n.op;
+  if (t == "Relu") return std::make_unique<UnaryOp>(Unary::kRelu, 0.f, 0.f);
+  if (t == "Sigmoid") return std::make_unique<UnaryOp>(Unary::kSigmoid, 0.f, 0.f);
+  if (t == "HardSigmoid")
+    return std::make_unique<UnaryOp>(Unary::kHardSigmoid, n.Float("alpha", 0.2f), n.Float("beta", 0.5f));
+  if (t == "HardSwish") return std::make_unique<UnaryOp>(Unary::kHardSwish, 0.f, 0.f);
+  if (t == "Identity" || t == "Dropout") {
+    if (n.outputs.size() > 1 && !n.outputs[1].empty()) Fail(n, ErrorKind::kUnsupported, "Dropout's mask output");
+    return std::make_unique<UnaryOp>(Unary::kIdentity, 0.f, 0.f);
+  }
+  // Clip: bounds as attributes (opset < 11) or scalar constant inputs.
+  const float lo = ScalarOr(g, n, 1, n.Float("min", -std::numeric_limits<float>::max()));
+  const float hi = ScalarOr(g, n, 2, n.Float("max", std::numeric_limits<float>::max()));
+  return std::make_unique<UnaryOp>(Unary::kClip, lo, hi);
+}
+
+// ---- BatchNormalization (inference statistics; scale and shift train) ---------------------
+
+class BatchNormOp : public TailOp {
+ public:
+  BatchNormOp(const Node& n, WeightRef scale, WeightRef shift, const Graph& g)
+      : node_(n), scale_(scale), shift_(shift) {
+    auto stat = [&](size_t i) {
+      auto it = n.inputs.size() > i ? g.consts.find(n.inputs[i]) : g.consts.end();
+      if (it == g.consts.end()) Fail(n, ErrorKind::kUnsupported, "mean and variance must be constants");
+      return it->second.data;
+    };
+    if (!scale_.value || !shift_.value) Fail(n, ErrorKind::kUnsupported, "scale and B must be constants");
+    mean_ = stat(3);
+    const std::vector<float> var = stat(4);
+    const float eps = n.Float("epsilon", 1e-5f);
+    inv_std_.resize(var.size());
+    for (size_t c = 0; c < var.size(); ++c) inv_std_[c] = 1.f / std::sqrt(var[c] + eps);
+    if (n.outputs.size() > 1) Fail(n, ErrorKind::kUnsupported, "training-mode outputs (running statistics)");
+  }
+
+  void Forward(const std::vector<const Act*>& in, Act* out) override {
+    const Act& x = *in[0];
+    Check(x.dims);
+    out->dims = x.dims;
+    out->v.resize(x.v.size());
+    const int64_t n = x.dims[0], c = x.dims[1], inner = NumElements(x.dims) / (n * c);
+    const float *s = scale_.value->data(), *b = shift_.value->data();
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < c; ++k) {
+        const float mul = s[k] * inv_std_[static_cast<size_t>(k)], add = b[k] - mean_[static_cast<size_t>(k)] * mul;
+        const size_t base = static_cast<size_t>((i * c + k) * inner);
+        for (int64_t j = 0; j < inner; ++j)
+          out->v[base + static_cast<size_t>(j)] = x.v[base + static_cast<size_t>(j)] * mul + add;
+      }
+  }
+
+  void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
+                const std::vector<GradOut>& din) override {
+    const Act& x = *in[0];
+    const int64_t n = x.dims[0], c = x.dims[1], inner = NumElements(x.dims) / (n * c);
+    const float* s = scale_.value->data();
+    float* dx = din[0].t ? Prepare(din[0], x.dims) : nullptr;
+    const bool add = din[0].add;
+    std::vector<double> ds(static_cast<size_t>(c), 0.0), db(static_cast<size_t>(c), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < c; ++k) {
+      const size_t kk = static_cast<size_t>(k);
+      const float mul = s[k] * inv_std_[kk];
+      double sx = 0, sb = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t base = static_cast<size_t>((i * c + k) * inner);
+        for (int64_t j = 0; j < inner; ++j) {
+          const size_t p = base + static_cast<size_t>(j);
+          const float g = dout.v[p];
+          sx += static_cast<double>(g) * (x.v[p] - mean_[kk]) * inv_std_[kk];
+          sb += g;
+          if (dx) Put(dx, p, g * mul, add);
+        }
+      }
+      ds[kk] = sx;
+      db[kk] = sb;
+    }
+    for (size_t k = 0; k < ds.size(); ++k) {
+      if (scale_.grad) (*scale_.grad)[k] += static_cast<float>(ds[k]);
+      if (shift_.grad) (*shift_.grad)[k] += static_cast<float>(db[k]);
+    }
+  }
+
+ private:
+  void Check(const TensorDims& d) const {
+    if (d.size() < 2 || d[1] != static_cast<int64_t>(mean_.size()) || NumElements(d) == 0)
+      Fail(node_, ErrorKind::kInvalidInput,
+           "expected an N x " + std::to_string(mean_.size()) + " x ... input, got " + DimsText(d));
+  }
+  Node node_;
+  WeightRef scale_, shift_;
+  std::vector<float> mean_, inv_std_;
+};
+
+// ---- Add, Sub, Mul, Div with ONNX broadcasting (constant operands stay frozen: a constant may
+// be part of an operator that an exporter decomposed, such as hardswish's 3 and 6)
+// -----------------------------------------------
+
+// Calls f(i, ia, ib) for every flat index i of `out` with the flat indices of the two inputs
+// (read with strides sa and sb: 0 on a broadcast axis).
+template <class F>
+void ForEachBroadcast(const TensorDims& out, const TensorDims& sa, const TensorDims& sb, F f) {
+  const size_t rank = out.size();
+  const int64_t total = NumElements(out);
+  TensorDims idx(rank, 0);
+  int64_t ia = 0, ib = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    f(i, ia, ib);
+    for (size_t a = rank; a-- > 0;) {
+      ia += sa[a];
+      ib += sb[a];
+      if (++idx[a] < out[a]) break;
+      ia -= sa[a] * out[a];
+      ib -= sb[a] * out[a];
+      idx[a] = 0;
+    }
+  }
+}
+
+class BinaryOpTail : public TailOp {
+ public:
+  BinaryOpTail(const Node& n, BinaryOp op) : node_(n), op_(op) {}
+
+  void Forward(const std::vector<const Act*>& in, Act* out) override {
+    bool ok;
+    out->dims = BroadcastDims(in[0]->dims, in[1]->dims, &ok);
+    if (!ok)
+      Fail(node_, ErrorKind::kInvalidInput,
+           "inputs " + DimsText(in[0]->dims) + " and " + DimsText(in[1]->dims) + " do not broadcast");
+    out->v.resize(static_cast<size_t>(NumElements(out->dims)));
+    BroadcastBinary(op_, in[0]->v.data(), in[0]->dims, in[1]->v.data(), in[1]->dims, out->dims, out->v.data());
+  }
+
+  void Backward(const std::vector<const Act*>& in, const Act& out, const Act& dout,
+                const std::vector<GradOut>& din) override {
+    for (size_t k = 0; k < 2; ++k) {
+      if (!din[k].t) continue;
+      const Act& self = *in[k];
+      const Act& other = *in[1 - k];
+      // d(out)/d(self) times g, at one position.
+      auto local = [op = op_, first = k == 0](float g, float s, float o) {
+        switch (op) {
+          case BinaryOp::kAdd:
+            return g;
+          case BinaryOp::kSub:
+            return first ? g : -g;
+          case BinaryOp::kMul:
+            return g * o;
+          case BinaryOp::kDiv:
+            return first ? g / o : -g * o / (s * s);
+        }
+        return g;
+      };
+      const bool add = din[k].add;
+      float* dx = Prepare(din[k], self.dims);
+      const float *dy = dout.v.data(), *sv = self.v.data(), *o = other.v.data();
+      if (self.dims == out.dims && other.dims == out.dims) {
+        const size_t n = dout.v.size();
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; ++i) Put(dx, i, local(dy[i], sv[i], o[i]), add);
+        continue;
+      }
+      // Through the broadcast: an input's gradient sums over the axes it was broadcast along.
+      std::vector<float> sum(self.v.size(), 0.f);
+      const TensorDims ss = BroadcastStrides(self.dims, out.dims), so = BroadcastStrides(other.dims, out.dims);
+      ForEachBroadcast(out.dims, ss, so, [&](int64_t i, int64_t is, int64_t io) {
+        sum[static_cast<size_t>(is)] += local(dy[i], sv[is], o[io]);
+      });
+      for (size_t i = 0; i < sum.size(); ++i) Put(dx, i, sum[i], add);
+    }
+  }
+
+ private:
+  Node node_;
+  BinaryOp op_;
+};
+
+// ---- Concat, reshapes, global pooling -------------------------------------------------------
+
+class ConcatOp : public TailOp {
+ public:
+  explicit ConcatOp(const Node& n) : node_(n), axis_(n.Int("axis", 1)) {}
+
+  void Forward(const std::vector<const Act*>& in, Act* out) override {
+    const size_t rank = in[0]->dims.size();
+    axis_n_ = static_cast<size_t>(NormalizeAxis(node_, axis_, rank));
+    out->dims = in[0]->dims;
+    out->dims[axis_n_] = 0;
+    for (const Act* a : in) {
+      TensorDims d = a->dims, o = out->dims;
+      if (d.size() != rank) Fail(node_, ErrorKind::kInvalidInput, "inputs of different ranks");
+      d[axis_n_] = o[axis_n_] = 0;
+      if (d != o) Fail(node_, ErrorKind::kInvalidInput, "inputs differ off the concatenation axis");
+      out->dims[axis_n_] += a->dims[axis_n_];
+    }
+    out->v.resize(static_cast<size_t>(NumElements(out->dims)));
+    const int64_t outer = Outer(out->dims), row = NumElements(out->dims) / outer;
+    int64_t at = 0;
+    for (const Act* a : in) {
+      const int64_t len = NumElements(a->dims) / outer;
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(&out->v[static_cast<size_t>(o * row + at)], &a->v[static_cast<size_t>(o * len)],
+                    static_cast<size_t>(len) * sizeof(float));
+      at += len;
+    }
+  }
+
+  void Backward(const std::vector<const Act*>& in, const Act& out, const Act& dout,
+                const std::vector<GradOut>& din) override {
+    const int64_t outer = Outer(out.dims), row = NumElements(out.dims) / outer;
+    int64_t at = 0;
+    for (size_t k = 0; k < in.size(); ++k) {
+      const int64_t len = NumElements(in[k]->dims) / outer;
+      if (din[k].t) {
+        const bool add = din[k].add;
+        float* dx = Prepare(din[k], in[k]->dims);
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t j = 0; j < len; ++j)
+            Put(dx, static_cast<size_t>(o * len + j), dout.v[static_cast<size_t>(o * row + at + j)], add);
+      }
+      at += len;
+    }
+  }
+
+ private:
+  int64_t Outer(const TensorDims& d) const {
+    int64_t outer = 1;
+    for (size_t a = 0; a < axis_n_; ++a) outer *= d[a];
+    return std::max<int64_t>(outer, 1);
+  }
+  Node node_;
+  int64_t axis_;
+  size_t axis_n_ = 1;
+};
+
+// Flatten, Reshape, Squeeze, Unsqueeze: the same values under other dims.
+class ReshapeOp : public TailOp {
+ public:
+  ReshapeOp(const Graph& g, const Node& n) : node_(n) {
+    for (size_t i = 1; i < n.inputs.size(); ++i) {
+      auto it = g.consts.find(n.inputs[i]);
+      if (it == g.consts.end()) Fail(n, ErrorKind::kUnsupported, "the target shape must be a constant");
+      known_[n.inputs[i]] = it->second;
+    }
+  }
+
+  void Forward(const std::vector<const Act*>& in, Act* out) override {
+    const TensorDims& x = in[0]->dims;
+    if (node_.op == "Flatten") {
+      const int64_t axis = NormalizeAxis(node_, node_.Int("axis", 1), x.size() + 1);
+      int64_t outer = 1;
+      for (int64_t a = 0; a < axis; ++a) outer *= x[static_cast<size_t>(a)];
+      out->dims = {outer, NumElements(x) / std::max<int64_t>(outer, 1)};
+    } else {
+      out->dims = ReshapedDims(
+          node_,
+          [&](const std::string& t) -> const ConstTensor* {
+            auto it = known_.find(t);
+            return it == known_.end() ? nullptr : &it->second;
+          },
+          x);
+    }
+    if (NumElements(out->dims) != NumElements(x))
+      Fail(node_, ErrorKind::kInvalidInput, "cannot reshape " + DimsText(x) + " to " + DimsText(out->dims));
+    out->v = in[0]->v;
+  }
+
+  void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
+                const std::vector<GradOut>& din) override {
+    if (!din[0].t) return;
+    const bool add = din[0].add;
+    float* dx = Prepare(din[0], in[0]->dims);
+    for (size_t i = 0; i < dout.v.size(); ++i) Put(dx, i, dout.v[i], add);
+  }
+
+ private:
+  Node node_;
+  std::map<std::string, ConstTensor> known_;
+};
+
+// GlobalAveragePool, or ReduceMean over the spatial axes of an NCHW tensor.
+class GlobalPoolOp : public TailOp {
+ public:
+  explicit GlobalPoolOp(const Graph& g, const Node& n) : node_(n) {
+    if (n.op == "ReduceMean") {
+      bool present;
+      std::vector<int64_t> axes = IntsArg(
+          n, 1, "axes",
+          [&](const std::string& t) -> const ConstTensor* {
+            auto it = g.consts.find(t);
+            return it == g.consts.end() ? nullptr : &it->second;
+          },
+          &present);
+      std::sort(axes.begin(), axes.end());
+      if (axes != std::vector<int64_t>{2, 3} && axes != std::vector<int64_t>{-2, -1})
+        Fail(n, ErrorKind::kUnsupported, "only the mean over the spatial axes (2, 3) of an NCHW tensor trains");
+      keepdims_ = n.Int("keepdims", 1) != 0;
+    }
+  }
+
+  void Forward(const std::vector<const Act*>& in, Act* out) override {
+    const TensorDims& x = in[0]->dims;
+    if (x.size() != 4) Fail(node_, ErrorKind::kInvalidInput, "expected an NCHW input, got " + DimsText(x));
+    out->dims = keepdims_ ? TensorDims{x[0], x[1], 1, 1} : TensorDims{x[0], x[1]};
+    const int64_t nc = x[0] * x[1], hw = x[2] * x[3];
+    out->v.assign(static_cast<size_t>(nc), 0.f);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < nc; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < hw; ++j) s += in[0]->v[static_cast<size_t>(i * hw + j)];
+      out->v[static_cast<size_t>(i)] = static_cast<float>(s / static_cast<double>(hw));
+    }
+  }
+
+  void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
+                const std::vector<GradOut>& din) override {
+    if (!din[0].t) return;
+    const TensorDims& x = in[0]->dims;
+    const int64_t nc = x[0] * x[1], hw = x[2] * x[3];
+    const bool add = din[0].add;
+    float* dx = Prepare(din[0], x);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < nc; ++i) {
+      const float g = dout.v[static_cast<size_t>(i)] / static_cast<float>(hw);
+      for (int64_t j = 0; j < hw; ++j) Put(dx, static_cast<size_t>(i * hw + j), g, add);
+    }
+  }
+
+ private:
+  Node node_;
+  bool keepdims_ = true;
+};
+
+// ---- Gemm and MatMul on a constant (trainable) matrix ---------------------------------------
+
+class GemmOp : public TailOp {
+ public:
+  GemmOp(const Node& n, WeightRef b, WeightRef c) : node_(n), b_(std::move(b)), c_(std::move(c)) {
+    const bool gemm = n.op == "Gemm";
+    if (!b_.value || b_.dims.size() != 2)
+      Fail(n, ErrorKind::kUnsupported, "the second input must be a constant matrix");
+    if (gemm && n.Int("transA", 0) != 0) Fail(n, ErrorKind::kUnsupported, "transA=1");
+    trans_b_ = gemm && n.Int("transB", 0) != 0;
+    alpha_ = gemm ? n.Float("alpha", 1.f) : 1.f;
+    beta_ = gemm ? n.Float("beta", 1.f) : 1.f;
+    cols_ = trans_b_ ? b_.dims[0] : b_.dims[1];
+    k_ = trans_b_ ? b_.dims[1] : b_.dims[0];
+    if (c_.value && NumElements(c_.dims) != cols_ && NumElements(c_.dims) != 1)
+      Fail(n, ErrorKind::kUnsupported, "C must be a scalar or have one value per output column");
+  }
+
+  void Forward(const std::vector<const Act*>& in, Act* out) override {
+    const TensorDims& a = in[0]->dims;
+    if (a.size() != 2 || a[1] != k_)
+      Fail(node_, ErrorKind::kInvalidInput, "expected an N x " + std::to_string(k_) + " input, got " + DimsText(a));
+    const int64_t m = a[0];
+    out->dims = {m, cols_};
+    out->v.assign(static_cast<size_t>(m * cols_), 0.f);
+    Gemm(false, trans_b_, m, cols_, k_, alpha_, in[0]->v.data(), k_, b_.value->data(), trans_b_ ? k_ : cols_, 0.f,
+         out->v.data(), cols_);
+    if (!c_.value) return;
+    const bool scalar = c_.value->size() == 1;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < cols_; ++j)
+        out->v[static_cast<size_t>(i * cols_ + j)] += beta_ * (*c_.value)[scalar ? 0 : static_cast<size_t>(j)];
+  }
+
+  void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
+                const std::vector<GradOut>& din) override {
+    const int64_t m = in[0]->dims[0];
+    const float* dy = dout.v.data();
+    if (din[0].t) {
+      const bool add = din[0].add;
+      float* dx = Prepare(din[0], in[0]->dims);
+      // dA = alpha dY op(B)^T
+      Gemm(false, !trans_b_, m, k_, cols_, alpha_, dy, cols_, b_.value->data(), trans_b_ ? k_ : cols_, add ? 1.f : 0.f,
+           dx, k_);
+    }
+    if (b_.grad) {
+      if (trans_b_)  // dB (cols x k) = alpha dY^T A
+        Gemm(true, false, cols_, k_, m, alpha_, dy, cols_, in[0]->v.data(), k_, 1.f, b_.grad->data(), k_);
+      else  // dB (k x cols) = alpha A^T dY
+        Gemm(true, false, k_, cols_, m, alpha_, in[0]->v.data(), k_, dy, cols_, 1.f, b_.grad->data(), cols_);
+    }
+    if (c_.grad) {
+      std::vector<float> sums(static_cast<size_t>(cols_), 0.f);
+      AddColumnSums(dy, m, cols_, cols_, sums.data());
+      if (c_.grad->size() == 1) {
+        double s = 0;
+        for (float v : sums) s += v;
+        (*c_.grad)[0] += beta_ * static_cast<float>(s);
+      } else {
+        for (size_t j = 0; j < sums.size(); ++j) (*c_.grad)[j] += beta_ * sums[j];
+      }
+    }
+  }
+
+ private:
+  Node node_;
+  WeightRef b_, c_;
+  bool trans_b_ = false;
+  float alpha_ = 1, beta_ = 1;
+  int64_t cols_ = 0, k_ = 0;
+};
+
+const std::set<std::string>& BackwardOps() {
+  static const std::set<std::string> ops{"Conv",
+                                         "Relu",
+                                         "Clip",
+                                         "Sigmoid",
+                                         "HardSigmoid",
+                                         "HardSwish",
+                                         "Identity",
+                                         "Dropout",
+                                         "BatchNormalization",
+                                         "Add",
+                                         "Sub",
+                                         "Mul",
+                                         "Div",
+                                         "Concat",
+                                         "MaxPool",
+                                         "AveragePool",
+                                         "GlobalAveragePool",
+                                         "ReduceMean",
+                                         "Flatten",
+                                         "Reshape",
+                                         "Squeeze",
+                                         "Unsqueeze",
+                                         "Gemm",
+                                         "MatMul"};
+  return ops;
+}
+
+}  // namespace
+
+bool HasBackward(const std::string& op) { return BackwardOps().count(op) != 0; }
+
+std::vector<size_t> TrainableInputs(const Node& n) {
+  if (n.op == "Conv" || n.op == "BatchNormalization" || n.op == "Gemm") return {1, 2};
+  if (n.op == "MatMul") return {1};
+  return {};
+}
+
+std::unique_ptr<TailOp> MakeTailOp(const Graph& g, const Node& n, const std::vector<WeightRef>& w) {
+  const std::string& t = n.op;
+  auto weight = [&](size_t k) { return k < w.size() ? w[k] : WeightRef{}; };
+  if (t == "Conv") return std::make_unique<ConvOp>(n, weight(1), weight(2));
+  if (t == "MaxPool" || t == "AveragePool") return std::make_unique<PoolOp>(n);
+  if (t == "GlobalAveragePool" || t == "ReduceMean") return std::make_unique<GlobalPoolOp>(g, n);
+  if (t == "BatchNormalization") return std::make_unique<BatchNormOp>(n, weight(1), weight(2), g);
+  if (t == "Add") return std::make_unique<BinaryOpTail>(n, BinaryOp::kAdd);
+  if (t == "Sub") return std::make_unique<BinaryOpTail>(n, BinaryOp::kSub);
+  if (t == "Mul") return std::make_unique<BinaryOpTail>(n, BinaryOp::kMul);
+  if (t == "Div") return std::make_unique<BinaryOpTail>(n, BinaryOp::kDiv);
+  if (t == "Concat") return std::make_unique<ConcatOp>(n);
+  if (t == "Flatten" || t == "Reshape" || t == "Squeeze" || t == "Unsqueeze") return std::make_unique<ReshapeOp>(g, n);
+  if (t == "Gemm" || t == "MatMul") return std::make_unique<GemmOp>(n, weight(1), weight(2));
+  if (HasBackward(t)) return MakeUnary(g, n);
+  Fail(n, ErrorKind::kUnsupported, "no backward pass for this operator");
+}
+
+}  // namespace msaflow::kernels

@@ -1,0 +1,63 @@
+// The operators of a trainable tail (kernels/tail.h), each with a forward pass that keeps what
+// its backward pass needs and a backward pass to the gradients of its inputs and weights.
+// Convolutions and pooling run on oneDNN's training primitives (forward_training,
+// backward_data, backward_weights; blocked layouts where oneDNN prefers them); the elementwise,
+// broadcasting, normalisation and reshaping operators are plain loops over row-major tensors.
+// Every tensor between operators is plain row-major (NCHW for images) float32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/onnx_graph.h"
+#include "kernels/tensor_ops.h"
+
+namespace msaflow::kernels {
+
+// A plain row-major float tensor.
+struct Act {
+  TensorDims dims;
+  std::vector<float> v;
+};
+
+// A weight an operator reads: its values, and where its gradient goes (nullptr: frozen).
+struct WeightRef {
+  const std::vector<float>* value = nullptr;
+  std::vector<float>* grad = nullptr;
+  TensorDims dims;
+};
+
+// Where the gradient of one input goes: nullptr where none is wanted (a constant, a frozen
+// input); `add` when an earlier consumer has written its part already (residual branches).
+struct GradOut {
+  Act* t = nullptr;
+  bool add = false;
+};
+
+class TailOp {
+ public:
+  virtual ~TailOp() = default;
+  // Computes out (dims and values) from the inputs, keeping what Backward needs. Throws
+  // kInvalidInput naming the node for inputs whose shapes the operator does not take.
+  virtual void Forward(const std::vector<const Act*>& in, Act* out) = 0;
+  // After Forward on the same inputs: adds the weights' gradients to their grads and writes
+  // (or, with GradOut::add, adds) each wanted input gradient. dout has out's dims.
+  virtual void Backward(const std::vector<const Act*>& in, const Act& out, const Act& dout,
+                        const std::vector<GradOut>& din) = 0;
+};
+
+// The operators with a backward pass (the names of ONNX's operators).
+bool HasBackward(const std::string& op);
+
+// The weight inputs of `n` that training may change (Conv's W and B, BatchNormalization's scale
+// and B, Gemm's B and C, MatMul's B): their input positions.
+std::vector<size_t> TrainableInputs(const Node& n);
+
+// The operator for node `n` of `g`; weights[k] is the WeightRef of input k (value nullptr for
+// inputs that are computed tensors). Throws kUnsupported naming the node for attributes outside
+// what the backward pass implements.
+std::unique_ptr<TailOp> MakeTailOp(const Graph& g, const Node& n, const std::vector<WeightRef>& weights);
+
+}  // namespace msaflow::kernels
