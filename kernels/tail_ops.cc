@@ -415,7 +415,7 @@ std::unique_ptr<TailOp> MakeUnary(const Graph& g, const Node& n) {
 class BatchNormOp : public TailOp {
  public:
   BatchNormOp(const Node& n, WeightRef scale, WeightRef shift, const Graph& g)
-      : node_(n), scale_(scale), shift_(shift) {
+      : node_(n), scale_(std::move(scale)), shift_(std::move(shift)) {
     auto stat = [&](size_t i) {
       auto it = n.inputs.size() > i ? g.consts.find(n.inputs[i]) : g.consts.end();
       if (it == g.consts.end()) Fail(n, ErrorKind::kUnsupported, "mean and variance must be constants");
