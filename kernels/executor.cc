@@ -118,6 +118,11 @@ struct Executor::Plan {
     int64_t channels = 0;
   };
   std::vector<Cut> more;
+  struct Map {  // a cut tensor, plain (kMaps plans)
+    memory mem;
+    Dims dims;
+  };
+  std::vector<Map> maps;
   std::vector<std::shared_ptr<void>> buffers;
 };
 
@@ -663,7 +668,7 @@ void Executor::SetRanges(Ranges ranges) {
 }
 
 void Executor::Calibrate(const float* x, int64_t n, int64_t c, int64_t h, int64_t w) {
-  Plan& plan = PlanFor({n, c, h, w}, /*observe=*/true);
+  Plan& plan = PlanFor({n, c, h, w}, PlanKind::kObserve);
   auto widen = [this](const std::string& name, const float* v, size_t count) {
     float m = 0;
     for (size_t i = 0; i < count; ++i) m = std::max(m, std::fabs(v[i]));
@@ -696,6 +701,26 @@ std::vector<float> Executor::Features(const float* x, int64_t n, int64_t c, int6
   engine_->strm.wait();
   std::vector<float> out(static_cast<size_t>(n * plan.channels));
   std::memcpy(out.data(), plan.output.get_data_handle(), out.size() * sizeof(float));
+  return out;
+}
+
+std::vector<std::vector<float>> Executor::Maps(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                                               std::vector<std::vector<int64_t>>* dims) {
+  if (precision_ == Precision::kInt8 && ranges_.empty())
+    Throw(ErrorKind::kInvalidInput, "executor: int8 needs calibration ranges first (Calibrate or SetRanges)");
+  Plan& plan = PlanFor({n, c, h, w}, PlanKind::kMaps);
+  plan.input.set_data_handle(const_cast<float*>(x));
+  for (auto& s : plan.steps) s.Run(engine_->strm);
+  engine_->strm.wait();
+  std::vector<std::vector<float>> out;
+  dims->clear();
+  out.reserve(plan.maps.size());
+  dims->reserve(plan.maps.size());
+  for (const Plan::Map& m : plan.maps) {
+    const auto* p = static_cast<const float*>(m.mem.get_data_handle());
+    out.emplace_back(p, p + NumElements(m.dims));
+    dims->push_back(m.dims);
+  }
   return out;
 }
 
@@ -1078,9 +1103,15 @@ class PlanBuilder {
     if (!op.sum_input.empty()) release(op.sum_input);
   }
 
-  // Global average pooling of each cut tensor into plain [N, C, 1, 1], and the buffers handed
-  // to the plan.
-  void Output() {
+  // Global average pooling of each cut tensor into plain [N, C, 1, 1], with `maps` each cut
+  // tensor copied out plain too (Plan::maps), and the buffers handed to the plan.
+  void Output(bool maps) {
+    for (const std::string& t : maps ? r_.outputs() : std::vector<std::string>{}) {
+      const Value& cut = values_.at(t);
+      memory plain(PlainDesc(cut.dims, dt::f32), eng_);
+      plan_.steps.push_back({dnnl::reorder(cut.mem, plain), {{DNNL_ARG_FROM, cut.mem}, {DNNL_ARG_TO, plain}}});
+      plan_.maps.push_back({plain, cut.dims});
+    }
     plan_.output = Pooled(r_.output, g_.output, &plan_.channels);
     for (size_t k = 0; k < r_.more_outputs.size(); ++k) {
       Executor::Plan::Cut more;
@@ -1483,8 +1514,9 @@ class PlanBuilder {
 
 }  // namespace
 
-Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool observe) {
-  auto& cache = observe ? observe_plans_ : plans_;
+Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, PlanKind kind) {
+  const bool observe = kind == PlanKind::kObserve;
+  auto& cache = observe ? observe_plans_ : kind == PlanKind::kMaps ? maps_plans_ : plans_;
   auto found = cache.find(shape);
   if (found != cache.end()) return *found->second;
   for (size_t i = 0; i < 4; ++i) {
@@ -1511,7 +1543,7 @@ Executor::Plan& Executor::PlanFor(const std::array<int64_t, 4>& shape, bool obse
   b.Input(in_dims);
   b.ChooseInt8Types(ops);
   for (size_t i = 0; i < ops.size(); ++i) b.Emit(ops[i], i, shapes.at(ops[i].output), last_use, observe);
-  b.Output();
+  b.Output(kind == PlanKind::kMaps);
   Plan& ref = *plan;
   cache[shape] = std::move(plan);
   return ref;

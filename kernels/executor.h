@@ -69,6 +69,12 @@ class Executor {
   // from being fused: that cut's features may then differ in the last bits.
   std::vector<bool> CutsAsAlone(int64_t c, int64_t h, int64_t w) const;
 
+  // The cut tensors themselves, not pooled (a fine-tuning tail's inputs, kernels/tail.h): one
+  // plain row-major f32 tensor per cut (the graph's output, then its more_outputs), each cut's
+  // dims in *dims. Same precision rules as Features.
+  std::vector<std::vector<float>> Maps(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                                       std::vector<std::vector<int64_t>>* dims);
+
   // Checks, without compiling anything, that the graph runs on n images of c x h x w: shape
   // arithmetic folds, every shape fits its operator, the feature layer is NCHW or N x features.
   // Throws as Features would (kUnsupported / kInvalidInput naming the node).
@@ -91,8 +97,10 @@ class Executor {
   struct Plan;
 
  private:
-  // observe: an f32 plan that records where each tensor can be read while it runs (Calibrate).
-  Plan& PlanFor(const std::array<int64_t, 4>& shape, bool observe = false);
+  // kObserve: an f32 plan that records where each tensor can be read while it runs (Calibrate);
+  // kMaps: the cut tensors copied out plain besides being pooled (Maps).
+  enum class PlanKind { kFeatures, kObserve, kMaps };
+  Plan& PlanFor(const std::array<int64_t, 4>& shape, PlanKind kind = PlanKind::kFeatures);
 
   std::vector<Op> ops_;
   size_t fused_op_count_ = 0;
@@ -100,7 +108,7 @@ class Executor {
   Precision precision_;
   struct Engine;
   std::unique_ptr<Engine> engine_;
-  std::map<std::array<int64_t, 4>, std::unique_ptr<Plan>> plans_, observe_plans_;
+  std::map<std::array<int64_t, 4>, std::unique_ptr<Plan>> plans_, observe_plans_, maps_plans_;
   Ranges ranges_;
 };
 

@@ -207,9 +207,9 @@ GradientKernel::GradientKernel(const Head& h, int64_t max_rows)
 GradientKernel::~GradientKernel() = default;
 
 double GradientKernel::Accumulate(const Head& h, const float* x, const uint8_t* y, int64_t b, float scale, float* grad,
-                                  int64_t* correct) {
+                                  int64_t* correct, float* dx) {
   double loss = 0;
-  batch_->Accumulate(h.params.data(), x, y, b, scale, grad, &loss, correct);
+  batch_->Accumulate(h.params.data(), x, y, b, scale, grad, &loss, correct, dx);
   return loss;
 }
 

@@ -83,8 +83,9 @@ class GradientKernel {
   ~GradientKernel();
   // x: b standardised rows (b <= max_rows). Adds scale * d(sum of the rows' cross-entropy)/d(params)
   // into grad (params.size() floats); returns the summed loss and adds argmax hits to *correct.
+  // With dx (b x in_dim): also dx = scale * d(sum of the rows' cross-entropy)/d(x).
   double Accumulate(const Head& h, const float* x, const uint8_t* y, int64_t b, float scale, float* grad,
-                    int64_t* correct);
+                    int64_t* correct, float* dx = nullptr);
 
  private:
   std::unique_ptr<HeadBatch> batch_;

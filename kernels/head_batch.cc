@@ -10,8 +10,8 @@
 
 namespace msaflow::kernels {
 
-double SoftmaxCrossEntropy(const float* z, int64_t ldz, float* dz, int64_t lddz, int64_t n, int64_t m,
-                           const uint8_t* y, float scale, int64_t* correct) {
+double SoftmaxCrossEntropy(const float* z, int64_t ldz, float* dz, int64_t lddz, int64_t n, int64_t m, const uint8_t* y,
+                           float scale, int64_t* correct) {
   double loss = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float* zi = z + i * ldz;
@@ -85,7 +85,7 @@ void HeadBatch::Unpack(const float* params, const std::vector<Head*>& heads) con
 }
 
 void HeadBatch::Accumulate(const float* params, const float* x, const uint8_t* y, int64_t b, float scale, float* grad,
-                           double* loss, int64_t* correct) {
+                           double* loss, int64_t* correct, float* dx) {
   if (b > max_rows_) Throw(ErrorKind::kInternal, "head batch: more rows than its buffers hold");
   const int64_t W = width_, C = classes_;
   const float* w1t = params;
@@ -126,6 +126,11 @@ void HeadBatch::Accumulate(const float* params, const float* x, const uint8_t* y
   for (const Member& m : heads_)
     Gemm(true, false, m.width, dim_, b, 1.f, dz1 + m.column, W, x, dim_, 1.f, grad + m.column * dim_, dim_);
   AddColumnSums(dz1, b, W, W, grad + W * dim_);
+  // dx = sum over heads of dz1_k W1t_k.
+  for (size_t k = 0; dx && k < heads_.size(); ++k) {
+    const Member& m = heads_[k];
+    Gemm(false, false, b, dim_, m.width, 1.f, dz1 + m.column, W, w1t + m.column * dim_, dim_, k ? 1.f : 0.f, dx, dim_);
+  }
 }
 
 }  // namespace msaflow::kernels

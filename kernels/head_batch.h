@@ -37,9 +37,10 @@ class HeadBatch {
 
   // At `params`, for b standardised rows x (b <= max_rows): grad += scale * d(sum of every
   // row's cross-entropy)/d(params) for every head; loss[k] += head k's summed loss and
-  // correct[k] += its argmax hits.
+  // correct[k] += its argmax hits. With dx (b x in_dim), also dx = scale * d(the heads' summed
+  // losses)/d(x), the gradient a fine-tuned backbone's tail trains on (kernels/tail.h).
   void Accumulate(const float* params, const float* x, const uint8_t* y, int64_t b, float scale, float* grad,
-                  double* loss, int64_t* correct);
+                  double* loss, int64_t* correct, float* dx = nullptr);
 
  private:
   struct Member {

@@ -10,7 +10,9 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "kernels/executor.h"
+#include "kernels/head.h"
 
 namespace msaflow::kernels {
 namespace {
@@ -240,6 +242,77 @@ TEST(Tail, WriteWeightsGivesTheExecutorTheTrainedModel) {
   Executor ex(g);
   const std::vector<float> ref = ex.Features(x.data(), 2, 2, 5, 5);
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(mine[i], ref[i], 1e-5f * (1.f + std::fabs(ref[i])));
+}
+
+// The fine-tuning data path on a shipped model: the trunk's maps at the freeze point
+// (Executor::Maps of the model cut at the tail's inputs) run through the tail give the whole
+// model's features.
+void CheckTrunkThenTail(const std::string& model, const std::string& cut, const std::string& from, int64_t size) {
+  const std::string path = std::string(MSAFLOW_SOURCE_DIR) + "/models/" + model;
+  const std::string bytes = ReadFile(path);
+  Graph whole = ImportOnnx(bytes, path, cut);
+  Tail tail(whole, from);
+  Executor trunk(ImportOnnxCuts(bytes, path, tail.inputs()));
+  const int64_t n = 2;
+  std::vector<float> x = Random(static_cast<size_t>(n * 3 * size * size), 0.f, 1.f, 8);
+  std::vector<TensorDims> dims;
+  const std::vector<std::vector<float>> maps = trunk.Maps(x.data(), n, 3, size, size, &dims);
+  ASSERT_EQ(maps.size(), tail.inputs().size());
+  // Pooled, the maps are the trunk's features.
+  const std::vector<float> pooled = trunk.Features(x.data(), n, 3, size, size);
+  const int64_t c0 = dims[0][1], hw0 = dims[0][2] * dims[0][3];
+  for (int64_t i = 0; i < n * c0; ++i) {
+    double s = 0;
+    for (int64_t j = 0; j < hw0; ++j) s += maps[0][static_cast<size_t>(i * hw0 + j)];
+    EXPECT_NEAR(s / static_cast<double>(hw0), pooled[static_cast<size_t>(i)],
+                1e-4 * (1 + std::fabs(pooled[static_cast<size_t>(i)])));
+  }
+  std::vector<const float*> ptrs;
+  for (const auto& m : maps) ptrs.push_back(m.data());
+  const std::vector<float> mine = tail.Forward(ptrs, dims);
+  const std::vector<float> ref = Executor(whole).Features(x.data(), n, 3, size, size);
+  ASSERT_EQ(mine.size(), ref.size());
+  float scale = 0;
+  for (float v : ref) scale = std::max(scale, std::fabs(v));
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(mine[i], ref[i], 1e-4f * scale) << model << " feature " << i;
+}
+
+TEST(Tail, MobileNetV2TrunkMapsThroughTheTailGiveTheModelsFeatures) {
+  CheckTrunkThenTail("mobilenet_v2.onnx", "block_13_expand_relu", "block_11_expand", 96);
+}
+
+TEST(Tail, InceptionV3TrunkMapsThroughTheTailGiveTheModelsFeatures) {
+  CheckTrunkThenTail("inception_v3.onnx", "mixed2", "mixed1", 75);
+}
+
+// The head's gradient with respect to its (standardised) input, which the tail trains on,
+// against central differences of its loss, for a softmax and an MLP head.
+TEST(Tail, HeadInputGradientMatchesFiniteDifferences) {
+  const int64_t n = 6, dim = 5, classes = 3;
+  std::vector<float> x = Random(static_cast<size_t>(n * dim), -1.f, 1.f, 21);
+  std::vector<uint8_t> y{0, 1, 2, 0, 1, 2};
+  for (const std::string type : {"softmax", "mlp"}) {
+    HeadConfig cfg;
+    cfg.type = type;
+    cfg.hidden = 7;
+    Head h = InitHead(cfg, x.data(), y.data(), n, dim, classes);
+    GradientKernel kernel(h, n);
+    std::vector<float> grad(h.params.size()), dx(x.size());
+    int64_t correct = 0;
+    kernel.Accumulate(h, x.data(), y.data(), n, 1.f, grad.data(), &correct, dx.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float keep = x[i];
+      auto loss = [&](float v) {
+        x[i] = v;
+        std::vector<float> g(h.params.size());
+        int64_t c = 0;
+        return kernel.Accumulate(h, x.data(), y.data(), n, 1.f, g.data(), &c);
+      };
+      const double fd = (loss(keep + 1e-3f) - loss(keep - 1e-3f)) / 2e-3;
+      x[i] = keep;
+      EXPECT_NEAR(fd, dx[i], 2e-3 * (1 + std::fabs(fd))) << type << " x[" << i << "]";
+    }
+  }
 }
 
 std::string ErrorOf(const std::function<void()>& f, ErrorKind* kind) {

@@ -1,0 +1,119 @@
+// Fine-tuning under a real MPI launcher, for tests/integration/finetune_test.py:
+//   [mpirun -n N] finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS]
+// Every rank makes the same small image set (four classes of coloured patterns with noise), runs
+// the frozen trunk over it once (Executor::Maps at the freeze point), initialises a softmax head
+// on the tail's pooled features and fine-tunes tail and head together (parallel::FinetuneSync).
+// Rank 0 writes OUT_DIR/weights.f32 (every tail weight, then the head's parameters, float32)
+// and OUT_DIR/result.json (the curve, the tail's size and the training stats).
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/error.h"
+#include "common/files.h"
+#include "kernels/executor.h"
+#include "kernels/onnx_graph.h"
+#include "parallel/finetune.h"
+#include "parallel/mpi_comm.h"
+
+using namespace msaflow;
+
+namespace {
+
+constexpr int64_t kImages = 192, kSize = 64, kClasses = 4;
+
+// Image i: class i % 4 lights one quadrant in one colour, over uniform noise.
+std::vector<float> Images(std::vector<uint8_t>* labels) {
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> noise(0.f, 0.6f);
+  std::vector<float> x(static_cast<size_t>(kImages * 3 * kSize * kSize));
+  labels->resize(kImages);
+  for (int64_t i = 0; i < kImages; ++i) {
+    const int64_t k = i % kClasses;
+    (*labels)[static_cast<size_t>(i)] = static_cast<uint8_t>(k);
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t y = 0; y < kSize; ++y)
+        for (int64_t z = 0; z < kSize; ++z) {
+          const bool lit = (y < kSize / 2) == (k < 2) && (z < kSize / 2) == (k % 2 == 0) && c == k % 3;
+          x[static_cast<size_t>(((i * 3 + c) * kSize + y) * kSize + z)] = noise(rng) + (lit ? 0.4f : 0.f);
+        }
+  }
+  return x;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  parallel::MpiSession mpi(&argc, &argv);
+  if (argc < 5) {
+    std::cerr << "usage: finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS]\n";
+    return 2;
+  }
+  try {
+    parallel::Comm& world = mpi.world();
+    const std::string bytes = ReadFile(argv[1]);
+    kernels::Graph whole = kernels::ImportOnnx(bytes, argv[1], argv[2]);
+    kernels::Tail tail(whole, argv[3]);
+    kernels::Executor trunk(kernels::ImportOnnxCuts(bytes, argv[1], tail.inputs()));
+    std::vector<uint8_t> labels;
+    const std::vector<float> images = Images(&labels);
+    // The trunk's maps, 32 images at a time, concatenated per input.
+    std::vector<std::vector<float>> maps(tail.inputs().size());
+    std::vector<kernels::TensorDims> row_dims;
+    const int64_t per_image = 3 * kSize * kSize;
+    for (int64_t lo = 0; lo < kImages; lo += 32) {
+      std::vector<kernels::TensorDims> dims;
+      auto m = trunk.Maps(&images[static_cast<size_t>(lo * per_image)], 32, 3, kSize, kSize, &dims);
+      for (size_t i = 0; i < m.size(); ++i) maps[i].insert(maps[i].end(), m[i].begin(), m[i].end());
+      row_dims.clear();
+      for (auto d : dims) row_dims.emplace_back(d.begin() + 1, d.end());
+    }
+    parallel::FinetuneData data;
+    for (const auto& m : maps) data.maps.push_back(m.data());
+    data.dims = row_dims;
+    data.y = labels.data();
+    data.n = kImages;
+    const std::vector<float> feats = parallel::TailFeatures(&tail, data, 64);
+    kernels::HeadConfig cfg;
+    cfg.type = "softmax";
+    cfg.optimizer = "adam";
+    cfg.lr = 3e-3;
+    cfg.epochs = argc > 5 ? std::stoll(argv[5]) : 3;
+    cfg.batch = 32;
+    cfg.seed = 3;
+    cfg.data_seed = 5;
+    kernels::Head h = kernels::InitHead(cfg, feats.data(), labels.data(), kImages, tail.FeatureDim(), kClasses);
+    std::vector<float> before;
+    for (const auto& p : tail.params()) before.insert(before.end(), p.value.begin(), p.value.end());
+    parallel::FinetuneOptions opt;
+    opt.backbone_lr_scale = 0.3;
+    const parallel::TrainStats st = parallel::FinetuneSync(world, data, &tail, &h, opt);
+    if (world.rank() == 0) {
+      std::vector<float> w;
+      for (const auto& p : tail.params()) w.insert(w.end(), p.value.begin(), p.value.end());
+      const size_t tail_size = w.size();
+      double moved = 0, norm = 0;  // how far training moved the tail, relative
+      for (size_t i = 0; i < tail_size; ++i) {
+        moved += (w[i] - before[i]) * (w[i] - before[i]);
+        norm += before[i] * before[i];
+      }
+      w.insert(w.end(), h.params.begin(), h.params.end());
+      std::ofstream(std::string(argv[4]) + "/weights.f32", std::ios::binary)
+          .write(reinterpret_cast<const char*>(w.data()), static_cast<std::streamsize>(w.size() * sizeof(float)));
+      nlohmann::json curve = nlohmann::json::array();
+      for (const auto& p : h.curve) curve.push_back({{"loss", p.loss}, {"accuracy", p.accuracy}});
+      nlohmann::json out = {{"curve", curve},
+                            {"tail_weights", tail_size},
+                            {"tail_moved", std::sqrt(moved / norm)},
+                            {"training", st.ToJson()}};
+      std::ofstream(std::string(argv[4]) + "/result.json") << out.dump() << "\n";
+    }
+    return 0;
+  } catch (const Error& e) {
+    std::cerr << "finetune_ranks: " << e.what() << "\n";
+    mpi.AbortIfParallel(3);
+    return 3;
+  }
+}
