@@ -3,12 +3,20 @@
 # as errors, then the sanitizer and fuzzing smoke runs (MSAFLOW_SANITIZE=0 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's wall time, for CI's log: "[time] PHASE: N s (total M s)".
+start=$SECONDS mark=$SECONDS
+phase() {
+  echo "[time] $1: $((SECONDS - mark)) s (total $((SECONDS - start)) s)"
+  mark=$SECONDS
+}
 MSAFLOW_BUILD_DIR=build-test MSAFLOW_WERROR=1 scripts/setup.sh
 # The tests' own needs: a real headless browser to open `msaflow report`'s HTML in.
 source scripts/packages.sh
 ensure_packages chromium
+phase "set-up and build"
 status=0
 meson test -C build-test --print-errorlogs --num-processes 3 "$@" || status=$?
+phase "tests"
 /usr/bin/python3 - build-test/meson-logs/testlog.json <<'PY'
 import json, sys
 passed = failed = 0
@@ -22,9 +30,10 @@ print(f"tests: {passed} passed, {failed} failed")
 PY
 # clang-tidy's checks (.clang-tidy) over the sources, with the build's compile commands: zero findings.
 if scripts/tidy.sh build-test; then echo "tidy: passed"; else echo "tidy: FAILED"; status=1; fi
-# The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the whole suite again (unit,
-# integration, MPI and Slurm) with msaflow and the tests built with ASan + UBSan, the NAM tests
-# under TSan, and every fuzzer over its corpus for a few seconds.
+phase "clang-tidy"
+# The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the suite again (unit,
+# integration, MPI; the Slurm clusters' suites only ran above) with msaflow and the tests built
+# with ASan + UBSan, the NAM tests under TSan, and every fuzzer over its corpus for a few seconds.
 if [[ ${MSAFLOW_SANITIZE:-1} == 1 ]]; then
   for part in "asan" "tsan" "fuzz 3"; do
     if scripts/sanitize.sh $part; then
@@ -33,6 +42,7 @@ if [[ ${MSAFLOW_SANITIZE:-1} == 1 ]]; then
       echo "sanitize ${part%% *}: FAILED"
       status=1
     fi
+    phase "sanitize ${part%% *}"
   done
 fi
 exit $status
