@@ -156,7 +156,13 @@ const std::vector<float>& Tail::Forward(const std::vector<const float*>& xs, con
       Throw(ErrorKind::kInvalidInput, "tail input '" + split_.inputs[i] + "': every input needs the same batch size");
     Act& a = acts_[split_.inputs[i]];
     a.dims = dims[i];
-    a.v.assign(xs[i], xs[i] + NumElements(dims[i]));
+    a.cl = dims[i].size() == 4;  // images are kept channels-last (kernels/tail_ops.h)
+    if (a.cl) {
+      a.v.resize(static_cast<size_t>(NumElements(dims[i])));
+      ToChannelsLast(xs[i], dims[i], a.v.data());
+    } else {
+      a.v.assign(xs[i], xs[i] + NumElements(dims[i]));
+    }
   }
   for (size_t k = 0; k < split_.nodes.size(); ++k) {
     const Node& n = graph_.nodes[split_.nodes[k]];
@@ -177,11 +183,15 @@ const std::vector<float>& Tail::Forward(const std::vector<const float*>& xs, con
   const int64_t n = out.dims[0], c = out.dims[1], hw = out.dims.size() == 4 ? out.dims[2] * out.dims[3] : 1;
   feature_dim_ = c;
   features_.assign(static_cast<size_t>(n * c), 0.f);
+  // The mean over the pixels of each image's channels (an image is channels-last, or hw is 1).
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n * c; ++i) {
-    double s = 0;
-    for (int64_t j = 0; j < hw; ++j) s += out.v[static_cast<size_t>(i * hw + j)];
-    features_[static_cast<size_t>(i)] = static_cast<float>(s / static_cast<double>(hw));
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<double> s(static_cast<size_t>(c), 0.0);
+    for (int64_t j = 0; j < hw; ++j)
+      for (int64_t k = 0; k < c; ++k) s[static_cast<size_t>(k)] += out.v[static_cast<size_t>((i * hw + j) * c + k)];
+    for (int64_t k = 0; k < c; ++k)
+      features_[static_cast<size_t>(i * c + k)] =
+          static_cast<float>(s[static_cast<size_t>(k)] / static_cast<double>(hw));
   }
   return features_;
 }
@@ -190,19 +200,25 @@ void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_g
   for (auto& p : params_) std::fill(p.grad.begin(), p.grad.end(), 0.f);
   std::set<std::string> computed, inputs(split_.inputs.begin(), split_.inputs.end());
   for (size_t i : split_.nodes) computed.insert(graph_.nodes[i].outputs.begin(), graph_.nodes[i].outputs.end());
-  std::map<std::string, Act> grads;
+  // The gradients' buffers are kept from batch to batch (allocating them anew cost more than
+  // the elementwise operators' arithmetic: fresh pages fault in).
+  std::map<std::string, Act>& grads = grads_;
   std::set<std::string> written;
   // The pooling: each position's share of its channel's mean.
   Act& seed = grads[graph_.output];
   seed.dims = out_dims_;
-  const int64_t nc = out_dims_[0] * out_dims_[1], hw = NumElements(out_dims_) / nc;
-  seed.v.resize(static_cast<size_t>(nc * hw));
-  for (int64_t i = 0; i < nc; ++i) std::fill_n(seed.v.begin() + i * hw, hw, dfeat[i] / static_cast<float>(hw));
+  seed.cl = out_dims_.size() == 4;
+  const int64_t n = out_dims_[0], c = out_dims_[1], hw = NumElements(out_dims_) / (n * c);
+  seed.v.resize(static_cast<size_t>(n * hw * c));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < hw; ++j)
+      for (int64_t k = 0; k < c; ++k)
+        seed.v[static_cast<size_t>((i * hw + j) * c + k)] = dfeat[i * c + k] / static_cast<float>(hw);
   written.insert(graph_.output);
   for (size_t k = split_.nodes.size(); k-- > 0;) {
     const Node& n = graph_.nodes[split_.nodes[k]];
+    if (!written.count(n.outputs[0])) continue;  // nothing after it reaches the cut
     auto dout = grads.find(n.outputs[0]);
-    if (dout == grads.end()) continue;  // nothing after it reaches the cut
     std::vector<const Act*> in(n.inputs.size(), nullptr);
     std::vector<GradOut> din(n.inputs.size());
     for (size_t j = 0; j < n.inputs.size(); ++j) {
@@ -216,13 +232,17 @@ void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_g
       written.insert(t);
     }
     ops_[k]->Backward(in, acts_.at(n.outputs[0]), dout->second, din);
-    grads.erase(n.outputs[0]);
   }
   if (!input_grads) return;
   input_grads->clear();
   for (const auto& t : split_.inputs) {
     auto g = grads.find(t);
-    input_grads->push_back(g != grads.end() ? std::move(g->second.v) : std::vector<float>(acts_.at(t).v.size(), 0.f));
+    std::vector<float> v(acts_.at(t).v.size(), 0.f);
+    if (g != grads.end() && written.count(t) && g->second.cl)
+      ToChannelsFirst(g->second.v.data(), g->second.dims, v.data());
+    else if (g != grads.end() && written.count(t))
+      v = g->second.v;
+    input_grads->push_back(std::move(v));
   }
 }
 

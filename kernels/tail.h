@@ -81,6 +81,7 @@ class Tail {
   std::vector<std::unique_ptr<TailOp>> ops_;  // one per split_.nodes
   std::map<std::string, Act> consts_;         // the frozen constants the tail's ops read as data
   std::map<std::string, Act> acts_;           // this batch's tensors (inputs included)
+  std::map<std::string, Act> grads_;          // this batch's gradients of them
   std::vector<float> features_;
   TensorDims out_dims_;
   int64_t feature_dim_ = 0;

@@ -1,10 +1,14 @@
 #include "kernels/tail_ops.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <set>
+#include <type_traits>
 
 #include "common/error.h"
 #include "kernels/fold.h"
@@ -43,8 +47,12 @@ std::string DimsText(const TensorDims& d) {
 
 memory::dims ToDnnl(const TensorDims& d) { return memory::dims(d.begin(), d.end()); }
 
-memory Plain(const TensorDims& d, const float* data) {
-  const tag t = d.size() == 4 ? tag::abcd : d.size() == 5 ? tag::abcde : d.size() == 2 ? tag::ab : tag::a;
+// A memory over `data` of dims d (ONNX order): channels-last (acdb) with `cl`, else row-major.
+memory Mem(const TensorDims& d, const float* data, bool cl = false) {
+  const tag t = d.size() == 4   ? (cl ? tag::acdb : tag::abcd)
+                : d.size() == 5 ? tag::abcde
+                : d.size() == 2 ? tag::ab
+                                : tag::a;
   return memory(memory::desc(ToDnnl(d), dt::f32, t), Ctx().eng, const_cast<float*>(data));
 }
 
@@ -56,14 +64,15 @@ memory As(const memory& user, const memory::desc& want, memory* buf) {
   return *buf;
 }
 
-// Writes `from` (layout of its own) as the plain tensor `to` (dims d): directly, or through a
-// plain scratch added to it when `add`.
-void Deliver(const memory& from, const TensorDims& d, const GradOut& g) {
+// Writes `from` (layout of its own) into the gradient g (dims d, channels-last with `cl`):
+// directly, or through a scratch added to it when `add`.
+void Deliver(const memory& from, const TensorDims& d, bool cl, const GradOut& g) {
   g.t->dims = d;
+  g.t->cl = cl;
   const size_t n = static_cast<size_t>(NumElements(d));
   if (!g.add) {
     g.t->v.resize(n);
-    memory to = Plain(d, g.t->v.data());
+    memory to = Mem(d, g.t->v.data(), cl);
     if (from.get_desc() == to.get_desc()) {
       std::memcpy(g.t->v.data(), from.get_data_handle(), n * sizeof(float));
     } else {
@@ -73,7 +82,7 @@ void Deliver(const memory& from, const TensorDims& d, const GradOut& g) {
     return;
   }
   std::vector<float> tmp(n);
-  memory to = Plain(d, tmp.data());
+  memory to = Mem(d, tmp.data(), cl);
   dnnl::reorder(from, to).execute(Ctx().strm, const_cast<memory&>(from), to);
   Ctx().strm.wait();
   float* dst = g.t->v.data();
@@ -84,13 +93,20 @@ void Deliver(const memory& from, const TensorDims& d, const GradOut& g) {
 // Writes or adds (GradOut::add) one gradient value.
 inline void Put(float* dst, size_t i, float v, bool add) { dst[i] = add ? dst[i] + v : v; }
 
-// Sizes the gradient of an input of dims d (keeping what an earlier consumer wrote).
-float* Prepare(const GradOut& g, const TensorDims& d) {
+// Sizes the gradient of input `x` (its dims and layout; keeping what an earlier consumer wrote).
+float* Prepare(const GradOut& g, const Act& x) {
   if (!g.add) {
-    g.t->dims = d;
-    g.t->v.resize(static_cast<size_t>(NumElements(d)));
+    g.t->dims = x.dims;
+    g.t->cl = x.cl;
+    g.t->v.resize(x.v.size());
   }
   return g.t->v.data();
+}
+
+// Image tensors must come channels-last (every 4-D tensor the tail computes does).
+void NeedChannelsLast(const Node& n, const Act& a) {
+  if (a.dims.size() != 4 || !a.cl)
+    Fail(n, ErrorKind::kInvalidInput, "expected an NCHW image tensor, got " + DimsText(a.dims));
 }
 
 void AddInto(std::vector<float>* grad, const std::vector<float>& part) {
@@ -120,15 +136,21 @@ class ConvOp : public TailOp {
   }
 
   void Forward(const std::vector<const Act*>& in, Act* out) override {
+    NeedChannelsLast(node_, *in[0]);
     const TensorDims& x = in[0]->dims;
     Compile(x);
     out->dims = out_dims_;
+    out->cl = true;
     out->v.resize(static_cast<size_t>(NumElements(out_dims_)));
-    src_user_ = Plain(x, in[0]->v.data());
+    if (pointwise_) {
+      PointwiseForward(*in[0], out);
+      return;
+    }
+    src_user_ = Mem(x, in[0]->v.data(), true);
     src_ = As(src_user_, fwd_.src_desc(), &src_blk_);
-    memory w = As(Plain(WeightDims(), w_.value->data()), fwd_.weights_desc(), &w_blk_);
-    memory b = Plain({w_.dims[0]}, b_.value ? b_.value->data() : zero_bias_.data());
-    memory dst_user = Plain(out_dims_, out->v.data());
+    memory w = As(Mem(WeightDims(), w_.value->data()), fwd_.weights_desc(), &w_blk_);
+    memory b = Mem({w_.dims[0]}, b_.value ? b_.value->data() : zero_bias_.data());
+    memory dst_user = Mem(out_dims_, out->v.data(), true);
     memory dst = fwd_.dst_desc() == dst_user.get_desc() ? dst_user : Scratch(fwd_.dst_desc(), &dst_blk_);
     dnnl::convolution_forward(fwd_).execute(
         Ctx().strm, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_BIAS, b}, {DNNL_ARG_DST, dst}});
@@ -138,16 +160,20 @@ class ConvOp : public TailOp {
 
   void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
                 const std::vector<GradOut>& din) override {
-    memory dd_user = Plain(out_dims_, dout.v.data());
+    if (pointwise_) {
+      PointwiseBackward(*in[0], dout, din[0]);
+      return;
+    }
+    memory dd_user = Mem(out_dims_, dout.v.data(), true);
     memory dd_data;  // dout in the data pass's layout, when that pass runs
     if (din[0].t) {
       memory dd = dd_data = As(dd_user, bwd_data_.diff_dst_desc(), &dd_blk_);
-      memory w = As(Plain(WeightDims(), w_.value->data()), bwd_data_.weights_desc(), &w_blk_bwd_);
+      memory w = As(Mem(WeightDims(), w_.value->data()), bwd_data_.weights_desc(), &w_blk_bwd_);
       memory ds = Scratch(bwd_data_.diff_src_desc(), &ds_blk_);
       dnnl::convolution_backward_data(bwd_data_).execute(
           Ctx().strm, {{DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, ds}});
       Ctx().strm.wait();
-      Deliver(ds, in[0]->dims, din[0]);
+      Deliver(ds, in[0]->dims, true, din[0]);
     }
     if (!w_.grad && !b_.grad) return;
     memory src = src_.get_desc() == bwd_w_.src_desc() ? src_ : As(src_user_, bwd_w_.src_desc(), &src_blk_w_);
@@ -156,20 +182,43 @@ class ConvOp : public TailOp {
                     : As(dd_user, bwd_w_.diff_dst_desc(), &dd_blk_w_);
     memory dw = Scratch(bwd_w_.diff_weights_desc(), &dw_blk_);
     std::vector<float> db(static_cast<size_t>(w_.dims[0]));
-    memory db_mem = Plain({w_.dims[0]}, db.data());
+    memory db_mem = Mem({w_.dims[0]}, db.data());
     dnnl::convolution_backward_weights(bwd_w_).execute(
         Ctx().strm,
         {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_WEIGHTS, dw}, {DNNL_ARG_DIFF_BIAS, db_mem}});
     Ctx().strm.wait();
     if (w_.grad) {
       Act part;
-      Deliver(dw, WeightDims(), {&part, false});
+      Deliver(dw, WeightDims(), false, {&part, false});
       AddInto(w_.grad, part.v);
     }
     if (b_.grad) AddInto(b_.grad, db);
   }
 
  private:
+  // A 1 x 1 convolution of stride 1 without padding on a channels-last tensor is one matrix
+  // product over the pixels: Y [pixels x O] = X [pixels x I] W^T (W is O x I), and its backward
+  // passes are two more, on oneDNN's sgemm (kernels/gemm.h): measured faster than oneDNN's
+  // 1 x 1 convolution primitives on these shapes, its backward_weights above all.
+  void PointwiseForward(const Act& x, Act* out) const {
+    const int64_t m = NumElements(x.dims) / x.dims[1], i = w_.dims[1], o = w_.dims[0];
+    const float* b = b_.value ? b_.value->data() : zero_bias_.data();
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(&out->v[static_cast<size_t>(r * o)], b, static_cast<size_t>(o) * sizeof(float));
+    Gemm(false, true, m, o, i, 1.f, x.v.data(), i, w_.value->data(), i, 1.f, out->v.data(), o);
+  }
+  void PointwiseBackward(const Act& x, const Act& dout, const GradOut& dx) const {
+    const int64_t m = NumElements(x.dims) / x.dims[1], i = w_.dims[1], o = w_.dims[0];
+    const float* dy = dout.v.data();
+    if (dx.t) {
+      const bool add = dx.add;
+      float* g = Prepare(dx, x);
+      Gemm(false, false, m, i, o, 1.f, dy, o, w_.value->data(), i, add ? 1.f : 0.f, g, i);
+    }
+    if (w_.grad) Gemm(true, false, o, i, m, 1.f, dy, o, x.v.data(), i, 1.f, w_.grad->data(), i);
+    if (b_.grad) AddColumnSums(dy, m, o, o, b_.grad->data());
+  }
+
   TensorDims WeightDims() const {
     const TensorDims& w = w_.dims;
     if (group_ == 1) return w;
@@ -200,7 +249,14 @@ class ConvOp : public TailOp {
       st[a] = strides_[a];
       dil[a] = dilations_[a] - 1;
     }
-    memory::desc src_any(ToDnnl(x), dt::f32, tag::any), dst_any(ToDnnl(out), dt::f32, tag::any);
+    in_dims_ = x;
+    out_dims_ = out;
+    pointwise_ = group_ == 1 && w[2] == 1 && w[3] == 1 && st == memory::dims{1, 1} && pl == memory::dims{0, 0} &&
+                 pr == memory::dims{0, 0};
+    if (pointwise_) return;
+    // Activations channels-last, as they are kept between operators (oneDNN's jit kernels take
+    // them so: no reorder of an activation); weights in the layout oneDNN prefers.
+    memory::desc src_any(ToDnnl(x), dt::f32, tag::acdb), dst_any(ToDnnl(out), dt::f32, tag::acdb);
     memory::desc w_any(ToDnnl(WeightDims()), dt::f32, tag::any), b_md({w[0]}, dt::f32, tag::a);
     const auto alg = algorithm::convolution_direct;
     dnnl::convolution_forward::desc fd(prop_kind::forward_training, alg, src_any, w_any, b_md, dst_any, st, dil, pl,
@@ -215,6 +271,7 @@ class ConvOp : public TailOp {
   }
 
   Node node_;
+  bool pointwise_ = false;
   WeightRef w_, b_;
   int64_t group_ = 1;
   TensorDims strides_{1, 1}, dilations_{1, 1}, pads_{0, 0, 0, 0};
@@ -249,10 +306,12 @@ class PoolOp : public TailOp {
   }
 
   void Forward(const std::vector<const Act*>& in, Act* out) override {
+    NeedChannelsLast(node_, *in[0]);
     Compile(in[0]->dims);
     out->dims = out_dims_;
+    out->cl = true;
     out->v.resize(static_cast<size_t>(NumElements(out_dims_)));
-    memory src = Plain(in[0]->dims, in[0]->v.data()), dst = Plain(out_dims_, out->v.data());
+    memory src = Mem(in[0]->dims, in[0]->v.data(), true), dst = Mem(out_dims_, out->v.data(), true);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}};
     if (alg_ == algorithm::pooling_max) args[DNNL_ARG_WORKSPACE] = ws_;
     dnnl::pooling_v2_forward(fwd_).execute(Ctx().strm, args);
@@ -263,9 +322,8 @@ class PoolOp : public TailOp {
                 const std::vector<GradOut>& din) override {
     if (!din[0].t) return;
     std::vector<float> tmp;
-    float* dst = din[0].add ? (tmp.resize(static_cast<size_t>(NumElements(in[0]->dims))), tmp.data())
-                            : Prepare(din[0], in[0]->dims);
-    memory dd = Plain(out_dims_, dout.v.data()), ds = Plain(in[0]->dims, dst);
+    float* dst = din[0].add ? (tmp.resize(in[0]->v.size()), tmp.data()) : Prepare(din[0], *in[0]);
+    memory dd = Mem(out_dims_, dout.v.data(), true), ds = Mem(in[0]->dims, dst, true);
     std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_SRC, ds}};
     if (alg_ == algorithm::pooling_max) args[DNNL_ARG_WORKSPACE] = ws_;
     dnnl::pooling_v2_backward(bwd_).execute(Ctx().strm, args);
@@ -288,7 +346,7 @@ class PoolOp : public TailOp {
       pl[a] = pb;
       pr[a] = pe;
     }
-    memory::desc src(ToDnnl(x), dt::f32, tag::abcd), dst(ToDnnl(out), dt::f32, tag::abcd);
+    memory::desc src(ToDnnl(x), dt::f32, tag::acdb), dst(ToDnnl(out), dt::f32, tag::acdb);
     const memory::dims st{strides_[0], strides_[1]}, k{kernel_[0], kernel_[1]}, dil{0, 0};
     dnnl::pooling_v2_forward::desc fd(prop_kind::forward_training, alg_, src, dst, st, k, dil, pl, pr);
     fwd_ = dnnl::pooling_v2_forward::primitive_desc(fd, Ctx().eng);
@@ -314,6 +372,64 @@ class PoolOp : public TailOp {
 
 enum class Unary { kRelu, kClip, kSigmoid, kHardSigmoid, kHardSwish, kIdentity };
 
+// y = F(x) and dy/dx at x (y = F(x)), per kind; at the kinks the convention of PyTorch's backward
+// formulas (relu, hardtanh, hardsigmoid pass no gradient at their bounds; hardswish takes the
+// inner slope at 3). Templates, so that each kind's loop is its own and vectorises.
+template <Unary K>
+inline float UnaryF(float x, float a, float b) {
+  if constexpr (K == Unary::kRelu) return x > 0 ? x : 0.f;
+  if constexpr (K == Unary::kClip) return std::min(std::max(x, a), b);
+  if constexpr (K == Unary::kSigmoid) return 1.f / (1.f + std::exp(-x));
+  if constexpr (K == Unary::kHardSigmoid) return std::min(std::max(a * x + b, 0.f), 1.f);
+  if constexpr (K == Unary::kHardSwish) return x * std::min(std::max(x / 6.f + 0.5f, 0.f), 1.f);
+  return x;
+}
+template <Unary K>
+inline float UnaryD(float x, float y, float a, float b) {
+  if constexpr (K == Unary::kRelu) return x > 0 ? 1.f : 0.f;
+  if constexpr (K == Unary::kClip) return x > a && x < b ? 1.f : 0.f;
+  if constexpr (K == Unary::kSigmoid) return y * (1.f - y);
+  if constexpr (K == Unary::kHardSigmoid) {
+    const float t = a * x + b;
+    return t > 0 && t < 1 ? a : 0.f;
+  }
+  if constexpr (K == Unary::kHardSwish) return x < -3.f ? 0.f : x <= 3.f ? x / 3.f + 0.5f : 1.f;
+  return 1.f;
+}
+
+template <Unary K>
+void UnaryForward(const float* x, float* y, int64_t n, float a, float b) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = UnaryF<K>(x[i], a, b);
+}
+// ReLU and Clip pass a gradient or none: their backward pass reads a byte per value, kept by
+// the forward pass, not the four bytes of the input (cold by then: on these machines the
+// backward pass of a ReLU6 was measured memory-bound, five times its forward pass).
+template <Unary K>
+void MaskForward(const float* x, float* y, uint8_t* mask, int64_t n, float a, float b) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = UnaryF<K>(x[i], a, b);
+    mask[i] = UnaryD<K>(x[i], 0.f, a, b) != 0.f;
+  }
+}
+template <bool kAdd>
+void MaskBackward(const uint8_t* mask, const float* dy, float* dx, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = mask[i] ? dy[i] : 0.f;
+    dx[i] = kAdd ? dx[i] + g : g;
+  }
+}
+template <Unary K, bool kAdd>
+void UnaryBackward(const float* x, const float* y, const float* dy, float* dx, int64_t n, float a, float b) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = dy[i] * UnaryD<K>(x[i], y[i], a, b);
+    dx[i] = kAdd ? dx[i] + g : g;
+  }
+}
+
 class UnaryOp : public TailOp {
  public:
   UnaryOp(Unary kind, float a, float b) : kind_(kind), a_(a), b_(b) {}
@@ -321,12 +437,17 @@ class UnaryOp : public TailOp {
   void Forward(const std::vector<const Act*>& in, Act* out) override {
     const Act& x = *in[0];
     out->dims = x.dims;
+    out->cl = x.cl;
     out->v.resize(x.v.size());
-    const float* xs = x.v.data();
-    float* ys = out->v.data();
-    const size_t n = x.v.size();
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; ++i) ys[i] = F(xs[i]);
+    if (Masked()) {
+      mask_.resize(x.v.size());
+      if (kind_ == Unary::kRelu)
+        MaskForward<Unary::kRelu>(x.v.data(), out->v.data(), mask_.data(), Size(x), a_, b_);
+      else
+        MaskForward<Unary::kClip>(x.v.data(), out->v.data(), mask_.data(), Size(x), a_, b_);
+      return;
+    }
+    Dispatch([&](auto k) { UnaryForward<decltype(k)::value>(x.v.data(), out->v.data(), Size(x), a_, b_); });
   }
 
   void Backward(const std::vector<const Act*>& in, const Act& out, const Act& dout,
@@ -334,54 +455,48 @@ class UnaryOp : public TailOp {
     if (!din[0].t) return;
     const float *xs = in[0]->v.data(), *ys = out.v.data(), *dy = dout.v.data();
     const bool add = din[0].add;
-    float* dx = Prepare(din[0], in[0]->dims);
-    const size_t n = in[0]->v.size();
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; ++i) Put(dx, i, dy[i] * D(xs[i], ys[i]), add);
+    float* dx = Prepare(din[0], *in[0]);
+    const int64_t n = Size(*in[0]);
+    if (Masked()) {
+      if (add)
+        MaskBackward<true>(mask_.data(), dy, dx, n);
+      else
+        MaskBackward<false>(mask_.data(), dy, dx, n);
+      return;
+    }
+    Dispatch([&](auto k) {
+      constexpr Unary K = decltype(k)::value;
+      if (add)
+        UnaryBackward<K, true>(xs, ys, dy, dx, n, a_, b_);
+      else
+        UnaryBackward<K, false>(xs, ys, dy, dx, n, a_, b_);
+    });
   }
 
  private:
-  float F(float x) const {
+  bool Masked() const { return kind_ == Unary::kRelu || kind_ == Unary::kClip; }
+  static int64_t Size(const Act& a) { return static_cast<int64_t>(a.v.size()); }
+  template <class F>
+  void Dispatch(F f) const {
     switch (kind_) {
       case Unary::kRelu:
-        return x > 0 ? x : 0.f;
+        return f(std::integral_constant<Unary, Unary::kRelu>{});
       case Unary::kClip:
-        return std::min(std::max(x, a_), b_);
+        return f(std::integral_constant<Unary, Unary::kClip>{});
       case Unary::kSigmoid:
-        return 1.f / (1.f + std::exp(-x));
+        return f(std::integral_constant<Unary, Unary::kSigmoid>{});
       case Unary::kHardSigmoid:
-        return std::min(std::max(a_ * x + b_, 0.f), 1.f);
+        return f(std::integral_constant<Unary, Unary::kHardSigmoid>{});
       case Unary::kHardSwish:
-        return x * std::min(std::max(x / 6.f + 0.5f, 0.f), 1.f);
+        return f(std::integral_constant<Unary, Unary::kHardSwish>{});
       case Unary::kIdentity:
-        return x;
+        return f(std::integral_constant<Unary, Unary::kIdentity>{});
     }
-    return x;
-  }
-  // dy/dx at x (y = F(x)). At the kinks: the convention of PyTorch's backward formulas (relu,
-  // hardtanh, hardsigmoid pass no gradient at their bounds; hardswish takes the inner slope at 3).
-  float D(float x, float y) const {
-    switch (kind_) {
-      case Unary::kRelu:
-        return x > 0 ? 1.f : 0.f;
-      case Unary::kClip:
-        return x > a_ && x < b_ ? 1.f : 0.f;
-      case Unary::kSigmoid:
-        return y * (1.f - y);
-      case Unary::kHardSigmoid: {
-        const float t = a_ * x + b_;
-        return t > 0 && t < 1 ? a_ : 0.f;
-      }
-      case Unary::kHardSwish:
-        return x < -3.f ? 0.f : x <= 3.f ? x / 3.f + 0.5f : 1.f;
-      case Unary::kIdentity:
-        return 1.f;
-    }
-    return 1.f;
   }
 
   Unary kind_;
   float a_, b_;
+  std::vector<uint8_t> mask_;
 };
 
 // A scalar constant input (Clip's min and max in opset 11 and later), else the default.
@@ -412,6 +527,16 @@ std::unique_ptr<TailOp> MakeUnary(const Graph& g, const Node& n) {
 
 // ---- BatchNormalization (inference statistics; scale and shift train) ---------------------
 
+// The layout of a tensor with channels: `outer` blocks of `channels` runs of `inner` values
+// (NCHW: N, C, H*W; channels-last: N*H*W, C, 1).
+struct ChannelLayout {
+  int64_t outer, channels, inner;
+};
+ChannelLayout LayoutOf(const Act& a) {
+  const int64_t n = a.dims[0], c = a.dims[1], rest = NumElements(a.dims) / std::max<int64_t>(n * c, 1);
+  return a.cl ? ChannelLayout{n * rest, c, 1} : ChannelLayout{n, c, rest};
+}
+
 class BatchNormOp : public TailOp {
  public:
   BatchNormOp(const Node& n, WeightRef scale, WeightRef shift, const Graph& g)
@@ -434,49 +559,55 @@ class BatchNormOp : public TailOp {
     const Act& x = *in[0];
     Check(x.dims);
     out->dims = x.dims;
+    out->cl = x.cl;
     out->v.resize(x.v.size());
-    const int64_t n = x.dims[0], c = x.dims[1], inner = NumElements(x.dims) / (n * c);
-    const float *s = scale_.value->data(), *b = shift_.value->data();
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t k = 0; k < c; ++k) {
-        const float mul = s[k] * inv_std_[static_cast<size_t>(k)], add = b[k] - mean_[static_cast<size_t>(k)] * mul;
-        const size_t base = static_cast<size_t>((i * c + k) * inner);
-        for (int64_t j = 0; j < inner; ++j)
-          out->v[base + static_cast<size_t>(j)] = x.v[base + static_cast<size_t>(j)] * mul + add;
-      }
+    const ChannelLayout l = LayoutOf(x);
+    std::vector<float> mul(static_cast<size_t>(l.channels)), add(mul.size());
+    for (size_t k = 0; k < mul.size(); ++k) {
+      mul[k] = (*scale_.value)[k] * inv_std_[k];
+      add[k] = (*shift_.value)[k] - mean_[k] * mul[k];
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < l.outer; ++o)
+      for (int64_t k = 0; k < l.channels; ++k)
+        for (int64_t j = 0; j < l.inner; ++j) {
+          const size_t p = static_cast<size_t>((o * l.channels + k) * l.inner + j);
+          out->v[p] = x.v[p] * mul[static_cast<size_t>(k)] + add[static_cast<size_t>(k)];
+        }
   }
 
   void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
                 const std::vector<GradOut>& din) override {
     const Act& x = *in[0];
-    const int64_t n = x.dims[0], c = x.dims[1], inner = NumElements(x.dims) / (n * c);
-    const float* s = scale_.value->data();
-    float* dx = din[0].t ? Prepare(din[0], x.dims) : nullptr;
+    const ChannelLayout l = LayoutOf(x);
+    const size_t C = static_cast<size_t>(l.channels);
+    float* dx = din[0].t ? Prepare(din[0], x) : nullptr;
     const bool add = din[0].add;
-    std::vector<double> ds(static_cast<size_t>(c), 0.0), db(static_cast<size_t>(c), 0.0);
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < c; ++k) {
-      const size_t kk = static_cast<size_t>(k);
-      const float mul = s[k] * inv_std_[kk];
-      double sx = 0, sb = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const size_t base = static_cast<size_t>((i * c + k) * inner);
-        for (int64_t j = 0; j < inner; ++j) {
-          const size_t p = base + static_cast<size_t>(j);
-          const float g = dout.v[p];
-          sx += static_cast<double>(g) * (x.v[p] - mean_[kk]) * inv_std_[kk];
-          sb += g;
-          if (dx) Put(dx, p, g * mul, add);
-        }
+    std::vector<float> mul(C);
+    for (size_t k = 0; k < C; ++k) mul[k] = (*scale_.value)[k] * inv_std_[k];
+    // Per-channel sums over the blocks, each thread its own, added in thread order.
+    std::vector<std::vector<double>> parts;
+#pragma omp parallel
+    {
+#pragma omp single
+      parts.assign(static_cast<size_t>(omp_get_num_threads()), std::vector<double>(2 * C, 0.0));
+      std::vector<double>& mine = parts[static_cast<size_t>(omp_get_thread_num())];
+#pragma omp for schedule(static)
+      for (int64_t o = 0; o < l.outer; ++o)
+        for (size_t k = 0; k < C; ++k)
+          for (int64_t j = 0; j < l.inner; ++j) {
+            const size_t p = (static_cast<size_t>(o) * C + k) * static_cast<size_t>(l.inner) + static_cast<size_t>(j);
+            const float g = dout.v[p];
+            mine[k] += static_cast<double>(g) * (x.v[p] - mean_[k]) * inv_std_[k];
+            mine[C + k] += g;
+            if (dx) Put(dx, p, g * mul[k], add);
+          }
+    }
+    for (const auto& part : parts)
+      for (size_t k = 0; k < C; ++k) {
+        if (scale_.grad) (*scale_.grad)[k] += static_cast<float>(part[k]);
+        if (shift_.grad) (*shift_.grad)[k] += static_cast<float>(part[C + k]);
       }
-      ds[kk] = sx;
-      db[kk] = sb;
-    }
-    for (size_t k = 0; k < ds.size(); ++k) {
-      if (scale_.grad) (*scale_.grad)[k] += static_cast<float>(ds[k]);
-      if (shift_.grad) (*shift_.grad)[k] += static_cast<float>(db[k]);
-    }
   }
 
  private:
@@ -491,8 +622,7 @@ class BatchNormOp : public TailOp {
 };
 
 // ---- Add, Sub, Mul, Div with ONNX broadcasting (constant operands stay frozen: a constant may
-// be part of an operator that an exporter decomposed, such as hardswish's 3 and 6)
-// -----------------------------------------------
+// be part of an operator that an exporter decomposed, such as hardswish's 3 and 6) ----------
 
 // Calls f(i, ia, ib) for every flat index i of `out` with the flat indices of the two inputs
 // (read with strides sa and sb: 0 on a broadcast axis).
@@ -515,6 +645,32 @@ void ForEachBroadcast(const TensorDims& out, const TensorDims& sa, const TensorD
   }
 }
 
+// An operand of a broadcast as it lies in memory beside a channels-last image output: its dims
+// right-aligned to rank 4 and permuted to N, H, W, C, its values transposed where that changes
+// their order (a constant with channels and pixels).
+struct Operand {
+  TensorDims dims;
+  const float* v = nullptr;
+  std::vector<float> own;  // the transposed copy, where one was needed
+};
+Operand InMemoryOrder(const Act& a, bool image_out) {
+  Operand o;
+  o.v = a.v.data();
+  if (!image_out || a.cl) {
+    o.dims = a.cl ? MemoryDims(a) : a.dims;
+    return o;
+  }
+  TensorDims d = a.dims;
+  d.insert(d.begin(), 4 - std::min<size_t>(d.size(), 4), 1);
+  o.dims = {d[0], d[2], d[3], d[1]};
+  if (d[1] > 1 && d[2] * d[3] > 1) {
+    o.own.resize(a.v.size());
+    ToChannelsLast(a.v.data(), d, o.own.data());
+    o.v = o.own.data();
+  }
+  return o;
+}
+
 class BinaryOpTail : public TailOp {
  public:
   BinaryOpTail(const Node& n, BinaryOp op) : node_(n), op_(op) {}
@@ -522,19 +678,25 @@ class BinaryOpTail : public TailOp {
   void Forward(const std::vector<const Act*>& in, Act* out) override {
     bool ok;
     out->dims = BroadcastDims(in[0]->dims, in[1]->dims, &ok);
-    if (!ok)
+    if (!ok || out->dims.size() > 4)
       Fail(node_, ErrorKind::kInvalidInput,
            "inputs " + DimsText(in[0]->dims) + " and " + DimsText(in[1]->dims) + " do not broadcast");
+    out->cl = out->dims.size() == 4;
+    if (out->cl &&
+        ((in[0]->dims.size() < 4 && !IsConstLike(*in[0])) || (in[1]->dims.size() < 4 && !IsConstLike(*in[1]))))
+      Fail(node_, ErrorKind::kUnsupported, "a computed tensor of lower rank broadcast over an image tensor");
     out->v.resize(static_cast<size_t>(NumElements(out->dims)));
-    BroadcastBinary(op_, in[0]->v.data(), in[0]->dims, in[1]->v.data(), in[1]->dims, out->dims, out->v.data());
+    const Operand a = InMemoryOrder(*in[0], out->cl), b = InMemoryOrder(*in[1], out->cl);
+    BroadcastBinary(op_, a.v, a.dims, b.v, b.dims, out->cl ? MemoryDims(*out) : out->dims, out->v.data());
   }
 
   void Backward(const std::vector<const Act*>& in, const Act& out, const Act& dout,
                 const std::vector<GradOut>& din) override {
+    const TensorDims od = out.cl ? MemoryDims(out) : out.dims;
     for (size_t k = 0; k < 2; ++k) {
       if (!din[k].t) continue;
-      const Act& self = *in[k];
-      const Act& other = *in[1 - k];
+      const Operand self = InMemoryOrder(*in[k], out.cl), other = InMemoryOrder(*in[1 - k], out.cl);
+      if (!self.own.empty()) Fail(node_, ErrorKind::kInternal, "a gradient for a transposed operand");
       // d(out)/d(self) times g, at one position.
       auto local = [op = op_, first = k == 0](float g, float s, float o) {
         switch (op) {
@@ -550,18 +712,18 @@ class BinaryOpTail : public TailOp {
         return g;
       };
       const bool add = din[k].add;
-      float* dx = Prepare(din[k], self.dims);
-      const float *dy = dout.v.data(), *sv = self.v.data(), *o = other.v.data();
-      if (self.dims == out.dims && other.dims == out.dims) {
+      float* dx = Prepare(din[k], *in[k]);
+      const float *dy = dout.v.data(), *sv = self.v, *o = other.v;
+      if (self.dims == od && other.dims == od) {
         const size_t n = dout.v.size();
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; ++i) Put(dx, i, local(dy[i], sv[i], o[i]), add);
         continue;
       }
       // Through the broadcast: an input's gradient sums over the axes it was broadcast along.
-      std::vector<float> sum(self.v.size(), 0.f);
-      const TensorDims ss = BroadcastStrides(self.dims, out.dims), so = BroadcastStrides(other.dims, out.dims);
-      ForEachBroadcast(out.dims, ss, so, [&](int64_t i, int64_t is, int64_t io) {
+      std::vector<float> sum(in[k]->v.size(), 0.f);
+      const TensorDims ss = BroadcastStrides(self.dims, od), so = BroadcastStrides(other.dims, od);
+      ForEachBroadcast(od, ss, so, [&](int64_t i, int64_t is, int64_t io) {
         sum[static_cast<size_t>(is)] += local(dy[i], sv[is], o[io]);
       });
       for (size_t i = 0; i < sum.size(); ++i) Put(dx, i, sum[i], add);
@@ -569,6 +731,8 @@ class BinaryOpTail : public TailOp {
   }
 
  private:
+  // A tensor whose values do not depend on the image's pixels' order: no pixels, or one value.
+  static bool IsConstLike(const Act& a) { return NumElements(a.dims) <= 1 || a.dims.size() <= 3; }
   Node node_;
   BinaryOp op_;
 };
@@ -581,18 +745,21 @@ class ConcatOp : public TailOp {
 
   void Forward(const std::vector<const Act*>& in, Act* out) override {
     const size_t rank = in[0]->dims.size();
-    axis_n_ = static_cast<size_t>(NormalizeAxis(node_, axis_, rank));
+    const size_t axis = static_cast<size_t>(NormalizeAxis(node_, axis_, rank));
     out->dims = in[0]->dims;
-    out->dims[axis_n_] = 0;
+    out->cl = in[0]->cl;
+    out->dims[axis] = 0;
     for (const Act* a : in) {
       TensorDims d = a->dims, o = out->dims;
-      if (d.size() != rank) Fail(node_, ErrorKind::kInvalidInput, "inputs of different ranks");
-      d[axis_n_] = o[axis_n_] = 0;
+      if (d.size() != rank || a->cl != out->cl) Fail(node_, ErrorKind::kInvalidInput, "inputs of different ranks");
+      d[axis] = o[axis] = 0;
       if (d != o) Fail(node_, ErrorKind::kInvalidInput, "inputs differ off the concatenation axis");
-      out->dims[axis_n_] += a->dims[axis_n_];
+      out->dims[axis] += a->dims[axis];
     }
+    // The axis in memory order (channels-last: C last, H and W one earlier).
+    mem_axis_ = out->cl ? std::array<size_t, 4>{0, 3, 1, 2}[axis] : axis;
     out->v.resize(static_cast<size_t>(NumElements(out->dims)));
-    const int64_t outer = Outer(out->dims), row = NumElements(out->dims) / outer;
+    const int64_t outer = Outer(*out), row = NumElements(out->dims) / outer;
     int64_t at = 0;
     for (const Act* a : in) {
       const int64_t len = NumElements(a->dims) / outer;
@@ -605,13 +772,13 @@ class ConcatOp : public TailOp {
 
   void Backward(const std::vector<const Act*>& in, const Act& out, const Act& dout,
                 const std::vector<GradOut>& din) override {
-    const int64_t outer = Outer(out.dims), row = NumElements(out.dims) / outer;
+    const int64_t outer = Outer(out), row = NumElements(out.dims) / outer;
     int64_t at = 0;
     for (size_t k = 0; k < in.size(); ++k) {
       const int64_t len = NumElements(in[k]->dims) / outer;
       if (din[k].t) {
         const bool add = din[k].add;
-        float* dx = Prepare(din[k], in[k]->dims);
+        float* dx = Prepare(din[k], *in[k]);
         for (int64_t o = 0; o < outer; ++o)
           for (int64_t j = 0; j < len; ++j)
             Put(dx, static_cast<size_t>(o * len + j), dout.v[static_cast<size_t>(o * row + at + j)], add);
@@ -621,17 +788,35 @@ class ConcatOp : public TailOp {
   }
 
  private:
-  int64_t Outer(const TensorDims& d) const {
+  int64_t Outer(const Act& a) const {
+    const TensorDims d = a.cl ? MemoryDims(a) : a.dims;
     int64_t outer = 1;
-    for (size_t a = 0; a < axis_n_; ++a) outer *= d[a];
+    for (size_t i = 0; i < mem_axis_; ++i) outer *= d[i];
     return std::max<int64_t>(outer, 1);
   }
   Node node_;
   int64_t axis_;
-  size_t axis_n_ = 1;
+  size_t mem_axis_ = 1;
 };
 
-// Flatten, Reshape, Squeeze, Unsqueeze: the same values under other dims.
+// Values in ONNX order (row-major in dims), from an Act of either layout, and back.
+std::vector<float> RowMajor(const Act& a) {
+  if (!a.cl) return a.v;
+  std::vector<float> v(a.v.size());
+  ToChannelsFirst(a.v.data(), a.dims, v.data());
+  return v;
+}
+void StoreAs(std::vector<float> row_major, const TensorDims& d, bool cl, float* dst, bool add) {
+  if (cl) {
+    std::vector<float> t(row_major.size());
+    ToChannelsLast(row_major.data(), d, t.data());
+    row_major.swap(t);
+  }
+  for (size_t i = 0; i < row_major.size(); ++i) Put(dst, i, row_major[i], add);
+}
+
+// Flatten, Reshape, Squeeze, Unsqueeze: the same values under other dims (an image output
+// channels-last again).
 class ReshapeOp : public TailOp {
  public:
   ReshapeOp(const Graph& g, const Node& n) : node_(n) {
@@ -660,15 +845,17 @@ class ReshapeOp : public TailOp {
     }
     if (NumElements(out->dims) != NumElements(x))
       Fail(node_, ErrorKind::kInvalidInput, "cannot reshape " + DimsText(x) + " to " + DimsText(out->dims));
-    out->v = in[0]->v;
+    out->cl = out->dims.size() == 4;
+    out->v.resize(in[0]->v.size());
+    StoreAs(RowMajor(*in[0]), out->dims, out->cl, out->v.data(), false);
   }
 
   void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
                 const std::vector<GradOut>& din) override {
     if (!din[0].t) return;
     const bool add = din[0].add;
-    float* dx = Prepare(din[0], in[0]->dims);
-    for (size_t i = 0; i < dout.v.size(); ++i) Put(dx, i, dout.v[i], add);
+    float* dx = Prepare(din[0], *in[0]);
+    StoreAs(RowMajor(dout), in[0]->dims, in[0]->cl, dx, add);
   }
 
  private:
@@ -697,16 +884,22 @@ class GlobalPoolOp : public TailOp {
   }
 
   void Forward(const std::vector<const Act*>& in, Act* out) override {
+    NeedChannelsLast(node_, *in[0]);
     const TensorDims& x = in[0]->dims;
-    if (x.size() != 4) Fail(node_, ErrorKind::kInvalidInput, "expected an NCHW input, got " + DimsText(x));
+    // [N, C, 1, 1] is the same in both layouts.
     out->dims = keepdims_ ? TensorDims{x[0], x[1], 1, 1} : TensorDims{x[0], x[1]};
-    const int64_t nc = x[0] * x[1], hw = x[2] * x[3];
-    out->v.assign(static_cast<size_t>(nc), 0.f);
+    out->cl = keepdims_;
+    const int64_t c = x[1], hw = x[2] * x[3];
+    out->v.assign(static_cast<size_t>(x[0] * c), 0.f);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < nc; ++i) {
-      double s = 0;
-      for (int64_t j = 0; j < hw; ++j) s += in[0]->v[static_cast<size_t>(i * hw + j)];
-      out->v[static_cast<size_t>(i)] = static_cast<float>(s / static_cast<double>(hw));
+    for (int64_t i = 0; i < x[0]; ++i) {
+      std::vector<double> s(static_cast<size_t>(c), 0.0);
+      for (int64_t j = 0; j < hw; ++j)
+        for (int64_t k = 0; k < c; ++k)
+          s[static_cast<size_t>(k)] += in[0]->v[static_cast<size_t>((i * hw + j) * c + k)];
+      for (int64_t k = 0; k < c; ++k)
+        out->v[static_cast<size_t>(i * c + k)] =
+            static_cast<float>(s[static_cast<size_t>(k)] / static_cast<double>(hw));
     }
   }
 
@@ -714,14 +907,15 @@ class GlobalPoolOp : public TailOp {
                 const std::vector<GradOut>& din) override {
     if (!din[0].t) return;
     const TensorDims& x = in[0]->dims;
-    const int64_t nc = x[0] * x[1], hw = x[2] * x[3];
+    const int64_t c = x[1], hw = x[2] * x[3];
     const bool add = din[0].add;
-    float* dx = Prepare(din[0], x);
+    float* dx = Prepare(din[0], *in[0]);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < nc; ++i) {
-      const float g = dout.v[static_cast<size_t>(i)] / static_cast<float>(hw);
-      for (int64_t j = 0; j < hw; ++j) Put(dx, static_cast<size_t>(i * hw + j), g, add);
-    }
+    for (int64_t i = 0; i < x[0]; ++i)
+      for (int64_t j = 0; j < hw; ++j)
+        for (int64_t k = 0; k < c; ++k)
+          Put(dx, static_cast<size_t>((i * hw + j) * c + k),
+              dout.v[static_cast<size_t>(i * c + k)] / static_cast<float>(hw), add);
   }
 
  private:
@@ -769,7 +963,7 @@ class GemmOp : public TailOp {
     const float* dy = dout.v.data();
     if (din[0].t) {
       const bool add = din[0].add;
-      float* dx = Prepare(din[0], in[0]->dims);
+      float* dx = Prepare(din[0], *in[0]);
       // dA = alpha dY op(B)^T
       Gemm(false, !trans_b_, m, k_, cols_, alpha_, dy, cols_, b_.value->data(), trans_b_ ? k_ : cols_, add ? 1.f : 0.f,
            dx, k_);
@@ -832,6 +1026,27 @@ const std::set<std::string>& BackwardOps() {
 }  // namespace
 
 bool HasBackward(const std::string& op) { return BackwardOps().count(op) != 0; }
+
+TensorDims MemoryDims(const Act& a) {
+  if (!a.cl) return a.dims;
+  return {a.dims[0], a.dims[2], a.dims[3], a.dims[1]};
+}
+
+void ToChannelsLast(const float* nchw, const TensorDims& d, float* nhwc) {
+  const int64_t n = d[0], c = d[1], hw = d[2] * d[3];
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < hw; ++j)
+      for (int64_t k = 0; k < c; ++k) nhwc[(i * hw + j) * c + k] = nchw[(i * c + k) * hw + j];
+}
+
+void ToChannelsFirst(const float* nhwc, const TensorDims& d, float* nchw) {
+  const int64_t n = d[0], c = d[1], hw = d[2] * d[3];
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < c; ++k)
+      for (int64_t j = 0; j < hw; ++j) nchw[(i * c + k) * hw + j] = nhwc[(i * hw + j) * c + k];
+}
 
 std::vector<size_t> TrainableInputs(const Node& n) {
   if (n.op == "Conv" || n.op == "BatchNormalization" || n.op == "Gemm") return {1, 2};

@@ -3,7 +3,9 @@
 // Convolutions and pooling run on oneDNN's training primitives (forward_training,
 // backward_data, backward_weights; blocked layouts where oneDNN prefers them); the elementwise,
 // broadcasting, normalisation and reshaping operators are plain loops over row-major tensors.
-// Every tensor between operators is plain row-major (NCHW for images) float32.
+// Every image tensor between operators is float32 channels-last (N, H, W, C in memory), the
+// layout oneDNN's convolution and pooling kernels take without reordering; the others are plain
+// row-major.
 #pragma once
 
 #include <cstdint>
@@ -16,11 +18,19 @@
 
 namespace msaflow::kernels {
 
-// A plain row-major float tensor.
+// A float tensor: dims in ONNX's order (NCHW for images); with `cl` (4-D only) its values are
+// stored channels-last (N, H, W, C), else row-major in the order of dims.
 struct Act {
   TensorDims dims;
   std::vector<float> v;
+  bool cl = false;
 };
+
+// The dims of `a` in memory order (N, H, W, C for a channels-last tensor).
+TensorDims MemoryDims(const Act& a);
+// NCHW (dims d) to channels-last, and back.
+void ToChannelsLast(const float* nchw, const TensorDims& d, float* nhwc);
+void ToChannelsFirst(const float* nhwc, const TensorDims& d, float* nchw);
 
 // A weight an operator reads: its values, and where its gradient goes (nullptr: frozen).
 struct WeightRef {

@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""Fine-tuning's training step against PyTorch (issue 46, docs/performance.md): images/s of
+forward + backward + update of a model's trained tail and a softmax head at batch 64, msaflow's
+(build/bench/bench_finetune: kernels/tail.h under parallel::FinetuneSync on one rank) and
+PyTorch's (the same tail built from the same ONNX weights by tests/python/torch_tail.py, float32,
+channels-last, Adam with the tail at a tenth of the head's learning rate), with the same threads,
+measured side by side in one run. Prints the CPU line first.
+
+usage: bench/finetune.py [--msaflow build/msaflow] [--threads 2] [--steps 20] [--repeat 3]"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+import cpu  # noqa: E402
+
+TAILS = [  # model, cut, train_from, image size
+    ("mobilenet_v2.onnx", "block_13_expand_relu", "block_11_expand", 96),
+    ("mobilenet_v2.onnx", "block_13_expand_relu", "block_13_expand", 96),
+    ("inception_v3.onnx", "mixed2", "mixed1", 139),
+]
+
+
+def bench_msaflow(tool, model, cut, start, size, batch, steps, threads, describe=False):
+    cmd = [tool, "--model", str(ROOT / "models" / model), "--cut", cut, "--from", start, "--batch", str(batch),
+           "--steps", str(steps), "--size", str(size)] + (["--describe"] if describe else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+    if r.returncode != 0:
+        sys.exit(f"bench_finetune: {r.stderr.strip()}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def bench_torch(model, desc, batch, steps, threads, classes=10):
+    import numpy as np
+    import onnx
+    import torch
+    from torch_tail import TorchTail
+
+    torch.set_num_threads(threads)
+    tail = TorchTail(onnx.load(str(ROOT / "models" / model)), desc["nodes"], [p["name"] for p in desc["params"]],
+                     dtype=torch.float32)
+    tail.track_kinks = False
+    for p in tail.params.values():
+        if p.dim() == 4:
+            p.data = p.data.contiguous(memory_format=torch.channels_last)
+    rng = np.random.default_rng(1)
+    xs = {i["name"]: torch.from_numpy(rng.uniform(0, 1, i["dims"]).astype(np.float32))
+          .contiguous(memory_format=torch.channels_last) for i in desc["inputs"]}
+    cut = desc["nodes"][-1]
+    with torch.no_grad():
+        out = tail.run(xs, tail.nodes[-1].output[0])
+        feats = out.mean(dim=(2, 3)) if out.dim() == 4 else out
+        mean, std = feats.mean(0), feats.std(0) + 1e-3
+    head = torch.nn.Linear(feats.shape[1], classes)
+    labels = torch.arange(batch) % classes
+    opt = torch.optim.Adam([{"params": head.parameters(), "lr": 1e-3},
+                            {"params": list(tail.params.values()), "lr": 1e-4}])
+    del cut
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = tail.run(xs, tail.nodes[-1].output[0])
+        f = out.mean(dim=(2, 3)) if out.dim() == 4 else out
+        loss = torch.nn.functional.cross_entropy(head((f - mean) / std), labels)
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return batch * steps / (time.perf_counter() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"),
+                    help="the msaflow binary; bench_finetune is taken from bench/ beside it")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    tool = str(pathlib.Path(args.msaflow).resolve().parent / "bench" / "bench_finetune")
+    import torch
+    print(cpu.describe())
+    print(f"PyTorch {torch.__version__}; {args.threads} threads each; batch {args.batch}, {args.steps} steps, "
+          f"median of {args.repeat}")
+    print(f"{'tail':58} {'weights':>9} {'msaflow img/s':>14} {'PyTorch img/s':>14} {'ratio':>6}")
+    for model, cut, start, size in TAILS:
+        desc = bench_msaflow(tool, model, cut, start, size, args.batch, args.steps, args.threads, describe=True)
+        ours, theirs = [], []
+        for _ in range(args.repeat):  # interleaved, so that a noisy moment hits both
+            ours.append(bench_msaflow(tool, model, cut, start, size, args.batch, args.steps,
+                                      args.threads)["images_per_s"])
+            theirs.append(bench_torch(model, desc, args.batch, args.steps, args.threads))
+        a, b = statistics.median(ours), statistics.median(theirs)
+        name = f"{model} {start} .. {cut} ({'x'.join(map(str, desc['inputs'][0]['dims'][1:]))} in)"
+        print(f"{name:58} {desc['tail_weights']:>9} {a:>14.1f} {b:>14.1f} {a / b:>5.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

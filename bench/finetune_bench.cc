@@ -1,0 +1,78 @@
+// Fine-tuning's training step on one rank, for bench/finetune.py: a model's tail and a softmax
+// head trained together (parallel::FinetuneSync on one rank) on maps the trunk computed from
+// random images, timed after a warm-up epoch. One JSON line: images/s of forward + backward +
+// update, the step's seconds, the tail's nodes, inputs and weights.
+//   bench_finetune --model M.onnx --cut LAYER --from LAYER [--batch 64] [--steps 20] [--size 96]
+//   bench_finetune ... --describe     the tail's nodes, inputs (with dims) and params only
+#include <CLI/CLI.hpp>
+#include <random>
+
+#include "bench/bench_util.h"
+#include "kernels/executor.h"
+#include "kernels/onnx_graph.h"
+#include "parallel/finetune.h"
+
+using namespace msaflow;
+
+int main(int argc, char** argv) {
+  CLI::App app{"fine-tuning's training step on one rank"};
+  std::string model, cut, from;
+  int64_t batch = 64, steps = 20, size = 96, classes = 10;
+  bool describe = false;
+  app.add_option("--model", model)->required();
+  app.add_option("--cut", cut)->required();
+  app.add_option("--from", from)->required();
+  app.add_option("--batch", batch);
+  app.add_option("--steps", steps);
+  app.add_option("--size", size);
+  app.add_flag("--describe", describe);
+  CLI11_PARSE(app, argc, argv);
+  return bench::ReportErrors("bench_finetune", [&] {
+    const std::string bytes = ReadFile(model);
+    kernels::Graph whole = kernels::ImportOnnx(bytes, model, cut);
+    kernels::Tail tail(whole, from);
+    kernels::Executor trunk(kernels::ImportOnnxCuts(bytes, model, tail.inputs()));
+    // The trunk's maps of `batch` random images, repeated: the step's cost does not depend on
+    // which rows it trains on.
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    std::vector<float> images(static_cast<size_t>(batch * 3 * size * size));
+    for (auto& v : images) v = u(rng);
+    std::vector<kernels::TensorDims> dims;
+    const auto maps = trunk.Maps(images.data(), batch, 3, size, size, &dims);
+    nlohmann::json params = nlohmann::json::array(), inputs = nlohmann::json::array();
+    for (const auto& p : tail.params()) params.push_back({{"name", p.name}, {"dims", p.dims}});
+    for (size_t i = 0; i < dims.size(); ++i) inputs.push_back({{"name", tail.inputs()[i]}, {"dims", dims[i]}});
+    nlohmann::json out = {
+        {"nodes", tail.NodeNames()}, {"inputs", inputs}, {"params", params}, {"tail_weights", tail.ParamCount()}};
+    if (describe) {
+      bench::PrintJsonLine(out);
+      return;
+    }
+    const int64_t n = batch * steps;
+    std::vector<std::vector<float>> rows(maps.size());
+    parallel::FinetuneData data;
+    for (size_t i = 0; i < maps.size(); ++i) {
+      for (int64_t k = 0; k < steps; ++k) rows[i].insert(rows[i].end(), maps[i].begin(), maps[i].end());
+      data.maps.push_back(rows[i].data());
+      data.dims.emplace_back(dims[i].begin() + 1, dims[i].end());
+    }
+    std::vector<uint8_t> labels(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) labels[static_cast<size_t>(i)] = static_cast<uint8_t>(i % classes);
+    data.y = labels.data();
+    data.n = n;
+    const std::vector<float> feats = parallel::TailFeatures(&tail, data, batch);
+    kernels::HeadConfig cfg;
+    cfg.batch = batch;
+    cfg.epochs = 1;
+    kernels::Head h = kernels::InitHead(cfg, feats.data(), labels.data(), n, tail.FeatureDim(), classes);
+    parallel::SelfComm self;
+    parallel::FinetuneSync(self, data, &tail, &h, {});  // warm-up: primitives created, buffers sized
+    const parallel::TrainStats st = parallel::FinetuneSync(self, data, &tail, &h, {});
+    out["images_per_s"] = static_cast<double>(n) / st.seconds;
+    out["step_seconds"] = st.seconds / static_cast<double>(steps);
+    out["batch"] = batch;
+    out["steps"] = steps;
+    bench::PrintJsonLine(out);
+  });
+}
