@@ -235,7 +235,7 @@ TEST(Tail, WriteWeightsGivesTheExecutorTheTrainedModel) {
   for (auto& p : tail.params())
     for (auto& v : p.value) v *= -1.5f;
   const TensorDims dims{2, 2, 5, 5};
-  std::vector<float> x = Random(50, -1.f, 1.f, 4);
+  std::vector<float> x = Random(static_cast<size_t>(NumElements(dims)), -1.f, 1.f, 4);
   const std::vector<float> mine = tail.Forward({x.data()}, {dims});
   Graph g = b.g;
   tail.WriteWeights(&g);
