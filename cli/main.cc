@@ -281,7 +281,7 @@ void AddModelCommands(CLI::App& app, cli::Options& o, std::vector<Command>& comm
   pr->add_option("model", o.run_dir, "a run's directory, or a .onnx file `msaflow export` wrote")->required();
   pr->add_option("images", o.images, "PNG or JPEG files, folders, or an IDX/.npy image file (with --labels)")
       ->required();
-  pr->add_option("--labels", o.labels, "the label file of an IDX or .npy image file (reports the accuracy)");
+  pr->add_option("--labels", o.labels, "the label file of an IDX or .npy image file (optional; with it, the accuracy)");
   pr->add_option("--candidate", o.candidate, "with a run: a candidate it trained (default: the champion)");
   pr->add_option("--top", o.top, "classes shown per image")->check(CLI::Range(1, 1000))->capture_default_str();
   pr->add_option("--limit", o.limit, "the first N images only (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));

@@ -205,8 +205,6 @@ Images ReadImages(const std::vector<std::string>& paths, const std::string& labe
         for (const auto& f : files) AddFile(f, -1, &out);
       }
     } else if (ends(".npy") || ends("ubyte") || ends("ubyte.gz") || ends(".idx") || ends(".idx.gz")) {
-      if (labels.empty())
-        Throw(ErrorKind::kInvalidInput, p + ": an IDX or .npy image file is read with its labels: add --labels FILE");
       AddSet(ends(".npy") ? kernels::ReadNpy(p, labels, limit) : kernels::ReadIdx(p, labels, limit), p, &out);
     } else {
       AddFile(p, -1, &out);

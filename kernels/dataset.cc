@@ -216,7 +216,7 @@ ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path,
       Throw(ErrorKind::kInvalidInput, images_path + ": body has " + std::to_string(have) + " bytes, header says " +
                                           shape + " = " + std::to_string(n * px) + " bytes");
   }
-  s.labels = ReadIdxLabelFile(labels_path, n, images_path, s.count);
+  if (!labels_path.empty()) s.labels = ReadIdxLabelFile(labels_path, n, images_path, s.count);
   s.pixels.assign(img.begin() + 16, img.begin() + 16 + s.count * px);
   return s;
 }

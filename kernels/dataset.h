@@ -46,6 +46,7 @@ std::vector<bool> StratifiedSplit(const std::vector<uint8_t>& labels, double fra
 // kInvalidInput naming the file for a wrong magic, bad dims, a short body or a count mismatch.
 // With a limit below the header's count only the images it takes are read (and decompressed):
 // the body must hold them, and what follows them is not looked at.
+// An empty labels_path reads the images alone (labels stays empty: predict on unlabelled images).
 ImageSet ReadIdx(const std::string& images_path, const std::string& labels_path, int64_t limit);
 // Only the labels (the images file's header checked, its pixels not read): for `validate`.
 std::vector<uint8_t> ReadIdxLabels(const std::string& images_path, const std::string& labels_path, int64_t limit);

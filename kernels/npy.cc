@@ -160,7 +160,7 @@ ImageSet ReadNpy(const std::string& images_path, const std::string& labels_path,
   s.cols = h.shape[2];
   s.channels = h.shape.size() == 4 ? h.shape[3] : 1;
   s.count = limit > 0 ? std::min(h.shape[0], limit) : h.shape[0];
-  s.labels = Labels(ReadExisting(labels_path), labels_path, h.shape[0], images_path, s.count);
+  if (!labels_path.empty()) s.labels = Labels(ReadExisting(labels_path), labels_path, h.shape[0], images_path, s.count);
   const size_t bytes = static_cast<size_t>(s.count * s.rows * s.cols * s.channels);
   s.pixels.assign(img.begin() + static_cast<std::ptrdiff_t>(h.data_offset),
                   img.begin() + static_cast<std::ptrdiff_t>(h.data_offset + bytes));

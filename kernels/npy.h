@@ -20,7 +20,7 @@ struct NpyHeader {
 // Parses the header of `bytes` (a whole .npy file). Throws kInvalidInput naming `path`.
 NpyHeader ParseNpyHeader(const std::string& bytes, const std::string& path);
 
-// The first `limit` (0 = all) images and labels. Throws kNotFound for a missing file and
+// The first `limit` (0 = all) images and labels (the images alone for an empty labels_path). Throws kNotFound for a missing file and
 // kInvalidInput naming the file for a wrong dtype or shape, a short body, a count mismatch or
 // a label outside 0..255 (naming its index).
 ImageSet ReadNpy(const std::string& images_path, const std::string& labels_path, int64_t limit);

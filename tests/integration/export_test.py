@@ -188,6 +188,26 @@ class Export(unittest.TestCase):
         self.assertTrue((out.argmax(1) == ref.argmax(1)).all())
         self.assertLess(np.abs(out - ref).max(), 5e-3)
 
+    def test_unlabelled_arrays_are_predicted(self):
+        """An IDX or .npy image file without --labels (issue 47): the predictions alone, the same
+        probabilities as with the labels, no label and no accuracy line."""
+        run_dir, res, pipe = run_of("quickstart")
+        test = pipe["datasets"]["test"]
+        labelled = json.loads(msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", "40",
+                                      "--json").stdout)
+        npy = os.path.join(WORK.name, "unlabelled.npy")
+        np.save(npy, read_idx(test["images"], 40))
+        for source in (test["images"], npy):
+            with self.subTest(source=os.path.basename(source)):
+                r = msaflow("predict", run_dir, source, "--limit", "40", "--json")
+                got = json.loads(r.stdout)
+                self.assertEqual(len(got), 40)
+                self.assertTrue(all("label" not in e for e in got))
+                np.testing.assert_array_equal(predictions(r.stdout), predictions(json.dumps(labelled)))
+                text = msaflow("predict", run_dir, source, "--limit", "40").stdout
+                self.assertNotIn("accuracy", text)
+                self.assertEqual(len(text.strip().splitlines()), 40, text)
+
     def test_bad_inputs_get_one_clear_error(self):
         run_dir, res, pipe = run_of("quickstart")
         test = pipe["datasets"]["test"]
@@ -196,7 +216,6 @@ class Export(unittest.TestCase):
             (["export", os.path.join(WORK.name, "nope"), "-o", out], 4, "no such run directory"),
             (["export", run_dir, "--candidate", "r9-c99", "-o", out], 4, "r1-c00"),
             (["predict", run_dir, os.path.join(WORK.name, "missing.png")], 4, "missing.png: no such file"),
-            (["predict", run_dir, test["images"]], 3, "add --labels FILE"),
             (["predict", run_dir, "/dev/zero"], 3, "/dev/zero: not a regular file (a device)"),
         ]
         bad_png = os.path.join(WORK.name, "bad.png")
