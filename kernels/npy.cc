@@ -185,4 +185,16 @@ std::vector<uint8_t> ReadNpyLabels(const std::string& images_path, const std::st
   return Labels(ReadExisting(labels_path), labels_path, h.shape[0], images_path, count);
 }
 
+std::string NpyBytes(const std::string& descr, const std::string& shape, const std::string& body) {
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  while ((10 + header.size() + 1) % 64) header += ' ';
+  header += '\n';
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  return out + header + body;
+}
+
 }  // namespace msaflow::kernels

@@ -17,6 +17,10 @@ struct NpyHeader {
   size_t data_offset = 0;       // where the array's bytes start
 };
 
+// A whole .npy file (format version 1.0, C order): dtype `descr` (e.g. "<f4"), `shape` as
+// NumPy writes it (e.g. "(2, 3)"; taken as given), then `body`.
+std::string NpyBytes(const std::string& descr, const std::string& shape, const std::string& body);
+
 // Parses the header of `bytes` (a whole .npy file). Throws kInvalidInput naming `path`.
 NpyHeader ParseNpyHeader(const std::string& bytes, const std::string& path);
 

@@ -36,17 +36,8 @@ void WriteF32(const std::string& path, const std::vector<float>& v, const Tensor
   std::string shape = "(";
   for (int64_t d : dims) shape += std::to_string(d) + ",";
   shape += ")";
-  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::string out = "\x93NUMPY";
-  out += '\x01';
-  out += '\x00';
-  out += static_cast<char>(header.size() & 0xff);
-  out += static_cast<char>(header.size() >> 8);
-  out += header;
-  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-  std::ofstream(path, std::ios::binary) << out;
+  const std::string body(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  std::ofstream(path, std::ios::binary) << NpyBytes("<f4", shape, body);
 }
 
 }  // namespace

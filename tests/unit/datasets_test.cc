@@ -23,15 +23,7 @@ namespace fs = std::filesystem;
 
 // A .npy file written the way numpy.save writes version 1.0.
 std::string Npy(const std::string& descr, const std::string& shape, const std::string& body) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
-  while ((10 + header.size() + 1) % 64) header += ' ';
-  header += '\n';
-  std::string out = "\x93NUMPY";
-  out += '\x01';
-  out += '\x00';
-  out += static_cast<char>(header.size() & 0xff);
-  out += static_cast<char>(header.size() >> 8);
-  return out + header + body;
+  return kernels::NpyBytes(descr, shape, body);
 }
 
 std::string Int64s(const std::vector<int64_t>& v) {
