@@ -280,14 +280,14 @@ def main():
     a = ap.parse_args()
     if a.job_only:
         if not os.access(a.msaflow, os.X_OK):
-            sys.exit(f"versus: {a.msaflow} is not built (scripts/setup.sh builds build/)")
+            sys.exit(f"versus: {a.msaflow} is not built (ninja -C build builds the benches)")
         with work_directory(a.keep, "msaflow-versus-") as work:
             print(cpu.describe())
             job_only(a, work)
         return
     for exe in (a.msaflow, a.bench_heads, a.bench_features):
         if not os.access(exe, os.X_OK):
-            sys.exit(f"versus: {exe} is not built (scripts/setup.sh builds build/)")
+            sys.exit(f"versus: {exe} is not built (ninja -C build builds the benches)")
     try:
         import sklearn  # noqa: F401
         import torch  # noqa: F401

@@ -104,7 +104,7 @@ def main():
     a = ap.parse_args()
     for exe in (a.msaflow, a.bench_features):
         if not os.access(exe, os.X_OK):
-            sys.exit(f"zoo: {exe} is not built (scripts/setup.sh builds build/)")
+            sys.exit(f"zoo: {exe} is not built (ninja -C build builds the benches)")
     try:
         import torch
         import torchvision  # noqa: F401

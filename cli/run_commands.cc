@@ -91,6 +91,7 @@ std::map<std::string, int64_t> KeyCounts(const std::vector<std::string>& items, 
 }  // namespace
 
 int Simulate(Options& o) {
+  simulate::RequireSimGrid("msaflow simulate");
   const workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
   const workflow::Machine m = MachineOf(o, p);
   o.sim.ranks = KeyCounts(o.sim_ranks, "--ranks");
@@ -161,6 +162,11 @@ int Rank(Options& o) {
 orchestrator::Placement PlaceByModel(const workflow::Pipeline& p, const workflow::Machine& m,
                                      const std::string& runs_dir) {
   const unsigned cores = std::thread::hardware_concurrency();
+  if (!simulate::HaveSimGrid()) {  // a build without SimGrid (meson option `simulate`): say so, place by cores
+    orchestrator::Placement pl = orchestrator::PlaceWithoutCosts(p, m, cores);
+    pl.source = "no model: this msaflow was built without SimGrid (libsimgrid-dev), so none of the earlier runs";
+    return pl;
+  }
   simulate::Calibration cal;
   try {
     cal = simulate::Calibrate(runs_dir, p, m.slurm.nodes_share_cores);

@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
 # Installs everything msaflow needs on Debian 12 (as root), fetches and converts the models
 # and data, and builds. Idempotent: what is already there is not done again.
-#   scripts/setup.sh            packages + models + data + build (release, in build/)
+#   scripts/setup.sh            packages + models + data + build of msaflow (release, in build/)
 #   MSAFLOW_BUILD_DIR=dir       build elsewhere; MSAFLOW_WERROR=1 makes warnings errors
+#   MSAFLOW_TESTS=1             also what only the tests and benches need (scripts/test.sh), and
+#                               build everything (tests, benches), not only msaflow
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 say() { printf '[setup] %s\n' "$*"; }
 
-PACKAGES=(meson ninja-build pkg-config g++ nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev libgmock-dev
+# What building and running msaflow needs (80 packages on a bare Debian 12, 36 s here), and the
+# data and model converter's Python.
+PACKAGES=(meson ninja-build pkg-config g++ nlohmann-json3-dev libcli11-dev libfmt-dev
   libdnnl-dev libonnx-dev libprotobuf-dev zlib1g-dev libxxhash-dev libspdlog-dev libfabric-dev
-  libopenmpi-dev openmpi-bin redis-server libhiredis-dev slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge procps iproute2 util-linux
-  pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo libpng-dev libjpeg62-turbo-dev
-  python3-onnx python3-numpy python3-opencv python3-jsonschema dataset-fashion-mnist ca-certificates
-  libcpp-httplib-dev libssl-dev openssl python3-websocket libeigen3-dev libsimgrid-dev)
+  libopenmpi-dev openmpi-bin procps pocl-opencl-icd ocl-icd-opencl-dev opencl-headers libpng-dev libjpeg62-turbo-dev
+  python3-onnx python3-numpy dataset-fashion-mnist ca-certificates
+  libcpp-httplib-dev libssl-dev openssl libeigen3-dev)
+# What only the tests and benches need: GoogleTest, SimGrid (`msaflow simulate`, `--ranks auto`),
+# the one-machine Slurm cluster, Redis (bench/nam), network namespaces, and the Python
+# references (OpenCV's dnn, the JSON Schema validator, a WebSocket client, PyTorch).
+TEST_PACKAGES=(libgtest-dev libgmock-dev libsimgrid-dev redis-server libhiredis-dev slurmctld slurmd slurm-client
+  slurm-wlm-basic-plugins munge iproute2 util-linux clinfo python3-opencv python3-jsonschema python3-websocket
+  python3-torch)
+[[ ${MSAFLOW_TESTS:-0} == 1 ]] && PACKAGES+=("${TEST_PACKAGES[@]}")
 # Node.js + npm fetch the npm packages; the image may ship its own, else Debian's.
 command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)
 source scripts/packages.sh
@@ -83,5 +93,9 @@ if [[ ! -f $BUILD/build.ninja ]]; then
   [[ ${MSAFLOW_WERROR:-0} == 1 ]] && opts+=(-Dwerror=true)
   meson setup "$BUILD" --buildtype=release "${opts[@]}"
 fi
-ninja -C "$BUILD"
+if [[ ${MSAFLOW_TESTS:-0} == 1 ]]; then
+  ninja -C "$BUILD"
+else
+  ninja -C "$BUILD" msaflow  # the tests and benches: ninja -C "$BUILD"
+fi
 say "ready: $BUILD/msaflow"

@@ -21,7 +21,7 @@
 #
 # MSAFLOW_SLURM_DIR (default .cache/slurm, .cache/slurm-hosts with --hosts) holds slurm.conf,
 # spool, logs and PID files. Needs root and Debian's slurmctld slurmd slurm-client munge
-# (scripts/setup.sh installs them) and iproute2.
+# (MSAFLOW_TESTS=1 scripts/setup.sh, or scripts/test.sh, installs them) and iproute2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOSTS=0
@@ -132,7 +132,7 @@ LUA
 start() {
   [[ $(id -u) == 0 ]] || { echo "slurm-cluster: needs root" >&2; exit 1; }
   for b in slurmctld slurmd sinfo munged; do
-    command -v $b >/dev/null || [[ -x /usr/sbin/$b ]] || { echo "slurm-cluster: $b missing (run scripts/setup.sh)" >&2; exit 1; }
+    command -v $b >/dev/null || [[ -x /usr/sbin/$b ]] || { echo "slurm-cluster: $b missing (run MSAFLOW_TESTS=1 scripts/setup.sh)" >&2; exit 1; }
   done
   # munge: Debian's package made the key; /run/munge must exist on every boot.
   # Both clusters may start at once (their tests run side by side): one starts munged, under a

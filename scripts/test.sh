@@ -9,7 +9,7 @@ phase() {
   echo "[time] $1: $((SECONDS - mark)) s (total $((SECONDS - start)) s)"
   mark=$SECONDS
 }
-MSAFLOW_BUILD_DIR=build-test MSAFLOW_WERROR=1 scripts/setup.sh
+MSAFLOW_TESTS=1 MSAFLOW_BUILD_DIR=build-test MSAFLOW_WERROR=1 scripts/setup.sh
 # The tests' own needs: a real headless browser to open `msaflow report`'s HTML in.
 source scripts/packages.sh
 ensure_packages chromium

@@ -10,7 +10,7 @@ source scripts/packages.sh
 ensure_packages clang-tidy libomp-14-dev
 build=${1:-build-test}
 [[ -f $build/compile_commands.json ]] || { echo "tidy: no $build/compile_commands.json (run scripts/setup.sh)" >&2; exit 2; }
-folders="common|nam|kernels|workflow|parallel|modules|launch|record|orchestrator|report|service|inference|cli"
+folders="common|nam|kernels|workflow|parallel|modules|launch|record|orchestrator|report|simulate|service|inference|cli"
 files=${2:-"^$PWD/($folders)/.*\\.cc\$"}
 log=$(mktemp)
 # GCC's flags that clang does not know (-Wno-restrict) are not findings.

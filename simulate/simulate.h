@@ -92,6 +92,11 @@ struct Result {
 
 // Runs the model once (SimGrid allows one engine per process). Throws kInvalidInput for options
 // the machine cannot meet (a module it lacks, ranks or nodes below 1).
+// Whether this msaflow was built with SimGrid (meson option `simulate`); without it Simulate
+// and FavouredRanks throw kUnsupported saying what they need, and RequireSimGrid(what) does.
+bool HaveSimGrid();
+void RequireSimGrid(const std::string& what);
+
 Result Simulate(const workflow::Pipeline& p, const workflow::Machine& m, const Calibration& c, const Options& o);
 // The ranks the model favours for prepare, train (sync and independent) and evaluate, from the
 // calibration alone, without running the simulation: each step's seconds at 1, 2, 4 ... ranks
