@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "kernels/onnx_graph.h"
 #include "modules/calibration.h"
 #include "modules/model_object.h"
 #include "nam/file_store.h"
@@ -97,7 +98,9 @@ TrainedModel OpenTrainedModel(const std::string& run_dir_in, const std::string& 
                                            results_path, m.candidate.id, m.candidate.backbone));
 
   auto store = OpenRunNam(m.run_dir, results.value("nam", ""), m.model_object);
-  m.head = modules::HeadFromModel(store->Get(m.model_object), m.candidate.head);
+  const nam::Object model = store->Get(m.model_object);
+  m.head = modules::HeadFromModel(model, m.candidate.head);
+  const modules::TailWeights tail = modules::TailOfModel(model);
   if (m.backbone.kind != "pixels") {
     const nam::Object bb = store->Get(workflow::BackboneObject(m.backbone.name));
     // The NAM keeps one backbone of a name: a later run may have loaded another under it.
@@ -118,6 +121,13 @@ TrainedModel OpenTrainedModel(const std::string& run_dir_in, const std::string& 
       break;
     }
     m.backbone_onnx = bb.bytes;
+    if (!tail.empty()) {  // fine-tuned: the backbone with its trained layers; its features never stored
+      std::map<std::string, std::vector<float>> trained;
+      for (size_t i = 0; i < tail.names.size(); ++i) trained[tail.names[i]] = tail.values[i];
+      m.backbone_onnx = kernels::ReplaceInitializers(bb.bytes, "NAM " + bb.info.name, trained);
+      m.backbone.feature_dtype = "f32";
+      m.finetuned_from = tail.train_from;
+    }
     if (m.backbone.precision == "int8")
       m.int8_ranges =
           modules::RangesFromJson(bb.info.meta.value("int8_ranges", json()), "NAM object '" + bb.info.name + "'");
@@ -177,9 +187,13 @@ kernels::ClassifierExport ExportSpec(const TrainedModel& m, bool with_preprocess
       {"msaflow.pipeline", m.pipeline.name},
       {"msaflow.candidate", m.candidate.id},
       {"msaflow.champion", m.champion ? "true" : "false"},
-      {"msaflow.backbone", json{{"name", m.backbone.name}, {"kind", m.backbone.kind},
-                                {"feature_layer", m.backbone.feature_layer}, {"precision", m.backbone.precision},
-                                {"feature_dtype", m.backbone.feature_dtype}}.dump()},
+      {"msaflow.backbone", json{{"name", m.backbone.name},
+                                {"kind", m.backbone.kind},
+                                {"feature_layer", m.backbone.feature_layer},
+                                {"precision", m.backbone.precision},
+                                {"feature_dtype", m.backbone.feature_dtype},
+                                {"trained_from", m.finetuned_from}}
+                               .dump()},
       {"msaflow.head", workflow::ToJson(m.candidate)["head"].dump()},
       {"msaflow.metric", json{{"name", m.metric}, {"value", m.metric_value}, {"split", m.selected_on}}.dump()},
       {"msaflow.test", m.test.is_object() ? json{{"accuracy", m.test.value("accuracy", 0.0)}}.dump() : "null"},

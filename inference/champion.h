@@ -25,7 +25,9 @@ struct TrainedModel {
   std::string model_object;    // its head in the NAM
   kernels::Head head;
   workflow::BackboneSpec backbone;
-  std::string backbone_onnx;   // the cut backbone the run loaded (empty for raw pixels)
+  // The cut backbone the run loaded (empty for raw pixels); a fine-tuned one with its trained weights.
+  std::string backbone_onnx;
+  std::string finetuned_from;  // fine-tuned: the backbone's layers from this one on were trained; else ""
   // An int8 backbone's tensor ranges, as the load step measured them and kept them with the
   // backbone in the NAM (empty for other precisions): predict quantizes with the run's own.
   std::map<std::string, float> int8_ranges;

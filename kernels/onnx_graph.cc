@@ -314,3 +314,32 @@ std::string CutOnnx(const std::string& bytes, const std::string& origin, const s
 }
 
 }  // namespace msaflow::kernels
+
+namespace msaflow::kernels {
+
+std::string ReplaceInitializers(const std::string& bytes, const std::string& origin,
+                                const std::map<std::string, std::vector<float>>& values) {
+  onnx::ModelProto m = Parse(bytes, origin);
+  std::map<std::string, bool> found;
+  for (const auto& [name, v] : values) found[name] = false;
+  for (onnx::TensorProto& t : *m.mutable_graph()->mutable_initializer()) {
+    auto it = values.find(t.name());
+    if (it == values.end()) continue;
+    int64_t n = 1;
+    for (int64_t d : t.dims()) n *= d;
+    if (t.data_type() != onnx::TensorProto::FLOAT || n != static_cast<int64_t>(it->second.size()))
+      Throw(ErrorKind::kInvalidInput, origin + ": initializer '" + t.name() + "' is not " +
+                                          std::to_string(it->second.size()) +
+                                          " float values; the trained weights do not fit this model");
+    t.clear_float_data();
+    t.set_raw_data(std::string(reinterpret_cast<const char*>(it->second.data()), it->second.size() * sizeof(float)));
+    found[t.name()] = true;
+  }
+  for (const auto& [name, ok] : found)
+    if (!ok) Throw(ErrorKind::kInvalidInput, origin + ": no initializer '" + name + "' for a trained weight");
+  std::string out;
+  if (!m.SerializeToString(&out)) Throw(ErrorKind::kIo, origin + ": the model could not be serialised");
+  return out;
+}
+
+}  // namespace msaflow::kernels

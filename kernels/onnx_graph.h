@@ -70,6 +70,12 @@ Graph ImportOnnx(const std::string& bytes, const std::string& origin, const std:
 // cut at it alone (kernels_test checks it bit for bit on the models measured here).
 Graph ImportOnnxCuts(const std::string& bytes, const std::string& origin, const std::vector<std::string>& cuts);
 
+// `bytes` (an ONNX model) with the float initializers named in `values` replaced by those values
+// (a fine-tuned backbone's trained weights). Throws kInvalidInput naming the initializer when
+// one is missing, is not float or holds another number of values.
+std::string ReplaceInitializers(const std::string& bytes, const std::string& origin,
+                                const std::map<std::string, std::vector<float>>& values);
+
 // The cut model as ONNX bytes (only the needed nodes and initializers, output = cut tensor).
 std::string CutOnnx(const std::string& bytes, const std::string& origin, const std::string& cut);
 

@@ -4,21 +4,25 @@
 // busy time per rank, utilisation, overhead per task) go to evaluated/<run>/<round>. The
 // metrics' JSON form is shared with select. A shard is evaluated on the split the pipeline
 // selects on (validation) and, kept apart for the run's reported result, on the test split.
+#include "modules/evaluate.h"
+
 #include <fmt/core.h>
 
 #include <chrono>
+#include <limits>
 #include <map>
+#include <memory>
 
 #include "common/error.h"
 #include "kernels/head.h"
 #include "kernels/metrics.h"
-#include "workflow/datasets.h"
-#include "modules/evaluate.h"
 #include "modules/features.h"
+#include "modules/finetune.h"
 #include "modules/model_object.h"
 #include "modules/straggler.h"
 #include "parallel/task_farm.h"
 #include "parallel/train_util.h"
+#include "workflow/datasets.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
@@ -116,6 +120,7 @@ double EvaluateMacs(StepContext& c, const std::string& selection) {
   double macs = 0;
   for (const auto& cand : c.task.candidates)
     for (const std::string& split : splits) {
+      if (cand.finetune) return std::numeric_limits<double>::infinity();  // a backbone's layers per image: never small
       const FeaturesIndex f = FeaturesShape(c, cand.backbone, split);
       macs += static_cast<double>(f.n) * HeadMacsPerRow(cand.head, f.dim, f.classes);
     }
@@ -145,6 +150,47 @@ nlohmann::json EvaluateWhole(StepContext& c, const workflow::Candidate& cand, co
   return MetricsJson(met, f.class_names);
 }
 
+namespace {
+
+// A fine-tuned candidate's model: its head and its trained tail.
+struct FinetunedModel {
+  kernels::Head head;
+  std::unique_ptr<kernels::Tail> tail;
+};
+
+// One shard of `split` for a fine-tuned candidate: its rows' maps through the candidate's tail
+// (the maps and the model read once per rank), pooled, then through its head.
+nlohmann::json FinetunedShard(StepContext& c, const workflow::Candidate& cand, int64_t shard, const std::string& split,
+                              std::map<std::string, FinetunedModel>& tails, std::map<std::string, Maps>& maps) {
+  const workflow::BackboneSpec& bb = c.pipeline().Backbone(cand.backbone);
+  if (!tails.count(cand.id)) {
+    const nam::Object m = c.store->Get(workflow::ModelObject(c.task.run, c.task.round, cand.id));
+    FinetunedModel f{HeadFromModel(m, cand.head), BackboneTail(c, bb)};
+    const TailWeights w = TailOfModel(m);
+    if (w.empty())
+      Throw(ErrorKind::kCorrupt, "NAM object '" + m.info.name + "': a fine-tuned candidate's model holds no tail");
+    ApplyTail(w, f.tail.get(), "NAM object '" + m.info.name + "'");
+    tails.emplace(cand.id, std::move(f));
+  }
+  FinetunedModel& model = tails.at(cand.id);
+  const std::string key = bb.name + "/" + split;
+  if (!maps.count(key)) maps.emplace(key, LoadMaps(c, bb, split));
+  const Maps& m = maps.at(key);
+  const int64_t shards = c.task.shards, lo = m.n * shard / shards, hi = m.n * (shard + 1) / shards;
+  const int64_t classes = std::max(model.head.classes, m.classes);
+  kernels::Metrics met;
+  met.classes = classes;
+  met.confusion.assign(static_cast<size_t>(classes * classes), 0);
+  if (hi > lo) {
+    const std::vector<float> feats = TailFeaturesOf(model.tail.get(), m, lo, hi, 64);
+    const std::vector<float> logits = model.head.Logits(feats.data(), hi - lo);
+    met.Merge(kernels::Evaluate(logits.data(), m.labels.data() + lo, hi - lo, classes));
+  }
+  return MetricsJson(met, m.class_names);
+}
+
+}  // namespace
+
 void Evaluate(StepContext& c) {
   const auto& t = c.task;
   parallel::Comm& comm = *c.comm;
@@ -161,6 +207,8 @@ void Evaluate(StepContext& c) {
   };
   std::map<std::string, Cached> features;  // by backbone + "/" + split
   std::map<std::string, kernels::Head> models;
+  std::map<std::string, FinetunedModel> tails;  // fine-tuned candidates' models, by id
+  std::map<std::string, Maps> maps;             // their maps, by backbone + "/" + split
   std::vector<int64_t> done;
   double busy = 0;
   OverlapStats io;
@@ -216,6 +264,15 @@ void Evaluate(StepContext& c) {
       return met;
     };
     auto names = [&](const std::string& split) { return features.at(cand.backbone + "/" + split).index.class_names; };
+    if (cand.finetune) {  // the maps through the candidate's trained tail (FinetunedShard)
+      nlohmann::json result = FinetunedShard(c, cand, shard, selection, tails, maps);
+      result["split"] = selection;
+      if (AlsoOnTest(c, selection)) result["test"] = FinetunedShard(c, cand, shard, "test", tails, maps);
+      c.store->Put(workflow::EvalObject(t.run, t.round, cand.id, shard), result.dump(), {{"kind", "eval-shard"}});
+      busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      done.push_back(k);
+      continue;
+    }
     const kernels::Metrics selected = evaluate(selection);  // opens the split's features, and so its names
     nlohmann::json result = MetricsJson(selected, names(selection));
     result["split"] = selection;

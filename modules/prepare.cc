@@ -18,17 +18,18 @@
 #include <map>
 #include <optional>
 
+#include "common/checksum.h"
+#include "common/error.h"
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
 #include "kernels/fpga/device.h"
 #include "kernels/half.h"
 #include "kernels/onnx_graph.h"
-#include "common/checksum.h"
-#include "common/error.h"
-#include "workflow/datasets.h"
 #include "modules/calibration.h"
 #include "modules/features.h"
+#include "modules/finetune.h"
 #include "workflow/backbones.h"
+#include "workflow/datasets.h"
 #include "workflow/objects.h"
 #include "workflow/rank.h"
 
@@ -749,6 +750,7 @@ void Prepare(StepContext& c) {
                             {"overlap", OverlapModeName(c.overlap)}};
   RemoveRung0Features(c);
   if (EverythingReused(c, &summary)) {
+    summary["maps"] = PrepareMaps(c);
     summary["fpga"] = c.FpgaReport();
     if (c.root())
       c.store->Put(workflow::PreparedObject(c.task.run, c.task.round), summary.dump(), {{"kind", "prepare-summary"}});
@@ -784,6 +786,7 @@ void Prepare(StepContext& c) {
       auto& [computed, entry] = run.entries.at({bb.name, src.name()});
       summary[computed ? "computed" : "reused"].push_back(std::move(entry));
     }
+  summary["maps"] = PrepareMaps(c);
   summary["fpga"] = c.FpgaReport();
   if (c.root())
     c.store->Put(workflow::PreparedObject(c.task.run, c.task.round), summary.dump(), {{"kind", "prepare-summary"}});

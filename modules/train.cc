@@ -2,19 +2,22 @@
 // for the store step. How the ranks share the work is the task's train layout
 // (docs/parallel.md): independent ranks deal the candidates out and train alone; sync, async
 // and hybrid train each candidate in turn with all ranks, and rank 0 stages it.
+#include "parallel/train.h"
+
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <functional>
 #include <chrono>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 
 #include "common/error.h"
 #include "modules/features.h"
+#include "modules/finetune.h"
 #include "modules/model_object.h"
 #include "modules/straggler.h"
-#include "parallel/train.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
@@ -59,15 +62,20 @@ kernels::Head StartingHead(StepContext& c, const workflow::Candidate& cand, cons
 }
 
 void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, const kernels::Head& h,
-           const parallel::TrainStats& st) {
+           const parallel::TrainStats& st, const kernels::Tail* tail = nullptr) {
   const auto& bb = c.pipeline().Backbone(cand.backbone);
-  nlohmann::json meta = {{"candidate", workflow::ToJson(cand)}, {"in_dim", f.dim},
-                         {"classes", f.classes},                {"backbone", cand.backbone},
+  nlohmann::json meta = {{"candidate", workflow::ToJson(cand)},
+                         {"in_dim", h.in_dim},
+                         {"classes", h.classes},
+                         {"backbone", cand.backbone},
                          {"backbone_digest", BackboneDigest(*c.store, bb)},
-                         {"curve", CurveJson(h)},               {"seconds", st.seconds},
+                         {"curve", CurveJson(h)},
+                         {"seconds", st.seconds},
                          {"weights_layout", kernels::kWeightsLayout},
-                         {"train_rows", f.n},                   {"training", st.ToJson()}};
-  c.store->Put(workflow::StagingObject(c.task.run, c.task.round, cand.id), h.Serialize(), meta);
+                         {"train_rows", f.n},
+                         {"training", st.ToJson()}};
+  const std::string bytes = ModelBytes(h, tail, bb.train_from, &meta);
+  c.store->Put(workflow::StagingObject(c.task.run, c.task.round, cand.id), bytes, meta);
   using workflow::TrainMode;
   std::string how = (st.mode == TrainMode::kSync && st.ranks == 1) || st.mode == TrainMode::kIndependent
                         ? ""
@@ -77,6 +85,9 @@ void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, c
   if (workflow::UsesParameterServers(st.mode))
     how += fmt::format(", staleness mean {:.2f} max {}, {} refused", st.staleness_mean, st.staleness_max, st.refused);
   if (!how.empty()) how += "]";
+  if (tail)
+    how += fmt::format(" [fine-tuned from {}: {} weights at lr x {}]", bb.train_from, tail->ParamCount(),
+                       cand.backbone_lr_scale);
   c.Say(fmt::format("trained {} ({} on {}): final train loss {:.4f}, train acc {:.4f} in {:.1f} s{}{}", cand.id,
                     workflow::HeadLabel(cand.head), cand.backbone, h.curve.back().loss, h.curve.back().accuracy,
                     st.seconds, how + (st.together > 1 ? fmt::format(" (one of {} trained together)", st.together) : ""),
@@ -117,7 +128,7 @@ namespace {
 using workflow::TrainMode;
 // Stages a trained head and notes it for the step's summary.
 using Stager = std::function<void(const workflow::Candidate&, const Features&, const kernels::Head&,
-                                  const parallel::TrainStats&)>;
+                                  const parallel::TrainStats&, const kernels::Tail*)>;
 
 // Mode independent on several ranks: which rank trains each candidate (DealByCost), said per rank.
 std::vector<int> DealCandidates(StepContext& c, const std::vector<workflow::Candidate>& cands) {
@@ -147,16 +158,16 @@ void TrainWithServers(StepContext& c, const parallel::Straggler& straggler, std:
     // Raw features, standardised as the batches are gathered (no standardised copy).
     const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, h.mean.data(), h.inv_std.data()};
     const parallel::TrainStats st = parallel::TrainParameterServer(world, data, &h, opt);
-    if (world.rank() == 0) staged(cand, f, h, st);
+    if (world.rank() == 0) staged(cand, f, h, st, nullptr);
   }
 }
 
 // Modes independent and sync: this rank's candidates (`owner`), in batches of heads that train
 // together (one GEMM per step serves a whole batch; parallel/train.h).
-void TrainInBatches(StepContext& c, const std::vector<int>& owner, const parallel::Straggler& straggler,
-                    std::map<std::string, Features>& cache, const Stager& staged) {
+void TrainInBatches(StepContext& c, const std::vector<workflow::Candidate>& cands, const std::vector<int>& owner,
+                    const parallel::Straggler& straggler, std::map<std::string, Features>& cache,
+                    const Stager& staged) {
   const TrainMode mode = c.task.train.mode;
-  const auto& cands = c.task.candidates;
   parallel::Comm& world = *c.comm;
   std::vector<size_t> mine;
   for (size_t i = 0; i < cands.size(); ++i)
@@ -201,8 +212,55 @@ void TrainInBatches(StepContext& c, const std::vector<int>& owner, const paralle
     if (mode == TrainMode::kSync && world.rank() != 0) continue;  // rank 0 stages
     for (size_t m = 0; m < b.size(); ++m) {
       if (mode == TrainMode::kIndependent) stats[m].mode = TrainMode::kIndependent;
-      staged(cands[mine[b[m]]], f, heads[b[m]], stats[m]);
+      staged(cands[mine[b[m]]], f, heads[b[m]], stats[m], nullptr);
     }
+  }
+}
+
+// Fine-tuning candidates (docs/finetune.md): each on all ranks in turn (sync; rank 0 stages), or
+// dealt over the ranks in turn, each training alone (independent). A candidate's tail starts from
+// the backbone's weights, or its warm start's tail where that model was fine-tuned; its head
+// from its warm start, or initialised on the tail's features of the training maps.
+void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, const parallel::Straggler& straggler,
+              const Stager& staged) {
+  parallel::Comm& world = *c.comm;
+  const bool alone = c.task.train.mode == TrainMode::kIndependent;
+  std::map<std::string, Maps> maps;  // the training maps, by backbone
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (alone && static_cast<int>(i % static_cast<size_t>(world.size())) != world.rank()) continue;
+    const workflow::Candidate& cand = cands[i];
+    const workflow::BackboneSpec& bb = c.pipeline().Backbone(cand.backbone);
+    if (!maps.count(bb.name)) maps.emplace(bb.name, LoadMaps(c, bb, "train"));
+    const Maps& m = maps.at(bb.name);
+    std::unique_ptr<kernels::Tail> tail = BackboneTail(c, bb);
+    std::unique_ptr<kernels::Head> init;
+    if (!cand.warm_start.empty()) {
+      const nam::Object w = c.store->Get(cand.warm_start);
+      try {
+        init = std::make_unique<kernels::Head>(
+            HeadFromModel(w, workflow::CandidateFromJson(w.info.meta.at("candidate")).head));
+      } catch (const nlohmann::json::exception& e) {
+        Throw(ErrorKind::kCorrupt, "NAM object '" + w.info.name + "': model metadata: " + e.what());
+      }
+      const TailWeights tw = TailOfModel(w);
+      if (!tw.empty()) ApplyTail(tw, tail.get(), "NAM object '" + w.info.name + "'");
+    }
+    const parallel::FinetuneData data = m.Data();
+    const std::vector<float> feats = parallel::TailFeatures(tail.get(), data, 64);
+    kernels::Head h =
+        kernels::InitHead(cand.head, feats.data(), m.labels.data(), m.n, tail->FeatureDim(), m.classes, init.get());
+    parallel::SelfComm self;
+    parallel::FinetuneOptions opt;
+    opt.backbone_lr_scale = cand.backbone_lr_scale;
+    if (!alone) opt.straggler = straggler;
+    parallel::TrainStats st = parallel::FinetuneSync(alone ? self : world, data, tail.get(), &h, opt);
+    if (alone) st.mode = TrainMode::kIndependent;
+    if (!alone && world.rank() != 0) continue;
+    Features shape;
+    shape.n = m.n;
+    shape.dim = h.in_dim;
+    shape.classes = h.classes;
+    staged(cand, shape, h, st, tail.get());
   }
 }
 
@@ -223,8 +281,10 @@ void Train(StepContext& c) {
   if (mode == TrainMode::kSync && world.size() != layout.ranks && c.root())
     c.Say(fmt::format("note: the task asks for {} sync ranks, this step has {}", layout.ranks, world.size()));
   std::map<std::string, Features> cache;
-  const auto& cands = c.task.candidates;
+  std::vector<workflow::Candidate> cands, finetuned;  // heads on frozen features; fine-tuning
+  for (const auto& cand : c.task.candidates) (cand.finetune ? finetuned : cands).push_back(cand);
   if (c.small_macs >= 0) {  // in the coordinator, if it is little work: forward, and backward at about twice that
+    if (!finetuned.empty()) c.CheckSmall(std::numeric_limits<double>::infinity());  // a backbone's layers: never small
     double macs = 0;
     for (const auto& cand : cands) {
       const FeaturesIndex f = FeaturesShape(c, cand.backbone, "train");
@@ -235,10 +295,11 @@ void Train(StepContext& c) {
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json trained = nlohmann::json::array();  // what this rank staged, for the step's summary
   const Stager staged = [&](const workflow::Candidate& cand, const Features& f, const kernels::Head& h,
-                            const parallel::TrainStats& st) {
-    Stage(c, cand, f, h, st);
+                            const parallel::TrainStats& st, const kernels::Tail* tail) {
+    Stage(c, cand, f, h, st, tail);
     trained.push_back({{"candidate", cand.id}, {"backbone", cand.backbone}, {"rows", f.n}, {"updates", st.updates},
                        {"seconds", st.seconds}, {"rank", world.rank()}, {"together", st.together}});
+    if (tail) trained.back()["finetuned_weights"] = tail->ParamCount();
   };
   if (workflow::UsesParameterServers(mode)) {
     TrainWithServers(c, straggler, cache, staged);
@@ -246,8 +307,9 @@ void Train(StepContext& c) {
     const std::vector<int> owner = mode == TrainMode::kIndependent && world.size() > 1
                                        ? DealCandidates(c, cands)
                                        : std::vector<int>(cands.size(), world.rank());
-    TrainInBatches(c, owner, straggler, cache, staged);
+    TrainInBatches(c, cands, owner, straggler, cache, staged);
   }
+  Finetune(c, finetuned, straggler, staged);
   // The step's figures (docs/formats.md): what each candidate cost, for results and planning.
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const nlohmann::json reading = c.OverlapReport();  // how this rank read its features (said in the log)

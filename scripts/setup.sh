@@ -42,6 +42,16 @@ else
   say "npm packages: present"
 fi
 NM=$NPM_DIR/node_modules
+# The tests' independent runtime for exported models: ONNX Runtime's CPU build, inside npm's
+# onnxruntime-node (its install script only fetches GPU providers; the CPU binding needs none).
+ORT_DIR=$ROOT/.cache/ort
+if [[ ${MSAFLOW_TESTS:-0} == 1 && ! -f $ORT_DIR/.done ]]; then
+  say "fetching onnxruntime-node@1.30.0 from npm (ONNX Runtime for the export tests)"
+  mkdir -p "$ORT_DIR"
+  [[ -f $ORT_DIR/package.json ]] || echo '{"name":"msaflow-ort","private":true}' > "$ORT_DIR/package.json"
+  (cd "$ORT_DIR" && npm install --ignore-scripts --no-audit --no-fund --loglevel=error onnxruntime-node@1.30.0)
+  touch "$ORT_DIR/.done"
+fi
 
 mkdir -p models data
 # The package's Keras models as ONNX: MobileNetV2 (the tests' model) and InceptionV3 (a third,

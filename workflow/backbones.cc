@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "kernels/executor.h"
+#include "kernels/tail.h"
 
 namespace msaflow::workflow {
 
@@ -141,6 +142,17 @@ void CheckCuts(const std::vector<const BackboneSpec*>& group, const std::string&
   }
 }
 
+// A fine-tuning backbone's tail: train_from names a layer before the cut, and every operator from
+// it to the cut has a backward pass (kernels/tail.h's refusals, naming the backbone).
+void CheckTail(const BackboneSpec& bb, const std::string& model) {
+  if (!bb.finetunes()) return;
+  try {
+    const kernels::Tail tail(kernels::ImportOnnx(model, bb.onnx, bb.feature_layer), bb.train_from);
+  } catch (const Error& e) {
+    Throw(e.kind(), fmt::format("backbone '{}' ({}/train_from): {}", bb.name, bb.pointer, e.what()));
+  }
+}
+
 }  // namespace
 
 void CheckBackbones(const Pipeline& p) {
@@ -153,8 +165,9 @@ void CheckBackbones(const Pipeline& p) {
     const BackboneSpec& first = *group.front();
     if (first.kind != "onnx") continue;
     const std::string model = ReadInputFile(first.onnx, "an ONNX model", kernels::kMaxOnnxBytes);
-    std::string key = BackboneDigestOf(first, model, "");
-    for (size_t i = 1; i < group.size(); ++i) key += " " + BackboneDigestOf(*group[i], model, "");
+    std::string key = BackboneDigestOf(first, model, "") + first.train_from;
+    for (size_t i = 1; i < group.size(); ++i)
+      key += " " + BackboneDigestOf(*group[i], model, "") + group[i]->train_from;
     {
       const std::lock_guard<std::mutex> lock(mu);
       if (passed.count(key)) continue;
@@ -164,6 +177,7 @@ void CheckBackbones(const Pipeline& p) {
     } else {
       CheckCuts(group, model);
     }
+    for (const auto* bb : group) CheckTail(*bb, model);
     const std::lock_guard<std::mutex> lock(mu);
     passed.insert(key);
   }

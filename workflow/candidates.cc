@@ -54,6 +54,21 @@ std::vector<std::vector<Candidate>> Grid(const Pipeline& p) {
   return per_bb;
 }
 
+// Which of round r's candidates fine-tune (Pipeline::FinetunesIn), and at what backbone learning
+// rate: a fine-tuned parent's, else the head space's values in turn.
+void MarkFinetuning(const Pipeline& p, int round, std::vector<Candidate>& out) {
+  const auto& scales = p.head.backbone_lr_scale;
+  for (size_t i = 0; i < out.size(); ++i) {
+    Candidate& c = out[i];
+    if (!p.FinetunesIn(p.Backbone(c.backbone), round)) {
+      c.finetune = false;
+      continue;
+    }
+    if (!c.finetune || c.backbone_lr_scale <= 0) c.backbone_lr_scale = scales[i % scales.size()];
+    c.finetune = true;
+  }
+}
+
 std::vector<Candidate> Sample(const Pipeline& p, int round) {
   auto grid = Grid(p);
   std::mt19937_64 rng(SeedFor(p, round, 999983));
@@ -75,26 +90,29 @@ std::vector<Candidate> Sample(const Pipeline& p, int round) {
     out[i].head.seed = SeedFor(p, round, i);
     out[i].head.data_seed = DataSeedFor(p, round);
   }
+  MarkFinetuning(p, round, out);
   return out;
 }
 
 }  // namespace
 
 nlohmann::json ToJson(const Candidate& c) {
-  return {{"id", c.id},
-          {"backbone", c.backbone},
-          {"head",
-           {{"type", c.head.type},
-            {"hidden", c.head.hidden},
-            {"optimizer", c.head.optimizer},
-            {"lr", c.head.lr},
-            {"l2", c.head.l2},
-            {"epochs", c.head.epochs},
-            {"batch", c.head.batch},
-            {"seed", c.head.seed},
-            {"data_seed", c.head.data_seed}}},
-          {"warm_start", c.warm_start},
-          {"parent", c.parent}};
+  nlohmann::json j = {{"id", c.id},
+                      {"backbone", c.backbone},
+                      {"head",
+                       {{"type", c.head.type},
+                        {"hidden", c.head.hidden},
+                        {"optimizer", c.head.optimizer},
+                        {"lr", c.head.lr},
+                        {"l2", c.head.l2},
+                        {"epochs", c.head.epochs},
+                        {"batch", c.head.batch},
+                        {"seed", c.head.seed},
+                        {"data_seed", c.head.data_seed}}},
+                      {"warm_start", c.warm_start},
+                      {"parent", c.parent}};
+  if (c.finetune) j["finetune"] = {{"backbone_lr_scale", c.backbone_lr_scale}};
+  return j;
 }
 
 Candidate CandidateFromJson(const nlohmann::json& j) {
@@ -106,6 +124,10 @@ Candidate CandidateFromJson(const nlohmann::json& j) {
             h.at("epochs"), h.at("batch"), h.at("seed"), h.value("data_seed", uint64_t{0})};
   c.warm_start = j.value("warm_start", "");
   c.parent = j.value("parent", "");
+  if (j.contains("finetune")) {
+    c.finetune = true;
+    c.backbone_lr_scale = j["finetune"].at("backbone_lr_scale");
+  }
   return c;
 }
 
@@ -253,8 +275,12 @@ std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector
         c.head.l2 = std::clamp(c.head.l2 * (std::uniform_int_distribution<int>(0, 1)(rng) ? 3.0 : 0.3), 1e-7, 1.0);
       }
     }
+    // The first round that fine-tunes after frozen ones: from the parent's head (the recipe's
+    // second phase starts from the first's weights).
+    if (p.FinetunesIn(p.Backbone(c.backbone), round) && !parent.candidate.finetune) c.warm_start = parent.model;
     out.push_back(c);
   }
+  MarkFinetuning(p, round, out);
   return out;
 }
 

@@ -17,12 +17,20 @@ struct Candidate {
   kernels::HeadConfig head;
   std::string warm_start;  // NAM model object to start from, or ""
   std::string parent;      // candidate it was derived from, or ""
+  // Fine-tuning (docs/finetune.md): the backbone's layers from its train_from on train with the
+  // head, at the head's learning rate times backbone_lr_scale.
+  bool finetune = false;
+  double backbone_lr_scale = 0;
 };
 
 nlohmann::json ToJson(const Candidate& c);
 Candidate CandidateFromJson(const nlohmann::json& j);
 std::string HeadLabel(const kernels::HeadConfig& h);  // "mlp-128 adam lr=1e-3 l2=1e-4 e=20"
 
+// Round r's candidates on a backbone with "train_from" fine-tune from rounds.finetune_from_round
+// on (Pipeline::FinetunesIn), with a backbone_lr_scale of the head space (a child keeps its
+// fine-tuned parent's); in the first round that fine-tunes after rounds of frozen heads, every
+// candidate starts from its parent's trained head (warm start).
 // Round 1: `rounds.candidates` configurations sampled without replacement from the search
 // space, backbones taken in turn so every backbone is tried (halving: for HalvingRoundEpochs(p, 1,
 // the models among them) epochs each). Deterministic for rounds.seed.

@@ -15,6 +15,9 @@ std::string BackboneObject(const std::string& backbone) { return "backbone/" + b
 std::string FeaturesObject(const std::string& bb_digest, const std::string& ds_digest) {
   return "features/" + bb_digest + "-" + ds_digest;
 }
+std::string MapsObject(const std::string& bb_digest, const std::string& ds_digest, const std::string& train_from) {
+  return "maps/" + bb_digest + "-" + ds_digest + "-" + ChecksumHex(train_from).substr(0, 16);
+}
 std::string FeaturesPartObject(const std::string& features_object, int64_t part) {
   std::string digits = std::to_string(part);
   if (digits.size() < 5) digits.insert(0, 5 - digits.size(), '0');

@@ -16,6 +16,11 @@ std::string BackboneObject(const std::string& backbone);  // backbone/<name>: th
 std::string FeaturesObject(const std::string& backbone_digest, const std::string& dataset_digest);
 // <features object>.p<part, 5+ digits>: rows [part x part_rows, ...) of it, written before it.
 std::string FeaturesPartObject(const std::string& features_object, int64_t part);
+// maps/<backbone digest>-<dataset digest>-<train_from's checksum>: a fine-tuning backbone's
+// trunk activations at its tail's inputs on a dataset split (docs/finetune.md), in parts named
+// as a features object's (FeaturesPartObject), reused like features.
+std::string MapsObject(const std::string& backbone_digest, const std::string& dataset_digest,
+                       const std::string& train_from);
 std::string PreparedObject(const std::string& run, int round);  // prepared/<run>/<round>: what prepare did
 std::string StagingObject(const std::string& run, int round, const std::string& cand);  // a trained head, unpublished
 std::string StagingPrefix(const std::string& run, int round);

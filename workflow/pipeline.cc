@@ -1,5 +1,6 @@
 #include "workflow/pipeline.h"
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <set>
@@ -206,7 +207,8 @@ SplitSpec ReadValidation(const Reader& r, const json& v, const std::string& ptr)
 
 BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr) {
   BackboneSpec b;
-  r.Object(v, ptr, {"name", "kind", "onnx", "feature_layer", "input", "precision", "feature_dtype"}, {"name"});
+  r.Object(v, ptr, {"name", "kind", "onnx", "feature_layer", "input", "precision", "feature_dtype", "train_from"},
+           {"name"});
   b.name = r.String(v["name"], ptr + "/name");
   for (char c : b.name)
     if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.'))
@@ -219,7 +221,7 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
   if (v.contains("kind")) b.kind = r.Enum(v["kind"], ptr + "/kind", {"onnx", "pixels"});
   if (v.contains("feature_dtype")) b.feature_dtype = r.Enum(v["feature_dtype"], ptr + "/feature_dtype", {"f32", "f16"});
   if (b.kind == "pixels") {
-    for (const char* k : {"onnx", "feature_layer", "precision"})
+    for (const char* k : {"onnx", "feature_layer", "precision", "train_from"})
       if (v.contains(k)) r.Fail(ptr + "/" + k, "not allowed for kind \"pixels\" (raw pixels are the features)");
     if (v.contains("input")) {  // every image resized to this size first (folders of mixed sizes)
       const json& in = v["input"];
@@ -246,6 +248,13 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
                         ? r.String(v["feature_layer"][0], ptr + "/feature_layer/0")
                         : r.String(v["feature_layer"], ptr + "/feature_layer");
   if (v.contains("precision")) b.precision = r.Enum(v["precision"], ptr + "/precision", {"f32", "bf16", "int8"});
+  if (v.contains("train_from")) {
+    b.train_from = r.String(v["train_from"], ptr + "/train_from");
+    if (b.train_from.empty()) r.Fail(ptr + "/train_from", "expected the name of a layer of the cut model");
+    if (b.precision != "f32")  // the tail trains in f32 on maps the trunk computed: one arithmetic for both
+      r.Fail(ptr + "/train_from", "fine-tuning needs \"precision\": \"f32\" (the backbone is \"" + b.precision +
+                                      "\"; the trained layers compute in f32)");
+  }
   const json& in = v["input"];
   std::string ip = ptr + "/input";
   r.Object(in, ip, {"height", "width", "channels", "mean", "std", "batch"}, {"height", "width"});
@@ -306,6 +315,29 @@ void ReadTrainParallel(const Reader& r, const json& v, const std::string& ptr, S
   if (ps && t.servers > 1 && t.mode == TrainMode::kAsync && t.servers > n)
     r.Fail(ptr + "/servers", std::to_string(t.servers) + " servers for " + std::to_string(n) +
                                  " workers; use at most as many servers as ranks");
+}
+
+// Fine-tuning's limits, where a backbone has "train_from": the tail trains with minibatch
+// gradients in sync or independent mode.
+void CheckFinetuning(const Reader& r, const json& doc, const Pipeline& p) {
+  const auto bb =
+      std::find_if(p.backbones.begin(), p.backbones.end(), [](const BackboneSpec& b) { return b.finetunes(); });
+  if (bb == p.backbones.end()) {
+    if (doc.contains("rounds") && doc["rounds"].contains("finetune_from_round"))
+      r.Fail("/rounds/finetune_from_round", "no backbone has \"train_from\": there is nothing to fine-tune");
+    return;
+  }
+  const std::string where = bb->pointer + "/train_from";
+  if (std::find(p.head.optimizers.begin(), p.head.optimizers.end(), "lbfgs") != p.head.optimizers.end())
+    r.Fail("/head/optimizer", "\"lbfgs\" is full-batch and a fine-tuned backbone (" + where +
+                                  ") trains on minibatches: use \"adam\" or \"sgd\"");
+  const TrainMode mode = p.steps.at(Step::kTrain).parallel.mode;
+  if (UsesParameterServers(mode))
+    r.Fail("/steps/train/mode", std::string("\"") + TrainModeName(mode) + "\": fine-tuning (" + where +
+                                    ") trains in mode sync, independent or auto; the parameter server does not "
+                                    "serve a backbone's layers yet (docs/finetune.md)");
+  if (p.rounds.strategy == "halving")
+    r.Fail(where, "the halving strategy does not fine-tune yet; use \"perturb\", \"restart\" or \"random\"");
 }
 
 // The document as JSON, refusing a syntax error and a key given twice.
@@ -411,7 +443,7 @@ void ReadBackbones(const Reader& r, const json& bbs, Pipeline& p) {
 }
 
 void ReadHead(const Reader& r, const json& h, HeadSpace& head) {
-  r.Object(h, "/head", {"type", "hidden", "optimizer", "lr", "l2", "epochs", "batch"}, {});
+  r.Object(h, "/head", {"type", "hidden", "optimizer", "lr", "l2", "epochs", "batch", "backbone_lr_scale"}, {});
   auto str = [&](const std::vector<std::string>& allowed) {
     return [&r, allowed](const json& v, const std::string& ptr) { return r.Enum(v, ptr, allowed); };
   };
@@ -428,6 +460,8 @@ void ReadHead(const Reader& r, const json& h, HeadSpace& head) {
   if (h.contains("lr")) head.lr = r.List(h["lr"], "/head/lr", number(1e-8, 10));
   if (h.contains("l2")) head.l2 = r.List(h["l2"], "/head/l2", number(0, 10));
   if (h.contains("batch")) head.batch = r.Int(h["batch"], "/head/batch", 1, 65536);
+  if (h.contains("backbone_lr_scale"))
+    head.backbone_lr_scale = r.List(h["backbone_lr_scale"], "/head/backbone_lr_scale", number(1e-6, 10));
 }
 
 // Every step gets its default module (docs/pipeline.md); "steps" overrides them.
@@ -475,8 +509,10 @@ void ReadSteps(const Reader& r, const json& doc, Pipeline& p) {
 }
 
 void ReadRounds(const Reader& r, const json& ro, RoundsSpec& rounds) {
-  r.Object(ro, "/rounds", {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed", "backbone_margin",
-                           "eta", "rank_fraction", "rank_by", "grow_data"}, {});
+  r.Object(ro, "/rounds",
+           {"max", "candidates", "top_k", "strategy", "min_delta", "patience", "seed", "backbone_margin", "eta",
+            "rank_fraction", "rank_by", "grow_data", "finetune_from_round"},
+           {});
   if (ro.contains("backbone_margin")) rounds.backbone_margin = r.Number(ro["backbone_margin"], "/rounds/backbone_margin", 0, 1);
   if (ro.contains("max")) rounds.max = r.Int(ro["max"], "/rounds/max", 1, 1000);
   if (ro.contains("candidates")) rounds.candidates = r.Int(ro["candidates"], "/rounds/candidates", 1, 10000);
@@ -493,6 +529,12 @@ void ReadRounds(const Reader& r, const json& ro, RoundsSpec& rounds) {
   if (ro.contains("min_delta")) rounds.min_delta = r.Number(ro["min_delta"], "/rounds/min_delta", 0, 1);
   if (ro.contains("patience")) rounds.patience = r.Int(ro["patience"], "/rounds/patience", 1, 1000);
   if (ro.contains("seed")) rounds.seed = static_cast<uint64_t>(r.Int(ro["seed"], "/rounds/seed", 0, INT64_MAX));
+  if (ro.contains("finetune_from_round")) {
+    rounds.finetune_from_round = r.Int(ro["finetune_from_round"], "/rounds/finetune_from_round", 1, 1000);
+    if (rounds.finetune_from_round > rounds.max)
+      r.Fail("/rounds/finetune_from_round", std::to_string(rounds.finetune_from_round) + " is after the last round (" +
+                                                std::to_string(rounds.max) + "): no round would fine-tune");
+  }
   if (!ro.contains("top_k")) rounds.top_k = std::min(rounds.top_k, rounds.candidates);
   if (rounds.top_k > rounds.candidates)
     r.Fail("/rounds/top_k", std::to_string(rounds.top_k) + " is more than the " + std::to_string(rounds.candidates) +
@@ -568,6 +610,7 @@ Pipeline ParsePipeline(const std::string& text, const std::string& origin, const
   if (doc.contains("fpga"))
     p.fpga = *kernels::fpga::BackendFromName(r.Enum(doc["fpga"], "/fpga", {"cpu", "opencl", "auto"}));
   if (doc.contains("retries")) ReadRetries(r, doc["retries"], p.retries);
+  CheckFinetuning(r, doc, p);
   p.source = AbsoluteSource(doc, p);
   return p;
 }

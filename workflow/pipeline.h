@@ -61,6 +61,11 @@ struct BackboneSpec {
   std::string precision = "f32";
   // How prepare stores the features in the NAM: "f32", or "f16" (half the memory).
   std::string feature_dtype = "f32";
+  // Fine-tuning (docs/finetune.md): the layer from which on, up to feature_layer, the backbone
+  // trains with the head; "" = frozen. The trunk before it runs once per dataset, its activations
+  // at the tail's inputs cached in the NAM (the maps).
+  std::string train_from;
+  bool finetunes() const { return !train_from.empty(); }
   std::string pointer;  // where the pipeline JSON gives it ("/backbones/1"; several share one when
                         // "feature_layer" lists layers: one backbone per layer)
 };
@@ -73,6 +78,8 @@ struct HeadSpace {
   std::vector<double> l2{1e-4};
   std::vector<int64_t> epochs{20};
   int64_t batch = 64;
+  // A fine-tuning candidate's backbone learning rate, as a multiple of its head's (searched).
+  std::vector<double> backbone_lr_scale{0.1};
 };
 
 // How the train step uses its ranks (docs/parallel.md).
@@ -112,7 +119,10 @@ struct RoundsSpec {
   // way are never run over all the images (workflow::HalvingDataFraction).
   bool grow_data = true;
   double min_delta = 0.0;
-  double backbone_margin = 0.02;  // a backbone this close behind the champion keeps a parent (candidates.h)
+  double backbone_margin = 0.02;
+  // From this round on, the candidates of a backbone with "train_from" fine-tune it (before it,
+  // their heads train on frozen features: the two phases of transfer learning). 1 = from the start.
+  int64_t finetune_from_round = 1;  // a backbone this close behind the champion keeps a parent (candidates.h)
   int64_t patience = 1;
   uint64_t seed = 1;
 };
@@ -144,6 +154,10 @@ struct Pipeline {
   nlohmann::json source;  // as submitted, with paths made absolute
 
   const BackboneSpec& Backbone(const std::string& name) const;
+  // Whether round `round`'s candidates on backbone `bb` fine-tune it.
+  bool FinetunesIn(const BackboneSpec& bb, int round) const {
+    return bb.finetunes() && round >= rounds.finetune_from_round;
+  }
   // The step named `name` as a record spells it ("train"), or null for a name that is no step.
   const StepSpec* FindStep(std::string_view name) const;
   StepSpec* FindStep(std::string_view name);

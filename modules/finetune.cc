@@ -1,0 +1,245 @@
+#include "modules/finetune.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/error.h"
+#include "kernels/executor.h"
+#include "kernels/fpga/device.h"
+#include "kernels/onnx_graph.h"
+#include "modules/features.h"
+#include "workflow/datasets.h"
+#include "workflow/objects.h"
+
+namespace msaflow::modules {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kBatch = 64;
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The backbone as the load step stored it: its model cut at feature_layer.
+kernels::Graph BackboneGraph(StepContext& c, const workflow::BackboneSpec& bb, std::string* bytes) {
+  nam::Object o = c.store->Get(workflow::BackboneObject(bb.name));
+  *bytes = std::move(o.bytes);
+  return kernels::ImportOnnx(*bytes, "NAM " + o.info.name, bb.feature_layer);
+}
+
+// The maps' layout, as a maps object's metadata gives it.
+struct MapsLayout {
+  std::vector<std::string> inputs;
+  std::vector<kernels::TensorDims> dims;
+  int64_t row = 0;  // floats per row: every input's values for one image
+};
+
+MapsLayout LayoutFromMeta(const std::string& object, const nlohmann::json& meta) {
+  MapsLayout l;
+  try {
+    for (const auto& in : meta.at("inputs")) {
+      l.inputs.push_back(in.at("name").get<std::string>());
+      l.dims.push_back(in.at("dims").get<kernels::TensorDims>());
+      if (l.dims.back().size() != 3) Throw(ErrorKind::kCorrupt, "an input's dims are not (C, H, W)");
+      l.row += kernels::NumElements(l.dims.back());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    Throw(ErrorKind::kCorrupt, "NAM object '" + object + "': maps metadata: " + e.what());
+  }
+  if (l.inputs.empty() || l.row != meta.value("dim", int64_t{-1}))
+    Throw(ErrorKind::kCorrupt, "NAM object '" + object + "': maps metadata: the inputs' sizes do not add up to dim");
+  return l;
+}
+
+// This rank's parts [p0, p1) of the maps of `src`, computed by `trunk` and put in the NAM.
+void ComputeMapsParts(StepContext& c, const workflow::BackboneSpec& bb, kernels::Executor& trunk,
+                      const workflow::SplitSource& src, const FeaturesIndex& idx, int64_t p0, int64_t p1) {
+  if (p0 >= p1) return;
+  const int64_t lo = idx.PartLo(p0), hi = idx.PartHi(p1 - 1);
+  const kernels::ImageSet ds = src.Read(lo, hi);
+  const auto& in = bb.input;
+  kernels::fpga::Device& fpga = c.Fpga();
+  const int64_t per = in.channels * in.height * in.width;
+  std::vector<float> batch(static_cast<size_t>(kBatch * per));
+  std::vector<float> part;
+  int64_t p = p0;
+  for (int64_t s = 0; s < hi - lo; s += kBatch) {
+    const int64_t b = std::min(kBatch, hi - lo - s);
+    kernels::fpga::PrepareImages(fpga, ds, 0, s, b, in, batch.data());
+    std::vector<std::vector<int64_t>> dims;
+    const std::vector<std::vector<float>> m = trunk.Maps(batch.data(), b, in.channels, in.height, in.width, &dims);
+    for (int64_t k = 0; k < b; ++k) {
+      for (size_t i = 0; i < m.size(); ++i) {
+        const int64_t size = kernels::NumElements(dims[i]) / b;
+        part.insert(part.end(), m[i].begin() + k * size, m[i].begin() + (k + 1) * size);
+      }
+      const int64_t row = lo + s + k + 1;  // rows below this one are done
+      if (row == idx.PartHi(p)) {
+        c.store->Put(workflow::FeaturesPartObject(idx.object, p),
+                     std::string_view(reinterpret_cast<const char*>(part.data()), part.size() * sizeof(float)),
+                     {{"kind", "maps-part"}});
+        part.clear();
+        ++p;
+      }
+    }
+  }
+}
+
+// One backbone's maps of one split: computed where the NAM lacks them (rank 0 decides for all).
+nlohmann::json MapsOfSplit(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
+                           kernels::Tail& tail, kernels::Executor& trunk, int64_t classes) {
+  const auto t0 = Clock::now();
+  const std::string key = MapsKey(c, bb, src.name());
+  nlohmann::json entry = {{"backbone", bb.name}, {"split", src.name()}, {"object", key}};
+  int have = c.root() && c.store->Stat(key) ? 1 : 0;
+  c.comm->Bcast(&have, sizeof have, 0);
+  if (have) {
+    entry["computed"] = false;
+    return entry;
+  }
+  c.WorkAhead();  // not in the coordinator: a backbone's trunk over every image
+  const auto& in = bb.input;
+  std::vector<float> one(static_cast<size_t>(in.channels * in.height * in.width), 0.f);
+  std::vector<std::vector<int64_t>> dims;
+  trunk.Maps(one.data(), 1, in.channels, in.height, in.width, &dims);
+  nlohmann::json inputs = nlohmann::json::array();
+  int64_t row = 0;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const kernels::TensorDims d(dims[i].begin() + 1, dims[i].end());
+    inputs.push_back({{"name", tail.inputs()[i]}, {"dims", d}});
+    row += kernels::NumElements(d);
+  }
+  FeaturesIndex idx;
+  idx.object = key;
+  idx.n = src.count();
+  idx.dim = row;
+  idx.part_rows = FeaturesPartRows(row, kBatch, FeaturesPartBytes());
+  idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
+  const int rank = c.comm->rank(), size = c.comm->size();
+  ComputeMapsParts(c, bb, trunk, src, idx, idx.parts * rank / size, idx.parts * (rank + 1) / size);
+  c.comm->Barrier();  // every rank's parts are in before the object that says they are
+  const double bytes = static_cast<double>(idx.n * row) * sizeof(float);
+  if (c.root()) {
+    nlohmann::json meta = FeaturesMeta(idx.n, row, classes, idx.part_rows, false);
+    meta.update({{"kind", "maps"},
+                 {"inputs", inputs},
+                 {"backbone", bb.name},
+                 {"train_from", bb.train_from},
+                 {"split", src.name()}});
+    if (!src.class_names().empty()) meta["class_names"] = src.class_names();
+    const auto& labels = src.labels();
+    c.store->Put(key, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
+    c.Say(fmt::format("maps {}/{} at {}: {} images x {} values ({:.1f} MB) in {} part{} on {} rank{} in {:.1f} s -> {}",
+                      bb.name, src.name(), bb.train_from, idx.n, row, bytes / 1e6, idx.parts, idx.parts == 1 ? "" : "s",
+                      size, size == 1 ? "" : "s", Since(t0), key));
+  }
+  entry.update({{"computed", true}, {"bytes", bytes}, {"seconds", Since(t0)}, {"ranks", size}});
+  return entry;
+}
+
+}  // namespace
+
+parallel::FinetuneData Maps::Data() const {
+  parallel::FinetuneData d;
+  for (const auto& v : values) d.maps.push_back(v.data());
+  d.dims = dims;
+  d.y = labels.data();
+  d.n = n;
+  return d;
+}
+
+std::string MapsKey(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split) {
+  return workflow::MapsObject(BackboneDigest(*c.store, bb), c.DatasetDigest(split), bb.train_from);
+}
+
+std::unique_ptr<kernels::Tail> BackboneTail(StepContext& c, const workflow::BackboneSpec& bb) {
+  std::string bytes;
+  const kernels::Graph g = BackboneGraph(c, bb, &bytes);
+  try {
+    return std::make_unique<kernels::Tail>(g, bb.train_from);
+  } catch (const Error& e) {
+    Throw(e.kind(), "backbone '" + bb.name + "': " + e.what());
+  }
+}
+
+nlohmann::json PrepareMaps(StepContext& c) {
+  nlohmann::json entries = nlohmann::json::array();
+  const workflow::Pipeline& p = c.pipeline();
+  std::vector<workflow::SplitSource> splits;  // opened on first need
+  int64_t classes = 0;
+  for (const auto& bb : p.backbones) {
+    if (!p.FinetunesIn(bb, c.task.round)) continue;
+    std::string bytes;
+    const kernels::Graph g = BackboneGraph(c, bb, &bytes);
+    kernels::Tail tail(g, bb.train_from);
+    std::unique_ptr<kernels::Executor> trunk;
+    for (const std::string& split : workflow::SplitNames(p, c.task.test)) {
+      if (splits.empty()) {
+        splits = workflow::OpenSplits(p, c.task.test);
+        classes = workflow::CheckSplits(p, splits);
+      }
+      const auto src = std::find_if(splits.begin(), splits.end(), [&](const auto& s) { return s.name() == split; });
+      if (!trunk)
+        trunk = std::make_unique<kernels::Executor>(
+            kernels::ImportOnnxCuts(bytes, "NAM backbone/" + bb.name, tail.inputs()));
+      entries.push_back(MapsOfSplit(c, bb, *src, tail, *trunk, classes));
+    }
+  }
+  return entries;
+}
+
+Maps LoadMaps(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split) {
+  const std::string key = MapsKey(c, bb, split);
+  const auto info = c.store->Stat(key);
+  if (!info)
+    Throw(ErrorKind::kNotFound, "NAM: no maps object '" + key + "' for backbone '" + bb.name + "' on " + split +
+                                    " (the prepare step of a round that fine-tunes makes it)");
+  const FeaturesIndex idx = OpenFeaturesObject(*c.store, key);
+  const MapsLayout layout = LayoutFromMeta(key, info->meta);
+  Maps m;
+  m.inputs = layout.inputs;
+  m.dims = layout.dims;
+  m.n = idx.n;
+  m.classes = idx.classes;
+  m.labels = idx.labels;
+  m.class_names = idx.class_names;
+  m.values.resize(m.dims.size());
+  for (size_t i = 0; i < m.dims.size(); ++i)
+    m.values[i].resize(static_cast<size_t>(m.n * kernels::NumElements(m.dims[i])));
+  std::string bytes;
+  for (int64_t p = 0; p < idx.parts; ++p) {
+    ReadFeaturesPart(*c.store, idx, p, bytes);
+    const auto* x = reinterpret_cast<const float*>(bytes.data());
+    for (int64_t r = idx.PartLo(p); r < idx.PartHi(p); ++r)
+      for (size_t i = 0; i < m.dims.size(); ++i) {
+        const int64_t size = kernels::NumElements(m.dims[i]);
+        std::memcpy(m.values[i].data() + r * size, x, static_cast<size_t>(size) * sizeof(float));
+        x += size;
+      }
+  }
+  return m;
+}
+
+std::vector<float> TailFeaturesOf(kernels::Tail* tail, const Maps& maps, int64_t lo, int64_t hi, int64_t batch) {
+  const parallel::FinetuneData data = maps.Data();
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>((hi - lo) * tail->FeatureDim()));
+  std::vector<int64_t> rows;
+  std::vector<std::vector<float>> xs;
+  std::vector<kernels::TensorDims> dims;
+  for (int64_t s = lo; s < hi; s += batch) {
+    const int64_t b = std::min(batch, hi - s);
+    rows.resize(static_cast<size_t>(b));
+    for (int64_t k = 0; k < b; ++k) rows[static_cast<size_t>(k)] = s + k;
+    data.Batch(rows.data(), b, &xs, &dims);
+    std::vector<const float*> ptrs;
+    for (const auto& x : xs) ptrs.push_back(x.data());
+    const std::vector<float>& f = tail->Forward(ptrs, dims);
+    out.insert(out.end(), f.begin(), f.end());
+  }
+  return out;
+}
+
+}  // namespace msaflow::modules

@@ -1,0 +1,210 @@
+#!/usr/bin/python3
+"""Fine-tuning as a pipeline asks for it (issue 46, docs/finetune.md): MobileNetV2 with
+"train_from": "block_11_expand" on 400/200 Fashion-MNIST images at 64 x 64, round 1 training heads
+on frozen features and round 2 fine-tuning blocks 11 to 13 with the kept heads (rounds.
+finetune_from_round 2), sync on 2 MPI ranks, then again on 1 rank. Checked:
+  - the rounds: round 1's candidates frozen, round 2's fine-tuned from their parents' heads at the
+    pipeline's backbone_lr_scale; prepare cached the maps at the freeze point for every split, and
+    a second run reuses them;
+  - the champion is fine-tuned, and its backbone weights moved from the pretrained ones;
+  - 1 rank and 2 ranks train the same tail (to 1e-4 of the largest weight; the allreduce sums in
+    another order);
+  - `msaflow predict` on the run, and the exported ONNX file in ONNX Runtime (npm's
+    onnxruntime-node) and in msaflow's executor, reproduce the run's reported test accuracy as
+    counts (the run computed it as cached maps through the tail; these run the whole network);
+  - the refusals, before anything runs: a layer the model lacks, an operator without backward,
+    lbfgs, the parameter server, another precision, a finetune_from_round past the last round.
+
+usage: finetune_run_test.py MSAFLOW SOURCE_ROOT"""
+import copy
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+EXE, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from small_pipeline import quickstart  # noqa: E402
+
+WORK = tempfile.TemporaryDirectory(prefix="msaflow-finetune-test-")
+ORT = os.path.join(ROOT, ".cache", "ort", "node_modules")
+TRAIN_FROM = "block_11_expand"
+
+
+def msaflow(*args, check=True, env=None):
+    r = subprocess.run([EXE, *args], capture_output=True, text=True, timeout=600, env=env)
+    if check and r.returncode != 0:
+        raise AssertionError(f"msaflow {' '.join(args)}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def pipeline(name, ranks=2):
+    doc = quickstart(ROOT)
+    doc["name"] = name
+    doc["datasets"]["train"]["limit"] = 400
+    doc["datasets"]["test"]["limit"] = 200
+    bb = doc["backbones"][0]
+    bb["input"]["height"] = bb["input"]["width"] = 64
+    bb["train_from"] = TRAIN_FROM
+    doc["backbones"] = [bb]
+    doc["head"] = {"type": "softmax", "optimizer": "adam", "lr": [0.001], "l2": [0.0001], "epochs": [3],
+                   "batch": 32, "backbone_lr_scale": [0.3]}
+    doc["steps"]["train"] = {"module": "dam", "ranks": ranks, "mode": "sync"}
+    doc["rounds"] = {"max": 2, "candidates": 2, "top_k": 1, "strategy": "perturb", "seed": 3,
+                     "finetune_from_round": 2}
+    return doc
+
+
+def write(doc, name):
+    path = os.path.join(WORK.name, name + ".json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+RUNS = {}
+
+
+def run(name, ranks):
+    if name not in RUNS:
+        path = write(pipeline(name, ranks), name)
+        out = msaflow("run", path, "--runs", os.path.join(WORK.name, "runs"), "--run-id", name)
+        run_dir = os.path.join(WORK.name, "runs", name)
+        with open(os.path.join(run_dir, "results.json")) as f:
+            RUNS[name] = (run_dir, json.load(f), out.stdout)
+    return RUNS[name]
+
+
+def read_idx(path, limit):
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[4:8], "big")
+    if int.from_bytes(data[:4], "big") == 0x803:
+        rows, cols = int.from_bytes(data[8:12], "big"), int.from_bytes(data[12:16], "big")
+        return np.frombuffer(data[16:], np.uint8)[: n * rows * cols].reshape(n, rows, cols)[:limit]
+    return np.frombuffer(data[8:], np.uint8)[:n][:limit]
+
+
+def exported(run_dir, name, pre=False):
+    path = os.path.join(WORK.name, name + ("-pre" if pre else "") + ".onnx")
+    msaflow("export", run_dir, "-o", path, *(["--with-preprocessing"] if pre else []))
+    return path
+
+
+def initializers(path):
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+
+
+class Finetune(unittest.TestCase):
+    def test_rounds_maps_and_champion(self):
+        run_dir, res, out = run("ft2", 2)
+        rounds = res["rounds"]
+        self.assertEqual(len(rounds), 2)
+        for c in rounds[0]["candidates"]:
+            self.assertNotIn("finetune", c["candidate"])
+        fresh = [c for c in rounds[1]["candidates"] if c["candidate"]["id"].startswith("r2-")]
+        self.assertEqual(len(fresh), 2)
+        for c in fresh:  # (a round's table lists the models kept from before too)
+            self.assertEqual(c["candidate"]["finetune"], {"backbone_lr_scale": 0.3})
+            self.assertTrue(c["candidate"]["warm_start"].startswith("model/ft2/1/"), c["candidate"])
+        self.assertIn("finetune", res["champion"]["candidate"])
+        self.assertIn(f"fine-tuned from {TRAIN_FROM}", out)
+        for split in ("train", "validation", "test"):
+            self.assertRegex(out, rf"maps mobilenetv2/{split} at {TRAIN_FROM}: \d+ images x 1536 values")
+        # The champion's exported backbone: the tail's weights trained, the trunk's as pretrained.
+        ft = initializers(exported(run_dir, "ft2"))
+        frozen = initializers(self.frozen_export(run_dir, res))
+        moved = [k for k in ft if k in frozen and ft[k].shape == frozen[k].shape and not np.array_equal(ft[k], frozen[k])]
+        self.assertTrue(any(k.startswith("block_11") for k in moved), moved)
+        self.assertTrue(all(not k.startswith(("block_10", "block_9", "Conv1")) for k in moved), moved)
+
+    def frozen_export(self, run_dir, res):
+        cand = res["rounds"][0]["candidates"][0]["candidate"]["id"]
+        path = os.path.join(WORK.name, "ft2-frozen.onnx")
+        msaflow("export", run_dir, "--candidate", cand, "-o", path)
+        return path
+
+    def test_one_rank_trains_what_two_do(self):
+        _, _, _ = run("ft2", 2)
+        run_dir1, res1, out1 = run("ft1", 1)
+        # The second run found the first one's maps in the NAM (the same content keys).
+        self.assertNotRegex(out1, r"maps mobilenetv2/train at")
+        a = initializers(exported(RUNS["ft2"][0], "ft2"))
+        b = initializers(exported(run_dir1, "ft1"))
+        self.assertEqual(res1["champion"]["candidate"]["id"], RUNS["ft2"][1]["champion"]["candidate"]["id"])
+        worst = 0.0
+        for k in a:
+            scale = max(np.abs(a[k]).max(), 1e-30)
+            worst = max(worst, float(np.abs(a[k].astype(np.float64) - b[k]).max() / scale))
+        print(f"1 rank vs 2 ranks: largest weight difference {worst:.2e} of the largest weight")
+        self.assertLess(worst, 1e-4)
+
+    def test_predict_and_onnx_runtime_reproduce_the_accuracy(self):
+        run_dir, res, _ = run("ft2", 2)
+        with open(os.path.join(run_dir, "pipeline.json")) as f:
+            test = json.load(f)["datasets"]["test"]
+        limit = 200
+        images, labels = read_idx(test["images"], limit), read_idx(test["labels"], limit)
+        reported = sum(c["correct"] for c in res["champion"]["test"]["per_class"])
+        r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", str(limit), "--json")
+        ref = np.array([e["probabilities"] for e in json.loads(r.stdout)], np.float64)
+        self.assertEqual(int((ref.argmax(1) == labels).sum()), reported)
+        plain = exported(run_dir, "ft2")
+        r = msaflow("predict", plain, test["images"], "--labels", test["labels"], "--limit", str(limit), "--json")
+        mine = np.array([e["probabilities"] for e in json.loads(r.stdout)], np.float64)
+        np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-7)
+        if not os.path.isdir(os.path.join(ORT, "onnxruntime-node")):
+            self.fail(f"ONNX Runtime is not installed in {ORT}: MSAFLOW_TESTS=1 scripts/setup.sh installs it")
+        pre = exported(run_dir, "ft2", pre=True)
+        raw = os.path.join(WORK.name, "images.u8")
+        images[:, :, :, None].tofile(raw)
+        got = subprocess.run(["node", os.path.join(ROOT, "tests", "integration", "ort_run.js"), pre, raw, "uint8",
+                              str(limit), "28", "28", "1"], capture_output=True, timeout=300,
+                             env=dict(os.environ, NODE_PATH=ORT))
+        self.assertEqual(got.returncode, 0, got.stderr.decode()[-2000:])
+        probs = np.frombuffer(got.stdout, np.float32).reshape(limit, -1).astype(np.float64)
+        diff = np.abs(probs - ref).max()
+        print(f"ONNX Runtime (with preprocessing) vs msaflow predict: max abs {diff:.2e}, "
+              f"correct {int((probs.argmax(1) == labels).sum())} of {limit}, the run reported {reported}")
+        self.assertEqual(int((probs.argmax(1) == labels).sum()), reported)
+        self.assertLess(diff, 1e-4)
+
+    def refused(self, doc, kind, *needles):
+        r = msaflow("validate", write(doc, "bad"), check=False)
+        self.assertEqual(r.returncode, kind, r.stdout + r.stderr)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        self.assertEqual(len(lines), 1, r.stderr)
+        for n in needles:
+            self.assertIn(n, lines[0])
+
+    def test_refusals(self):
+        doc = pipeline("bad")
+        d = copy.deepcopy(doc)
+        d["backbones"][0]["train_from"] = "block_11_expnd"
+        self.refused(d, 4, "train_from 'block_11_expnd'", "did you mean", "block_11_expand")
+        d = copy.deepcopy(doc)
+        d["head"]["optimizer"] = ["adam", "lbfgs"]
+        self.refused(d, 3, "/head/optimizer", "lbfgs", "/backbones/0/train_from")
+        d = copy.deepcopy(doc)
+        d["steps"]["train"] = {"module": "dam", "ranks": 2, "mode": "async"}
+        self.refused(d, 3, "/steps/train/mode", "fine-tuning")
+        d = copy.deepcopy(doc)
+        d["backbones"][0]["precision"] = "bf16"
+        self.refused(d, 3, "/backbones/0/train_from", "precision")
+        d = copy.deepcopy(doc)
+        d["rounds"]["finetune_from_round"] = 3
+        self.refused(d, 3, "/rounds/finetune_from_round", "after the last round")
+        d = copy.deepcopy(doc)
+        d["backbones"][0]["train_from"] = "block_13_expand_relu"  # ReLU6 at the cut: no weights after it
+        self.refused(d, 3, "train_from 'block_13_expand_relu'", "no weights")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"])
