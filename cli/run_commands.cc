@@ -201,6 +201,7 @@ int PlanOrRun(Options& o, bool plan) {
                   comment.c_str(), static_cast<long long>((p.backbones.size() + p.rounds.eta - 1) / p.rounds.eta),
                   p.backbones.size());
     std::printf("%s", runs.Plan(p, m).c_str());
+    for (const auto& line : orchestrator::FinetuneLines(p, m)) std::printf("%s%s\n", comment.c_str(), line.c_str());
     return 0;
   }
   // What validate checks, in its order: a run stops where validate would, with the same line.

@@ -2,8 +2,11 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "common/files.h"
+#include "nam/pool.h"
 #include "orchestrator/fpga_preflight.h"
 #include "orchestrator/planner.h"
 #include "orchestrator/run.h"
@@ -77,6 +80,46 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
     const auto& mod = m.Module(s.module, "");
     lines.push_back(fmt::format("{}: fpga \"{}\" on module {}", workflow::StepName(step),
                                 kernels::fpga::BackendName(FpgaFor(p, mod).backend), mod.name));
+  }
+  for (auto& line : FinetuneLines(p, m)) lines.push_back(std::move(line));
+  return lines;
+}
+
+std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workflow::Machine& m) {
+  std::vector<std::string> lines;
+  if (std::none_of(p.backbones.begin(), p.backbones.end(), [](const auto& b) { return b.finetunes(); })) return lines;
+  int64_t images = 0;
+  for (const auto& split : workflow::OpenSplits(p, true)) images += split.count();
+  const auto& train = p.steps.at(workflow::Step::kTrain);
+  const auto layout = ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
+                                         static_cast<size_t>(p.rounds.candidates));
+  double total = 0;
+  for (const auto& bb : p.backbones) {
+    if (!bb.finetunes()) continue;
+    const workflow::TailShape t = workflow::DescribeTail(bb);
+    std::string maps;
+    for (size_t i = 0; i < t.inputs.size(); ++i)
+      maps += fmt::format("{}{} ({} x {} x {})", i ? ", " : "", t.inputs[i], t.dims[i][0], t.dims[i][1], t.dims[i][2]);
+    const double bytes = static_cast<double>(t.values * images) * sizeof(float);
+    total += bytes;
+    std::string scales;
+    for (double s : p.head.backbone_lr_scale) scales += fmt::format("{}{:g}", scales.empty() ? "" : ", ", s);
+    lines.push_back(fmt::format(
+        "fine-tuning {}: from round {}, its {} layers from {} to {} ({} weights) train with the heads on module {}, {} "
+        "rank{} ({}), at the head's learning rate x {}; the trunk's maps at {} cached in the NAM: {} values an "
+        "image, {:.1f} MB for the {} images of the splits",
+        bb.name, p.rounds.finetune_from_round, t.layers.size(), t.layers.front(), t.layers.back(), t.weights,
+        train.module, layout.ranks, layout.ranks == 1 ? "" : "s", workflow::TrainModeName(layout.mode), scales, maps,
+        t.values, bytes / 1e6, images));
+  }
+  if (p.nam.empty() && m.nam.serve) {
+    const double capacity = static_cast<double>(nam::ParseSize(m.nam.capacity, "the machine's nam.capacity"));
+    if (total > capacity)
+      Throw(ErrorKind::kInvalidInput,
+            fmt::format("fine-tuning: the maps of every split take {:.1f} MB, more than the NAM's capacity of {} "
+                        "(machine '{}', nam.capacity): train from a later layer, use fewer images, or give the "
+                        "NAM more",
+                        total / 1e6, m.nam.capacity, m.name));
   }
   return lines;
 }

@@ -16,4 +16,10 @@ namespace msaflow::orchestrator {
 std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workflow::Machine& m,
                                        const std::string& origin, const std::string& runs_dir);
 
+// Fine-tuning as the pipeline asks for it, a line per backbone with train_from: the layers that
+// train, from which round, on which module and ranks, and the maps cached in the NAM with their
+// bytes. Throws kInvalidInput when the maps of every split would not fit the NAM server's
+// capacity that the machine gives a run. Reads the datasets' sizes.
+std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workflow::Machine& m);
+
 }  // namespace msaflow::orchestrator

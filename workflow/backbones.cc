@@ -155,6 +155,28 @@ void CheckTail(const BackboneSpec& bb, const std::string& model) {
 
 }  // namespace
 
+TailShape DescribeTail(const BackboneSpec& bb) {
+  const std::string model = ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes);
+  CheckTail(bb, model);
+  const kernels::Tail tail(kernels::ImportOnnx(model, bb.onnx, bb.feature_layer), bb.train_from);
+  TailShape t;
+  t.layers = tail.NodeNames();
+  t.weights = tail.ParamCount();
+  t.inputs = tail.inputs();
+  kernels::Executor trunk(kernels::ImportOnnxCuts(model, bb.onnx, tail.inputs()));
+  const auto& in = bb.input;
+  const std::vector<float> one(static_cast<size_t>(in.channels * in.height * in.width), 0.f);
+  std::vector<std::vector<int64_t>> dims;
+  trunk.Maps(one.data(), 1, in.channels, in.height, in.width, &dims);
+  for (const auto& d : dims) {
+    t.dims.emplace_back(d.begin() + 1, d.end());
+    int64_t n = 1;
+    for (int64_t x : t.dims.back()) n *= x;
+    t.values += n;
+  }
+  return t;
+}
+
 void CheckBackbones(const Pipeline& p) {
   // What passed once in this process, by the model's content, its cuts and its input: `msaflow
   // run` checks what `validate` just did, and a service admits the same models again and again.

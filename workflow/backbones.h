@@ -22,6 +22,17 @@ void CheckBackboneInput(const kernels::Graph& g, const BackboneSpec& bb);
 // input as above: what `validate` and a run do before anything starts.
 void CheckBackbones(const Pipeline& p);
 
+// A fine-tuning backbone's tail as `plan` and `validate` describe it (docs/finetune.md).
+struct TailShape {
+  std::vector<std::string> layers;      // the tail's nodes, in graph order
+  int64_t weights = 0;                  // values that train
+  std::vector<std::string> inputs;      // the trunk tensors cached (the maps)
+  std::vector<std::vector<int64_t>> dims;  // one image's dims of each (C, H, W)
+  int64_t values = 0;                   // maps values per image
+};
+// Imports bb.onnx and describes its tail at the pipeline's input size; throws as CheckBackbones.
+TailShape DescribeTail(const BackboneSpec& bb);
+
 // Whether one pass of a model over the images can give both backbones' features: one ONNX file
 // cut at two layers, prepared alike (input size, mean, std, fixed batch), both in f32. Rank and
 // prepare run such backbones together (Executor::FeaturesOfCuts).

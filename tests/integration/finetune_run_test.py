@@ -176,6 +176,13 @@ class Finetune(unittest.TestCase):
         self.assertEqual(int((probs.argmax(1) == labels).sum()), reported)
         self.assertLess(diff, 1e-4)
 
+    def test_plan_says_what_trains_and_the_maps_bytes(self):
+        r = msaflow("plan", write(pipeline("planned"), "planned"))
+        self.assertIn("fine-tuning mobilenetv2: from round 2, its 14 layers from block_11_expand to "
+                      "block_13_expand_relu (289920 weights) train with the heads on module dam, 2 ranks (sync), at "
+                      "the head's learning rate x 0.3; the trunk's maps at block_10_project_BN (96 x 4 x 4) cached in "
+                      "the NAM: 1536 values an image, 3.7 MB for the 600 images of the splits", r.stdout)
+
     def refused(self, doc, kind, *needles):
         r = msaflow("validate", write(doc, "bad"), check=False)
         self.assertEqual(r.returncode, kind, r.stdout + r.stderr)
@@ -201,6 +208,12 @@ class Finetune(unittest.TestCase):
         d = copy.deepcopy(doc)
         d["rounds"]["finetune_from_round"] = 3
         self.refused(d, 3, "/rounds/finetune_from_round", "after the last round")
+        d = copy.deepcopy(doc)  # maps of 3.7 MB for a NAM of 1 MiB
+        with open(os.path.join(ROOT, "configs", "machines", "local.json")) as f:
+            machine = json.load(f)
+        machine["nam"]["capacity"] = "1MiB"
+        d["machine"] = write(machine, "small-nam")
+        self.refused(d, 3, "fine-tuning: the maps of every split take 3.7 MB", "capacity of 1MiB")
         d = copy.deepcopy(doc)
         d["backbones"][0]["train_from"] = "block_13_expand_relu"  # ReLU6 at the cut: no weights after it
         self.refused(d, 3, "train_from 'block_13_expand_relu'", "no weights")
