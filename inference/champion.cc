@@ -45,6 +45,41 @@ int RoundOf(const std::string& candidate_id) {
   return std::atoi(candidate_id.c_str() + 1);
 }
 
+// The backbone the run loaded (checked to be the one the NAM still holds under its name), with a
+// fine-tuned model's trained weights in it; an int8 backbone's ranges.
+void LoadBackbone(nam::Store& store, const modules::TailWeights& tail, TrainedModel* mp) {
+  TrainedModel& m = *mp;
+  const nam::Object bb = store.Get(workflow::BackboneObject(m.backbone.name));
+  // The NAM keeps one backbone of a name: a later run may have loaded another under it.
+  const std::string loaded = bb.info.meta.value("digest", "");
+  for (int round = RoundOf(m.candidate.id); round >= 1; --round) {
+    auto done = store.Stat(workflow::TaskDoneObject(m.run, round, workflow::Step::kLoad));
+    if (!done) continue;
+    const json body = json::parse(store.Get(done->name).bytes, nullptr, false);
+    const std::string used =
+        body.is_object()
+            ? body.value("inputs", json::object()).value("backbones", json::object()).value(m.backbone.name, "")
+            : "";
+    if (!used.empty() && used != loaded)
+      Throw(ErrorKind::kCorrupt,
+            fmt::format("backbone '{}': the NAM now holds another model under that name (digest {}, the run "
+                        "loaded {}); resume or re-run the pipeline to load it again",
+                        m.backbone.name, loaded, used));
+    break;
+  }
+  m.backbone_onnx = bb.bytes;
+  if (!tail.empty()) {  // fine-tuned: the backbone with its trained layers; its features never stored
+    std::map<std::string, std::vector<float>> trained;
+    for (size_t i = 0; i < tail.names.size(); ++i) trained[tail.names[i]] = tail.values[i];
+    m.backbone_onnx = kernels::ReplaceInitializers(bb.bytes, "NAM " + bb.info.name, trained);
+    m.backbone.feature_dtype = "f32";
+    m.finetuned_from = tail.train_from;
+  }
+  if (m.backbone.precision == "int8")
+    m.int8_ranges =
+        modules::RangesFromJson(bb.info.meta.value("int8_ranges", json()), "NAM object '" + bb.info.name + "'");
+}
+
 }  // namespace
 
 TrainedModel OpenTrainedModel(const std::string& run_dir_in, const std::string& candidate_id) {
@@ -101,37 +136,7 @@ TrainedModel OpenTrainedModel(const std::string& run_dir_in, const std::string& 
   const nam::Object model = store->Get(m.model_object);
   m.head = modules::HeadFromModel(model, m.candidate.head);
   const modules::TailWeights tail = modules::TailOfModel(model);
-  if (m.backbone.kind != "pixels") {
-    const nam::Object bb = store->Get(workflow::BackboneObject(m.backbone.name));
-    // The NAM keeps one backbone of a name: a later run may have loaded another under it.
-    const std::string loaded = bb.info.meta.value("digest", "");
-    for (int round = RoundOf(m.candidate.id); round >= 1; --round) {
-      auto done = store->Stat(workflow::TaskDoneObject(m.run, round, workflow::Step::kLoad));
-      if (!done) continue;
-      const json body = json::parse(store->Get(done->name).bytes, nullptr, false);
-      const std::string used = body.is_object() ? body.value("inputs", json::object())
-                                                      .value("backbones", json::object())
-                                                      .value(m.backbone.name, "")
-                                                : "";
-      if (!used.empty() && used != loaded)
-        Throw(ErrorKind::kCorrupt,
-              fmt::format("backbone '{}': the NAM now holds another model under that name (digest {}, the run "
-                          "loaded {}); resume or re-run the pipeline to load it again",
-                          m.backbone.name, loaded, used));
-      break;
-    }
-    m.backbone_onnx = bb.bytes;
-    if (!tail.empty()) {  // fine-tuned: the backbone with its trained layers; its features never stored
-      std::map<std::string, std::vector<float>> trained;
-      for (size_t i = 0; i < tail.names.size(); ++i) trained[tail.names[i]] = tail.values[i];
-      m.backbone_onnx = kernels::ReplaceInitializers(bb.bytes, "NAM " + bb.info.name, trained);
-      m.backbone.feature_dtype = "f32";
-      m.finetuned_from = tail.train_from;
-    }
-    if (m.backbone.precision == "int8")
-      m.int8_ranges =
-          modules::RangesFromJson(bb.info.meta.value("int8_ranges", json()), "NAM object '" + bb.info.name + "'");
-  }
+  if (m.backbone.kind != "pixels") LoadBackbone(*store, tail, &m);
 
   // Class names: the test figures' per-class names, by class index.
   m.class_names.assign(static_cast<size_t>(m.head.classes), "");

@@ -105,6 +105,14 @@ void WriteFarmSummary(StepContext& c, const std::vector<std::string>& parts, int
                     summary["overhead_per_task_ms"].get<double>()));
 }
 
+// The farm's figures, for the round's results: who did what, and how busy the ranks were.
+// Every rank's figures (`mine`) gathered, and on rank 0 the farm's summary; then a barrier.
+void GatherFarmSummary(StepContext& c, const nlohmann::json& mine, int64_t n_tasks, int64_t shards) {
+  auto parts = c.comm->Gather(mine.dump(), 0);
+  if (c.root()) WriteFarmSummary(c, parts, n_tasks, shards);
+  c.comm->Barrier();
+}
+
 }  // namespace
 
 namespace {
@@ -151,6 +159,12 @@ nlohmann::json EvaluateWhole(StepContext& c, const workflow::Candidate& cand, co
 }
 
 namespace {
+
+// A split's features as a rank of the farm reads them.
+struct Cached {
+  FeaturesIndex index;
+  std::vector<std::string> parts;  // empty string: not read yet
+};
 
 // A fine-tuned candidate's model: its head and its trained tail.
 struct FinetunedModel {
@@ -201,10 +215,6 @@ void Evaluate(StepContext& c) {
   if (c.small_macs >= 0) c.CheckSmall(EvaluateMacs(c, selection));  // in the coordinator, if it is little work
   // Task k is shard k % shards of candidate k / shards: a rank drawing neighbouring tasks
   // finds the model in its cache. A rank reads only the features parts its shards need, once.
-  struct Cached {
-    FeaturesIndex index;
-    std::vector<std::string> parts;  // empty string: not read yet
-  };
   std::map<std::string, Cached> features;  // by backbone + "/" + split
   std::map<std::string, kernels::Head> models;
   std::map<std::string, FinetunedModel> tails;  // fine-tuned candidates' models, by id
@@ -231,9 +241,9 @@ void Evaluate(StepContext& c) {
       Cached& fc = features.at(fkey);
       const FeaturesIndex& f = fc.index;
       if (!head) {
-        if (!models.count(cand.id)) {
-          models.emplace(cand.id, HeadFromModel(c.store->Get(workflow::ModelObject(t.run, t.round, cand.id)), cand.head));
-        }
+        if (!models.count(cand.id))
+          models.emplace(cand.id,
+                         HeadFromModel(c.store->Get(workflow::ModelObject(t.run, t.round, cand.id)), cand.head));
         head = &models.at(cand.id);
       }
       const kernels::Head& h = *head;
@@ -263,23 +273,15 @@ void Evaluate(StepContext& c) {
           c.Overlapping("features " + split)));
       return met;
     };
-    auto names = [&](const std::string& split) { return features.at(cand.backbone + "/" + split).index.class_names; };
-    if (cand.finetune) {  // the maps through the candidate's trained tail (FinetunedShard)
-      nlohmann::json result = FinetunedShard(c, cand, shard, selection, tails, maps);
-      result["split"] = selection;
-      if (AlsoOnTest(c, selection)) result["test"] = FinetunedShard(c, cand, shard, "test", tails, maps);
-      c.store->Put(workflow::EvalObject(t.run, t.round, cand.id, shard), result.dump(), {{"kind", "eval-shard"}});
-      busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      done.push_back(k);
-      continue;
-    }
-    const kernels::Metrics selected = evaluate(selection);  // opens the split's features, and so its names
-    nlohmann::json result = MetricsJson(selected, names(selection));
+    // A fine-tuned candidate: the maps through its trained tail (FinetunedShard); else its features.
+    auto metrics = [&](const std::string& split) {
+      if (cand.finetune) return FinetunedShard(c, cand, shard, split, tails, maps);
+      const kernels::Metrics met = evaluate(split);  // opens the split's features, and so its names
+      return MetricsJson(met, features.at(cand.backbone + "/" + split).index.class_names);
+    };
+    nlohmann::json result = metrics(selection);
     result["split"] = selection;
-    if (AlsoOnTest(c, selection)) {
-      const kernels::Metrics test = evaluate("test");
-      result["test"] = MetricsJson(test, names("test"));
-    }
+    if (AlsoOnTest(c, selection)) result["test"] = metrics("test");
     c.store->Put(workflow::EvalObject(t.run, t.round, cand.id, shard), result.dump(), {{"kind", "eval-shard"}});
     if (slow.rank == comm.rank()) parallel::Straggle(t0, slow.factor);
     busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -290,15 +292,19 @@ void Evaluate(StepContext& c) {
   farm.reset();  // collective
   if (works)
     c.Say(fmt::format("rank {}/{}: evaluated {} (model x shard) tasks of {}, {} model(s) read, busy {:.3f} of {:.3f} s",
-                      comm.rank(), comm.size(), done.size(), n_tasks, models.size(), busy, wall));
-  // The farm's figures, for the round's results: who did what, and how busy the ranks were.
-  nlohmann::json mine = {{"rank", comm.rank()}, {"tasks", done.size()}, {"task_ids", done},
-                         {"models_read", models.size()}, {"busy_s", busy}, {"wall_s", wall},
-                         {"works", works}, {"parts_read", parts_read}, {"read_s", io.fetch_s},
-                         {"read_wait_s", io.wait_s}, {"overlap", c.OverlapReport()}};
-  auto parts = comm.Gather(mine.dump(), 0);
-  if (c.root()) WriteFarmSummary(c, parts, n_tasks, shards);
-  comm.Barrier();
+                      comm.rank(), comm.size(), done.size(), n_tasks, models.size() + tails.size(), busy, wall));
+  nlohmann::json mine = {{"rank", comm.rank()},
+                         {"tasks", done.size()},
+                         {"task_ids", done},
+                         {"models_read", models.size() + tails.size()},
+                         {"busy_s", busy},
+                         {"wall_s", wall},
+                         {"works", works},
+                         {"parts_read", parts_read},
+                         {"read_s", io.fetch_s},
+                         {"read_wait_s", io.wait_s},
+                         {"overlap", c.OverlapReport()}};
+  GatherFarmSummary(c, mine, n_tasks, shards);
 }
 
 }  // namespace msaflow::modules

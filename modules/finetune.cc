@@ -234,8 +234,8 @@ std::vector<float> TailFeaturesOf(kernels::Tail* tail, const Maps& maps, int64_t
     rows.resize(static_cast<size_t>(b));
     for (int64_t k = 0; k < b; ++k) rows[static_cast<size_t>(k)] = s + k;
     data.Batch(rows.data(), b, &xs, &dims);
-    std::vector<const float*> ptrs;
-    for (const auto& x : xs) ptrs.push_back(x.data());
+    std::vector<const float*> ptrs(xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) ptrs[i] = xs[i].data();
     const std::vector<float>& f = tail->Forward(ptrs, dims);
     out.insert(out.end(), f.begin(), f.end());
   }

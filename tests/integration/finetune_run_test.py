@@ -12,6 +12,8 @@ finetune_from_round 2), sync on 2 MPI ranks, then again on 1 rank. Checked:
   - `msaflow predict` on the run, and the exported ONNX file in ONNX Runtime (npm's
     onnxruntime-node) and in msaflow's executor, reproduce the run's reported test accuracy as
     counts (the run computed it as cached maps through the tail; these run the whole network);
+  - a run killed (SIGKILL of its coordinator) while round 2 fine-tunes resumes, reusing the
+    cached maps, to the uninterrupted run's champion and accuracies;
   - the refusals, before anything runs: a layer the model lacks, an operator without backward,
     lbfgs, the parameter server, another precision, a finetune_from_round past the last round.
 
@@ -21,8 +23,10 @@ import gzip
 import json
 import os
 import subprocess
+import signal
 import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
@@ -80,6 +84,21 @@ def run(name, ranks):
         with open(os.path.join(run_dir, "results.json")) as f:
             RUNS[name] = (run_dir, json.load(f), out.stdout)
     return RUNS[name]
+
+
+def commands(run_dir):
+    """The command lines of the processes that name the run directory (steps, mpirun)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if run_dir in cmd:
+                out.append(cmd)
+    return out
 
 
 def read_idx(path, limit):
@@ -175,6 +194,34 @@ class Finetune(unittest.TestCase):
               f"correct {int((probs.argmax(1) == labels).sum())} of {limit}, the run reported {reported}")
         self.assertEqual(int((probs.argmax(1) == labels).sum()), reported)
         self.assertLess(diff, 1e-4)
+
+    def test_killed_mid_finetuning_resume_reaches_the_same_champion(self):
+        _, want, _ = run("ft2", 2)
+        path = write(pipeline("ftkill", 2), "ftkill")
+        runs = os.path.join(WORK.name, "runs-kill")
+        run_dir = os.path.join(runs, "ftkill")
+        log = open(os.path.join(WORK.name, "ftkill.log"), "w")
+        proc = subprocess.Popen([EXE, "run", path, "--runs", runs, "--run-id", "ftkill"], stdout=log,
+                                stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while not any("r2-train" in c for c in commands(run_dir)):  # round 2's train step, fine-tuning
+            self.assertIsNone(proc.poll(), "the run ended before round 2's train step was seen")
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.02)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        st = msaflow("status", run_dir, check=False)
+        self.assertIn("state: interrupted", st.stdout)
+        r = msaflow("resume", run_dir)
+        self.assertNotRegex(r.stdout, r"maps mobilenetv2/\w+ at")  # the cached maps, reused
+        self.assertIn(f"fine-tuned from {TRAIN_FROM}", r.stdout)  # the killed step ran again
+        with open(os.path.join(run_dir, "results.json")) as f:
+            got = json.load(f)
+        for key in ("accuracy",):
+            self.assertEqual(got["champion"][key], want["champion"][key])
+        self.assertEqual(got["champion"]["candidate"]["id"], want["champion"]["candidate"]["id"])
+        self.assertEqual(got["champion"]["test"]["accuracy"], want["champion"]["test"]["accuracy"])
 
     def test_plan_says_what_trains_and_the_maps_bytes(self):
         r = msaflow("plan", write(pipeline("planned"), "planned"))
