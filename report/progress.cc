@@ -17,6 +17,13 @@ using nlohmann::json;
 
 namespace {
 
+// Whether a round's prepare computed fine-tuning's maps (its summary's "maps" entries).
+bool MapsComputed(const json& prepared) {
+  for (const auto& m : prepared.value("maps", json::array()))
+    if (m.value("computed", false)) return true;
+  return false;
+}
+
 // The round's best per class, by name: every class when there are a dozen or fewer, else the
 // weakest dozen (where a user looks first).
 std::string PerClassLine(const json& per_class, const std::string& split) {
@@ -98,15 +105,18 @@ void ProgressPrinter::RoundTable(const Pipeline& p, int round, const RoundOutcom
                p.select_on.c_str());
   for (const auto& e : best.at("all")) {
     Candidate c = CandidateFromJson(e.at("candidate"));
-    std::fprintf(out_, "  %-8s %-12s %-42s %8.4f %8.4f%s\n", c.id.c_str(), c.backbone.c_str(), HeadLabel(c.head).c_str(),
-                 e.at("accuracy").get<double>(), e.at("loss").get<double>(), e.at("round") == round ? "" : "  (kept)");
+    std::fprintf(out_, "  %-8s %-12s %-42s %8.4f %8.4f%s%s\n", c.id.c_str(), c.backbone.c_str(),
+                 HeadLabel(c.head).c_str(), e.at("accuracy").get<double>(), e.at("loss").get<double>(),
+                 e.at("round") == round ? "" : "  (kept)", c.finetune ? "  (fine-tuned)" : "");
   }
   const json& champ = best.at("champion");
   std::fprintf(out_, "  best of round %d: %s (%s) accuracy %.4f; features computed %zu, reused %zu%s\n", round,
                champ.at("candidate").at("id").get<std::string>().c_str(),
                champ.at("candidate").at("backbone").get<std::string>().c_str(), champ.at("accuracy").get<double>(),
                o.prepared.at("computed").size(), o.prepared.at("reused").size(),
-               o.prepared.at("computed").empty() ? " (no backbone ran this round)" : "");
+               !o.prepared.at("computed").empty() ? ""
+               : MapsComputed(o.prepared)         ? " (the trunks ran for fine-tuning's maps)"
+                                                  : " (no backbone ran this round)");
   if (champ.contains("per_class")) std::fprintf(out_, "%s\n", PerClassLine(champ["per_class"], p.select_on).c_str());
   std::fflush(out_);
 }
