@@ -22,6 +22,8 @@ import onnx
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
 WORK = tempfile.TemporaryDirectory(prefix="msaflow-export-test-")
+# ONNX Runtime's CPU build, from npm's onnxruntime-node (MSAFLOW_TESTS=1 scripts/setup.sh).
+ORT = os.path.join(ROOT, ".cache", "ort", "node_modules")
 RUNS = {}
 
 
@@ -56,6 +58,20 @@ def read_idx(path, limit):
         rows, cols = int.from_bytes(data[8:12], "big"), int.from_bytes(data[12:16], "big")
         return np.frombuffer(data[16:], np.uint8)[: n * rows * cols].reshape(n, rows, cols)[:limit]
     return np.frombuffer(data[8:], np.uint8)[:n][:limit]
+
+
+def onnx_runtime(path, feed):
+    """The exported model at `path` run by ONNX Runtime on `feed` (tests/integration/ort_run.js)."""
+    if not os.path.isdir(os.path.join(ORT, "onnxruntime-node")):
+        raise AssertionError(f"ONNX Runtime is not installed in {ORT}: MSAFLOW_TESTS=1 scripts/setup.sh installs it")
+    raw = os.path.join(WORK.name, "ort-input.bin")
+    np.ascontiguousarray(feed).tofile(raw)
+    dtype = "uint8" if feed.dtype == np.uint8 else "float32"
+    r = subprocess.run(["node", os.path.join(ROOT, "tests", "integration", "ort_run.js"), path, raw, dtype,
+                        *map(str, feed.shape)], capture_output=True, timeout=600, env=dict(os.environ, NODE_PATH=ORT))
+    if r.returncode != 0:
+        raise AssertionError(f"ONNX Runtime on {path}: {r.stderr.decode()[-2000:]}")
+    return np.frombuffer(r.stdout, np.float32).reshape(len(feed), -1).astype(np.float64)
 
 
 def predictions(out):
@@ -125,6 +141,14 @@ class Export(unittest.TestCase):
             # up to 2.2e-5 absolute): the same classes on every image, probabilities within 1e-4.
             self.assertTrue((got.argmax(1) == ref.argmax(1)).all())
             self.assertEqual(int((got.argmax(1) == labels).sum()), reported)
+            self.assertLess(diff.max(), 1e-4)
+
+            # ONNX Runtime (issue 47), the runtime people deploy with: the run's accuracy exactly.
+            ort = onnx_runtime(path, feed.astype(np.float32) if feed.dtype != np.uint8 else feed)
+            diff = np.abs(ort - ref)
+            print(f"  {os.path.basename(path)}: ONNX Runtime vs msaflow: max abs {diff.max():.2e}, correct "
+                  f"{int((ort.argmax(1) == labels).sum())} of {len(ref)} (the run: {reported})")
+            self.assertEqual(int((ort.argmax(1) == labels).sum()), reported)
             self.assertLess(diff.max(), 1e-4)
         return run_dir, images, labels, reported
 
