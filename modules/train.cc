@@ -226,6 +226,12 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
   parallel::Comm& world = *c.comm;
   const bool alone = c.task.train.mode == TrainMode::kIndependent;
   std::map<std::string, Maps> maps;  // the training maps, by backbone
+  if (alone && world.size() > 1 && !cands.empty()) {
+    std::string dealt;
+    for (size_t i = static_cast<size_t>(world.rank()); i < cands.size(); i += static_cast<size_t>(world.size()))
+      dealt += (dealt.empty() ? "" : ", ") + cands[i].id;
+    c.Say("fine-tuning candidates dealt in turn: " + (dealt.empty() ? std::string("none") : dealt));
+  }
   for (size_t i = 0; i < cands.size(); ++i) {
     if (alone && static_cast<int>(i % static_cast<size_t>(world.size())) != world.rank()) continue;
     const workflow::Candidate& cand = cands[i];
@@ -304,7 +310,7 @@ void Train(StepContext& c) {
   if (workflow::UsesParameterServers(mode)) {
     TrainWithServers(c, straggler, cache, staged);
   } else {
-    const std::vector<int> owner = mode == TrainMode::kIndependent && world.size() > 1
+    const std::vector<int> owner = mode == TrainMode::kIndependent && world.size() > 1 && !cands.empty()
                                        ? DealCandidates(c, cands)
                                        : std::vector<int>(cands.size(), world.rank());
     TrainInBatches(c, cands, owner, straggler, cache, staged);

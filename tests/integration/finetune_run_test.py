@@ -12,6 +12,7 @@ finetune_from_round 2), sync on 2 MPI ranks, then again on 1 rank. Checked:
   - `msaflow predict` on the run, and the exported ONNX file in ONNX Runtime (npm's
     onnxruntime-node) and in msaflow's executor, reproduce the run's reported test accuracy as
     counts (the run computed it as cached maps through the tail; these run the whole network);
+  - mode independent on 2 ranks fine-tunes from round 1, a candidate per rank;
   - a run killed (SIGKILL of its coordinator) while round 2 fine-tunes resumes, reusing the
     cached maps, to the uninterrupted run's champion and accuracies;
   - the refusals, before anything runs: a layer the model lacks, an operator without backward,
@@ -222,6 +223,25 @@ class Finetune(unittest.TestCase):
             self.assertEqual(got["champion"][key], want["champion"][key])
         self.assertEqual(got["champion"]["candidate"]["id"], want["champion"]["candidate"]["id"])
         self.assertEqual(got["champion"]["test"]["accuracy"], want["champion"]["test"]["accuracy"])
+
+    def test_independent_ranks_fine_tune_from_round_one(self):
+        doc = pipeline("ftind")
+        doc["rounds"] = {"max": 1, "candidates": 2, "top_k": 1, "strategy": "perturb", "seed": 3}
+        doc["steps"]["train"] = {"module": "dam", "ranks": 2, "mode": "independent"}
+        runs = os.path.join(WORK.name, "runs-ind")
+        out = msaflow("run", write(doc, "ftind"), "--runs", runs, "--run-id", "ftind").stdout
+        self.assertIn("[0] fine-tuning candidates dealt in turn: r1-c00", out)
+        self.assertIn("[1] fine-tuning candidates dealt in turn: r1-c01", out)
+        run_dir = os.path.join(runs, "ftind")
+        with open(os.path.join(run_dir, "results.json")) as f:
+            res = json.load(f)
+        for c in res["rounds"][0]["candidates"]:  # no warm start: heads initialised on the tail's features
+            self.assertEqual(c["candidate"]["finetune"], {"backbone_lr_scale": 0.3})
+            self.assertEqual(c["candidate"]["warm_start"], "")
+        test = doc["datasets"]["test"]
+        r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", "200")
+        reported = sum(c["correct"] for c in res["champion"]["test"]["per_class"])
+        self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
 
     def test_plan_says_what_trains_and_the_maps_bytes(self):
         r = msaflow("plan", write(pipeline("planned"), "planned"))
