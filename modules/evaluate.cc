@@ -172,24 +172,32 @@ struct FinetunedModel {
   std::unique_ptr<kernels::Tail> tail;
 };
 
+// What a rank of the farm keeps of the fine-tuned candidates it evaluates.
+struct Finetuned {
+  explicit Finetuned(StepContext& c) : backbones(c) {}
+  std::map<std::string, FinetunedModel> models;  // by candidate id
+  std::map<std::string, Maps> maps;              // by backbone + "/" + split
+  BackboneTails backbones;
+};
+
 // One shard of `split` for a fine-tuned candidate: its rows' maps through the candidate's tail
 // (the maps and the model read once per rank), pooled, then through its head.
 nlohmann::json FinetunedShard(StepContext& c, const workflow::Candidate& cand, int64_t shard, const std::string& split,
-                              std::map<std::string, FinetunedModel>& tails, std::map<std::string, Maps>& maps) {
+                              Finetuned& ft) {
   const workflow::BackboneSpec& bb = c.pipeline().Backbone(cand.backbone);
-  if (!tails.count(cand.id)) {
+  if (!ft.models.count(cand.id)) {
     const nam::Object m = c.store->Get(workflow::ModelObject(c.task.run, c.task.round, cand.id));
-    FinetunedModel f{HeadFromModel(m, cand.head), BackboneTail(c, bb)};
+    FinetunedModel f{HeadFromModel(m, cand.head), ft.backbones.Make(bb)};
     const TailWeights w = TailOfModel(m);
     if (w.empty())
       Throw(ErrorKind::kCorrupt, "NAM object '" + m.info.name + "': a fine-tuned candidate's model holds no tail");
     ApplyTail(w, f.tail.get(), "NAM object '" + m.info.name + "'");
-    tails.emplace(cand.id, std::move(f));
+    ft.models.emplace(cand.id, std::move(f));
   }
-  FinetunedModel& model = tails.at(cand.id);
+  FinetunedModel& model = ft.models.at(cand.id);
   const std::string key = bb.name + "/" + split;
-  if (!maps.count(key)) maps.emplace(key, LoadMaps(c, bb, split));
-  const Maps& m = maps.at(key);
+  if (!ft.maps.count(key)) ft.maps.emplace(key, LoadMaps(c, bb, split));
+  const Maps& m = ft.maps.at(key);
   const int64_t shards = c.task.shards, lo = m.n * shard / shards, hi = m.n * (shard + 1) / shards;
   const int64_t classes = std::max(model.head.classes, m.classes);
   kernels::Metrics met;
@@ -217,8 +225,7 @@ void Evaluate(StepContext& c) {
   // finds the model in its cache. A rank reads only the features parts its shards need, once.
   std::map<std::string, Cached> features;  // by backbone + "/" + split
   std::map<std::string, kernels::Head> models;
-  std::map<std::string, FinetunedModel> tails;  // fine-tuned candidates' models, by id
-  std::map<std::string, Maps> maps;             // their maps, by backbone + "/" + split
+  Finetuned finetuned(c);  // the fine-tuned candidates' models and maps
   std::vector<int64_t> done;
   double busy = 0;
   OverlapStats io;
@@ -275,7 +282,7 @@ void Evaluate(StepContext& c) {
     };
     // A fine-tuned candidate: the maps through its trained tail (FinetunedShard); else its features.
     auto metrics = [&](const std::string& split) {
-      if (cand.finetune) return FinetunedShard(c, cand, shard, split, tails, maps);
+      if (cand.finetune) return FinetunedShard(c, cand, shard, split, finetuned);
       const kernels::Metrics met = evaluate(split);  // opens the split's features, and so its names
       return MetricsJson(met, features.at(cand.backbone + "/" + split).index.class_names);
     };
@@ -292,11 +299,12 @@ void Evaluate(StepContext& c) {
   farm.reset();  // collective
   if (works)
     c.Say(fmt::format("rank {}/{}: evaluated {} (model x shard) tasks of {}, {} model(s) read, busy {:.3f} of {:.3f} s",
-                      comm.rank(), comm.size(), done.size(), n_tasks, models.size() + tails.size(), busy, wall));
+                      comm.rank(), comm.size(), done.size(), n_tasks, models.size() + finetuned.models.size(), busy,
+                      wall));
   nlohmann::json mine = {{"rank", comm.rank()},
                          {"tasks", done.size()},
                          {"task_ids", done},
-                         {"models_read", models.size() + tails.size()},
+                         {"models_read", models.size() + finetuned.models.size()},
                          {"busy_s", busy},
                          {"wall_s", wall},
                          {"works", works},

@@ -87,19 +87,12 @@ void ComputeMapsParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
   }
 }
 
-// One backbone's maps of one split: computed where the NAM lacks them (rank 0 decides for all).
-nlohmann::json MapsOfSplit(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
-                           kernels::Tail& tail, kernels::Executor& trunk, int64_t classes) {
+// One backbone's maps of one split, computed into the NAM object `key` (each rank its parts).
+nlohmann::json ComputeMaps(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
+                           const std::string& key, const kernels::Tail& tail, kernels::Executor& trunk,
+                           int64_t classes) {
   const auto t0 = Clock::now();
-  const std::string key = MapsKey(c, bb, src.name());
   nlohmann::json entry = {{"backbone", bb.name}, {"split", src.name()}, {"object", key}};
-  int have = c.root() && c.store->Stat(key) ? 1 : 0;
-  c.comm->Bcast(&have, sizeof have, 0);
-  if (have) {
-    entry["computed"] = false;
-    return entry;
-  }
-  c.WorkAhead();  // not in the coordinator: a backbone's trunk over every image
   const auto& in = bb.input;
   std::vector<float> one(static_cast<size_t>(in.channels * in.height * in.width), 0.f);
   std::vector<std::vector<int64_t>> dims;
@@ -154,11 +147,14 @@ std::string MapsKey(StepContext& c, const workflow::BackboneSpec& bb, const std:
   return workflow::MapsObject(BackboneDigest(*c.store, bb), c.DatasetDigest(split), bb.train_from);
 }
 
-std::unique_ptr<kernels::Tail> BackboneTail(StepContext& c, const workflow::BackboneSpec& bb) {
-  std::string bytes;
-  const kernels::Graph g = BackboneGraph(c, bb, &bytes);
+std::unique_ptr<kernels::Tail> BackboneTails::Make(const workflow::BackboneSpec& bb) {
+  auto it = graphs_.find(bb.name);
+  if (it == graphs_.end()) {
+    std::string bytes;
+    it = graphs_.emplace(bb.name, BackboneGraph(c_, bb, &bytes)).first;
+  }
   try {
-    return std::make_unique<kernels::Tail>(g, bb.train_from);
+    return std::make_unique<kernels::Tail>(it->second, bb.train_from);
   } catch (const Error& e) {
     Throw(e.kind(), "backbone '" + bb.name + "': " + e.what());
   }
@@ -171,20 +167,29 @@ nlohmann::json PrepareMaps(StepContext& c) {
   int64_t classes = 0;
   for (const auto& bb : p.backbones) {
     if (!p.FinetunesIn(bb, c.task.round)) continue;
-    std::string bytes;
-    const kernels::Graph g = BackboneGraph(c, bb, &bytes);
-    kernels::Tail tail(g, bb.train_from);
-    std::unique_ptr<kernels::Executor> trunk;
+    std::unique_ptr<kernels::Tail> tail;       // the model imported, and the datasets read, only
+    std::unique_ptr<kernels::Executor> trunk;  // where some split's maps are not in the NAM yet
     for (const std::string& split : workflow::SplitNames(p, c.task.test)) {
+      const std::string key = MapsKey(c, bb, split);
+      int have = c.root() && c.store->Stat(key) ? 1 : 0;  // rank 0 decides for all
+      c.comm->Bcast(&have, sizeof have, 0);
+      if (have) {
+        entries.push_back({{"backbone", bb.name}, {"split", split}, {"object", key}, {"computed", false}});
+        continue;
+      }
+      c.WorkAhead();  // not in the coordinator: a backbone's trunk over every image
       if (splits.empty()) {
         splits = workflow::OpenSplits(p, c.task.test);
         classes = workflow::CheckSplits(p, splits);
       }
-      const auto src = std::find_if(splits.begin(), splits.end(), [&](const auto& s) { return s.name() == split; });
-      if (!trunk)
+      if (!tail) {
+        std::string bytes;
+        tail = std::make_unique<kernels::Tail>(BackboneGraph(c, bb, &bytes), bb.train_from);
         trunk = std::make_unique<kernels::Executor>(
-            kernels::ImportOnnxCuts(bytes, "NAM backbone/" + bb.name, tail.inputs()));
-      entries.push_back(MapsOfSplit(c, bb, *src, tail, *trunk, classes));
+            kernels::ImportOnnxCuts(bytes, "NAM backbone/" + bb.name, tail->inputs()));
+      }
+      const auto src = std::find_if(splits.begin(), splits.end(), [&](const auto& s) { return s.name() == split; });
+      entries.push_back(ComputeMaps(c, bb, *src, key, *tail, *trunk, classes));
     }
   }
   return entries;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -47,9 +48,18 @@ nlohmann::json PrepareMaps(StepContext& c);
 // A split's whole maps. kNotFound before prepare made them, kCorrupt for a malformed object.
 Maps LoadMaps(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split);
 
-// The backbone's tail (train_from to feature_layer) with its pretrained weights, from the model
-// the load step stored.
-std::unique_ptr<kernels::Tail> BackboneTail(StepContext& c, const workflow::BackboneSpec& bb);
+// Backbones' tails (train_from to feature_layer) with their pretrained weights, from the models
+// the load step stored, each model fetched and imported once however many candidates need it.
+class BackboneTails {
+ public:
+  explicit BackboneTails(StepContext& c) : c_(c) {}
+  // Throws as kernels::Tail does, naming the backbone.
+  std::unique_ptr<kernels::Tail> Make(const workflow::BackboneSpec& bb);
+
+ private:
+  StepContext& c_;
+  std::map<std::string, kernels::Graph> graphs_;  // by backbone name
+};
 
 // The pooled features of rows [lo, hi) of `maps` through `tail`, `batch` rows at a time.
 std::vector<float> TailFeaturesOf(kernels::Tail* tail, const Maps& maps, int64_t lo, int64_t hi, int64_t batch);

@@ -35,10 +35,6 @@ kernels::Head HeadFromModel(const nam::Object& m, const kernels::HeadConfig& cfg
   }
 }
 
-}  // namespace msaflow::modules
-
-namespace msaflow::modules {
-
 std::string ModelBytes(const kernels::Head& h, const kernels::Tail* tail, const std::string& train_from,
                        nlohmann::json* meta) {
   std::string bytes = h.Serialize();

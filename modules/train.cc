@@ -226,6 +226,7 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
   parallel::Comm& world = *c.comm;
   const bool alone = c.task.train.mode == TrainMode::kIndependent;
   std::map<std::string, Maps> maps;  // the training maps, by backbone
+  BackboneTails tails(c);
   if (alone && world.size() > 1 && !cands.empty()) {
     std::string dealt;
     for (size_t i = static_cast<size_t>(world.rank()); i < cands.size(); i += static_cast<size_t>(world.size()))
@@ -238,7 +239,7 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
     const workflow::BackboneSpec& bb = c.pipeline().Backbone(cand.backbone);
     if (!maps.count(bb.name)) maps.emplace(bb.name, LoadMaps(c, bb, "train"));
     const Maps& m = maps.at(bb.name);
-    std::unique_ptr<kernels::Tail> tail = BackboneTail(c, bb);
+    std::unique_ptr<kernels::Tail> tail = tails.Make(bb);
     std::unique_ptr<kernels::Head> init;
     if (!cand.warm_start.empty()) {
       const nam::Object w = c.store->Get(cand.warm_start);

@@ -88,8 +88,7 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
 std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workflow::Machine& m) {
   std::vector<std::string> lines;
   if (std::none_of(p.backbones.begin(), p.backbones.end(), [](const auto& b) { return b.finetunes(); })) return lines;
-  int64_t images = 0;
-  for (const auto& split : workflow::OpenSplits(p, true)) images += split.count();
+  const int64_t images = workflow::CountImages(p);
   const auto& train = p.steps.at(workflow::Step::kTrain);
   const auto layout = ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
                                          static_cast<size_t>(p.rounds.candidates));

@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -10,6 +11,7 @@
 #include "common/files.h"
 #include "kernels/executor.h"
 #include "kernels/tail.h"
+#include "kernels/tensor_ops.h"
 
 namespace msaflow::workflow {
 
@@ -144,10 +146,9 @@ void CheckCuts(const std::vector<const BackboneSpec*>& group, const std::string&
 
 // A fine-tuning backbone's tail: train_from names a layer before the cut, and every operator from
 // it to the cut has a backward pass (kernels/tail.h's refusals, naming the backbone).
-void CheckTail(const BackboneSpec& bb, const std::string& model) {
-  if (!bb.finetunes()) return;
+std::unique_ptr<kernels::Tail> TailOf(const BackboneSpec& bb, const std::string& model) {
   try {
-    const kernels::Tail tail(kernels::ImportOnnx(model, bb.onnx, bb.feature_layer), bb.train_from);
+    return std::make_unique<kernels::Tail>(kernels::ImportOnnx(model, bb.onnx, bb.feature_layer), bb.train_from);
   } catch (const Error& e) {
     Throw(e.kind(), fmt::format("backbone '{}' ({}/train_from): {}", bb.name, bb.pointer, e.what()));
   }
@@ -157,22 +158,19 @@ void CheckTail(const BackboneSpec& bb, const std::string& model) {
 
 TailShape DescribeTail(const BackboneSpec& bb) {
   const std::string model = ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes);
-  CheckTail(bb, model);
-  const kernels::Tail tail(kernels::ImportOnnx(model, bb.onnx, bb.feature_layer), bb.train_from);
+  const std::unique_ptr<kernels::Tail> tail = TailOf(bb, model);
   TailShape t;
-  t.layers = tail.NodeNames();
-  t.weights = tail.ParamCount();
-  t.inputs = tail.inputs();
-  kernels::Executor trunk(kernels::ImportOnnxCuts(model, bb.onnx, tail.inputs()));
+  t.layers = tail->NodeNames();
+  t.weights = tail->ParamCount();
+  t.inputs = tail->inputs();
+  kernels::Executor trunk(kernels::ImportOnnxCuts(model, bb.onnx, tail->inputs()));
   const auto& in = bb.input;
   const std::vector<float> one(static_cast<size_t>(in.channels * in.height * in.width), 0.f);
   std::vector<std::vector<int64_t>> dims;
   trunk.Maps(one.data(), 1, in.channels, in.height, in.width, &dims);
   for (const auto& d : dims) {
     t.dims.emplace_back(d.begin() + 1, d.end());
-    int64_t n = 1;
-    for (int64_t x : t.dims.back()) n *= x;
-    t.values += n;
+    t.values += kernels::NumElements(t.dims.back());
   }
   return t;
 }
@@ -199,7 +197,8 @@ void CheckBackbones(const Pipeline& p) {
     } else {
       CheckCuts(group, model);
     }
-    for (const auto* bb : group) CheckTail(*bb, model);
+    for (const auto* bb : group)
+      if (bb->finetunes()) TailOf(*bb, model);
     const std::lock_guard<std::mutex> lock(mu);
     passed.insert(key);
   }

@@ -316,7 +316,10 @@ void CheckOneImageSize(const Pipeline& p, const std::vector<SplitSource>& splits
 
 }  // namespace
 
-int64_t CheckDatasetLabels(const Pipeline& p) {
+namespace {
+
+// Every split with its labels and sizes, no pixel read.
+std::vector<SplitSource> OpenSplitLabels(const Pipeline& p) {
   std::vector<SplitSource> splits;
   std::optional<Base> train;
   for (const auto& split : SplitNames(p)) {
@@ -327,6 +330,19 @@ int64_t CheckDatasetLabels(const Pipeline& p) {
       splits.push_back(SplitFrom(p, split, OpenBase(SpecOf(p, split), /*pixels=*/false)));
     }
   }
+  return splits;
+}
+
+}  // namespace
+
+int64_t CountImages(const Pipeline& p) {
+  int64_t n = 0;
+  for (const auto& s : OpenSplitLabels(p)) n += s.count();
+  return n;
+}
+
+int64_t CheckDatasetLabels(const Pipeline& p) {
+  const std::vector<SplitSource> splits = OpenSplitLabels(p);
   const int64_t classes = CheckSplits(p, splits);
   CheckOneImageSize(p, splits);
   return classes;

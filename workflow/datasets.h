@@ -85,6 +85,9 @@ int64_t CheckDatasets(const Pipeline& p);
 // (PNG or JPEG) and no empty class; no pixel is read or decoded; with a raw-pixels backbone that
 // takes images as read, every folder image's header shows one size. What `validate` runs.
 int64_t CheckDatasetLabels(const Pipeline& p);
+// The images of every split (train, validation, test) as CheckDatasetLabels counts them: from
+// the files' headers and labels, no pixel read.
+int64_t CountImages(const Pipeline& p);
 // What `validate` can check without reading the data: every dataset file exists and is a file,
 // every image folder a folder. Throws kNotFound / kInvalidInput naming `origin` and the pointer.
 void CheckDatasetFiles(const Pipeline& p, const std::string& origin);

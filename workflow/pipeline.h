@@ -119,10 +119,10 @@ struct RoundsSpec {
   // way are never run over all the images (workflow::HalvingDataFraction).
   bool grow_data = true;
   double min_delta = 0.0;
-  double backbone_margin = 0.02;
+  double backbone_margin = 0.02;  // a backbone this close behind the champion keeps a parent (candidates.h)
   // From this round on, the candidates of a backbone with "train_from" fine-tune it (before it,
   // their heads train on frozen features: the two phases of transfer learning). 1 = from the start.
-  int64_t finetune_from_round = 1;  // a backbone this close behind the champion keeps a parent (candidates.h)
+  int64_t finetune_from_round = 1;
   int64_t patience = 1;
   uint64_t seed = 1;
 };

@@ -36,6 +36,7 @@ from onnx import numpy_helper
 
 EXE, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from processes import processes_naming  # noqa: E402
 from small_pipeline import quickstart  # noqa: E402
 
 WORK = tempfile.TemporaryDirectory(prefix="msaflow-finetune-test-")
@@ -89,17 +90,7 @@ def run(name, ranks):
 
 def commands(run_dir):
     """The command lines of the processes that name the run directory (steps, mpirun)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if run_dir in cmd:
-                out.append(cmd)
-    return out
+    return [cmd for _, cmd in processes_naming(run_dir)]
 
 
 def read_idx(path, limit):

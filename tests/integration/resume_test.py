@@ -13,6 +13,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from processes import processes_naming  # noqa: E402
 from small_pipeline import tiny_pipeline as small_pipeline_tiny  # noqa: E402
 from tmpdir_case import TempDirCase  # noqa: E402
 
@@ -30,18 +31,7 @@ def tiny_pipeline(name):
 
 def processes_of(run_dir):
     """Processes whose command line names the run directory: steps, mpirun, the NAM server."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if run_dir in cmd:
-            out.append(f"{pid}: {cmd}")
-    return out
+    return [f"{pid}: {cmd}" for pid, cmd in processes_naming(run_dir)]
 
 
 def journal(run_dir):
