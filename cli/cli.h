@@ -31,6 +31,7 @@ struct Options {
   std::string nam_uri, obj_name, obj_file, meta_text, out_file, prefix;
   bool as_json = false, repair = false;
   std::string why_task;
+  std::string resume_reason;    // resume --reason
   service::ServeOptions serve;  // serve
   std::vector<std::string> serve_models;  // serve --model NAME=PATH
   std::string users_file, user_name, user_account;  // users

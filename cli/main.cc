@@ -143,6 +143,10 @@ void AddRunCommands(CLI::App& app, cli::Options& o, std::vector<Command>& comman
   auto* resume = app.add_subcommand("resume", "Continue a run whose coordinator died or failed: what finished is "
                                               "reused, the rest runs");
   resume->add_option("run_dir", o.run_dir, "runs/<id>")->required();
+  resume->add_option("--reason", o.resume_reason,
+                     "why it is resumed, and by whom: recorded in the journal's resume "
+                     "event (`msaflow serve` says so when it resumes a run its stop "
+                     "interrupted)");
 
   auto* cancel = app.add_subcommand("cancel", "Stop a running run: its coordinator ends the run's tasks and Slurm "
                                               "jobs and records it as interrupted (`resume` continues it)");

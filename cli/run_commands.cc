@@ -338,7 +338,7 @@ int Why(Options& o) {
 int Resume(Options& o) {
   launch::InstallInterruptHandlers();
   report::ProgressPrinter progress(stdout);
-  RunsOf(o).Resume(o.run_dir, progress);
+  RunsOf(o).Resume(o.run_dir, progress, o.resume_reason);
   return 0;
 }
 

@@ -494,11 +494,15 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
   JournalWriter journal = JournalWriter::Append(journal_path);
   std::error_code gone;  // a cancel asked for before is answered
   std::filesystem::remove(dir + "/" + kCancelRequest, gone);
-  journal.Event("resume", {{"coordinator", record::ThisCoordinator().ToJson()}, {"resume", before.resumes + 1},
-                           {"was", before.cancelled ? "cancelled: " + before.error
-                                  : before.failed  ? "failed: " + before.error
-                                                   : "interrupted"},
-                           {"tasks_done", before.tasks_done.size()}, {"rounds_ended", before.rounds_ended}});
+  json resumed = {{"coordinator", record::ThisCoordinator().ToJson()},
+                  {"resume", before.resumes + 1},
+                  {"was", before.cancelled ? "cancelled: " + before.error
+                          : before.failed  ? "failed: " + before.error
+                                           : "interrupted"},
+                  {"tasks_done", before.tasks_done.size()},
+                  {"rounds_ended", before.rounds_ended}};
+  if (!opt.resume_reason.empty()) resumed["reason"] = opt.resume_reason;
+  journal.Event("resume", resumed);
   obs.Line(fmt::format("resuming run {} ({}; {} task(s) done, {} round(s) ended)", before.run,
                        before.failed ? "it failed: " + Printable(before.error, 200) : "its coordinator died",
                        before.tasks_done.size(), before.rounds_ended));

@@ -32,6 +32,9 @@ struct RunOptions {
   Clock* clock = &SystemClock();
   // The launcher; empty: the machine's (launch::MakeLauncher). Tests give a fake.
   LauncherFactory make_launcher;
+  // A resume's: why it was resumed and by whom, recorded in the journal's resume event ("" =
+  // asked for by hand, nothing recorded).
+  std::string resume_reason;
 };
 
 // Runs the pipeline to the end; returns the run directory. Throws Error (kTaskFailed when a task

@@ -55,8 +55,9 @@ std::string Runs::Start(const Pipeline& p, const Machine& m, const std::string& 
   return RunPipeline(p, m, Options(run_id), obs);
 }
 
-bool Runs::Resume(const std::string& run_dir, RunObserver& obs) const {
+bool Runs::Resume(const std::string& run_dir, RunObserver& obs, const std::string& reason) const {
   RunOptions o = Options("");
+  o.resume_reason = reason;
   o.runs_dir = std::filesystem::path(Absolute(run_dir)).parent_path().string();
   return ResumeRun(run_dir, o, obs);
 }

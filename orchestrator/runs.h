@@ -50,8 +50,9 @@ class Runs {
 
   // Runs the pipeline here to its end (blocking); returns the run directory. run_id "" = a new one.
   std::string Start(const Pipeline& p, const Machine& m, const std::string& run_id, RunObserver& obs) const;
-  // Finishes a run whose coordinator died or failed; false when it had finished.
-  bool Resume(const std::string& run_dir, RunObserver& obs) const;
+  // Finishes a run whose coordinator died or failed; false when it had finished. `reason`, when
+  // given, is why (and by whom) it is resumed: the journal's resume event records it.
+  bool Resume(const std::string& run_dir, RunObserver& obs, const std::string& reason = "") const;
 
   // Hands the run's coordinator to the machine's batch system (`msaflow submit`): the run
   // directory is made, the coordinator's job script written and submitted. `pipeline_path` and

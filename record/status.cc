@@ -236,6 +236,7 @@ RunState PrintStatus(const std::string& run_dir, std::FILE* out) {
       const json& c = e.at("coordinator");
       std::fprintf(out, "  resumed by coordinator pid %lld on %s (%s)\n", c.at("pid").get<long long>(),
                    c.at("host").get<std::string>().c_str(), e.value("was", "").c_str());
+      if (e.contains("reason")) std::fprintf(out, "    why: %s\n", e.value("reason", "").c_str());
     }
     if (ev == "round-end")
       std::fprintf(out, "    champion %s accuracy %.4f\n", e.at("champion").get<std::string>().c_str(),

@@ -1,12 +1,12 @@
 #include "service/registry.h"
 
+#include <fmt/core.h>
 #include <signal.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fmt/core.h>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -15,6 +15,7 @@
 #include "record/coordinator_lock.h"
 #include "record/journal.h"
 #include "record/status.h"
+#include "service/log.h"
 
 namespace msaflow::service {
 
@@ -37,6 +38,19 @@ std::string Tail(const std::string& path, size_t n) {
   }
 }
 
+// Whether `pid` is still a process of run `id` (a coordinator that the service's death has
+// signalled but that has not ended yet): its command line names the run.
+bool StillRunning(int64_t pid, const std::string& id) {
+  if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) != 0) return false;
+  std::string cmd;
+  try {
+    cmd = ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
+  } catch (const Error&) {
+    return false;
+  }
+  return cmd.find(id) != std::string::npos;
+}
+
 bool Terminal(const std::string& state) {
   return state == "finished" || state == "failed" || state == "cancelled" || state == "interrupted";
 }
@@ -50,6 +64,9 @@ json Request::ToJson() const {
   if (!cancelled_by.empty()) j["cancelled_by"] = cancelled_by;
   if (!account.empty()) j["account"] = account;
   if (!error.empty()) j["error"] = error;
+  if (!resume_reason.empty()) j["resume_reason"] = resume_reason;
+  if (pid > 0) j["pid"] = pid;
+  if (ended) j["ended"] = true;
   return j;
 }
 
@@ -71,6 +88,9 @@ Request Request::FromJson(const json& j, const std::string& where) {
     r.cancelled_by = j.value("cancelled_by", "");
     r.account = j.value("account", "");
     r.error = j.value("error", "");
+    r.resume_reason = j.value("resume_reason", "");
+    r.pid = j.value("pid", int64_t{0});
+    r.ended = j.value("ended", false);
     if (r.state != "queued" && r.state != "started" && r.state != "cancelled")
       Throw(ErrorKind::kCorrupt, where + ": /state: expected queued, started or cancelled");
     return r;
@@ -101,9 +121,13 @@ Registry::Registry(RegistryConfig config) : config_(std::move(config)) {
       if (j.is_discarded()) Throw(ErrorKind::kCorrupt, f->path().string() + ": not JSON");
       Request r = Request::FromJson(j, f->path().string());
       next_seq_ = std::max(next_seq_, r.seq + 1);
+      // A local coordinator is this service's child and died with the process that started it.
+      if (r.state == "started" && !r.ended && r.launcher == "local") orphans_.insert(Key(r.user, r.id));
       requests_[Key(r.user, r.id)] = std::move(r);
     }
   }
+  std::lock_guard<std::mutex> l(mu_);
+  ReviveLocked();  // before the API answers: such a run reads as queued, not interrupted
 }
 
 Registry::~Registry() { StopQueue(); }
@@ -156,13 +180,78 @@ bool Registry::RunningLocked(const Request& r) const {
   return r.launcher == "slurm" && r.error.empty() && PathExists(dir + "/submitted.json");
 }
 
+void Registry::ReviveLocked() {
+  for (auto it = orphans_.begin(); it != orphans_.end();) {
+    Request& r = requests_.at(*it);
+    const std::string dir = UserDir(r.user) + "/" + r.id;
+    if (r.state != "started") {  // a user resumed or cancelled it meanwhile
+      it = orphans_.erase(it);
+      continue;
+    }
+    const bool began = PathExists(dir + "/journal.jsonl");
+    if ((began && record::CoordinatorHolding(dir) > 0) || (!began && StillRunning(r.pid, r.id))) {
+      ++it;  // its coordinator has the signal but is still ending: the next tick looks again
+      continue;
+    }
+    std::string was;
+    if (began) {
+      try {
+        const record::RunStatus st = record::StatusOf(dir);
+        if (st.state == record::RunState::kInterrupted) was = st.line.substr(0, st.line.find(';'));
+      } catch (const Error& e) {
+        Log("run-not-resumed", {{"user", r.user}, {"run", r.id}, {"why", e.what()}});
+      }
+    } else if (r.error.empty() && !PathExists(dir + "/" + orchestrator::kCancelRequest)) {
+      was = "its coordinator ended before the run began";
+    }
+    if (was.empty()) {  // it ended on its own (finished, failed, cancelled): nothing to do
+      EndedLocked(*it);
+    } else {
+      r.kind = began ? "resume" : "run";
+      r.state = "queued";  // its seq is unchanged: it keeps its place, ahead of later requests
+      r.resume_reason = "msaflow serve (pid " + std::to_string(::getpid()) +
+                        ") started again and resumes the runs that its stop interrupted: this one was " + was;
+      Save(r);
+      Log("run-requeued", {{"user", r.user}, {"run", r.id}, {"kind", r.kind}, {"was", was}});
+    }
+    it = orphans_.erase(it);
+  }
+}
+
+void Registry::EndedLocked(const std::string& key) {
+  settled_.insert(key);
+  Request& r = requests_.at(key);
+  if (r.ended) return;  // seen and logged by this process or an earlier one
+  const std::string dir = UserDir(r.user) + "/" + r.id;
+  json fields = {{"user", r.user}, {"run", r.id}};
+  if (PathExists(dir + "/journal.jsonl")) {
+    try {
+      const record::RunStatus st = record::StatusOf(dir);
+      fields["state"] = record::StateName(st.state);
+      fields["line"] = st.line.substr(0, st.line.find('\n'));
+    } catch (const Error& e) {
+      fields["state"] = "unknown";
+      fields["line"] = e.what();
+    }
+  } else {
+    fields["state"] = r.error.empty() ? "cancelled" : "failed";
+    if (!r.error.empty()) fields["line"] = r.error;
+  }
+  r.ended = true;
+  Save(r);
+  Log("run-ended", fields);
+}
+
 void Registry::Tick() {
   std::lock_guard<std::mutex> l(mu_);
   for (auto it = live_.begin(); it != live_.end();) {
     if (auto st = it->second->child.Poll()) {
       Request& r = requests_.at(it->first);
       const std::string dir = UserDir(r.user) + "/" + r.id;
-      if (!st->ok() && !PathExists(dir + "/journal.jsonl") && r.error.empty()) {
+      // Without a journal the run never began: unless a cancel stopped it, that is a failure
+      // with a reason, whatever the exit status (a request must never read as running with no
+      // coordinator behind it).
+      if (!PathExists(dir + "/journal.jsonl") && r.error.empty() && r.state == "started") {
         r.error = "its coordinator ended (" + st->Describe() + ") before the run began: " +
                   Tail(UserDir(r.user) + "/.service/" + r.id + ".log", 1500);
         Save(r);
@@ -172,17 +261,18 @@ void Registry::Tick() {
       ++it;
     }
   }
+  ReviveLocked();
   int64_t running = 0;
   std::map<std::string, int64_t> per_user;
   std::vector<Request*> queued;
   for (auto& [key, r] : requests_) {
     if (r.state == "queued") queued.push_back(&r);
     if (r.state != "started" || settled_.count(key)) continue;
-    if (RunningLocked(r)) {
+    if (RunningLocked(r) || orphans_.count(key)) {
       ++running;
       ++per_user[r.user];
     } else {
-      settled_.insert(key);
+      EndedLocked(key);
     }
   }
   std::sort(queued.begin(), queued.end(), [](const Request* a, const Request* b) { return a->seq < b->seq; });
@@ -200,9 +290,10 @@ void Registry::StartRun(Request& r) {
   const std::string svc = UserDir(r.user) + "/.service/";
   const std::string runs = UserDir(r.user);
   std::vector<std::string> argv;
-  if (r.kind == "resume")
+  if (r.kind == "resume") {
     argv = {config_.msaflow_exe, "resume", runs + "/" + r.id};
-  else if (r.launcher == "slurm")
+    if (!r.resume_reason.empty()) argv.insert(argv.end(), {"--reason", r.resume_reason});
+  } else if (r.launcher == "slurm")
     argv = {config_.msaflow_exe, "submit", svc + r.id + ".pipeline.json", "--machine", r.machine, "--runs", runs,
             "--run-id", r.id};
   else
@@ -218,21 +309,35 @@ void Registry::StartRun(Request& r) {
   const std::string key = Key(r.user, r.id);
   r.state = "started";
   r.error.clear();
+  r.resume_reason.clear();
+  r.ended = false;
+  r.pid = 0;
   ++r.starts;
   settled_.erase(key);
   try {
     auto live = std::make_unique<Live>();
     live->child = ChildProcess::Start(argv, o);
+    r.pid = live->child.pid();
     live_[key] = std::move(live);
   } catch (const Error& e) {
     r.error = std::string("its coordinator could not be started: ") + e.what();
   }
   Save(r);
+  json fields = {{"user", r.user}, {"run", r.id}, {"kind", r.kind}, {"launcher", r.launcher}, {"starts", r.starts}};
+  if (r.pid > 0) fields["pid"] = r.pid;
+  if (!r.error.empty()) fields["error"] = r.error;
+  Log(r.error.empty() ? "run-started" : "run-not-started", fields);
 }
 
 json Registry::Submit(const User& user, const std::string& body) {
   const std::string runs = UserDir(user.name);
-  Admitted a = Admit(body, user, config_.machine, runs);
+  Admitted a;
+  try {
+    a = Admit(body, user, config_.machine, runs);
+  } catch (const ApiError& e) {
+    Log("run-refused", {{"user", user.name}, {"status", e.status()}, {"code", e.code()}, {"why", e.what()}});
+    throw;
+  }
   Request r;
   r.user = user.name;
   r.name = a.name;
@@ -251,6 +356,12 @@ json Registry::Submit(const User& user, const std::string& body) {
     Save(r);  // the request exists once this file does
     requests_[Key(r.user, r.id)] = r;
   }
+  Log("run-admitted", {{"user", r.user},
+                       {"run", r.id},
+                       {"pipeline", r.pipeline},
+                       {"machine", r.machine},
+                       {"launcher", r.launcher},
+                       {"seq", r.seq}});
   wake_.notify_all();
   json out = View(user, r.id);
   out["validation"] = a.summary;
@@ -369,9 +480,15 @@ json Registry::Describe(const Request& r, bool full) const {
       v["state"] = "failed";
       v["error"] = {{"code", "not_started"}, {"message", r.error}};
       v["line"] = "failed: " + r.error;
-    } else {
+    } else if (child_alive || r.launcher == "slurm") {
       v["state"] = "running";
       v["line"] = child_alive ? "starting its coordinator" : "its coordinator's job waits in Slurm's queue";
+    } else {  // a local run's coordinator is gone before it began: never "running" with nothing behind it
+      v["state"] = "interrupted";
+      v["line"] =
+          "interrupted: its coordinator ended before the run began (the service stopped); "
+          "the service starts it again";
+      v["error"] = {{"code", "interrupted"}, {"message", v["line"]}};
     }
     return v;
   }
@@ -436,6 +553,7 @@ json Registry::Cancel(const User& user, const std::string& id) {
       now.cancelled_by = by;
       Save(now);
       if (now.kind == "resume") settled_.erase(Key(r.user, r.id));
+      Log("run-cancel", {{"user", r.user}, {"run", r.id}, {"by", by}, {"what", "taken out of the queue"}});
       return {{"id", r.id}, {"state", "cancelled"}, {"message", "taken out of the queue"}};
     }
   }
@@ -467,6 +585,7 @@ json Registry::Cancel(const User& user, const std::string& id) {
     if (it != live_.end()) it->second->child.Signal(SIGTERM);
     said = "its coordinator was stopped before the run began";
   }
+  Log("run-cancel", {{"user", r.user}, {"run", r.id}, {"by", by}, {"what", said}});
   return {{"id", r.id}, {"state", "cancelling"}, {"message", said}};
 }
 
@@ -488,8 +607,10 @@ json Registry::Resume(const User& user, const std::string& id) {
     }
     now.state = "queued";
     now.error.clear();
+    now.resume_reason.clear();
     now.seq = next_seq_++;
     Save(now);
+    Log("run-resume-asked", {{"user", r.user}, {"run", r.id}, {"kind", now.kind}, {"was", state}});
   }
   wake_.notify_all();
   return View(user, id);

@@ -7,7 +7,9 @@
 //   <runs>/<user>/.service/<id>.pipeline.json, <id>.log   what the coordinator reads and says
 // A request's state is queued, started or cancelled (cancelled before it started); once started,
 // the run's state is its journal's (record/status.h). A service killed and started again reads
-// them back: queued runs keep their order, runs whose coordinator died with it are interrupted.
+// them back: queued runs keep their order, and the local runs whose coordinator died with it (its
+// children: they get SIGTERM when it dies) are resumed in their order, each journal saying why;
+// runs that ended while it lived (finished, failed, cancelled by a user) stay as they are.
 #pragma once
 
 #include <atomic>
@@ -47,7 +49,10 @@ struct Request {
   std::string state = "queued";  // queued | started | cancelled
   std::string kind = "run";      // run | resume: what the queue starts next
   std::string cancelled_by, account, error;  // error: the coordinator could not be started
+  std::string resume_reason;                 // the next resume's, for its journal (the service's own restart)
   int64_t seq = 0, starts = 0;
+  int64_t pid = 0;     // the last coordinator this service started for it
+  bool ended = false;  // the service saw that coordinator end: the run is not its restart's to resume
   nlohmann::json ToJson() const;
   static Request FromJson(const nlohmann::json& j, const std::string& where);
 };
@@ -93,12 +98,17 @@ class Registry {
   void Tick();
   void StartRun(Request& r);
   bool RunningLocked(const Request& r) const;
+  void ReviveLocked();                       // the orphans whose coordinators are gone: queued again
+  void EndedLocked(const std::string& key);  // a started run seen ended: recorded, logged
 
   RegistryConfig config_;
   mutable std::mutex mu_;
   std::map<std::string, Request> requests_;            // by "user/id"
   std::map<std::string, std::unique_ptr<Live>> live_;  // coordinators this process started, by "user/id"
   std::set<std::string> settled_;  // started runs seen ended (their state changes only by a resume)
+  // Local runs started by an earlier service process whose end it did not see: resumed (or
+  // started again) once their coordinator is gone, if it left them interrupted.
+  std::set<std::string> orphans_;
   // Views of ended runs (finished, failed, cancelled), each with the sizes and times of the
   // files it was made from: status polls of an ended run then cost two stat calls, not a
   // journal parsed (bench/serve_bench.py). A resume changes the journal, so the stamp.

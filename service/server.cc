@@ -1,20 +1,19 @@
 #include "service/server.h"
 
 #include <arpa/inet.h>
+#include <fmt/core.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <httplib.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
-#include <fmt/core.h>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -31,6 +30,7 @@
 #include "service/deadlines.h"
 #include "service/events.h"
 #include "service/inference_api.h"
+#include "service/log.h"
 #include "service/registry.h"
 #include "service/users.h"
 #include "service_assets.h"
@@ -73,6 +73,9 @@ thread_local std::shared_ptr<const Users> t_users;
 thread_local const User* t_user = nullptr;
 // This connection is over the bound: answer 503 and close.
 thread_local bool t_reject = false;
+// When the pre-routing handler saw the request this thread serves (0: it did not, e.g. a
+// request that could not be parsed), for the access log.
+thread_local std::chrono::steady_clock::time_point t_start{};
 
 // A pool of `workers` threads for connections, with at most `max_waiting` waiting: a
 // connection beyond that is answered 503 by a thread of its own, so that a flood neither
@@ -446,6 +449,7 @@ std::vector<Handler> Service::Handlers(Service* self) {
 // Before routing, once a request's headers are in: limits, then authentication.
 httplib::Server::HandlerResponse Service::PreRoute(const httplib::Request& req, httplib::Response& res) {
   deadlines_.HeadersIn(req.remote_addr, req.remote_port);
+  t_start = std::chrono::steady_clock::now();
   t_user = nullptr;
   t_users.reset();
   if (t_reject) {
@@ -473,6 +477,14 @@ httplib::Server::HandlerResponse Service::PreRoute(const httplib::Request& req, 
                                         o_.max_body)));
     return httplib::Server::HandlerResponse::Handled;
   }
+  // A request with neither Content-Length nor Transfer-Encoding has no body (RFC 9112 6.3), as
+  // `curl -X POST .../resume` sends it; cpp-httplib 0.11 would read a POST's body until the
+  // connection closes, then answer 400 after the read timeout. It is told the length is 0. (The
+  // Request is httplib's own non-const object, handed to this handler as const.)
+  if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") && !req.has_header("Content-Length") &&
+      !req.has_header("Transfer-Encoding"))
+    const_cast<httplib::Request&>(req).set_header("Content-Length",
+                                                  "0");  // NOLINT(cppcoreguidelines-pro-type-const-cast)
   const bool api = req.path.rfind("/v1/", 0) == 0 || req.path.rfind("/v2/", 0) == 0;
   if (!api || req.path == "/v1/health" || req.path.rfind("/v2/health/", 0) == 0)
     return httplib::Server::HandlerResponse::Unhandled;
@@ -515,14 +527,29 @@ void Service::Configure(httplib::Server& s) {
   s.set_keep_alive_timeout(5);
   s.set_keep_alive_max_count(1000);
   s.set_default_headers({{"X-Content-Type-Options", "nosniff"}, {"Referrer-Policy", "no-referrer"}});
-  s.set_logger([this](const httplib::Request& req, const httplib::Response&) {
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     deadlines_.Answered(req.remote_addr, req.remote_port);
+    // The access log: the path without its query, and no header (the token is one).
+    json line = {{"method", req.method.substr(0, 16)},
+                 {"path", req.path.substr(0, 256)},
+                 {"status", res.status},
+                 {"remote", req.remote_addr},
+                 {"bytes", res.body.size()}};
+    if (t_user) line["user"] = t_user->name;
+    if (t_start != std::chrono::steady_clock::time_point{})
+      line["ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_start).count();
+    Log("http", std::move(line));
+    t_user = nullptr;  // a next request on this connection that is never routed must not inherit them
+    t_users.reset();
+    t_start = {};
   });
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return PreRoute(req, res); });
   s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string msg = res.status == 404   ? "no such route"
                       : res.status == 413 ? "the request body is over the limit"
+                      : res.status == 400 ? "the request could not be read as HTTP/1.1: a malformed request line or "
+                                            "header, or a body shorter than its Content-Length"
                                           : fmt::format("HTTP {} ({})", res.status, CodeFor(res.status));
     json err = {{"code", CodeFor(res.status)}, {"message", msg}};
     // cpp-httplib takes at most 8 KiB as a form (curl -d's default type); JSON has no such bound.
@@ -596,6 +623,7 @@ int Service::Run() {
   registry_.StartQueue();
   const std::string url = fmt::format("{}://{}:{}", tls ? "https" : "http", host.find(':') != std::string::npos ? "[" + host + "]" : host, bound);
   if (!o_.ready_file.empty()) WriteFileAtomic(o_.ready_file, json{{"url", url}, {"pid", ::getpid()}}.dump() + "\n");
+  Log("serve-start", {{"url", url}, {"pid", ::getpid()}, {"runs", o_.runs_dir}, {"max_running", o_.max_running}});
   std::printf("msaflow serve: %s (runs in %s, at most %lld running)\n", url.c_str(), o_.runs_dir.c_str(),
               static_cast<long long>(o_.max_running));
   std::fflush(stdout);
@@ -623,6 +651,7 @@ int Service::Run() {
   registry_.StopQueue();
   if (!o_.ready_file.empty()) ::unlink(o_.ready_file.c_str());
   if (g_stop_signal) std::printf("msaflow serve: stopped by signal %d\n", g_stop_signal.load());
+  Log("serve-stop", {{"signal", g_stop_signal.load()}, {"ok", ok}});
   return ok || g_stop_signal ? 0 : 1;
 }
 

@@ -2,7 +2,7 @@
 """`msaflow serve` as a real process over real sockets (issue 27): submit -> events -> finished
 with the champion of `msaflow run`; 401, 404, 403, 411, 413 and 422 as docs/service.md says; a
 cancelled run; SSE reconnects with Last-Event-ID missing and repeating nothing; kill -9 of the
-service mid-run and a restart, the interrupted run resumed through the API; the queue's
+service mid-run and a restart, the interrupted run resumed by the service itself; the queue's
 --max-running and per-user quotas; TLS; hostile HTTP never stopping it.
 Usage: service_test.py MSAFLOW_EXE SOURCE_ROOT [Class.test_name ...]"""
 import base64
@@ -421,6 +421,22 @@ class Api(unittest.TestCase):
         self.assertEqual(status, 413)
         self.assertIn("Content-Type: application/json", v["error"]["hint"])
 
+    def test_a_post_without_a_length_has_no_body(self):
+        """`curl -X POST .../resume` sends neither Content-Length nor Transfer-Encoding: no body
+        (RFC 9112), answered at once, not a 400 after the read timeout (issue 47 item 5)."""
+        with socket.create_connection((self.svc.host, self.svc.port), timeout=5) as sk:
+            sk.sendall(("POST /v1/runs/no-such-run/resume HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                        self.svc.tokens["ana"] + "\r\nConnection: close\r\n\r\n").encode())
+            answer = b""
+            while True:
+                got = sk.recv(4096)
+                if not got:
+                    break
+                answer += got
+        answer = answer.decode(errors="replace")
+        self.assertTrue(answer.startswith("HTTP/1.1 404"), answer[:300])
+        self.assertIn("no run no-such-run", answer)
+
     def test_cancel_stops_a_running_run_and_resume_continues_it(self):
         doc = pipeline("cancel")
         doc["head"]["epochs"] = [60]  # a train step long enough to be cancelled in
@@ -590,14 +606,26 @@ class Api(unittest.TestCase):
         self.assertEqual(self.svc.request("GET", "/v1/health")[0], 200)
 
 
-class Restart(unittest.TestCase):
-    """kill -9 of the service mid-run and a restart: every run listed with its true state, the
-    queue in its order, the interrupted run resumed through the API to the same champion."""
+def service_log(svc):
+    """The service's structured lines (one JSON object each) from its log."""
+    out = []
+    with open(os.path.join(svc.work, "serve.log")) as f:
+        for line in f:
+            if line.startswith("{"):
+                out.append(json.loads(line))
+    return out
 
-    def test_kill_9_and_restart_lose_nothing(self):
+
+class Restart(unittest.TestCase):
+    """kill -9 of the service mid-run and a restart (issue 47 item 4): with no request from anyone,
+    the run its death interrupted is resumed in its place in the queue, its journal says why, and
+    it ends with the uninterrupted champion; a run a user cancelled before stays cancelled; the
+    queue keeps its order; the log has a line for each thing the service did."""
+
+    def test_kill_9_and_restart_resume_what_it_interrupted(self):
         with tempfile.TemporaryDirectory() as work:
             env = dict(os.environ)
-            # The first run's feature reads are slowed, so it is surely mid-run when the service dies.
+            # The runs' feature reads are slowed, so a run is surely mid-run when it is cut.
             env["MSAFLOW_NAM_FAULTS"] = json.dumps([{"op": "get", "prefix": "features/", "action": "delay",
                                                      "delay_ms": 1500, "count": 6}])
             svc = Service(work, [("ana", [DATA, MODELS], 0)], extra=["--max-running", "1"], env=env)
@@ -610,33 +638,60 @@ class Restart(unittest.TestCase):
             svc.wait_state("ana", first, ("running",))
             self.assertEqual([svc.request("GET", "/v1/runs/" + i, user="ana")[1].get("position") for i in ids[1:]],
                              [1, 2])
-            run_dir = os.path.join(svc.runs, "ana", first)
-            deadline = time.time() + 120
-            while not (os.path.exists(os.path.join(run_dir, "journal.jsonl")) and any(
-                    e["event"] == "task-start" and e["task"] == "r1-train" for _, e in journal_events(run_dir))):
-                self.assertLess(time.time(), deadline)
-                time.sleep(0.1)
+
+            def wait_training(run_id):
+                run_dir = os.path.join(svc.runs, "ana", run_id)
+                deadline = time.time() + 120
+                while not (os.path.exists(os.path.join(run_dir, "journal.jsonl")) and any(
+                        e["event"] == "task-start" and e["task"] == "r1-train" for _, e in journal_events(run_dir))):
+                    self.assertLess(time.time(), deadline)
+                    time.sleep(0.1)
+
+            # The first is cancelled by its user mid-run: a restart must leave it so.
+            wait_training(first)
+            self.assertEqual(svc.request("DELETE", "/v1/runs/" + first, user="ana")[0], 202)
+            self.assertEqual(svc.wait_state("ana", first, ("cancelled",))["state"], "cancelled")
+            wait_training(second)
             svc.stop(signal.SIGKILL)
-            deadline = time.time() + 30  # its coordinator follows it (its parent-death signal)
-            while first in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout:
-                self.assertLess(time.time(), deadline)
-                time.sleep(0.1)
-            svc.start(env=dict(os.environ))
+            svc.start(env=dict(os.environ))  # at once, as systemd's Restart=on-failure would
             status, lst, _ = svc.request("GET", "/v1/runs", user="ana")
             states = {r["id"]: r for r in lst["runs"]}
-            self.assertEqual(states[first]["state"], "interrupted", states[first])
-            self.assertIn(states[second]["state"], ("queued", "running"))
+            self.assertEqual(states[first]["state"], "cancelled", states[first])
+            self.assertIn(states[second]["state"], ("queued", "running", "interrupted"), states[second])
             self.assertEqual(states[third]["state"], "queued")  # one at a time: second goes first
             self.assertEqual([r["id"] for r in lst["runs"]], [third, second, first])
-            status, v, _ = svc.request("POST", f"/v1/runs/{first}/resume", user="ana")
-            self.assertEqual((status, v["state"]), (202, "queued"), v)
             ref = reference_champion()
-            for i in ids:
+            for i in (second, third):
                 v = svc.wait_state("ana", i, ("finished", "failed", "cancelled"), timeout=400)
                 self.assertEqual(v["state"], "finished", v)
                 self.assertEqual(v["champion"]["candidate"], ref["candidate"])
                 self.assertAlmostEqual(v["champion"]["accuracy"], ref["accuracy"], places=12)
+            self.assertEqual(svc.request("GET", "/v1/runs/" + first, user="ana")[1]["state"], "cancelled")
+            resumes = {i: [e for _, e in journal_events(os.path.join(svc.runs, "ana", i)) if e["event"] == "resume"]
+                       for i in ids}
+            self.assertEqual((len(resumes[first]), len(resumes[third])), (0, 0))
+            self.assertEqual(len(resumes[second]), 1, resumes[second])
+            self.assertIn("msaflow serve", resumes[second][0]["reason"])
+            self.assertIn("interrupted", resumes[second][0]["reason"])
+            r = subprocess.run([EXE, "status", os.path.join(svc.runs, "ana", second)], capture_output=True, text=True)
+            self.assertIn("why: msaflow serve", r.stdout)
             svc.stop()
+            log = service_log(svc)
+            events = [(e["event"], e.get("run")) for e in log if e["event"] != "http"]
+            for want in [("run-admitted", first), ("run-admitted", second), ("run-admitted", third),
+                         ("run-started", first), ("run-cancel", first), ("run-ended", first), ("run-started", second),
+                         ("serve-start", None), ("run-requeued", second), ("run-ended", second),
+                         ("run-started", third), ("run-ended", third), ("serve-stop", None)]:
+                self.assertIn(want, events)
+            # In that order, the restart's requeue before the second's new start.
+            self.assertLess(events.index(("run-requeued", second)), len(events) - 1 -
+                            events[::-1].index(("run-started", second)))
+            ended = {e["run"]: e["state"] for e in log if e["event"] == "run-ended"}
+            self.assertEqual(ended, {first: "cancelled", second: "finished", third: "finished"})
+            http = [e for e in log if e["event"] == "http"]
+            self.assertTrue(any(e["method"] == "POST" and e["path"] == "/v1/runs" and e["status"] == 202 and
+                                e["user"] == "ana" and e["ms"] >= 0 for e in http))
+            self.assertFalse(any("Bearer" in json.dumps(e) or svc.tokens["ana"] in json.dumps(e) for e in log))
 
 
 class Queue(unittest.TestCase):
