@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -22,6 +22,7 @@
 #include "orchestrator/scaling.h"
 #include "orchestrator/validate.h"
 #include "record/journal.h"
+#include "record/run_dir.h"
 #include "record/status.h"
 #include "record/why.h"
 #include "report/progress.h"
@@ -266,26 +267,27 @@ int Submit(Options& o) {
       return 128 + sig;
     }
     // Progress: the run's journal as it grows (a line being written is read next time).
-    if (PathExists(rd + "/journal.jsonl")) {
-      const auto journal = record::ReadJournal(rd + "/journal.jsonl");
+    if (record::HasJournal(rd)) {
+      const auto journal = record::ReadJournal(record::JournalPath(rd));
       for (; shown < journal.events.size(); ++shown) {
         const auto& e = journal.events[shown];
         const auto& f = e.fields;
-        if (e.event == "round-start") {
+        if (e.kind == record::EventKind::kRoundStart) {
           round = f.value("round", 0);
           bar.Round(round, p.rounds.max, f.value("tasks", size_t{0}), f.value("reused_tasks", size_t{0}));
         }
-        if (e.event == "task-start") {
+        if (e.kind == record::EventKind::kTaskStart) {
           bar.Print(fmt::format("  {} started on {}", f.value("task", ""), f.value("module", "")));
           bar.Start(f.value("task", "") + " on " + f.value("module", ""));
         }
-        if (e.event == "task-end") bar.Done();
-        if (e.event == "slurm-job")
+        if (e.kind == record::EventKind::kTaskEnd) bar.Done();
+        if (e.kind == record::EventKind::kSlurmJob)
           bar.Print(fmt::format("  round {}: Slurm {} job {}", f.value("round", 0), f.value("mode", ""), f.value("job", "")));
-        if (e.event == "round-end")
+        if (e.kind == record::EventKind::kRoundEnd)
           bar.Print(fmt::format("  round {}: champion {} accuracy {:.4f}", f.value("round", 0), f.value("champion", ""),
                                 f.value("accuracy", 0.0)));
-        if (e.event == "slurm-retry" || e.event == "task-retry") bar.Print("  retry: " + f.value("message", ""));
+        if (e.kind == record::EventKind::kSlurmRetry || e.kind == record::EventKind::kTaskRetry)
+          bar.Print("  retry: " + f.value("message", ""));
       }
       std::fflush(stdout);
     }

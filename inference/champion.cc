@@ -12,6 +12,7 @@
 #include "modules/model_object.h"
 #include "nam/file_store.h"
 #include "nam/store.h"
+#include "record/run_dir.h"
 #include "workflow/datasets.h"
 #include "workflow/kinds.h"
 #include "workflow/objects.h"
@@ -30,7 +31,8 @@ std::unique_ptr<nam::Store> OpenRunNam(const std::string& run_dir, const std::st
     auto store = std::make_unique<nam::FileStore>(persisted);
     if (store->Stat(probe)) return store;
   }
-  if (uri.empty()) Throw(ErrorKind::kNotFound, run_dir + "/results.json names no NAM, and " + persisted + " has no " + probe);
+  if (uri.empty())
+    Throw(ErrorKind::kNotFound, record::ResultsPath(run_dir) + " names no NAM, and " + persisted + " has no " + probe);
   try {
     return nam::OpenStore(uri);
   } catch (const Error& e) {
@@ -86,16 +88,16 @@ TrainedModel OpenTrainedModel(const std::string& run_dir_in, const std::string& 
   TrainedModel m;
   m.run_dir = std::filesystem::absolute(run_dir_in).lexically_normal().string();
   if (!m.run_dir.empty() && m.run_dir.back() == '/') m.run_dir.pop_back();
-  const std::string results_path = m.run_dir + "/results.json";
+  const std::string results_path = record::ResultsPath(m.run_dir);
   if (!std::filesystem::is_directory(m.run_dir)) Throw(ErrorKind::kNotFound, run_dir_in + ": no such run directory");
   if (!PathExists(results_path))
-    Throw(ErrorKind::kNotFound, run_dir_in + ": the run has not finished (no results.json); `msaflow status " +
-                                    run_dir_in + "` says where it is");
+    Throw(ErrorKind::kNotFound, run_dir_in + ": the run has not finished (no " + std::string(record::kResultsFile) +
+                                    "); `msaflow status " + run_dir_in + "` says where it is");
   const json results = json::parse(ReadFile(results_path), nullptr, false);
   if (!results.is_object() || !results.contains("champion") || !results["champion"].is_object())
     Throw(ErrorKind::kCorrupt, results_path + ": not a run's results (no champion)");
-  const json source = json::parse(ReadFile(m.run_dir + "/pipeline.json"), nullptr, false);
-  if (source.is_discarded()) Throw(ErrorKind::kCorrupt, m.run_dir + "/pipeline.json: not JSON");
+  const json source = json::parse(ReadFile(record::PipelinePath(m.run_dir)), nullptr, false);
+  if (source.is_discarded()) Throw(ErrorKind::kCorrupt, record::PipelinePath(m.run_dir) + ": not JSON");
   m.pipeline = workflow::PipelineFromSource(source);
   m.run = results.value("run", std::filesystem::path(m.run_dir).filename().string());
   m.metric = m.pipeline.metric;

@@ -40,7 +40,7 @@ struct TrainedModel {
 };
 
 // The candidate `candidate_id` (default: the champion) of the finished run in `run_dir`, read
-// from its results.json and its NAM (the runs directory's persisted NAM, or the NAM URI the
+// from its results (record/run_dir.h) and its NAM (the runs directory's persisted NAM, or the NAM URI the
 // run used). Throws kNotFound for a run that has not finished or an unknown candidate (naming
 // the ones there are), kCorrupt when the NAM's backbone is no longer the one the run loaded.
 TrainedModel OpenTrainedModel(const std::string& run_dir, const std::string& candidate_id = "");

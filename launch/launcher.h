@@ -135,7 +135,7 @@ class Launcher {
                         const std::string& log_dir, const LaunchObserver& obs) = 0;
 
   // After a round that RunRound ran: what the round cost on the machine (Slurm: node-seconds
-  // held and used per module; results.json "node_seconds"), and a line saying so in `summary`.
+  // held and used per module; the run's results, "node_seconds"), and a line saying so in `summary`.
   // Null when the launcher has nothing to say. `step_seconds`: step -> its seconds.
   virtual nlohmann::json RoundAccount(const std::map<std::string, double>& step_seconds, std::string* summary) {
     (void)step_seconds;

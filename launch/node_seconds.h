@@ -1,6 +1,6 @@
 // What a round under Slurm cost in node-seconds: held (the nodes its job(s) kept) against used
 // (the steps' own time), per module, and whether chained jobs would have held fewer. The Slurm
-// launcher reports it after each round (results.json "node_seconds"). Pure.
+// launcher reports it after each round (the run's results, "node_seconds"). Pure.
 #pragma once
 
 #include <cstdint>

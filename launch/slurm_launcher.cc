@@ -591,8 +591,6 @@ Submitted SlurmLauncher::Submit(const SubmitRequest& req) {
   Submitted s;
   s.job = jobs().Submit(rd + "/coordinator.sh", {});
   s.where = cm.partition;
-  WriteFileAtomic(rd + "/submitted.json",
-                  json{{"run", ctx_.run_id}, {"job", s.job}, {"slurm_conf", m_.slurm.conf}}.dump() + "\n");
   return s;
 }
 

@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "kernels/onnx_graph.h"
 #include "launch/launcher.h"
+#include "record/run_dir.h"
 #include "workflow/backbones.h"
 #include "workflow/candidates.h"
 #include "workflow/datasets.h"
@@ -110,8 +111,11 @@ Rung0 HalvingRung0(const workflow::Pipeline& p, const std::string& run_dir, cons
                          p.backbones.size(), EstimateName(p.rounds.rank_by), 100 * p.rounds.rank_fraction));
     d = Decide(p, &handed);
     WriteFileAtomic(run_dir + "/" + kRung0File, d.dump(2) + "\n");
-    journal.Event("rung0", {{"kept", d["kept"]}, {"dropped", d["dropped"]}, {"rank_by", d["rank_by"]},
-                            {"subset_images", d["subset_images"]}, {"seconds", d["seconds"]}});
+    journal.Event(record::EventKind::kRung0, {{"kept", d["kept"]},
+                                              {"dropped", d["dropped"]},
+                                              {"rank_by", d["rank_by"]},
+                                              {"subset_images", d["subset_images"]},
+                                              {"seconds", d["seconds"]}});
   } else {
     obs.Line("rung 0: decided before the run was resumed (" + run_dir + "/" + kRung0File + ")");
   }
@@ -133,7 +137,7 @@ std::vector<std::string> HalvingRaceStory(const std::string& run_dir, const std:
   std::vector<int> in;  // the rounds it was in the race
   std::vector<double> fractions;
   int last_round = 0;
-  for (const auto& e : record::ReadJournal(run_dir + "/journal.jsonl").events) {
+  for (const auto& e : record::ReadJournal(record::JournalPath(run_dir)).events) {
     if (e.event != "round-start" || !e.fields.contains("halving")) continue;
     const int round = e.fields.value("round", 0);
     last_round = std::max(last_round, round);
@@ -156,8 +160,8 @@ std::vector<std::string> HalvingRaceStory(const std::string& run_dir, const std:
     return out;
   }
   // Why it left: its best head of round `left` against the worst of those the next round continued.
-  const json res = PathExists(run_dir + "/results.json")
-                       ? json::parse(ReadFile(run_dir + "/results.json"), nullptr, false) : json();
+  const json res =
+      record::HasResults(run_dir) ? json::parse(ReadFile(record::ResultsPath(run_dir)), nullptr, false) : json();
   if (!res.is_object() || !res.contains("rounds")) {
     out.push_back(fmt::format("left the race after round {}: none of its heads was continued", left));
     return out;

@@ -42,7 +42,7 @@ nlohmann::json ReadRung0(const std::string& run_dir);
 
 // What became of `backbone` after rung 0 in the halving run in `run_dir`: the rounds it was in
 // the race and on how much of the training data (the journal's round-start), and, once the run
-// has its results.json, why it left: its best head of its last round against the heads continued.
+// has its results, why it left: its best head of its last round against the heads continued.
 // Empty for a backbone no round ran.
 std::vector<std::string> HalvingRaceStory(const std::string& run_dir, const std::string& backbone);
 

@@ -35,7 +35,7 @@ struct StepCost {
 // pass's seconds (one_pass_with names the others).
 double PassShare(const nlohmann::json& features_entry);
 
-// The costs of a round as `msaflow run` records them in results.json ("costs"): from the
+// The costs of a round as `msaflow run` records them in its results ("costs"): from the
 // step summaries (features, training, evaluation) and step_seconds of that round.
 // Steps without shared work (load, store, select; prepare when every feature was reused)
 // have work_s 0.

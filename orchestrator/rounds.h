@@ -1,6 +1,6 @@
 // The round loop's logic, without processes or files: which candidates a round trains, what a
 // finished round's NAM objects say (ranking, kept models, best per backbone), the stop rule, and
-// the run's results.json. A resumed run replays its finished rounds through the same code, so it
+// the run's results (record/run_dir.h). A resumed run replays its finished rounds through the same code, so it
 // reaches the same candidates and the same champion as a run that was never interrupted.
 #pragma once
 
@@ -23,7 +23,7 @@ struct RoundOutcome {
 };
 RoundOutcome ReadRoundOutcome(nam::Store& store, const std::string& run, int round);
 
-// A round's entry in results.json: champion, top-k, every candidate, features, training,
+// A round's entry in the run's results: champion, top-k, every candidate, features, training,
 // evaluation, each step's seconds, the selection device, and each step's cost per item.
 nlohmann::json RoundEntry(const Pipeline& p, int round, const RoundOutcome& o, nlohmann::json step_seconds);
 
@@ -45,7 +45,7 @@ class RoundLoop {
   // trains and the models it keeps (select, for a kept model its round held back).
   bool TestsInRound(int round, const std::vector<Candidate>& fresh) const;
 
-  // Takes a finished round in (its best object, and the round's entry for results.json);
+  // Takes a finished round in (its best object, and the round's entry for the results);
   // returns true when the stop rule ends the run after it.
   bool Absorb(int round, const RoundOutcome& o, nlohmann::json round_entry);
 
@@ -53,7 +53,7 @@ class RoundLoop {
   int rounds() const { return static_cast<int>(rounds_.size()); }
   // The champion: the best over all rounds. Throws kInternal before any round.
   const Ranked& champion() const;
-  // results.json (docs/formats.md): the rounds, the champion, its test result, best per backbone.
+  // the run's results (docs/formats.md): the rounds, the champion, its test result, best per backbone.
   nlohmann::json Results(const std::string& run, const std::string& nam_uri, double seconds) const;
   // Each backbone's best candidate: {backbone: {candidate, <select_on>_accuracy, test_accuracy}}.
   const nlohmann::json& best_per_backbone() const { return per_bb_test_; }

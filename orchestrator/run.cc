@@ -1,10 +1,9 @@
 #include "orchestrator/run.h"
 
+#include <fmt/core.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <fmt/core.h>
 
 #include <chrono>
 #include <ctime>
@@ -15,18 +14,19 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "launch/nam_process.h"
+#include "launch/shared_nam.h"
 #include "nam/fabric_store.h"
 #include "nam/store.h"
-#include "record/coordinator_lock.h"
 #include "orchestrator/fpga_preflight.h"
+#include "orchestrator/halving.h"
+#include "record/coordinator_lock.h"
 #include "record/journal.h"
 #include "record/provenance.h"
-#include "launch/shared_nam.h"
-#include "orchestrator/halving.h"
+#include "record/run_dir.h"
 #include "workflow/backbones.h"
 #include "workflow/candidates.h"
 #include "workflow/datasets.h"
-#include "launch/nam_process.h"
 
 namespace msaflow::orchestrator {
 using launch::Launcher;
@@ -63,7 +63,7 @@ void JournalFailure(const JournalWriter& journal, const std::string& dir, int ro
       failed["cancelled"] = true;
       if (req.is_object() && req.contains("by") && req["by"].is_string()) failed["by"] = req["by"];
     }
-    journal.Event("run-failed", failed);
+    journal.Event(record::EventKind::kRunFailed, failed);
   } catch (const Error& j) {  // a full disk: say both, the journal's failure too
     Throw(e.kind(), std::string(e.what()) + "\n  (and the journal could not record it: " + j.what() + ")");
   }
@@ -130,10 +130,11 @@ class RunDriver {
       const double secs = opt_.clock->SecondsSince(start);
       json results = loop_.Results(id_, nam_uri_, secs);
       if (json rung0 = ReadRung0(dir_); !rung0.is_null()) results["halving"] = {{"rung0", std::move(rung0)}};
-      WriteFileAtomic(dir_ + "/results.json", results.dump(2) + "\n");
+      WriteFileAtomic(record::ResultsPath(dir_), results.dump(2) + "\n");
       WriteProvenance(true);
       const Ranked& champ = loop_.champion();
-      journal_.Event("run-end", {{"champion", champ.candidate.id}, {"accuracy", champ.metric}, {"stop", loop_.stop_reason()}});
+      journal_.Event(record::EventKind::kRunEnd,
+                     {{"champion", champ.candidate.id}, {"accuracy", champ.metric}, {"stop", loop_.stop_reason()}});
       progress_.Finish(p_, loop_, secs, dir_);
     } catch (const Error& e) {
       JournalFailure(journal_, dir_, round_, e);
@@ -201,7 +202,7 @@ class RunDriver {
       Throw(e.kind(), std::string("starting the NAM server: ") + e.what());
     }
     event["capacity"] = m_.nam.capacity;
-    journal_.Event("nam-server", event);
+    journal_.Event(record::EventKind::kNamServer, event);
   }
 
   // "" while the run's NAM server serves; else which server, and what became of it.
@@ -226,7 +227,7 @@ class RunDriver {
   void Reattach(Launcher& launcher) {
     json fields = launcher.Reattach({before_.slurm_jobs, before_.nam_slurm_job},
                                     [&](const std::string& line) { progress_.Line(line); });
-    if (!fields.is_null()) journal_.Event("slurm-reattached", std::move(fields));
+    if (!fields.is_null()) journal_.Event(record::EventKind::kSlurmReattached, std::move(fields));
   }
 
   // The task's done object, when its step committed everything for this very task (same key).
@@ -254,8 +255,8 @@ class RunDriver {
         skipped[t.id] = done->value("outputs", int64_t{0});
         if (before_.seconds.count(t.id)) step_seconds[workflow::StepName(t.step)] = before_.seconds.at(t.id);
         if (!before_.tasks_done.count(t.id))  // the coordinator died before it could record the end
-          journal_.Event("task-reused", {{"task", t.id}, {"key", done->value("key", "")},
-                                         {"outputs", done->value("outputs", 0)}});
+          journal_.Event(record::EventKind::kTaskReused,
+                         {{"task", t.id}, {"key", done->value("key", "")}, {"outputs", done->value("outputs", 0)}});
         continue;
       }
       todo.tasks.push_back(t);
@@ -277,7 +278,7 @@ class RunDriver {
         progress_.Line(HalvingRaceLine(round, race));
         start["halving"] = race;
       }
-      journal_.Event("round-start", start);
+      journal_.Event(record::EventKind::kRoundStart, start);
       for (const Task& t : plan.tasks)
         if (skipped.count(t.id)) progress_.TaskReused(t, static_cast<size_t>(skipped.at(t.id)));
       for (Task& t : todo.tasks)  // what is done already is no dependency to wait for
@@ -313,8 +314,9 @@ class RunDriver {
     if (!round_account_.is_null() && !round_account_.empty()) entry["node_seconds"] = round_account_;
     if (!ended_before || !replayed) {
       progress_.RoundTable(p_, round, outcome);
-      journal_.Event("round-end", {{"round", round}, {"champion", outcome.best.at("champion").at("candidate").at("id")},
-                                   {"accuracy", outcome.best.at("champion").at("accuracy")}});
+      journal_.Event(record::EventKind::kRoundEnd, {{"round", round},
+                                                    {"champion", outcome.best.at("champion").at("candidate").at("id")},
+                                                    {"accuracy", outcome.best.at("champion").at("accuracy")}});
     }
     const bool stop = loop_.Absorb(round, outcome, std::move(entry));
     if (!stop && round < p_.rounds.max) WriteProvenance(false);
@@ -327,7 +329,7 @@ class RunDriver {
     obs.on_start = [&](const Task& t) {
       started_[t.id] = record::JournalTime();
       progress_.TaskStart(t);
-      journal_.Event("task-start", {{"task", t.id}, {"module", t.module}, {"ranks", t.ranks}});
+      journal_.Event(record::EventKind::kTaskStart, {{"task", t.id}, {"module", t.module}, {"ranks", t.ranks}});
     };
     obs.on_line = [&](const Task& t, const std::string& line) { progress_.TaskOutput(t, line); };
     obs.on_event = [&](const std::string& ev, json fields) {
@@ -343,7 +345,7 @@ class RunDriver {
         for (const char* k : {"msaflow", "inputs", "outputs", "ranks"})
           if (body.contains(k)) end[k] = body[k];
       }
-      journal_.Event("task-end", std::move(end));
+      journal_.Event(record::EventKind::kTaskEnd, std::move(end));
       step_seconds[workflow::StepName(t.step)] = secs;
     };
     obs.check = [&] {
@@ -430,7 +432,7 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   std::string id = opt.run_id.empty() ? NewRunId(p.name) : opt.run_id;
   nam::ValidateObjectName(id);
   std::string dir = std::filesystem::absolute(opt.runs_dir + "/" + id).lexically_normal().string();
-  if (PathExists(dir + "/journal.jsonl"))
+  if (record::HasJournal(dir))
     Throw(ErrorKind::kInvalidInput, "run directory " + dir + " already holds a run; continue it with `msaflow resume " +
                                         dir + "`, or choose another --run-id");
   const std::string nam = PreRunChecks(p, m, opt.runs_dir);
@@ -440,13 +442,17 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
   std::filesystem::remove_all(staging);
   MakeDirs(staging + "/tasks");
   MakeDirs(staging + "/logs");
-  WriteFileAtomic(staging + "/pipeline.json", p.source.dump(2) + "\n");
+  WriteFileAtomic(record::PipelinePath(staging), p.source.dump(2) + "\n");
   record::CoordinatorLock lock(staging);  // the lock is on the file, which the rename keeps
-  JournalWriter staged = JournalWriter::Create(staging + "/journal.jsonl");
-  staged.Event("run-start", {{"run", id}, {"pipeline", p.name}, {"machine", m.name}, {"machine_source", m.source},
-                             {"launcher", workflow::LauncherName(m.launcher)},
-                             {"coordinator", record::ThisCoordinator().ToJson()},
-                             {"nam", nam == "serve" ? std::string("a NAM server started for the run") : nam}});
+  JournalWriter staged = JournalWriter::Create(record::JournalPath(staging));
+  staged.Event(record::EventKind::kRunStart,
+               {{"run", id},
+                {"pipeline", p.name},
+                {"machine", m.name},
+                {"machine_source", m.source},
+                {"launcher", workflow::LauncherName(m.launcher)},
+                {"coordinator", record::ThisCoordinator().ToJson()},
+                {"nam", nam == "serve" ? std::string("a NAM server started for the run") : nam}});
   if (!PathExists(dir)) {
     if (::rename(staging.c_str(), dir.c_str()) != 0) {
       const int err = errno;
@@ -455,15 +461,15 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
       ThrowErrno("rename " + staging + " to " + dir);
     }
   } else {
-    // `submit` made the directory (coordinator.sh, submitted.json): the staged files move in,
+    // `submit` made the directory (coordinator.sh, the submitted record): the staged files move in,
     // the journal last, so the run still appears at once.
-    for (const char* f : {"tasks", "logs", "pipeline.json", "coordinator.lock", "journal.jsonl"}) {
+    for (const char* f : {"tasks", "logs", record::kPipelineFile, "coordinator.lock", record::kJournalFile}) {
       const std::string from = staging + "/" + f, to = dir + "/" + f;
       if (::rename(from.c_str(), to.c_str()) != 0) ThrowErrno("rename " + from + " to " + to);
     }
     std::filesystem::remove_all(staging);
   }
-  JournalWriter journal = JournalWriter::Append(dir + "/journal.jsonl");
+  JournalWriter journal = JournalWriter::Append(record::JournalPath(dir));
   Rung0 rung0 = RoundsPipeline(p, dir, journal, obs, 1);  // p itself but for strategy halving
   RunDriver(rung0, m, opt, obs, id, dir, std::move(journal), RunSummary{}).Drive();
   return dir;
@@ -471,10 +477,11 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
 
 bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObserver& obs) {
   const std::string dir = std::filesystem::absolute(run_dir_arg).lexically_normal().string();
-  const std::string journal_path = dir + "/journal.jsonl";
+  const std::string journal_path = record::JournalPath(dir);
   if (!PathExists(journal_path))
-    Throw(ErrorKind::kNotFound, dir + ": no journal.jsonl (not a run directory, or a run submitted to Slurm whose "
-                                      "coordinator never started)");
+    Throw(ErrorKind::kNotFound, dir + ": no " + record::kJournalFile +
+                                    " (not a run directory, or a run submitted to Slurm whose "
+                                    "coordinator never started)");
   record::CoordinatorLock lock(dir);
   RunSummary before = record::Summarize(record::ReadJournal(journal_path), journal_path);
   if (before.finished) {
@@ -484,7 +491,7 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
   if (before.machine_source.empty())
     Throw(ErrorKind::kUnsupported, journal_path + ": the run-start event names no machine_source (a journal of an "
                                                   "older msaflow); start the pipeline again with `msaflow run`");
-  json source = json::parse(ReadFile(dir + "/pipeline.json"), nullptr, false);
+  json source = json::parse(ReadFile(record::PipelinePath(dir)), nullptr, false);
   if (source.is_discarded()) Throw(ErrorKind::kCorrupt, dir + "/pipeline.json: not JSON");
   const Pipeline p = workflow::PipelineFromSource(source);
   const Machine m = workflow::LoadMachine(before.machine_source);
@@ -502,7 +509,7 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
                   {"tasks_done", before.tasks_done.size()},
                   {"rounds_ended", before.rounds_ended}};
   if (!opt.resume_reason.empty()) resumed["reason"] = opt.resume_reason;
-  journal.Event("resume", resumed);
+  journal.Event(record::EventKind::kResume, resumed);
   obs.Line(fmt::format("resuming run {} ({}; {} task(s) done, {} round(s) ended)", before.run,
                        before.failed ? "it failed: " + Printable(before.error, 200) : "its coordinator died",
                        before.tasks_done.size(), before.rounds_ended));

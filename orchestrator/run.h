@@ -1,6 +1,6 @@
 // A run: rounds of the five steps until the stop rule, recorded in runs/<id>/ (docs/formats.md):
-// pipeline.json, journal.jsonl (record/journal.h), coordinator.lock (record/coordinator_lock.h),
-// tasks/*.json, logs/*.log, results.json, provenance.json. The round loop is here; how its tasks
+// the pipeline, the journal and the results (record/run_dir.h), coordinator.lock
+// (record/coordinator_lock.h), tasks/*.json, logs/*.log, provenance.json. The round loop is here; how its tasks
 // run is the launcher's (launch/launcher.h); what it shows goes to a RunObserver. Most callers
 // want the Runs API (orchestrator/runs.h) around these.
 #pragma once

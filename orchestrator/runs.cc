@@ -1,17 +1,18 @@
 #include "orchestrator/runs.h"
 
+#include <fmt/core.h>
 #include <signal.h>
 
 #include <filesystem>
-#include <fmt/core.h>
 
-#include "common/error.h"
 #include "common/child_process.h"
+#include "common/error.h"
 #include "common/files.h"
 #include "nam/store.h"
 #include "orchestrator/planner.h"
 #include "record/coordinator_lock.h"
 #include "record/journal.h"
+#include "record/run_dir.h"
 #include "workflow/candidates.h"
 
 namespace msaflow::orchestrator {
@@ -74,12 +75,15 @@ SubmittedRun Runs::Submit(const Pipeline& p, const Machine& m, const std::string
                             machine_arg == "local" ? machine_arg : std::filesystem::absolute(machine_arg).string(),
                             runs_abs};
   if (!launcher->batch()) launcher->Submit(req);  // refuses, saying why
-  if (PathExists(r.run_dir + "/journal.jsonl") || PathExists(r.run_dir + "/submitted.json"))
+  if (record::HasJournal(r.run_dir) || record::WasSubmitted(r.run_dir))
     Throw(ErrorKind::kInvalidInput, "run directory " + r.run_dir + " already holds a run; choose another --run-id");
   MakeDirs(r.run_dir);
   const launch::Submitted s = launcher->Submit(req);
   r.job = s.job;
   r.where = s.where;
+  // The record of it, which `status`, `cancel` and the service read until the coordinator begins.
+  WriteFileAtomic(record::SubmittedPath(r.run_dir),
+                  nlohmann::json{{"run", r.run_id}, {"job", s.job}, {"slurm_conf", m.slurm.conf}}.dump() + "\n");
   return r;
 }
 
@@ -96,12 +100,13 @@ void Runs::RequestCancel(const std::string& run_dir, const std::string& by) {
 
 std::string Runs::Cancel(const std::string& run_dir, const std::string& by) const {
   const std::string dir = Absolute(run_dir);
-  const bool submitted = PathExists(dir + "/submitted.json");
-  if (!PathExists(dir + "/journal.jsonl") && !submitted)
-    Throw(ErrorKind::kNotFound, dir + ": no journal.jsonl (not a run directory, or its coordinator never started)");
+  const bool submitted = record::WasSubmitted(dir);
+  if (!record::HasJournal(dir) && !submitted)
+    Throw(ErrorKind::kNotFound,
+          dir + ": no " + record::kJournalFile + " (not a run directory, or its coordinator never started)");
   const pid_t holder = record::CoordinatorHolding(dir);
-  const bool ended = PathExists(dir + "/journal.jsonl") && [&] {
-    const auto s = record::Summarize(record::ReadJournal(dir + "/journal.jsonl"), dir + "/journal.jsonl");
+  const bool ended = record::HasJournal(dir) && [&] {
+    const auto s = record::Summarize(record::ReadJournal(record::JournalPath(dir)), record::JournalPath(dir));
     return s.finished || s.failed;
   }();
   if (holder <= 0 && (!submitted || ended))
@@ -114,9 +119,9 @@ std::string Runs::Cancel(const std::string& run_dir, const std::string& by) cons
   }
   // A submitted coordinator on another node (or still waiting in Slurm's queue): Slurm sends it
   // SIGTERM, and it cancels the round's jobs as it ends.
-  nlohmann::json sub = nlohmann::json::parse(ReadFile(dir + "/submitted.json"), nullptr, false);
+  nlohmann::json sub = nlohmann::json::parse(ReadFile(record::SubmittedPath(dir)), nullptr, false);
   if (!sub.is_object() || !sub.contains("job") || !sub["job"].is_string())
-    Throw(ErrorKind::kCorrupt, dir + "/submitted.json: expected {\"job\": \"<Slurm job id>\", ...}");
+    Throw(ErrorKind::kCorrupt, record::SubmittedPath(dir) + ": expected {\"job\": \"<Slurm job id>\", ...}");
   const std::string job = sub["job"];
   SpawnOptions o;
   if (sub.contains("slurm_conf") && sub["slurm_conf"].is_string() && !sub["slurm_conf"].get<std::string>().empty())
@@ -131,7 +136,7 @@ std::string Runs::Cancel(const std::string& run_dir, const std::string& by) cons
 RunView Runs::Observe(const std::string& run_dir, size_t from) const {
   RunView v;
   v.status = record::StatusOf(run_dir);
-  const record::Journal j = record::ReadJournal(Absolute(run_dir) + "/journal.jsonl");
+  const record::Journal j = record::ReadJournal(record::JournalPath(Absolute(run_dir)));
   for (size_t i = from; i < j.events.size(); ++i) v.events.push_back(j.events[i]);
   v.next = std::max(from, j.events.size());
   return v;

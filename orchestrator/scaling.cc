@@ -1,21 +1,22 @@
 #include "orchestrator/scaling.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
-#include <fmt/format.h>
 #include <map>
 #include <optional>
 #include <thread>
 
 #include "common/error.h"
-#include "common/version.h"
 #include "common/files.h"
+#include "common/version.h"
 #include "orchestrator/placement.h"
 #include "orchestrator/run.h"
+#include "record/run_dir.h"
 
 namespace msaflow::orchestrator {
 namespace {
@@ -126,7 +127,7 @@ json MeasureOne(const workflow::Pipeline& p, const Machine& m, const ScalingOpti
     throw;
   }
   std::fclose(log);
-  json res = json::parse(ReadFile(dir + "/runs/" + run_id + "/results.json"));
+  json res = json::parse(ReadFile(record::ResultsPath(dir + "/runs/" + run_id)));
   const json& round = res.at("rounds").at(0);
   const std::string asked = ModeLabel(mode);
   json entry = {{"mode", mode ? round.at("training").value("mode", asked) : ""},

@@ -106,6 +106,48 @@ std::string HugeFloatAt(const json& v, const std::string& at, std::string* value
 
 }  // namespace
 
+namespace {
+struct EventNames {
+  EventKind kind;
+  const char* name;
+};
+constexpr EventNames kEventNames[] = {
+    {EventKind::kRunStart, "run-start"},
+    {EventKind::kRunEnd, "run-end"},
+    {EventKind::kRunFailed, "run-failed"},
+    {EventKind::kResume, "resume"},
+    {EventKind::kNamServer, "nam-server"},
+    {EventKind::kRoundStart, "round-start"},
+    {EventKind::kRoundEnd, "round-end"},
+    {EventKind::kRung0, "rung0"},
+    {EventKind::kTaskStart, "task-start"},
+    {EventKind::kTaskEnd, "task-end"},
+    {EventKind::kTaskRetry, "task-retry"},
+    {EventKind::kTaskReused, "task-reused"},
+    {EventKind::kTaskInCoordinator, "task-in-coordinator"},
+    {EventKind::kSlurmJob, "slurm-job"},
+    {EventKind::kSlurmState, "slurm-state"},
+    {EventKind::kSlurmEnd, "slurm-end"},
+    {EventKind::kSlurmRetry, "slurm-retry"},
+    {EventKind::kSlurmFallback, "slurm-fallback"},
+    {EventKind::kSlurmReattached, "slurm-reattached"},
+    {EventKind::kSlurmInterrupted, "slurm-interrupted"},
+    {EventKind::kSlurmCancelled, "slurm-cancelled"},
+};
+}  // namespace
+
+const char* EventName(EventKind k) {
+  for (const auto& e : kEventNames)
+    if (e.kind == k) return e.name;
+  return "";
+}
+
+EventKind EventKindOf(const std::string& name) {
+  for (const auto& e : kEventNames)
+    if (name == e.name) return e.kind;
+  return EventKind::kOther;
+}
+
 Journal ParseJournal(const std::string& text, const std::string& where) {
   Journal j;
   size_t start = 0, lineno = 0;
@@ -138,7 +180,9 @@ Journal ParseJournal(const std::string& text, const std::string& where) {
     if (const std::string huge = HugeFloatAt(e, "", &value); !huge.empty())
       Throw(ErrorKind::kCorrupt, at + "a number out of range at " + Printable(huge, 60) + " (" + Printable(value, 40) +
                                      "): a journal's numbers are integers or below 2^31");
-    j.events.push_back({lineno, e["event"].get<std::string>(), std::move(e)});
+    std::string name = e["event"].get<std::string>();
+    const EventKind kind = EventKindOf(name);
+    j.events.push_back({lineno, std::move(name), std::move(e), kind});
   }
   if (first) Throw(ErrorKind::kCorrupt, where + ":1: expected format " + std::string(kJournalFormat));
   return j;
@@ -177,60 +221,85 @@ RunSummary Summarize(const Journal& j, const std::string& where) {
         s.coordinator.host = f["coordinator"].at("host").get<std::string>();
       }
     };
-    if (e.event == "run-start") {
-      s.run = f.value("run", "");
-      s.pipeline = f.value("pipeline", "");
-      s.machine = f.value("machine", "");
-      s.machine_source = f.value("machine_source", "");
-      s.launcher = f.value("launcher", "local");
-      s.nam = f.value("nam", "");
-      s.started_at = f.value("time", "");
-      coordinator();
-    } else if (e.event == "resume") {
-      ++s.resumes;
-      s.failed = false;
-      s.cancelled = false;
-      s.signal = 0;
-      s.error.clear();
-      s.last_started.clear();
-      coordinator();
-    } else if (e.event == "task-start") {
-      const std::string t = f.at("task").get<std::string>();
-      if (!s.starts.count(t) && !s.reused.count(t)) s.tasks.push_back(t);
-      ++s.starts[t];
-      s.last_started = t;
-      s.started[t] = f.value("time", "");
-      s.module[t] = f.value("module", "");
-      s.ranks[t] = f.contains("ranks") ? static_cast<int>(IntField(f, "ranks", 1, 1 << 24)) : 1;
-    } else if (e.event == "task-retry") {
-      ++s.retries[f.at("task").get<std::string>()];
-    } else if (e.event == "task-end" || e.event == "task-reused") {
-      const std::string t = f.at("task").get<std::string>();
-      s.tasks_done.insert(t);
-      if (e.event == "task-end") s.seconds[t] = f.value("seconds", 0.0);
-      if (e.event == "task-reused") {
+    switch (e.kind) {
+      case EventKind::kRunStart:
+        s.run = f.value("run", "");
+        s.pipeline = f.value("pipeline", "");
+        s.machine = f.value("machine", "");
+        s.machine_source = f.value("machine_source", "");
+        s.launcher = f.value("launcher", "local");
+        s.nam = f.value("nam", "");
+        s.started_at = f.value("time", "");
+        coordinator();
+        break;
+      case EventKind::kResume:
+        ++s.resumes;
+        s.failed = false;
+        s.cancelled = false;
+        s.signal = 0;
+        s.error.clear();
+        s.last_started.clear();
+        coordinator();
+        break;
+      case EventKind::kTaskStart: {
+        const std::string t = f.at("task").get<std::string>();
         if (!s.starts.count(t) && !s.reused.count(t)) s.tasks.push_back(t);
-        s.reused.insert(t);
+        ++s.starts[t];
+        s.last_started = t;
+        s.started[t] = f.value("time", "");
+        s.module[t] = f.value("module", "");
+        s.ranks[t] = f.contains("ranks") ? static_cast<int>(IntField(f, "ranks", 1, 1 << 24)) : 1;
+        break;
       }
-      if (s.last_started == t) s.last_started.clear();
-    } else if (e.event == "nam-server") {
-      s.nam_slurm_job = f.value("slurm_job", "");
-    } else if (e.event == "slurm-job") {
-      s.slurm_jobs.push_back(f.at("job").get<std::string>());
-    } else if (e.event == "slurm-end" || e.event == "slurm-interrupted" || e.event == "slurm-cancelled" ||
-               e.event == "slurm-reattached") {
-      s.slurm_jobs.clear();
-    } else if (e.event == "round-end") {
-      s.rounds_ended = std::max(s.rounds_ended, static_cast<int>(IntField(f, "round", 0, INT32_MAX)));
-    } else if (e.event == "run-failed") {
-      s.failed = true;
-      s.cancelled = f.value("cancelled", false);
-      s.signal = f.contains("signal") ? static_cast<int>(IntField(f, "signal", 0, 128)) : 0;
-      s.error = f.value("error", "");
-    } else if (e.event == "run-end") {
-      s.finished = true;
-      s.finish = fmt::format("champion {} accuracy {:.4f} ({})", f.value("champion", ""), f.value("accuracy", 0.0),
-                             f.value("stop", ""));
+      case EventKind::kTaskRetry:
+        ++s.retries[f.at("task").get<std::string>()];
+        break;
+      case EventKind::kTaskEnd:
+      case EventKind::kTaskReused: {
+        const std::string t = f.at("task").get<std::string>();
+        s.tasks_done.insert(t);
+        if (e.kind == EventKind::kTaskEnd) s.seconds[t] = f.value("seconds", 0.0);
+        if (e.kind == EventKind::kTaskReused) {
+          if (!s.starts.count(t) && !s.reused.count(t)) s.tasks.push_back(t);
+          s.reused.insert(t);
+        }
+        if (s.last_started == t) s.last_started.clear();
+        break;
+      }
+      case EventKind::kNamServer:
+        s.nam_slurm_job = f.value("slurm_job", "");
+        break;
+      case EventKind::kSlurmJob:
+        s.slurm_jobs.push_back(f.at("job").get<std::string>());
+        break;
+      case EventKind::kSlurmEnd:
+      case EventKind::kSlurmInterrupted:
+      case EventKind::kSlurmCancelled:
+      case EventKind::kSlurmReattached:
+        s.slurm_jobs.clear();
+        break;
+      case EventKind::kRoundEnd:
+        s.rounds_ended = std::max(s.rounds_ended, static_cast<int>(IntField(f, "round", 0, INT32_MAX)));
+        break;
+      case EventKind::kRunFailed:
+        s.failed = true;
+        s.cancelled = f.value("cancelled", false);
+        s.signal = f.contains("signal") ? static_cast<int>(IntField(f, "signal", 0, 128)) : 0;
+        s.error = f.value("error", "");
+        break;
+      case EventKind::kRunEnd:
+        s.finished = true;
+        s.finish = fmt::format("champion {} accuracy {:.4f} ({})", f.value("champion", ""), f.value("accuracy", 0.0),
+                               f.value("stop", ""));
+        break;
+      case EventKind::kOther:
+      case EventKind::kRoundStart:
+      case EventKind::kRung0:
+      case EventKind::kTaskInCoordinator:
+      case EventKind::kSlurmState:
+      case EventKind::kSlurmRetry:
+      case EventKind::kSlurmFallback:
+        break;  // nothing the summary keeps
     }
   } catch (const std::exception& x) {  // json::exception, or IntField's
     // A field missing or of the wrong type: the journal was edited or damaged.

@@ -16,6 +16,37 @@ namespace msaflow::record {
 
 inline constexpr char kJournalFormat[] = "msaflow.journal/1";
 
+// The events a journal holds (docs/formats.md lists each one's fields), named here and only
+// here: readers switch on the kind, so a new event is one enumerator the compiler then points
+// at every switch that must say what it means. A name this msaflow does not know (a newer
+// one's journal) reads as kOther: kept and shown, never acted on.
+enum class EventKind {
+  kOther,
+  kRunStart,
+  kRunEnd,
+  kRunFailed,
+  kResume,
+  kNamServer,
+  kRoundStart,
+  kRoundEnd,
+  kRung0,
+  kTaskStart,
+  kTaskEnd,
+  kTaskRetry,
+  kTaskReused,
+  kTaskInCoordinator,
+  kSlurmJob,
+  kSlurmState,
+  kSlurmEnd,
+  kSlurmRetry,
+  kSlurmFallback,
+  kSlurmReattached,
+  kSlurmInterrupted,
+  kSlurmCancelled,
+};
+const char* EventName(EventKind k);              // "run-start"; "" for kOther
+EventKind EventKindOf(const std::string& name);  // kOther for a name it does not know
+
 // "2026-11-23T18:51:13.250Z": the journal's time stamps (UTC, to the millisecond).
 std::string JournalTime();
 // Seconds since the epoch of a journal time stamp (with or without the milliseconds); NaN when
@@ -30,6 +61,8 @@ class JournalWriter {
   // first, so the next event starts a line of its own and the journal reads whole.
   static JournalWriter Append(const std::string& path);
   // Appends {"event": ..., "time": ..., fields...} and fsyncs. Throws kIo (disk full).
+  void Event(EventKind event, nlohmann::json fields) const { Event(std::string(EventName(event)), std::move(fields)); }
+  // A launcher's event as it named it (its names are EventKind's; kOther's are written as they are).
   void Event(const std::string& event, nlohmann::json fields) const;
   const std::string& path() const { return path_; }
 
@@ -40,8 +73,9 @@ class JournalWriter {
 
 struct JournalEvent {
   size_t line = 0;  // 1-based line in the file
-  std::string event;
+  std::string event;  // its name as written
   nlohmann::json fields;
+  EventKind kind = EventKind::kOther;
 };
 
 struct Journal {

@@ -5,15 +5,16 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <tuple>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "launch/slurm.h"
 #include "record/coordinator_lock.h"
 #include "record/journal.h"
-#include "launch/slurm.h"
+#include "record/run_dir.h"
 
 namespace msaflow::record {
 
@@ -53,7 +54,7 @@ RunStatus StateFrom(RunSummary summary, pid_t holder, const std::string& run_dir
 }
 
 RunStatus StatusOf(const std::string& run_dir) {
-  const std::string path = run_dir + "/journal.jsonl";
+  const std::string path = JournalPath(run_dir);
   return StateFrom(Summarize(ReadJournal(path), path), CoordinatorHolding(run_dir), run_dir);
 }
 
@@ -128,8 +129,8 @@ void PrintRunsTable(const std::string& dir, std::FILE* out) {
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string run_dir = it->path().string();
     const std::string name = it->path().filename().string();
-    if (name.empty() || name[0] == '.' || !PathExists(run_dir + "/journal.jsonl")) {
-      if (PathExists(run_dir + "/submitted.json")) rows.push_back({"", name, "submitted", "-", "-", "waiting for Slurm"});
+    if (name.empty() || name[0] == '.' || !HasJournal(run_dir)) {
+      if (WasSubmitted(run_dir)) rows.push_back({"", name, "submitted", "-", "-", "waiting for Slurm"});
       continue;
     }
     try {
@@ -161,13 +162,12 @@ void PrintRunsTable(const std::string& dir, std::FILE* out) {
 }  // namespace
 
 RunState PrintStatus(const std::string& run_dir, std::FILE* out) {
-  if (!PathExists(run_dir + "/journal.jsonl") && !PathExists(run_dir + "/submitted.json") &&
-      std::filesystem::is_directory(run_dir)) {
+  if (!HasJournal(run_dir) && !WasSubmitted(run_dir) && std::filesystem::is_directory(run_dir)) {
     PrintRunsTable(run_dir, out);
     return RunState::kFinished;
   }
-  if (!PathExists(run_dir + "/journal.jsonl") && PathExists(run_dir + "/submitted.json")) {
-    json sub = json::parse(ReadFile(run_dir + "/submitted.json"), nullptr, false);
+  if (!HasJournal(run_dir) && WasSubmitted(run_dir)) {
+    json sub = json::parse(ReadFile(SubmittedPath(run_dir)), nullptr, false);
     if (sub.is_discarded()) Throw(ErrorKind::kCorrupt, run_dir + "/submitted.json: not JSON");
     std::fprintf(out, "run %s submitted as Slurm job %s; the coordinator has not started yet\n",
                  sub.value("run", "").c_str(), sub.value("job", "").c_str());
@@ -183,30 +183,30 @@ RunState PrintStatus(const std::string& run_dir, std::FILE* out) {
     std::fprintf(out, "state: failed: the coordinator job ended (%s) before it started the run\n", end.c_str());
     return RunState::kFailed;
   }
-  const std::string path = run_dir + "/journal.jsonl";
+  const std::string path = JournalPath(run_dir);
   const Journal journal = ReadJournal(path);
   const RunStatus st = StateFrom(Summarize(journal, path), CoordinatorHolding(run_dir), run_dir);
   // Slurm jobs: the components each round used and their last known states.
   std::map<std::string, json> components;  // component id -> last state
   for (const JournalEvent& je : journal.events) try {
     const json& e = je.fields;
-    const std::string& ev = je.event;
-    if (ev == "run-start")
+    const EventKind ev = je.kind;
+    if (ev == EventKind::kRunStart)
       std::fprintf(out, "run %s (pipeline %s, machine %s, launcher %s, NAM %s)\n", e.value("run", "").c_str(),
                    e.value("pipeline", "").c_str(), e.value("machine", "").c_str(), e.value("launcher", "local").c_str(),
                    e.value("nam", "").c_str());
-    if (ev == "nam-server") {
+    if (ev == EventKind::kNamServer) {
       std::string where = e.value("slurm_job", "").empty()
                               ? fmt::format("pid {}", e.value("pid", 0))
                               : fmt::format("Slurm job {} on node {}", e.value("slurm_job", ""), e.value("node", ""));
       std::fprintf(out, "  NAM server %s (%s, persisting to %s)\n", e.value("uri", "").c_str(), where.c_str(),
                    e.value("persist", "").c_str());
     }
-    if (ev == "round-start") std::fprintf(out, "  round %d:\n", e.at("round").get<int>());
-    if (ev == "task-retry")
+    if (ev == EventKind::kRoundStart) std::fprintf(out, "  round %d:\n", e.at("round").get<int>());
+    if (ev == EventKind::kTaskRetry)
       std::fprintf(out, "    task %s failed (%s) and was started again (attempt %d)\n", e.value("task", "").c_str(),
                    e.value("reason", "").c_str(), Attempt(e) + 2);
-    if (ev == "slurm-job") {
+    if (ev == EventKind::kSlurmJob) {
       std::string comps;
       for (const auto& c : e.at("components"))
         comps += (comps.empty() ? "" : ", ") + c.value("id", "") + " " + c.value("module", "") + "@" +
@@ -215,9 +215,9 @@ RunState PrintStatus(const std::string& run_dir, std::FILE* out) {
                    Attempt(e) ? fmt::format(" (attempt {})", Attempt(e) + 1).c_str() : "",
                    comps.c_str());
     }
-    if (ev == "slurm-state")
+    if (ev == EventKind::kSlurmState)
       for (const auto& c : e.at("components")) components[c.value("id", "")] = c;
-    if (ev == "slurm-end") {
+    if (ev == EventKind::kSlurmEnd) {
       for (const auto& j : e.at("jobs"))
         for (const auto& c : j.at("components")) {
           components[c.value("id", "")] = c;
@@ -228,17 +228,17 @@ RunState PrintStatus(const std::string& run_dir, std::FILE* out) {
       if (e.value("leftover_sruns_killed", 0) > 0)
         std::fprintf(out, "      %d leftover srun process(es) ended\n", e.value("leftover_sruns_killed", 0));
     }
-    if (ev == "slurm-retry") std::fprintf(out, "    retried: %s\n", e.value("message", "").c_str());
-    if (ev == "slurm-fallback")
+    if (ev == EventKind::kSlurmRetry) std::fprintf(out, "    retried: %s\n", e.value("message", "").c_str());
+    if (ev == EventKind::kSlurmFallback)
       std::fprintf(out, "    Slurm refused the %s mode; fell back to %s: %s\n", e.value("from", "").c_str(),
                    e.value("to", "").c_str(), e.value("why", "").c_str());
-    if (ev == "resume") {
+    if (ev == EventKind::kResume) {
       const json& c = e.at("coordinator");
       std::fprintf(out, "  resumed by coordinator pid %lld on %s (%s)\n", c.at("pid").get<long long>(),
                    c.at("host").get<std::string>().c_str(), e.value("was", "").c_str());
       if (e.contains("reason")) std::fprintf(out, "    why: %s\n", e.value("reason", "").c_str());
     }
-    if (ev == "round-end")
+    if (ev == EventKind::kRoundEnd)
       std::fprintf(out, "    champion %s accuracy %.4f\n", e.at("champion").get<std::string>().c_str(),
                    e.at("accuracy").get<double>());
   } catch (const json::exception& x) {

@@ -9,6 +9,7 @@
 #include "common/files.h"
 #include "common/strings.h"
 #include "record/journal.h"
+#include "record/run_dir.h"
 
 namespace msaflow::record {
 namespace {
@@ -29,19 +30,19 @@ struct TaskRecord {
 TaskRecord ReadRecord(const std::string& run_dir, const std::string& task) {
   TaskRecord r;
   r.run_dir = run_dir;
-  const std::string path = run_dir + "/journal.jsonl";
+  const std::string path = JournalPath(run_dir);
   const Journal j = ReadJournal(path);
   for (const auto& e : j.events) {
-    if (e.event == "run-start") {
+    if (e.kind == EventKind::kRunStart) {
       r.run = e.fields.value("run", "");
       r.started = e.fields.value("time", "");
     }
     if (e.fields.value("task", "") != task) continue;
-    if (e.event == "task-end") {
+    if (e.kind == EventKind::kTaskEnd) {
       r.how = "ran";
       r.seconds = e.fields.value("seconds", 0.0);
       r.end = e.fields;
-    } else if (e.event == "task-reused" && r.how.empty()) {
+    } else if (e.kind == EventKind::kTaskReused && r.how.empty()) {
       r.how = "reused";
       r.end = e.fields;
     }
@@ -65,7 +66,7 @@ std::optional<TaskRecord> Previous(const TaskRecord& r, const std::string& task)
   std::error_code ec;
   for (std::filesystem::directory_iterator it(runs, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string d = it->path().string();
-    if (d == r.run_dir || !PathExists(d + "/journal.jsonl")) continue;
+    if (d == r.run_dir || !HasJournal(d)) continue;
     TaskRecord o;
     try {
       o = ReadRecord(d, task);

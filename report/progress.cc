@@ -5,6 +5,8 @@
 #include <algorithm>
 
 #include "common/strings.h"
+#include "record/journal.h"
+#include "record/run_dir.h"
 
 namespace msaflow::report {
 
@@ -79,20 +81,21 @@ void ProgressPrinter::TaskReused(const Task& t, size_t outputs) {
 }
 
 void ProgressPrinter::LauncherEvent(const std::string& ev, const json& fields) {
-  if (ev == "slurm-job") {
+  const record::EventKind kind = record::EventKindOf(ev);
+  if (kind == record::EventKind::kSlurmJob) {
     std::string comps;
     for (const auto& c : fields.at("components"))
       comps += (comps.empty() ? "" : ", ") + c.at("id").get<std::string>() + " " + c.at("module").get<std::string>() +
                "@" + c.at("partition").get<std::string>();
     bar_.Print(fmt::format("  slurm {} job {}: {}", fields.at("mode").get<std::string>(),
                            fields.at("job").get<std::string>(), comps));
-  } else if (ev == "slurm-end") {
+  } else if (kind == record::EventKind::kSlurmEnd) {
     bar_.Print("  slurm jobs ended " + fields.at("state").get<std::string>());
-  } else if (ev == "slurm-retry") {
+  } else if (kind == record::EventKind::kSlurmRetry) {
     bar_.Print("  slurm-retry: " + fields.value("message", ""));
-  } else if (ev == "task-in-coordinator") {
+  } else if (kind == record::EventKind::kTaskInCoordinator) {
     coordinator_why_ = fields.value("why", "");
-  } else if (ev == "task-retry") {
+  } else if (kind == record::EventKind::kTaskRetry) {
     bar_.Print(fmt::format("  {:<8} failed ({}); starting it again (attempt {} of {})", fields.value("step", ""),
                            fields.value("reason", ""), fields.value("attempt", 0) + 2, fields.value("attempts", 0)));
   }
@@ -149,8 +152,8 @@ void ProgressPrinter::Finish(const Pipeline& p, const RoundLoop& loop, double se
     std::fprintf(out_, ";");
   }
   if (untested) std::fprintf(out_, "\n  (-: left the race before the test split ran)");
-  std::fprintf(out_, "\nstopped: %s; %.1f s; results in %s/results.json\n", loop.stop_reason().c_str(), seconds,
-               dir.c_str());
+  std::fprintf(out_, "\nstopped: %s; %.1f s; results in %s/%s\n", loop.stop_reason().c_str(), seconds, dir.c_str(),
+               record::kResultsFile);
   std::fflush(out_);
 }
 

@@ -14,6 +14,7 @@
 #include "common/strings.h"
 #include "record/journal.h"
 #include "record/provenance.h"
+#include "record/run_dir.h"
 #include "record/status.h"
 #include "report/svg.h"
 #include "workflow/candidates.h"
@@ -372,7 +373,7 @@ std::string TaskTable(const Story& s) {
   return out + "</table>";
 }
 
-// The halving strategy's rung 0 (results.json "halving"): every backbone's estimates and what
+// The halving strategy's rung 0 (the run's results, "halving"): every backbone's estimates and what
 // became of it.
 std::string Rung0Table(const json& results) {
   if (!results.is_object() || !results.contains("halving")) return "";
@@ -465,7 +466,7 @@ std::string RenderReport(const ReportInput& in) {
   try {
     return RenderBody(in);
   } catch (const nlohmann::json::exception& e) {
-    Throw(ErrorKind::kCorrupt, std::string("provenance.json or results.json: ") + e.what());
+    Throw(ErrorKind::kCorrupt, std::string("provenance.json or ") + record::kResultsFile + ": " + e.what());
   }
 }
 
@@ -476,9 +477,9 @@ std::string WriteReport(const std::string& run_dir, const std::string& out) {
   ReportInput in;
   in.provenance = json::parse(ReadFile(prov_path), nullptr, false);
   if (in.provenance.is_discarded()) Throw(ErrorKind::kCorrupt, prov_path + ": not JSON");
-  if (PathExists(run_dir + "/results.json")) {
-    in.results = json::parse(ReadFile(run_dir + "/results.json"), nullptr, false);
-    if (in.results.is_discarded()) Throw(ErrorKind::kCorrupt, run_dir + "/results.json: not JSON");
+  if (record::HasResults(run_dir)) {
+    in.results = json::parse(ReadFile(record::ResultsPath(run_dir)), nullptr, false);
+    if (in.results.is_discarded()) Throw(ErrorKind::kCorrupt, record::ResultsPath(run_dir) + ": not JSON");
   }
   in.state = StatusOf(run_dir).line;
   std::string path = out.empty() ? run_dir + "/report.html" : out;

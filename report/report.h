@@ -1,5 +1,5 @@
 // `msaflow report RUN`: one self-contained report.html (no script, no network; inline SVG and
-// CSS) from the run's provenance.json and results.json: every candidate's accuracy per round with
+// CSS) from the run's provenance.json and results (record/run_dir.h): every candidate's accuracy per round with
 // the best so far, a Gantt chart of the tasks per module, the training curves, the champion's
 // confusion matrix, and the tasks and candidates as tables.
 #pragma once
@@ -11,7 +11,7 @@ namespace msaflow::report {
 
 struct ReportInput {
   nlohmann::json provenance;  // provenance.json (msaflow.provenance/1)
-  nlohmann::json results;     // results.json, or null while the run has not finished
+  nlohmann::json results;     // the run's results, or null while the run has not finished
   std::string state;          // the run's state now, as `status` says it ("finished: ...")
 };
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The folders' dependency direction, checked: every `#include "folder/..."` in a folder's
-sources must name the folder itself or one it may use (docs/design-notes.md has the map).
-Exits 1 naming each include that goes the wrong way. Usage: check_layers.py SOURCE_ROOT"""
+sources must name the folder itself or one it may use (docs/design-notes.md has the map). And
+record/ owns a run's directory (record/run_dir.h): no other folder spells the name of a run's
+journal, results or submitted record, in code or comment. Exits 1 naming each include that goes
+the wrong way and each such name. Usage: check_layers.py SOURCE_ROOT"""
 import pathlib
 import re
 import sys
@@ -14,7 +16,7 @@ ALLOWED = {
     "workflow": {"common", "nam", "kernels"},
     "parallel": {"common", "kernels", "workflow"},
     "modules": {"common", "nam", "kernels", "workflow", "parallel"},
-    "inference": {"common", "nam", "kernels", "workflow", "modules"},
+    "inference": {"common", "nam", "kernels", "workflow", "modules", "record"},
     "launch": {"common", "nam", "workflow"},
     "record": {"common", "workflow", "launch"},
     "orchestrator": {"common", "nam", "kernels", "workflow", "launch", "record"},
@@ -25,6 +27,8 @@ ALLOWED = {
             "report", "service", "inference", "simulate"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
+# The run directory's files whose names only record/ spells.
+RUN_FILES = re.compile(r"journal\.jsonl|results\.json|submitted\.json")
 
 
 def main() -> int:
@@ -41,6 +45,11 @@ def main() -> int:
                     line = text.count("\n", 0, m.start()) + 1
                     bad.append(f"{path.relative_to(root)}:{line}: {folder}/ includes {target}/ "
                                f"(it may use {', '.join(sorted(allowed)) or 'nothing else'})")
+            if folder != "record":
+                for m in RUN_FILES.finditer(text):
+                    line = text.count("\n", 0, m.start()) + 1
+                    bad.append(f"{path.relative_to(root)}:{line}: spells the run file {m.group(0)}: ask "
+                               f"record/run_dir.h for it (its path, or the file read)")
     unknown = sorted(p.name for p in root.iterdir()
                      if p.is_dir() and p.name not in ALLOWED and any(p.glob("*.cc"))
                      and p.name not in ("tests", "bench", "fuzz"))
@@ -48,7 +57,7 @@ def main() -> int:
         bad.append(f"{u}/: a folder of C++ sources that scripts/check_layers.py does not place; add it to ALLOWED")
     for b in bad:
         print(b)
-    print(f"layers: {len(bad)} include(s) against the direction" if bad else "layers: every include follows the direction")
+    print(f"layers: {len(bad)} finding(s)" if bad else "layers: every include follows the direction; only record/ names a run's files")
     return 1 if bad else 0
 
 

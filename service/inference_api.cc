@@ -1,16 +1,17 @@
 #include "service/inference_api.h"
 
+#include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <openssl/evp.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <fmt/core.h>
-#include <fmt/ranges.h>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "inference/champion.h"
 #include "kernels/image_codec.h"
+#include "record/run_dir.h"
 #include "service/api_error.h"
 
 namespace msaflow::service {
@@ -132,7 +133,7 @@ ModelServer::Loaded ModelServer::Resolve(const User& u, const std::string& name)
     if (colon != std::string::npos) candidate = name.substr(colon + 1);
   }
   const std::string dir = registry_.RunDir(u, run);  // 404 when it is not the caller's
-  if (!PathExists(dir + "/results.json")) throw ApiError(404, "no_model", "run " + run + " has not finished");
+  if (!record::HasResults(dir)) throw ApiError(404, "no_model", "run " + run + " has not finished");
   return {name, dir, Load(dir, candidate)};
 }
 

@@ -14,6 +14,7 @@
 #include "orchestrator/runs.h"
 #include "record/coordinator_lock.h"
 #include "record/journal.h"
+#include "record/run_dir.h"
 #include "record/status.h"
 #include "service/log.h"
 
@@ -175,9 +176,9 @@ bool Registry::RunningLocked(const Request& r) const {
   if (live_.count(key)) return true;
   if (settled_.count(key)) return false;
   const std::string dir = UserDir(r.user) + "/" + r.id;
-  if (PathExists(dir + "/journal.jsonl")) return record::CoordinatorHolding(dir) > 0;
+  if (record::HasJournal(dir)) return record::CoordinatorHolding(dir) > 0;
   // Submitted to Slurm, its coordinator's job not started yet: it holds its place.
-  return r.launcher == "slurm" && r.error.empty() && PathExists(dir + "/submitted.json");
+  return r.launcher == "slurm" && r.error.empty() && record::WasSubmitted(dir);
 }
 
 void Registry::ReviveLocked() {
@@ -188,7 +189,7 @@ void Registry::ReviveLocked() {
       it = orphans_.erase(it);
       continue;
     }
-    const bool began = PathExists(dir + "/journal.jsonl");
+    const bool began = record::HasJournal(dir);
     if ((began && record::CoordinatorHolding(dir) > 0) || (!began && StillRunning(r.pid, r.id))) {
       ++it;  // its coordinator has the signal but is still ending: the next tick looks again
       continue;
@@ -224,7 +225,7 @@ void Registry::EndedLocked(const std::string& key) {
   if (r.ended) return;  // seen and logged by this process or an earlier one
   const std::string dir = UserDir(r.user) + "/" + r.id;
   json fields = {{"user", r.user}, {"run", r.id}};
-  if (PathExists(dir + "/journal.jsonl")) {
+  if (record::HasJournal(dir)) {
     try {
       const record::RunStatus st = record::StatusOf(dir);
       fields["state"] = record::StateName(st.state);
@@ -251,7 +252,7 @@ void Registry::Tick() {
       // Without a journal the run never began: unless a cancel stopped it, that is a failure
       // with a reason, whatever the exit status (a request must never read as running with no
       // coordinator behind it).
-      if (!PathExists(dir + "/journal.jsonl") && r.error.empty() && r.state == "started") {
+      if (!record::HasJournal(dir) && r.error.empty() && r.state == "started") {
         r.error = "its coordinator ended (" + st->Describe() + ") before the run began: " +
                   Tail(UserDir(r.user) + "/.service/" + r.id + ".log", 1500);
         Save(r);
@@ -383,13 +384,13 @@ int64_t Registry::PositionLocked(const Request& r) const {
 }
 
 namespace {
-// What the view of an ended run was made from: the journal's and results.json's sizes and
+// What the view of an ended run was made from: the journal's and the results' sizes and
 // modification times (nanoseconds). Empty when the journal cannot be read.
 std::string FileStamp(const std::string& dir) {
   std::string stamp;
-  for (const char* f : {"/journal.jsonl", "/results.json"}) {
+  for (const std::string& f : {record::JournalPath(dir), record::ResultsPath(dir)}) {
     struct stat st {};
-    if (::stat((dir + f).c_str(), &st) != 0) {
+    if (::stat(f.c_str(), &st) != 0) {
       if (stamp.empty()) return "";
       stamp += "-";
       continue;
@@ -399,11 +400,11 @@ std::string FileStamp(const std::string& dir) {
   return stamp;
 }
 
-// The run's view from its journal (and results.json once finished): state, champion, rounds,
+// The run's view from its journal (and its results once finished): state, champion, rounds,
 // each task's row.
 json DescribeJournal(const std::string& dir, bool child_alive) {
   json v;
-  const std::string jpath = dir + "/journal.jsonl";
+  const std::string jpath = record::JournalPath(dir);
   const record::Journal journal = record::ReadJournal(jpath);
   record::RunStatus st = record::StateFrom(record::Summarize(journal, jpath), record::CoordinatorHolding(dir), dir);
   std::string state = record::StateName(st.state);
@@ -414,15 +415,15 @@ json DescribeJournal(const std::string& dir, bool child_alive) {
   v["events"] = journal.events.empty() ? 0 : journal.events.back().line;
   json rounds = json::array();
   for (const auto& e : journal.events)
-    if (e.event == "round-end")
+    if (e.kind == record::EventKind::kRoundEnd)
       rounds.push_back({{"round", e.fields.value("round", 0)}, {"champion", e.fields.value("champion", "")},
                         {"accuracy", e.fields.value("accuracy", 0.0)}, {"time", e.fields.value("time", "")}});
   if (!rounds.empty()) v["champion"] = {{"candidate", rounds.back()["champion"]}, {"accuracy", rounds.back()["accuracy"]}};
   if (st.state == record::RunState::kFailed || st.state == record::RunState::kCancelled ||
       st.state == record::RunState::kInterrupted)
     v["error"] = {{"code", state}, {"message", st.summary.error.empty() ? st.line : st.summary.error}};
-  if (st.state == record::RunState::kFinished && PathExists(dir + "/results.json")) {
-    json res = json::parse(ReadFile(dir + "/results.json"), nullptr, false);
+  if (st.state == record::RunState::kFinished && record::HasResults(dir)) {
+    json res = json::parse(ReadFile(record::ResultsPath(dir)), nullptr, false);
     if (res.is_object() && res.contains("champion")) {
       const json& c = res["champion"];
       json champ = {{"candidate", c.value("candidate", json::object()).value("id", "")},
@@ -469,13 +470,13 @@ json Registry::Describe(const Request& r, bool full) const {
       v["line"] = fmt::format("queued (position {})", v["position"].get<int64_t>());
       return v;
     }
-    if (now.state == "cancelled" && !PathExists(dir + "/journal.jsonl")) {
+    if (now.state == "cancelled" && !record::HasJournal(dir)) {
       v["state"] = "cancelled";
       v["line"] = "cancelled before it started by " + now.cancelled_by;
       return v;
     }
   }
-  if (!PathExists(dir + "/journal.jsonl")) {
+  if (!record::HasJournal(dir)) {
     if (!r.error.empty()) {
       v["state"] = "failed";
       v["error"] = {{"code", "not_started"}, {"message", r.error}};
@@ -561,10 +562,10 @@ json Registry::Cancel(const User& user, const std::string& id) {
   const std::string state = StateOf(user, id, &terminal);
   if (terminal) throw ApiError(409, "not_running", "run " + id + " is " + state + "; there is nothing to cancel");
   std::string said;
-  if ((PathExists(dir + "/journal.jsonl") && record::CoordinatorHolding(dir) > 0) ||
-      (r.launcher == "slurm" && PathExists(dir + "/submitted.json"))) {
+  if ((record::HasJournal(dir) && record::CoordinatorHolding(dir) > 0) ||
+      (r.launcher == "slurm" && record::WasSubmitted(dir))) {
     said = orchestrator::Runs(orchestrator::RunsConfig{}).Cancel(dir, by);
-    if (!PathExists(dir + "/journal.jsonl")) {  // its coordinator's job had not started: it never will
+    if (!record::HasJournal(dir)) {  // its coordinator's job had not started: it never will
       std::lock_guard<std::mutex> l(mu_);
       Request& now = requests_.at(Key(r.user, r.id));
       now.state = "cancelled";
@@ -600,7 +601,7 @@ json Registry::Resume(const User& user, const std::string& id) {
     if (live_.count(Key(r.user, r.id)))  // cancelled before it began, and its coordinator not gone yet
       throw ApiError(409, "stopping", "run " + id + " is " + state + " but its coordinator is still stopping; try again in a moment");
     Request& now = requests_.at(Key(r.user, r.id));
-    now.kind = PathExists(UserDir(r.user) + "/" + r.id + "/journal.jsonl") ? "resume" : "run";
+    now.kind = record::HasJournal(UserDir(r.user) + "/" + r.id) ? "resume" : "run";
     if (now.kind == "run") {  // it starts afresh: a cancel asked for before it began is answered
       std::error_code gone;
       std::filesystem::remove(UserDir(r.user) + "/" + r.id + "/" + orchestrator::kCancelRequest, gone);

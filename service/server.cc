@@ -25,6 +25,7 @@
 #include "common/files.h"
 #include "common/version.h"
 #include "launch/launcher.h"
+#include "record/run_dir.h"
 #include "report/report.h"
 #include "service/api_error.h"
 #include "service/deadlines.h"
@@ -278,7 +279,7 @@ void Service::Events(const httplib::Request& req, httplib::Response& res) {
             last_check = now();
           }
           // Events after the state was read: a terminal state's last events are all here.
-          for (const auto& e : followers_.Since(dir + "/journal.jsonl", after)) {
+          for (const auto& e : followers_.Since(record::JournalPath(dir), after)) {
             const std::string msg = fmt::format("id: {}\nevent: journal\ndata: {}\n\n", e.line, e.text);
             if (!sink.write(msg.data(), msg.size())) return false;
             after = e.line;
@@ -411,16 +412,18 @@ std::vector<Handler> Service::Handlers(Service* self) {
                [self](const httplib::Request& req, httplib::Response& res) {
                  SendJson(res, 202, self->registry_.Resume(self->Caller(), req.matches[1]));
                }});
-  h.push_back({{"GET", "/v1/runs/{id}/results"}, "/v1/runs/" + id + "/results",
+  h.push_back({{"GET", "/v1/runs/{id}/results"},
+               "/v1/runs/" + id + "/results",
                [self](const httplib::Request& req, httplib::Response& res) {
-                 const std::string f = self->registry_.RunDir(self->Caller(), req.matches[1]) + "/results.json";
-                 if (!PathExists(f)) throw ApiError(404, "no_results", "run " + std::string(req.matches[1]) + " has no results (yet)");
+                 const std::string f = record::ResultsPath(self->registry_.RunDir(self->Caller(), req.matches[1]));
+                 if (!PathExists(f))
+                   throw ApiError(404, "no_results", "run " + std::string(req.matches[1]) + " has no results (yet)");
                  res.set_content(ReadFile(f), "application/json");
                }});
   h.push_back({{"GET", "/v1/runs/{id}/report"}, "/v1/runs/" + id + "/report",
                [self](const httplib::Request& req, httplib::Response& res) {
                  const std::string dir = self->registry_.RunDir(self->Caller(), req.matches[1]);
-                 if (!PathExists(dir + "/journal.jsonl"))
+                 if (!record::HasJournal(dir))
                    throw ApiError(404, "no_report", "run " + std::string(req.matches[1]) + " has not begun");
                  const std::string out = dir + "/report.html";
                  report::WriteReport(dir, out);

@@ -1,17 +1,18 @@
-// Calibration: what earlier runs of a pipeline measured, read from their results.json ("costs"
-// of each round) and journal.jsonl (each task's bytes to and from the NAM, the trained heads'
+// Calibration: what earlier runs of a pipeline measured, read from their results ("costs"
+// of each round) and journals (each task's bytes to and from the NAM, the trained heads'
 // sizes).
 #include <fmt/core.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <tuple>
 #include <thread>
+#include <tuple>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "record/journal.h"
+#include "record/run_dir.h"
 #include "simulate/simulate.h"
 
 namespace msaflow::simulate {
@@ -63,7 +64,7 @@ void ReadJournalFigures(const std::string& jpath, RunFigures* out);
 
 // One run's figures, or nothing when it is not a finished run of `pipeline` with costs.
 bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* out) {
-  const std::string results = dir + "/results.json";
+  const std::string results = record::ResultsPath(dir);
   if (!PathExists(results)) return false;
   json r = json::parse(ReadFile(results), nullptr, false);
   if (!r.is_object() || !r.contains("rounds") || !r["rounds"].is_array())
@@ -96,7 +97,7 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
     out->rounds.push_back(std::move(steps));
     out->round_s.push_back(total);
   }
-  ReadJournalFigures(dir + "/journal.jsonl", out);
+  ReadJournalFigures(record::JournalPath(dir), out);
   return !out->rounds.empty();
 }
 
@@ -110,22 +111,24 @@ void ReadJournalFigures(const std::string& jpath, RunFigures* out) {
     std::map<int64_t, double> started;
     std::map<int64_t, std::map<std::string, std::pair<double, double>>> spans;  // round -> task -> (start, end)
     for (const auto& e : j.events) {
-      if (e.event == "run-start") out->launcher = e.fields.value("launcher", "");
-      if ((e.event == "task-start" || e.event == "task-end") && e.fields.contains("time") &&
-          e.fields["time"].is_string()) {
+      if (e.kind == record::EventKind::kRunStart) out->launcher = e.fields.value("launcher", "");
+      if ((e.kind == record::EventKind::kTaskStart || e.kind == record::EventKind::kTaskEnd) &&
+          e.fields.contains("time") && e.fields["time"].is_string()) {
         int64_t round = 0;
         std::string step;
         if (SplitTask(e.fields.value("task", ""), &round, &step)) {
           auto& span = spans[round][step];
-          (e.event == "task-start" ? span.first : span.second) = record::ParseJournalTime(e.fields["time"].get<std::string>());
+          (e.kind == record::EventKind::kTaskStart ? span.first : span.second) =
+              record::ParseJournalTime(e.fields["time"].get<std::string>());
         }
       }
-      if ((e.event == "round-start" || e.event == "round-end") && e.fields.contains("time") &&
-          e.fields["time"].is_string() && e.fields.contains("round") && e.fields["round"].is_number_integer()) {
+      if ((e.kind == record::EventKind::kRoundStart || e.kind == record::EventKind::kRoundEnd) &&
+          e.fields.contains("time") && e.fields["time"].is_string() && e.fields.contains("round") &&
+          e.fields["round"].is_number_integer()) {
         const int64_t round = e.fields["round"].get<int64_t>();
         const double t = record::ParseJournalTime(e.fields["time"].get<std::string>());
-        if (e.event == "round-start") started[round] = t;
-        if (e.event == "round-end" && started.count(round) && round >= 1 &&
+        if (e.kind == record::EventKind::kRoundStart) started[round] = t;
+        if (e.kind == record::EventKind::kRoundEnd && started.count(round) && round >= 1 &&
             round <= static_cast<int64_t>(out->rounds.size())) {
           const auto k = static_cast<size_t>(round - 1);
           if (!out->slurm_mode[k].empty() && k < out->queue_s.size())
@@ -180,7 +183,7 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool
   if (!fs::is_directory(from)) Throw(ErrorKind::kNotFound, "--from-runs " + from + ": no such directory");
   std::vector<RunFigures> runs;
   RunFigures one;
-  if (PathExists(from + "/results.json")) {
+  if (record::HasResults(from)) {
     if (ReadRun(from, p.name, &one)) runs.push_back(std::move(one));
   } else {
     std::vector<std::string> dirs;
