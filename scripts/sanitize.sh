@@ -5,8 +5,7 @@
 #   scripts/sanitize.sh tsan                    the NAM server and client tests under TSan (build-tsan/)
 #   scripts/sanitize.sh fuzz [SECONDS]          each fuzz target for SECONDS (default 5) over its corpus
 #   scripts/sanitize.sh all                     the three, as CI runs them
-#   scripts/sanitize.sh build                   only build what the three run (build-fuzz/, build-tsan/): CI
-#                                               does it beside the plain suite, at idle priority
+#   scripts/sanitize.sh build                   only build what the three run (build-fuzz/, build-tsan/)
 # A sanitizer report fails the test that triggered it (halt_on_error). Leak checking is off: the
 # MPI and libfabric libraries keep memory until exit by design.
 set -euo pipefail

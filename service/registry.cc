@@ -190,7 +190,8 @@ void Registry::ReviveLocked() {
       continue;
     }
     const bool began = record::HasJournal(dir);
-    if ((began && record::CoordinatorHolding(dir) > 0) || (!began && StillRunning(r.pid, r.id))) {
+    // Its coordinator has the signal but may still be ending, holding the run or about to: wait.
+    if ((began && record::CoordinatorHolding(dir) > 0) || StillRunning(r.pid, r.id)) {
       ++it;  // its coordinator has the signal but is still ending: the next tick looks again
       continue;
     }
@@ -281,6 +282,12 @@ void Registry::Tick() {
     if (stop_ || running >= config_.max_running) break;
     const int64_t quota = config_.user_quota ? config_.user_quota(r->user) : 0;
     if (quota > 0 && per_user[r->user] >= quota) continue;  // the next user's run may go first
+    // A coordinator from before a restart still holds it (it has its signal and is ending): the
+    // next tick starts it, so that `resume` does not find it alive and refuse.
+    const std::string dir = UserDir(r->user) + "/" + r->id;
+    if ((record::HasJournal(dir) && record::CoordinatorHolding(dir) > 0) ||
+        (!live_.count(Key(r->user, r->id)) && StillRunning(r->pid, r->id)))
+      continue;
     StartRun(*r);
     ++running;
     ++per_user[r->user];
@@ -290,6 +297,8 @@ void Registry::Tick() {
 void Registry::StartRun(Request& r) {
   const std::string svc = UserDir(r.user) + "/.service/";
   const std::string runs = UserDir(r.user);
+  // A start that began the run but died with a service before the request said so: it goes on.
+  if (r.kind == "run" && record::HasJournal(runs + "/" + r.id)) r.kind = "resume";
   std::vector<std::string> argv;
   if (r.kind == "resume") {
     argv = {config_.msaflow_exe, "resume", runs + "/" + r.id};
@@ -459,11 +468,13 @@ json Registry::Describe(const Request& r, bool full) const {
             {"machine", r.machine}, {"launcher", r.launcher}};
   const std::string dir = UserDir(r.user) + "/" + r.id;
   bool child_alive = false;
+  std::string cancelled_by;  // a cancel the service answered itself, before a coordinator held the run
   {
     std::lock_guard<std::mutex> l(mu_);
     auto it = requests_.find(Key(r.user, r.id));
     const Request& now = it == requests_.end() ? r : it->second;
     child_alive = live_.count(Key(r.user, r.id)) > 0;
+    if (now.state == "cancelled") cancelled_by = now.cancelled_by;
     if (now.state == "queued") {
       v["state"] = "queued";
       v["position"] = PositionLocked(now);
@@ -508,6 +519,13 @@ json Registry::Describe(const Request& r, bool full) const {
       if (ended_.size() >= 4096) ended_.clear();  // a bound, not a policy: views are remade on demand
       ended_[key] = {stamp, view};
     }
+  }
+  // A resume's coordinator stopped by a cancel before it took the run over leaves the journal
+  // as it was (interrupted): the run is cancelled, and by whom.
+  if (!cancelled_by.empty() && view["state"] == "interrupted") {
+    view["state"] = "cancelled";
+    view["line"] = "cancelled by " + cancelled_by + " before its coordinator took the run over";
+    view["error"] = {{"code", "cancelled"}, {"message", view["line"]}};
   }
   if (!full) {
     view.erase("rounds");
