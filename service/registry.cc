@@ -52,6 +52,12 @@ bool StillRunning(int64_t pid, const std::string& id) {
   return cmd.find(id) != std::string::npos;
 }
 
+// A coordinator from before (of an earlier service process, or one this service stopped) that has
+// its signal but is still ending: it holds the run, or it is still a process of the run.
+bool StillEnding(const std::string& dir, int64_t pid, const std::string& id) {
+  return (record::HasJournal(dir) && record::CoordinatorHolding(dir) > 0) || StillRunning(pid, id);
+}
+
 bool Terminal(const std::string& state) {
   return state == "finished" || state == "failed" || state == "cancelled" || state == "interrupted";
 }
@@ -189,12 +195,11 @@ void Registry::ReviveLocked() {
       it = orphans_.erase(it);
       continue;
     }
-    const bool began = record::HasJournal(dir);
-    // Its coordinator has the signal but may still be ending, holding the run or about to: wait.
-    if ((began && record::CoordinatorHolding(dir) > 0) || StillRunning(r.pid, r.id)) {
-      ++it;  // its coordinator has the signal but is still ending: the next tick looks again
+    if (StillEnding(dir, r.pid, r.id)) {
+      ++it;  // the next tick looks again
       continue;
     }
+    const bool began = record::HasJournal(dir);
     std::string was;
     if (began) {
       try {
@@ -282,12 +287,9 @@ void Registry::Tick() {
     if (stop_ || running >= config_.max_running) break;
     const int64_t quota = config_.user_quota ? config_.user_quota(r->user) : 0;
     if (quota > 0 && per_user[r->user] >= quota) continue;  // the next user's run may go first
-    // A coordinator from before a restart still holds it (it has its signal and is ending): the
-    // next tick starts it, so that `resume` does not find it alive and refuse.
-    const std::string dir = UserDir(r->user) + "/" + r->id;
-    if ((record::HasJournal(dir) && record::CoordinatorHolding(dir) > 0) ||
-        (!live_.count(Key(r->user, r->id)) && StillRunning(r->pid, r->id)))
-      continue;
+    // Its coordinator from before a restart is still ending: the next tick starts it, so that
+    // `resume` does not find it alive and refuse. (A queued run has no live child of this process.)
+    if (StillEnding(UserDir(r->user) + "/" + r->id, r->pid, r->id)) continue;
     StartRun(*r);
     ++running;
     ++per_user[r->user];

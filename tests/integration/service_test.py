@@ -204,6 +204,21 @@ class Service:
         raise AssertionError(f"run {run_id} never reached {states}: {v}")
 
 
+def answer_of(svc, request, timeout=10):
+    """The whole answer to a raw request, read until the service closes the connection (headers
+    and body may come apart). The sending side stays open: a service that waits for more body
+    than was sent would time out here, not be told the request ended."""
+    with socket.create_connection((svc.host, svc.port), timeout=timeout) as sk:
+        sk.sendall(request.encode())
+        answer = b""
+        while True:
+            got = sk.recv(4096)
+            if not got:
+                break
+            answer += got
+    return answer.decode(errors="replace")
+
+
 def journal_events(run_dir):
     with open(os.path.join(run_dir, "journal.jsonl")) as f:
         return [(i + 1, json.loads(line)) for i, line in enumerate(f) if i > 0 and line.strip()]
@@ -404,16 +419,8 @@ class Api(unittest.TestCase):
             head = sk.recv(4096).decode(errors="replace")
         self.assertTrue(head.startswith("HTTP/1.1 413"), head[:200])
         # A chunked body has no length to check first: refused at once outside infer (411).
-        with socket.create_connection((self.svc.host, self.svc.port), timeout=10) as sk:
-            sk.sendall(("POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + self.svc.tokens["ana"] +
-                        "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode())
-            answer = b""
-            while True:  # the service closes the connection after its answer (headers and body may come apart)
-                got = sk.recv(4096)
-                if not got:
-                    break
-                answer += got
-            answer = answer.decode(errors="replace")
+        answer = answer_of(self.svc, "POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                           self.svc.tokens["ana"] + "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
         self.assertTrue(answer.startswith("HTTP/1.1 411"), answer[:200])
         self.assertIn('"length_required"', answer)
         # Sent as a form (curl -d's default type), cpp-httplib takes 8 KiB: the answer says so.
@@ -425,18 +432,19 @@ class Api(unittest.TestCase):
     def test_a_post_without_a_length_has_no_body(self):
         """`curl -X POST .../resume` sends neither Content-Length nor Transfer-Encoding: no body
         (RFC 9112), answered at once, not a 400 after the read timeout (issue 47 item 5)."""
-        with socket.create_connection((self.svc.host, self.svc.port), timeout=5) as sk:
-            sk.sendall(("POST /v1/runs/no-such-run/resume HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                        self.svc.tokens["ana"] + "\r\nConnection: close\r\n\r\n").encode())
-            answer = b""
-            while True:
-                got = sk.recv(4096)
-                if not got:
-                    break
-                answer += got
-        answer = answer.decode(errors="replace")
+        auth = "Authorization: Bearer " + self.svc.tokens["ana"] + "\r\n"
+        answer = answer_of(self.svc, "POST /v1/runs/no-such-run/resume HTTP/1.1\r\nHost: x\r\n" + auth +
+                           "Connection: close\r\n\r\n", timeout=5)
         self.assertTrue(answer.startswith("HTTP/1.1 404"), answer[:300])
         self.assertIn("no run no-such-run", answer)
+        # As an attacker would send it: without a token (401), and a new run with no pipeline
+        # (a 4xx naming what is missing), each at once.
+        answer = answer_of(self.svc, "POST /v1/runs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
+        self.assertTrue(answer.startswith("HTTP/1.1 401"), answer[:300])
+        answer = answer_of(self.svc, "POST /v1/runs HTTP/1.1\r\nHost: x\r\n" + auth + "Connection: close\r\n\r\n",
+                           timeout=5)
+        self.assertRegex(answer[:12], r"HTTP/1.1 4\d\d", answer[:300])
+        self.assertIn('"error"', answer)
 
     def test_cancel_stops_a_running_run_and_resume_continues_it(self):
         doc = pipeline("cancel")
