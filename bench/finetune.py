@@ -6,7 +6,12 @@ PyTorch's (the same tail built from the same ONNX weights by tests/python/torch_
 channels-last, Adam with the tail at a tenth of the head's learning rate), with the same threads,
 measured side by side in one run. Prints the CPU line first.
 
-usage: bench/finetune.py [--msaflow build/msaflow] [--threads 2] [--steps 20] [--repeat 3]"""
+With --scaling: the sync fine-tuning step's strong scaling instead, 2 ranks x 1 thread against
+1 rank x 1 thread (the test tool tests/finetune_ranks beside the msaflow binary: MobileNetV2's
+blocks 11-13 and a softmax head on 192 synthetic 64 x 64 images, global batch 32, 30 epochs),
+with the gradient's sums in buckets during the backward pass and with one sum after it.
+
+usage: bench/finetune.py [--msaflow build/msaflow] [--threads 2] [--steps 20] [--repeat 3] [--scaling]"""
 import argparse
 import json
 import os
@@ -80,6 +85,41 @@ def bench_torch(model, desc, batch, steps, threads, classes=10):
     return batch * steps / (time.perf_counter() - t0)
 
 
+def scaling(msaflow, repeat):
+    """Seconds of training at 1 rank and at 2 (bucketed sums, one sum), each the median of `repeat`."""
+    import tempfile
+    tool = str(pathlib.Path(msaflow).resolve().parent / "tests" / "finetune_ranks")
+    if not os.path.exists(tool):
+        sys.exit(f"{tool} is missing: build the tests (ninja -C {pathlib.Path(msaflow).parent})")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    configs = [("1 rank", 1, None), ("2 ranks, sums in buckets during backward", 2, None),
+               ("2 ranks, one sum after backward", 2, 0)]
+    times = {name: [] for name, _, _ in configs}
+    waits = {name: [] for name, _, _ in configs}
+    with tempfile.TemporaryDirectory() as d:
+        for _ in range(repeat):  # interleaved, so that a noisy moment hits every configuration
+            for name, ranks, bucket in configs:
+                cmd = [tool, str(ROOT / "models" / "mobilenet_v2.onnx"), "block_13_expand_relu", "block_11_expand", d,
+                       "30", "sync"] + ([] if bucket is None else [str(bucket)])
+                if ranks > 1:
+                    cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-n", str(ranks)] + cmd
+                r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if r.returncode != 0:
+                    sys.exit(f"finetune_ranks: {r.stderr.strip()[-2000:]}")
+                with open(os.path.join(d, "result.json")) as f:
+                    t = json.load(f)["training"]
+                times[name].append(t["seconds"])
+                waits[name].append(t["allreduce"]["wait_s"])
+    print(cpu.describe())
+    print(f"sync fine-tuning, MobileNetV2 blocks 11-13 + softmax head, 192 images 64x64, batch 32, 30 epochs, "
+          f"1 thread a rank, median of {repeat}")
+    print(f"{'configuration':44} {'train s':>8} {'waiting for sums s':>19} {'speed-up':>9}")
+    one = statistics.median(times["1 rank"])
+    for name, _, _ in configs:
+        t = statistics.median(times[name])
+        print(f"{name:44} {t:>8.3f} {statistics.median(waits[name]):>19.3f} {one / t:>8.2f}x")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"),
@@ -88,7 +128,11 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--scaling", action="store_true", help="2 sync ranks against 1 instead (see above)")
     args = ap.parse_args()
+    if args.scaling:
+        scaling(args.msaflow, args.repeat)
+        return
     tool = str(pathlib.Path(args.msaflow).resolve().parent / "bench" / "bench_finetune")
     import torch
     print(cpu.describe())

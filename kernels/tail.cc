@@ -99,8 +99,8 @@ Tail::Tail(const Graph& graph, const std::string& from) : graph_(graph), split_(
     if (!in_tail.count(i)) read_outside.insert(graph_.nodes[i].inputs.begin(), graph_.nodes[i].inputs.end());
   // The params first: the ops keep pointers into them.
   std::map<std::string, size_t> param_of;
-  for (size_t i : split_.nodes) {
-    const Node& n = graph_.nodes[i];
+  for (size_t pos = 0; pos < split_.nodes.size(); ++pos) {
+    const Node& n = graph_.nodes[split_.nodes[pos]];
     for (size_t k : TrainableInputs(n)) {
       if (k >= n.inputs.size() || !IsConst(graph_, n.inputs[k]) || read_outside.count(n.inputs[k]) ||
           param_of.count(n.inputs[k]))
@@ -108,6 +108,7 @@ Tail::Tail(const Graph& graph, const std::string& from) : graph_(graph), split_(
       const ConstTensor& c = graph_.consts.at(n.inputs[k]);
       param_of[n.inputs[k]] = params_.size();
       params_.push_back({n.inputs[k], c.dims, c.data, std::vector<float>(c.data.size(), 0.f)});
+      first_reader_.push_back(pos);
     }
   }
   for (size_t i : split_.nodes) {
@@ -196,7 +197,7 @@ const std::vector<float>& Tail::Forward(const std::vector<const float*>& xs, con
   return features_;
 }
 
-void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_grads) {
+void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_grads, const FinalFrom& final_from) {
   for (auto& p : params_) std::fill(p.grad.begin(), p.grad.end(), 0.f);
   std::set<std::string> computed, inputs(split_.inputs.begin(), split_.inputs.end());
   for (size_t i : split_.nodes) computed.insert(graph_.nodes[i].outputs.begin(), graph_.nodes[i].outputs.end());
@@ -215,9 +216,18 @@ void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_g
       for (int64_t k = 0; k < c; ++k)
         seed.v[static_cast<size_t>((i * hw + j) * c + k)] = dfeat[i * c + k] / static_cast<float>(hw);
   written.insert(graph_.output);
+  size_t final_from_param = params_.size();
+  // After position k: every param whose first reader is at k or later has all its gradient.
+  auto done_with = [&](size_t k) {
+    while (final_from_param > 0 && first_reader_[final_from_param - 1] >= k) --final_from_param;
+    if (final_from) final_from(final_from_param);
+  };
   for (size_t k = split_.nodes.size(); k-- > 0;) {
     const Node& n = graph_.nodes[split_.nodes[k]];
-    if (!written.count(n.outputs[0])) continue;  // nothing after it reaches the cut
+    if (!written.count(n.outputs[0])) {  // nothing after it reaches the cut
+      done_with(k);
+      continue;
+    }
     auto dout = grads.find(n.outputs[0]);
     std::vector<const Act*> in(n.inputs.size(), nullptr);
     std::vector<GradOut> din(n.inputs.size());
@@ -232,6 +242,7 @@ void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_g
       written.insert(t);
     }
     ops_[k]->Backward(in, acts_.at(n.outputs[0]), dout->second, din);
+    done_with(k);
   }
   if (!input_grads) return;
   input_grads->clear();

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,7 +70,14 @@ class Tail {
   // After Forward: dfeat (n x FeatureDim()) is the loss's gradient with respect to the pooled
   // features. Sets every param's grad (for this batch, overwriting), and with input_grads the
   // gradient with respect to each input (dims as given to Forward).
-  void Backward(const float* dfeat, std::vector<std::vector<float>>* input_grads = nullptr);
+  // The backward pass visits the nodes in reverse, so the params' grads become final from the
+  // last param to the first: `final_from(p)` is called whenever the grads of params p, p + 1,
+  // ... (all of them to the last) have become final, p decreasing from call to call and 0 at
+  // the last call, so that a caller can start summing them over ranks while the pass goes on
+  // (parallel::FinetuneSync's buckets). It may be called more than once with the same p.
+  using FinalFrom = std::function<void(size_t first_final_param)>;
+  void Backward(const float* dfeat, std::vector<std::vector<float>>* input_grads = nullptr,
+                const FinalFrom& final_from = nullptr);
 
   // `g` with the params' current values as its initializers (the fine-tuned model).
   void WriteWeights(Graph* g) const;
@@ -78,6 +86,7 @@ class Tail {
   Graph graph_;
   TailSplit split_;
   std::vector<TailParam> params_;
+  std::vector<size_t> first_reader_;          // per param: the position in split_.nodes of its first reader
   std::vector<std::unique_ptr<TailOp>> ops_;  // one per split_.nodes
   std::map<std::string, Act> consts_;         // the frozen constants the tail's ops read as data
   std::map<std::string, Act> acts_;           // this batch's tensors (inputs included)

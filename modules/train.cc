@@ -217,8 +217,8 @@ void TrainInBatches(StepContext& c, const std::vector<workflow::Candidate>& cand
   }
 }
 
-// Fine-tuning candidates (docs/finetune.md): each on all ranks in turn (sync; rank 0 stages), or
-// dealt over the ranks in turn, each training alone (independent). A candidate's tail starts from
+// Fine-tuning candidates (docs/finetune.md): each on all ranks in turn (sync, async and hybrid;
+// rank 0 stages), or dealt over the ranks in turn, each training alone (independent). A candidate's tail starts from
 // the backbone's weights, or its warm start's tail where that model was fine-tuned; its head
 // from its warm start, or initialised on the tail's features of the training maps.
 void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, const parallel::Straggler& straggler,
@@ -260,7 +260,15 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
     parallel::FinetuneOptions opt;
     opt.backbone_lr_scale = cand.backbone_lr_scale;
     if (!alone) opt.straggler = straggler;
-    parallel::TrainStats st = parallel::FinetuneSync(alone ? self : world, data, tail.get(), &h, opt);
+    const workflow::TrainLayout& layout = c.task.train;
+    parallel::TrainStats st;
+    if (workflow::UsesParameterServers(layout.mode)) {
+      const parallel::PsOptions ps{layout.servers, layout.mode == TrainMode::kHybrid ? layout.groups : 0,
+                                   layout.max_staleness, straggler};
+      st = parallel::FinetuneParameterServer(world, data, tail.get(), &h, opt, ps);
+    } else {
+      st = parallel::FinetuneSync(alone ? self : world, data, tail.get(), &h, opt);
+    }
     if (alone) st.mode = TrainMode::kIndependent;
     if (!alone && world.rank() != 0) continue;
     Features shape;

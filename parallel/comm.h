@@ -38,6 +38,15 @@ class Comm {
   virtual int size() const = 0;
   virtual void AllreduceSum(float* data, size_t n) = 0;
   virtual void AllreduceSum(double* data, size_t n) = 0;
+  // Sums that overlap computation (a training step's gradient buckets, summed while the
+  // backward pass goes on): StartSum begins summing data[0, n) over the ranks in place and
+  // returns at once; every rank starts the same sums, of the same sizes, in the same order.
+  // ProgressSums moves the started sums along (MPI progresses a nonblocking collective only
+  // inside MPI calls: call it between pieces of the computation); FinishSums waits for all of
+  // them. The data must not be touched between StartSum and FinishSums.
+  virtual void StartSum(float* data, size_t n) = 0;
+  virtual void ProgressSums() = 0;
+  virtual void FinishSums() = 0;
   virtual ArgMax AllreduceArgMax(ArgMax mine) = 0;
   virtual void Bcast(void* data, size_t bytes, int root) = 0;
   // `root` receives every rank's bytes in rank order; the others receive an empty vector.
@@ -64,6 +73,9 @@ class SelfComm : public Comm {
   int size() const override { return 1; }
   void AllreduceSum(float*, size_t) override {}
   void AllreduceSum(double*, size_t) override {}
+  void StartSum(float*, size_t) override {}
+  void ProgressSums() override {}
+  void FinishSums() override {}
   ArgMax AllreduceArgMax(ArgMax mine) override { return mine; }
   void Bcast(void*, size_t, int) override {}
   std::vector<std::string> Gather(const std::string& mine, int) override { return {mine}; }

@@ -4,7 +4,9 @@
 // through the tail and the head, forward and backward; the gradients of the head and of every
 // tail weight are summed with one allreduce, and every rank applies the same update: the head's
 // optimiser with its own learning rate, the tail's with the head's learning rate times
-// backbone_lr_scale (Adam or SGD as the head says; no L2 on the tail). The batches are the ones
+// backbone_lr_scale (Adam or SGD as the head says; no L2 on the tail). The sums overlap the
+// backward pass: the head's gradient is summed while the tail's backward pass runs, and the
+// tail's in buckets as the pass finishes them (FinetuneOptions::bucket_bytes). The batches are the ones
 // head training draws (parallel/sync_batches.h: the same shuffle of the same seed), so with the
 // same seed one rank and N ranks train the same weights up to the summation order of the
 // gradients. The trained weights are the average of the last epoch's iterates (2 epochs or more),
@@ -39,6 +41,9 @@ std::vector<float> TailFeatures(kernels::Tail* tail, const FinetuneData& data, i
 
 struct FinetuneOptions {
   double backbone_lr_scale = 0.1;
+  // The tail's gradients are summed over the ranks in buckets of about this many bytes (whole
+  // weights), each as soon as the backward pass has finished it; 0: one sum after the pass.
+  size_t bucket_bytes = size_t{64} << 10;
   Straggler straggler;
 };
 
@@ -49,5 +54,16 @@ struct FinetuneOptions {
 // rate scale that is not positive.
 TrainStats FinetuneSync(Comm& comm, const FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
                         const FinetuneOptions& opt);
+
+// Async (ps.groups 0) or hybrid fine-tuning over `world`, as TrainParameterServer trains heads
+// (parallel/train.h): the servers own slices of one vector, the head's parameters and then the
+// tail's weights, and apply the workers' gradients with the head's optimiser on the head's part
+// and the tail's (learning rate x backbone_lr_scale, no L2) on the rest; each worker computes
+// the gradient of its batches through the tail and the head at the weights it was last sent.
+// On return rank 0 (a server) holds the trained head and tail; the other ranks' are stale.
+// opt.straggler is not read (ps.straggler is). Throws as FinetuneSync, and as
+// TrainParameterServer when the ranks do not fit.
+TrainStats FinetuneParameterServer(Comm& world, const FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
+                                   const FinetuneOptions& opt, const PsOptions& ps);
 
 }  // namespace msaflow::parallel

@@ -84,6 +84,30 @@ MpiComm::~MpiComm() {
 void MpiComm::AllreduceSum(float* data, size_t n) { SumInPlace(comm_, data, n, MPI_FLOAT); }
 void MpiComm::AllreduceSum(double* data, size_t n) { SumInPlace(comm_, data, n, MPI_DOUBLE); }
 
+void MpiComm::StartSum(float* data, size_t n) {
+  if (size_ == 1) return;
+  for (size_t off = 0; off < n; off += kChunk / sizeof(float)) {
+    sums_.emplace_back();
+    Check(MPI_Iallreduce(MPI_IN_PLACE, data + off, static_cast<int>(std::min(n - off, kChunk / sizeof(float))),
+                         MPI_FLOAT, MPI_SUM, comm_, &sums_.back()),
+          "Iallreduce");
+  }
+}
+
+void MpiComm::ProgressSums() {
+  if (sums_.empty()) return;
+  int done = 0;
+  Check(MPI_Testall(static_cast<int>(sums_.size()), sums_.data(), &done, MPI_STATUSES_IGNORE), "Testall");
+  if (done) sums_.clear();
+}
+
+void MpiComm::FinishSums() {
+  for (int i = 0; !sums_.empty(); ++i) {
+    ProgressSums();
+    if (!sums_.empty()) Backoff(i);
+  }
+}
+
 ArgMax MpiComm::AllreduceArgMax(ArgMax mine) {
   struct {
     double metric;

@@ -24,6 +24,9 @@ class MpiComm : public Comm {
   int size() const override { return size_; }
   void AllreduceSum(float* data, size_t n) override;
   void AllreduceSum(double* data, size_t n) override;
+  void StartSum(float* data, size_t n) override;
+  void ProgressSums() override;
+  void FinishSums() override;
   ArgMax AllreduceArgMax(ArgMax mine) override;
   void Bcast(void* data, size_t bytes, int root) override;
   std::vector<std::string> Gather(const std::string& mine, int root) override;
@@ -45,6 +48,7 @@ class MpiComm : public Comm {
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::vector<std::unique_ptr<Posted>> posted_;
+  std::vector<MPI_Request> sums_;  // StartSum's, until FinishSums
 };
 
 class MpiSession {

@@ -50,6 +50,8 @@ struct TrainStats {
   double seconds = 0;
   nlohmann::json solver;  // lbfgs: iterations, evaluations, objective, max_gradient, stop
   int64_t together = 1;   // heads trained together in one batch (TrainSyncTogether), this one included
+  int64_t buckets = 0;    // sync fine-tuning: the sums a step's gradient is summed in
+  double wait_seconds = 0;  // sync fine-tuning: time waiting for the sums after the backward pass
   nlohmann::json ToJson() const;
 };
 

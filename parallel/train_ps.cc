@@ -58,21 +58,49 @@ struct Layout {
   int Leader(int unit) const { return S + unit * team; }
 };
 
-TrainStats Serve(Comm& world, const Layout& L, const TrainData& data, kernels::Head* h, const PsOptions& opt,
-                 workflow::TrainMode mode) {
+// A server's optimisers: the head's over its part of [lo, hi), and one over the tail's part at
+// the tail's learning rate, without L2.
+class SliceOptimizer {
+ public:
+  SliceOptimizer(const PsModel& m, size_t lo, size_t hi, float momentum) {
+    const kernels::HeadConfig& cfg = m.h->config;
+    if (lo < m.head_size)
+      parts_.emplace_back(kernels::Optimizer(cfg, kernels::ParamLayout(cfg, m.h->in_dim, m.h->classes), lo,
+                                             std::min(hi, m.head_size), momentum),
+                          0);
+    if (hi > m.head_size) {
+      kernels::HeadConfig tail = cfg;
+      tail.lr = cfg.lr * m.tail_lr_scale;
+      tail.l2 = 0;
+      const size_t from = std::max(lo, m.head_size), T = m.P - m.head_size;
+      parts_.emplace_back(
+          kernels::Optimizer(tail, {kernels::ParamBlock{0, T, false}}, from - m.head_size, hi - m.head_size, momentum),
+          from - lo);
+    }
+  }
+  // params and grad point at element lo.
+  void Step(float* params, const float* grad) {
+    for (auto& [o, at] : parts_) o.Step(params + at, grad + at);
+  }
+
+ private:
+  std::vector<std::pair<kernels::Optimizer, size_t>> parts_;  // and where each starts in the slice
+};
+
+TrainStats Serve(Comm& world, const Layout& L, PsModel& m, const PsOptions& opt, workflow::TrainMode mode) {
   const int s = world.rank();
   const size_t lo = L.Lo(s), hi = L.Hi(s), len = hi - lo;
+  kernels::Head* h = m.h;
   const kernels::HeadConfig& cfg = h->config;
-  const int64_t steps_per_epoch = (data.n + cfg.batch - 1) / cfg.batch;
+  const int64_t steps_per_epoch = (m.n + cfg.batch - 1) / cfg.batch;
   const int64_t budget = cfg.epochs * steps_per_epoch;
   // Asynchrony acts as momentum of about 1 - 1/units (Mitliagkas et al., "Asynchrony begets
   // momentum", 2016): the optimiser's own momentum is lowered by as much, so the total stays
   // what one worker would have.
   const float implicit = 1.f - 1.f / static_cast<float>(L.U);
-  kernels::Optimizer optim(cfg, kernels::ParamLayout(cfg, h->in_dim, h->classes), lo, hi,
-                           std::max(0.f, kernels::kMomentum - implicit));
+  SliceOptimizer optim(m, lo, hi, std::max(0.f, kernels::kMomentum - implicit));
   std::vector<float> grad(len);
-  float* params = h->params.data() + lo;
+  float* params = m.params + lo;
   TailAverage tail(budget, steps_per_epoch, cfg.epochs);
   TrainStats st;
   st.mode = mode;
@@ -145,7 +173,7 @@ TrainStats Serve(Comm& world, const Layout& L, const TrainData& data, kernels::H
   st.refused = refused;
   for (int k = 1; k < L.S; ++k) {
     world.Recv(k, kTagFinal, &msg, nullptr);
-    FinalHeader f = Unpack<FinalHeader>(msg, h->params.data() + L.Lo(k), L.Hi(k) - L.Lo(k), k);
+    FinalHeader f = Unpack<FinalHeader>(msg, m.params + L.Lo(k), L.Hi(k) - L.Lo(k), k);
     sum += f.staleness_sum;
     count += f.accepted;
     st.staleness_max = std::max(st.staleness_max, f.staleness_max);
@@ -158,15 +186,14 @@ TrainStats Serve(Comm& world, const Layout& L, const TrainData& data, kernels::H
 
 // A worker: computes its part of its unit's batch; the unit's leader exchanges the unit's
 // gradient with every server and hands the fresh weights to its unit.
-void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kernels::Head* h, const PsOptions& opt) {
+void Work(Comm& world, Comm& team, const Layout& L, PsModel& m, const PsOptions& opt) {
   const int me = world.rank(), unit = L.UnitOf(me), member = team.rank();
   const bool leader = member == 0;
-  const kernels::HeadConfig& cfg = h->config;
-  const int64_t dim = h->in_dim;
-  const int64_t first = data.n * unit / L.U, shard = data.n * (unit + 1) / L.U - first;
+  const kernels::HeadConfig& cfg = m.h->config;
+  const int64_t first = m.n * unit / L.U, shard = m.n * (unit + 1) / L.U - first;
   if (shard < 1)
-    Throw(ErrorKind::kInvalidInput, "train: " + std::to_string(data.n) + " rows cannot be shared by " +
-                                        std::to_string(L.U) + " workers or groups");
+    Throw(ErrorKind::kInvalidInput,
+          "train: " + std::to_string(m.n) + " rows cannot be shared by " + std::to_string(L.U) + " workers or groups");
   const int64_t b = std::min(cfg.batch, shard);
   std::vector<int64_t> rows(static_cast<size_t>(shard)), batch_rows(static_cast<size_t>(b));
   std::iota(rows.begin(), rows.end(), first);
@@ -174,8 +201,6 @@ void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kerne
   std::shuffle(rows.begin(), rows.end(), rng);
   size_t pos = 0;
   const int64_t part_lo = b * member / team.size(), part_hi = b * (member + 1) / team.size();
-  kernels::GradientKernel kernel(*h, part_hi - part_lo);
-  BatchBuffer batch(part_hi - part_lo, dim);
   // The gradient with the batch's loss and hits behind it, so a group sums them in one go
   // (an allreduce: Open MPI's nonblocking reduce to one rank was 1.7x slower here);
   // the weights with the stop flag behind them, so a group broadcasts them in one go.
@@ -192,11 +217,10 @@ void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kerne
       }
       batch_rows[static_cast<size_t>(i)] = rows[pos++];
     }
-    batch.Gather(data, batch_rows.data() + part_lo, part_hi - part_lo, dim);
     std::fill(grad.begin(), grad.end(), 0.f);
     int64_t correct = 0;
-    grad[L.P] = static_cast<float>(kernel.Accumulate(*h, batch.x.data(), batch.y.data(), part_hi - part_lo,
-                                                     1.f / static_cast<float>(b), grad.data(), &correct));
+    grad[L.P] =
+        static_cast<float>(m.gradient(batch_rows.data() + part_lo, part_hi - part_lo, b, grad.data(), &correct));
     grad[L.P + 1] = static_cast<float>(correct);
     if (team.size() > 1) team.AllreduceSum(grad.data(), grad.size());
   };
@@ -215,7 +239,7 @@ void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kerne
       }
       for (int s = 0; s < L.S; ++s) {
         world.Recv(s, kTagReply, &msg, nullptr);
-        ReplyHeader r = Unpack<ReplyHeader>(msg, h->params.data() + L.Lo(s), L.Hi(s) - L.Lo(s), s);
+        ReplyHeader r = Unpack<ReplyHeader>(msg, m.params + L.Lo(s), L.Hi(s) - L.Lo(s), s);
         versions[static_cast<size_t>(s)] = r.version;
         if (s == 0 && r.stop) stop = 1.f;
       }
@@ -225,11 +249,11 @@ void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kerne
       }
     }
     if (team.size() > 1) {
-      if (leader) std::copy(h->params.begin(), h->params.end(), weights.begin());
+      if (leader) std::copy(m.params, m.params + L.P, weights.begin());
       weights[L.P] = stop;
       team.Bcast(weights.data(), weights.size() * sizeof(float), 0);
       stop = weights[L.P];
-      if (!leader) std::copy(weights.begin(), weights.begin() + static_cast<ptrdiff_t>(L.P), h->params.begin());
+      if (!leader) std::copy(weights.begin(), weights.begin() + static_cast<ptrdiff_t>(L.P), m.params);
     }
     if (stop != 0) return;
     // The first step carries the warm-up (the GEMM kernels' generation, the first messages),
@@ -242,11 +266,11 @@ void Work(Comm& world, Comm& team, const Layout& L, const TrainData& data, kerne
 
 }  // namespace
 
-TrainStats TrainParameterServer(Comm& world, const TrainData& data, kernels::Head* h, const PsOptions& opt) {
+TrainStats TrainWithServers(Comm& world, PsModel& m, const PsOptions& opt) {
   Layout L;
   L.S = static_cast<int>(opt.servers);
   L.W = world.size() - L.S;
-  L.P = h->params.size();
+  L.P = m.P;
   const workflow::TrainMode mode = opt.groups > 0 ? workflow::TrainMode::kHybrid : workflow::TrainMode::kAsync;
   if (L.S < 1 || L.W < 1 || (opt.groups > 0 && L.W % opt.groups != 0) || static_cast<size_t>(L.S) > L.P)
     Throw(ErrorKind::kInvalidInput, std::string("train: mode ") + workflow::TrainModeName(mode) + " with " + std::to_string(opt.servers) +
@@ -258,15 +282,31 @@ TrainStats TrainParameterServer(Comm& world, const TrainData& data, kernels::Hea
   auto team = world.Split(server ? 0 : 1 + L.UnitOf(world.rank()), world.rank());
   TrainStats st;
   if (server) {
-    st = Serve(world, L, data, h, opt, mode);
+    st = Serve(world, L, m, opt, mode);
   } else {
-    Work(world, *team, L, data, h, opt);
+    Work(world, *team, L, m, opt);
     st.mode = mode;
   }
   st.ranks = L.W;
   st.servers = L.S;
   st.groups = opt.groups > 0 ? L.U : 1;
   return st;
+}
+
+TrainStats TrainParameterServer(Comm& world, const TrainData& data, kernels::Head* h, const PsOptions& opt) {
+  const int64_t dim = h->in_dim;
+  BatchBuffer batch(h->config.batch, dim);
+  kernels::GradientKernel kernel(*h, h->config.batch);
+  PsModel m;
+  m.h = h;
+  m.n = data.n;
+  m.params = h->params.data();
+  m.P = m.head_size = h->params.size();
+  m.gradient = [&](const int64_t* rows, int64_t count, int64_t b, float* grad, int64_t* correct) {
+    batch.Gather(data, rows, count, dim);
+    return kernel.Accumulate(*h, batch.x.data(), batch.y.data(), count, 1.f / static_cast<float>(b), grad, correct);
+  };
+  return TrainWithServers(world, m, opt);
 }
 
 }  // namespace msaflow::parallel

@@ -33,6 +33,7 @@ nlohmann::json TrainStats::ToJson() const {
   }
   if (!solver.is_null()) j["solver"] = solver;
   if (together > 1) j["trained_together"] = together;
+  if (buckets > 0) j["allreduce"] = {{"buckets", buckets}, {"wait_s", wait_seconds}};
   return j;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -56,6 +57,23 @@ class TailAverage {
   int64_t from_, count_ = 0;
   std::vector<double> sum_;
 };
+
+// What parameter servers train (parallel/train_ps.cc): P floats, a head's parameters and, when
+// fine-tuning, a tail's weights after them; and how a worker computes a gradient of them.
+struct PsModel {
+  kernels::Head* h = nullptr;  // its config (batch, epochs, optimiser); server 0 adds its curve
+  int64_t n = 0;               // training rows
+  float* params = nullptr;     // P floats: this rank's copy, which the servers' replies refresh
+  size_t P = 0;
+  size_t head_size = 0;      // params [0, head_size) are the head's; the rest train at
+  double tail_lr_scale = 1;  // the head's learning rate x tail_lr_scale, one block, no L2
+  // The batch-mean share (1 / batch) of the gradient of `count` rows of a batch of `batch` at
+  // the current params into grad (P floats, zeroed); returns the rows' summed loss.
+  std::function<double(const int64_t* rows, int64_t count, int64_t batch, float* grad, int64_t* correct)> gradient;
+};
+
+// Async (opt.groups 0) or hybrid over `world`; on return rank 0 holds the trained params.
+TrainStats TrainWithServers(Comm& world, PsModel& m, const PsOptions& opt);
 
 // The straggler's sleep: factor - 1 times the time since `since`.
 inline void Straggle(std::chrono::steady_clock::time_point since, double factor) {

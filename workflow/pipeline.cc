@@ -318,7 +318,7 @@ void ReadTrainParallel(const Reader& r, const json& v, const std::string& ptr, S
 }
 
 // Fine-tuning's limits, where a backbone has "train_from": the tail trains with minibatch
-// gradients in sync or independent mode.
+// gradients (in every train mode).
 void CheckFinetuning(const Reader& r, const json& doc, const Pipeline& p) {
   const auto bb =
       std::find_if(p.backbones.begin(), p.backbones.end(), [](const BackboneSpec& b) { return b.finetunes(); });
@@ -331,11 +331,6 @@ void CheckFinetuning(const Reader& r, const json& doc, const Pipeline& p) {
   if (std::find(p.head.optimizers.begin(), p.head.optimizers.end(), "lbfgs") != p.head.optimizers.end())
     r.Fail("/head/optimizer", "\"lbfgs\" is full-batch and a fine-tuned backbone (" + where +
                                   ") trains on minibatches: use \"adam\" or \"sgd\"");
-  const TrainMode mode = p.steps.at(Step::kTrain).parallel.mode;
-  if (UsesParameterServers(mode))
-    r.Fail("/steps/train/mode", std::string("\"") + TrainModeName(mode) + "\": fine-tuning (" + where +
-                                    ") trains in mode sync, independent or auto; the parameter server does not "
-                                    "serve a backbone's layers yet (docs/finetune.md)");
   if (p.rounds.strategy == "halving")
     r.Fail(where, "the halving strategy does not fine-tune yet; use \"perturb\", \"restart\" or \"random\"");
 }

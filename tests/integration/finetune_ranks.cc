@@ -1,8 +1,12 @@
 // Fine-tuning under a real MPI launcher, for tests/integration/finetune_test.py:
-//   [mpirun -n N] finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS]
+//   [mpirun -n N] finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS [MODE [BUCKET_BYTES]]]
+// MODE: sync (the default), async (rank 0 the server, the others workers) or hybrid (rank 0 the
+// server, the workers in groups of 2); BUCKET_BYTES: sync's bucket size (0: one sum after the
+// backward pass).
 // Every rank makes the same small image set (four classes of coloured patterns with noise), runs
 // the frozen trunk over it once (Executor::Maps at the freeze point), initialises a softmax head
-// on the tail's pooled features and fine-tunes tail and head together (parallel::FinetuneSync).
+// on the tail's pooled features and fine-tunes tail and head together (parallel::FinetuneSync, or
+// parallel::FinetuneParameterServer).
 // Rank 0 writes OUT_DIR/weights.f32 (every tail weight, then the head's parameters, float32)
 // and OUT_DIR/result.json (the curve, the tail's size and the training stats).
 #include <cmath>
@@ -24,21 +28,25 @@ namespace {
 
 constexpr int64_t kImages = 192, kSize = 64, kClasses = 4;
 
-// Image i: class i % 4 lights one quadrant in one colour, over uniform noise.
+// Image i: class i % 4 lights one quadrant in one colour, over uniform noise of a random tint and
+// contrast per image and channel (without them every image pools to nearly the same features,
+// and the head's standardisation, 1 / their tiny spread, made a tail's every change enormous).
 std::vector<float> Images(std::vector<uint8_t>* labels) {
   std::mt19937 rng(42);
-  std::uniform_real_distribution<float> noise(0.f, 0.6f);
+  std::uniform_real_distribution<float> noise(0.f, 0.6f), tint(0.f, 0.5f), contrast(0.3f, 1.f);
   std::vector<float> x(static_cast<size_t>(kImages * 3 * kSize * kSize));
   labels->resize(kImages);
   for (int64_t i = 0; i < kImages; ++i) {
     const int64_t k = i % kClasses;
     (*labels)[static_cast<size_t>(i)] = static_cast<uint8_t>(k);
-    for (int64_t c = 0; c < 3; ++c)
+    for (int64_t c = 0; c < 3; ++c) {
+      const float base = tint(rng), gain = contrast(rng);
       for (int64_t y = 0; y < kSize; ++y)
         for (int64_t z = 0; z < kSize; ++z) {
           const bool lit = (y < kSize / 2) == (k < 2) && (z < kSize / 2) == (k % 2 == 0) && c == k % 3;
-          x[static_cast<size_t>(((i * 3 + c) * kSize + y) * kSize + z)] = noise(rng) + (lit ? 0.4f : 0.f);
+          x[static_cast<size_t>(((i * 3 + c) * kSize + y) * kSize + z)] = base + gain * noise(rng) + (lit ? 0.4f : 0.f);
         }
+    }
   }
   return x;
 }
@@ -48,7 +56,7 @@ std::vector<float> Images(std::vector<uint8_t>* labels) {
 int main(int argc, char** argv) {
   parallel::MpiSession mpi(&argc, &argv);
   if (argc < 5) {
-    std::cerr << "usage: finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS]\n";
+    std::cerr << "usage: finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS [MODE [BUCKET_BYTES]]]\n";
     return 2;
   }
   try {
@@ -79,7 +87,7 @@ int main(int argc, char** argv) {
     kernels::HeadConfig cfg;
     cfg.type = "softmax";
     cfg.optimizer = "adam";
-    cfg.lr = 3e-3;
+    cfg.lr = 1e-3;
     cfg.epochs = argc > 5 ? std::stoll(argv[5]) : 3;
     cfg.batch = 32;
     cfg.seed = 3;
@@ -88,8 +96,19 @@ int main(int argc, char** argv) {
     std::vector<float> before;
     for (const auto& p : tail.params()) before.insert(before.end(), p.value.begin(), p.value.end());
     parallel::FinetuneOptions opt;
-    opt.backbone_lr_scale = 0.3;
-    const parallel::TrainStats st = parallel::FinetuneSync(world, data, &tail, &h, opt);
+    opt.backbone_lr_scale = 0.1;
+    const std::string mode = argc > 6 ? argv[6] : "sync";
+    if (argc > 7) opt.bucket_bytes = std::stoull(argv[7]);
+    parallel::TrainStats st;
+    if (mode == "sync") {
+      st = parallel::FinetuneSync(world, data, &tail, &h, opt);
+    } else if (mode == "async" || mode == "hybrid") {
+      parallel::PsOptions ps;
+      ps.groups = mode == "hybrid" ? (world.size() - 1) / 2 : 0;
+      st = parallel::FinetuneParameterServer(world, data, &tail, &h, opt, ps);
+    } else {
+      Throw(ErrorKind::kInvalidInput, "MODE: expected sync, async or hybrid, got '" + mode + "'");
+    }
     if (world.rank() == 0) {
       std::vector<float> w;
       for (const auto& p : tail.params()) w.insert(w.end(), p.value.begin(), p.value.end());

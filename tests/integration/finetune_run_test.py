@@ -7,8 +7,8 @@ finetune_from_round 2), sync on 2 MPI ranks, then again on 1 rank. Checked:
     pipeline's backbone_lr_scale; prepare cached the maps at the freeze point for every split, and
     a second run reuses them;
   - the champion is fine-tuned, and its backbone weights moved from the pretrained ones;
-  - 1 rank and 2 ranks train the same tail (to 1e-4 of the largest weight; the allreduce sums in
-    another order);
+  - 1 rank and 2 ranks train the same tail (each weight tensor to 1e-3 of its norm: the
+    kernels sum in another order, and Adam magnifies it);
   - `msaflow predict` on the run, and the exported ONNX file in ONNX Runtime (npm's
     onnxruntime-node) and in msaflow's executor, reproduce the run's reported test accuracy as
     counts (the run computed it as cached maps through the tail; these run the whole network);
@@ -16,7 +16,8 @@ finetune_from_round 2), sync on 2 MPI ranks, then again on 1 rank. Checked:
   - a run killed (SIGKILL of its coordinator) while round 2 fine-tunes resumes, reusing the
     cached maps, to the uninterrupted run's champion and accuracies;
   - the refusals, before anything runs: a layer the model lacks, an operator without backward,
-    lbfgs, the parameter server, another precision, a finetune_from_round past the last round.
+    lbfgs, another precision, a finetune_from_round past the last round;
+  - mode async fine-tunes (2 workers and a parameter server), and its champion predicts as reported.
 
 usage: finetune_run_test.py MSAFLOW SOURCE_ROOT"""
 import copy
@@ -150,12 +151,21 @@ class Finetune(unittest.TestCase):
         a = initializers(exported(RUNS["ft2"][0], "ft2"))
         b = initializers(exported(run_dir1, "ft1"))
         self.assertEqual(res1["champion"]["candidate"]["id"], RUNS["ft2"][1]["champion"]["candidate"]["id"])
-        worst = 0.0
+        worst, worst_max, which = 0.0, 0.0, ""
         for k in a:
-            scale = max(np.abs(a[k]).max(), 1e-30)
-            worst = max(worst, float(np.abs(a[k].astype(np.float64) - b[k]).max() / scale))
-        print(f"1 rank vs 2 ranks: largest weight difference {worst:.2e} of the largest weight")
-        self.assertLess(worst, 1e-4)
+            x, y = a[k].astype(np.float64), b[k].astype(np.float64)
+            rel = float(np.linalg.norm(x - y) / max(np.linalg.norm(x), 1e-30))
+            worst_max = max(worst_max, float(np.abs(x - y).max() / max(np.abs(x).max(), 1e-30)))
+            if rel > worst:
+                worst, which = rel, k
+        print(f"1 rank vs 2 ranks: largest relative difference of a weight tensor {worst:.2e} ({which}; "
+              f"largest single weight's difference {worst_max:.2e} of its tensor's largest)")
+        # Sync on 2 ranks sums each rank's half-batch gradient; one rank computes the whole batch's
+        # at once. oneDNN's kernels for a batch of 16 and of 32 add in other orders (on AVX-512 more
+        # than on AVX2), and Adam, which divides by the gradient's running size, magnifies those
+        # last bits where a gradient is near 0. Measured: 4e-6 on an AVX2 CPU, 2.1e-4 on an
+        # AVX-512 one (block_12_expand.W). A rank's share lost or counted twice is 1e-1 or more.
+        self.assertLess(worst, 1e-3)
 
     def test_predict_and_onnx_runtime_reproduce_the_accuracy(self):
         run_dir, res, _ = run("ft2", 2)
@@ -234,6 +244,33 @@ class Finetune(unittest.TestCase):
         reported = sum(c["correct"] for c in res["champion"]["test"]["per_class"])
         self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
 
+    def test_async_fine_tunes_with_a_parameter_server(self):
+        doc = pipeline("ftasync")
+        doc["rounds"] = {"max": 1, "candidates": 1, "top_k": 1, "strategy": "perturb", "seed": 3}
+        doc["steps"]["train"] = {"module": "dam", "ranks": 2, "mode": "async"}
+        runs = os.path.join(WORK.name, "runs-async")
+        out = msaflow("run", write(doc, "ftasync"), "--runs", runs, "--run-id", "ftasync").stdout
+        self.assertRegex(out, r"trained r1-c00 .*\[async on 2 ranks \+ 1 server\(s\), staleness mean [0-9.]+ max \d+, "
+                              rf"\d+ refused\] \[fine-tuned from {TRAIN_FROM}: 289920 weights at lr x 0.3\]")
+        run_dir = os.path.join(runs, "ftasync")
+        with open(os.path.join(run_dir, "results.json")) as f:
+            res = json.load(f)
+        champion = res["champion"]
+        self.assertEqual(champion["candidate"]["finetune"], {"backbone_lr_scale": 0.3})
+        # 400 images, 3 epochs from a head initialised on the pretrained tail: it learns (10 classes).
+        print(f"async fine-tuning: validation {champion['accuracy']:.3f}, test {champion['test']['accuracy']:.3f}")
+        self.assertGreater(champion["test"]["accuracy"], 0.5)
+        # The trained weights are the servers': the export's tail moved from the pretrained one.
+        ft = initializers(exported(run_dir, "ftasync"))
+        pre = {t.name: numpy_helper.to_array(t) for t in onnx.load(doc["backbones"][0]["onnx"]).graph.initializer}
+        moved = [k for k in ft if k in pre and ft[k].shape == pre[k].shape and not np.array_equal(ft[k], pre[k])]
+        self.assertTrue(any(k.startswith("block_13") for k in moved), moved)
+        self.assertTrue(all(not k.startswith(("block_10", "block_9", "Conv1")) for k in moved), moved)
+        test = doc["datasets"]["test"]
+        r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", "200")
+        reported = sum(c["correct"] for c in champion["test"]["per_class"])
+        self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
+
     def test_plan_says_what_trains_and_the_maps_bytes(self):
         r = msaflow("plan", write(pipeline("planned"), "planned"))
         self.assertIn("fine-tuning mobilenetv2: from round 2, its 14 layers from block_11_expand to "
@@ -257,9 +294,6 @@ class Finetune(unittest.TestCase):
         d = copy.deepcopy(doc)
         d["head"]["optimizer"] = ["adam", "lbfgs"]
         self.refused(d, 3, "/head/optimizer", "lbfgs", "/backbones/0/train_from")
-        d = copy.deepcopy(doc)
-        d["steps"]["train"] = {"module": "dam", "ranks": 2, "mode": "async"}
-        self.refused(d, 3, "/steps/train/mode", "fine-tuning")
         d = copy.deepcopy(doc)
         d["backbones"][0]["precision"] = "bf16"
         self.refused(d, 3, "/backbones/0/train_from", "precision")

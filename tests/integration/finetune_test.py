@@ -3,6 +3,9 @@
 to 13 and a softmax head trained together, sync, at 1, 2 and 4 ranks (oversubscribed on this
 machine's cores). Every rank count must train the same weights as one rank up to the summation
 order of the allreduced gradients, and training must learn: the loss falls, the tail moves.
+The gradient's sums overlap the backward pass in buckets: 2 ranks with one sum after the pass
+(bucket size 0) train what 2 ranks with buckets do. Async (1 server, 2 workers) and hybrid
+(1 server, 2 groups of 2) must learn too, every update applied by the server.
 
 usage: finetune_test.py FINETUNE_RANKS SOURCE_ROOT"""
 import json
@@ -20,9 +23,11 @@ MODEL = os.path.join(ROOT, "models", "mobilenet_v2.onnx")
 TOLERANCE = 1e-4
 
 
-def train(ranks, out):
+def train(ranks, out, mode="sync", bucket=None, epochs=3):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [TOOL, MODEL, "block_13_expand_relu", "block_11_expand", out, "3"]
+    cmd = [TOOL, MODEL, "block_13_expand_relu", "block_11_expand", out, str(epochs), mode]
+    if bucket is not None:
+        cmd.append(str(bucket))
     if ranks > 1:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(ranks)] + cmd
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
@@ -68,6 +73,38 @@ with tempfile.TemporaryDirectory() as d:
         curve_err = max(abs(p["loss"] - q["loss"]) for p, q in zip(r1["curve"], r["curve"]))
         if curve_err > 1e-3:
             print(f"FAIL: {ranks} ranks' loss curve differs by {curve_err:.2e}")
+            failed += 1
+    # One sum after the backward pass against the buckets: the same sums, started at other times.
+    out = os.path.join(d, "2-unbucketed")
+    os.mkdir(out)
+    w, r = train(2, out, bucket=0)
+    w2, r2 = runs[2]
+    err = float(np.abs(w - w2).max() / np.abs(w2).max())
+    print(f"2 ranks, one sum after the pass vs {r2['training']['allreduce']['buckets']} sums during it: "
+          f"largest difference {err:.2e}; waited {r['training']['allreduce']['wait_s']:.2f} s vs "
+          f"{r2['training']['allreduce']['wait_s']:.2f} s")
+    if r["training"]["allreduce"]["buckets"] != 2 or r2["training"]["allreduce"]["buckets"] < 4:
+        print(f"FAIL: buckets {r['training']['allreduce']} (bucket size 0) and {r2['training']['allreduce']} "
+              "(the default): expected 2 (the head, the tail) and 4 or more")
+        failed += 1
+    if err > TOLERANCE:
+        print(f"FAIL: bucketed and unbucketed sums train different weights ({err:.2e})")
+        failed += 1
+    # The parameter server: 6 epochs of 6 batches, each applied by the server as it arrives.
+    for mode, ranks in (("async", 3), ("hybrid", 5)):
+        out = os.path.join(d, mode)
+        os.mkdir(out)
+        w, r = train(ranks, out, mode=mode, epochs=6)
+        t = r["training"]
+        losses = [p["loss"] for p in r["curve"]]
+        print(f"{mode} on {ranks} processes: {t['updates']} updates, {t['refused']} refused, staleness mean "
+              f"{t['staleness']['mean']:.2f}, loss per epoch {', '.join(f'{v:.4f}' for v in losses)}, "
+              f"tail moved {r['tail_moved']:.2e}")
+        if t["mode"] != mode or t["servers"] != 1 or t["updates"] != 36:
+            print(f"FAIL: {mode}: trained as {t}")
+            failed += 1
+        if not (losses[-1] < 0.8 * losses[0] and r["tail_moved"] > 1e-4):
+            print(f"FAIL: {mode} did not learn: loss {losses}, tail moved {r['tail_moved']:.2e}")
             failed += 1
 print(f"{0 if failed else 1} passed, {failed} failed")
 sys.exit(1 if failed else 0)

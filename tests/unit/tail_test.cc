@@ -215,6 +215,46 @@ TEST(Tail, ForwardMatchesTheExecutor) {
   EXPECT_EQ(tail.ParamCount(), 8 * 4 + 8 + 8 * 9 + 8);
 }
 
+// Tail::Backward's FinalFrom: called with p falling to 0, and each time the grads of params p, p +
+// 1, ... are what the whole pass ends with, so a caller may send them on (parallel::FinetuneSync's
+// buckets). A weight read twice (a shared bias, read by the first and the last convolution) is
+// final only after its first reader.
+TEST(Tail, BackwardSaysWhichGradientsAreFinal) {
+  Builder b("x", {2, 4, 5, 5});
+  b.Const("expand.W", {4, 4, 1, 1});
+  b.Const("shared.B", {4}, 0.1f);
+  Builder::Int(b.Add("Conv", {"x", "expand.W", "shared.B"}, "expand"), "group", 1);
+  b.Add("Relu", {"expand"}, "relu");
+  b.Conv("relu", "dw", 4, 4, 3, 4);
+  b.Const("project.W", {4, 4, 1, 1});
+  Builder::Int(b.Add("Conv", {"dw", "project.W", "shared.B"}, "project"), "group", 1);
+  b.Add("Add", {"project", "x"}, "out");
+  Tail tail(b.g, "expand");
+  ASSERT_EQ(tail.params().size(), 5u);  // expand.W, shared.B, dw.W, dw.B, project.W
+  const TensorDims dims{2, 4, 5, 5};
+  const std::vector<float> x = Random(static_cast<size_t>(NumElements(dims)), -1.f, 1.f, 3);
+  const auto& f = tail.Forward({x.data()}, {dims});
+  const std::vector<float> w = Random(f.size(), -1.f, 1.f, 5);
+  std::vector<std::pair<size_t, std::vector<std::vector<float>>>> seen;  // p, and the grads from p on
+  tail.Backward(w.data(), nullptr, [&](size_t p) {
+    std::vector<std::vector<float>> g;
+    for (size_t i = p; i < tail.params().size(); ++i) g.push_back(tail.params()[i].grad);
+    seen.emplace_back(p, std::move(g));
+  });
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().first, 0u);
+  bool shared_seen_final_early = false;
+  for (size_t k = 0; k < seen.size(); ++k) {
+    if (k > 0) {
+      EXPECT_LE(seen[k].first, seen[k - 1].first) << "call " << k;
+    }
+    for (size_t i = seen[k].first; i < tail.params().size(); ++i)
+      EXPECT_EQ(seen[k].second[i - seen[k].first], tail.params()[i].grad) << tail.params()[i].name << " at call " << k;
+    if (seen[k].first <= 1 && k + 1 < seen.size()) shared_seen_final_early = true;
+  }
+  EXPECT_FALSE(shared_seen_final_early) << "shared.B said final before its first reader's backward step";
+}
+
 TEST(Tail, TrainsFromTheMiddleWithTheFrozenPartAsInput) {
   // A residual that reads the frozen part: the tail's inputs are the tensors it reads from there.
   Builder b("x", {2, 3, 5, 5});
