@@ -128,7 +128,7 @@ nlohmann::json ComputeMaps(StepContext& c, const workflow::BackboneSpec& bb, con
                       bb.name, src.name(), bb.train_from, idx.n, row, bytes / 1e6, idx.parts, idx.parts == 1 ? "" : "s",
                       size, size == 1 ? "" : "s", Since(t0), key));
   }
-  entry.update({{"computed", true}, {"bytes", bytes}, {"seconds", Since(t0)}, {"ranks", size}});
+  entry.update({{"computed", true}, {"rows", idx.n}, {"bytes", bytes}, {"seconds", Since(t0)}, {"ranks", size}});
   return entry;
 }
 

@@ -112,6 +112,13 @@ std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::
       c.items += e.value("rows", int64_t{0});
       for (const auto& r : e.value("per_rank", json::array())) c.work_s += Num(r, "seconds") * PassShare(e);
     }
+    // Fine-tuning's maps (the trunk to the freeze point over every image) divide over the ranks
+    // too: each rank computes its run of parts; the entry's seconds are the wall time of them all.
+    for (const auto& e : round["features"].value("maps", json::array())) {
+      if (!e.value("computed", false)) continue;
+      c.items += e.value("rows", int64_t{0});
+      c.work_s += Num(e, "seconds") * static_cast<double>(e.value("ranks", int64_t{1}));
+    }
   }
   if (out.count("train") && round.contains("training")) {
     StepCost& c = out["train"];

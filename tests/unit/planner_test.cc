@@ -153,6 +153,15 @@ TEST(Placement, MeasuresSharedWorkPerItemAndWhatDoesNotDivide) {
   one_pass["features"]["computed"][0]["one_pass_with"] = {"b"};
   one_pass["features"]["computed"][1]["one_pass_with"] = {"a"};
   EXPECT_DOUBLE_EQ(MeasureRound(one_pass, TwoBackbones()).at("prepare").work_s, 5.0);
+  // Fine-tuning's maps divide over the ranks too (the entry has the wall time of them all); maps
+  // found in the NAM cost nothing.
+  nlohmann::json maps = MeasuredRound();
+  maps["features"]["maps"] = nlohmann::json::parse(R"([
+    {"computed": true, "rows": 3000, "ranks": 2, "seconds": 1.5},
+    {"computed": false, "object": "maps/x"}])");
+  const StepCost with_maps = MeasureRound(maps, TwoBackbones()).at("prepare");
+  EXPECT_DOUBLE_EQ(with_maps.work_s, 8.0 + 3.0);
+  EXPECT_EQ(with_maps.items, 9000);
   // Round-trips through results.json.
   StepCost back = StepCostFromJson(ToJson(prep), "costs/prepare");
   EXPECT_DOUBLE_EQ(back.work_s, prep.work_s);
