@@ -257,6 +257,13 @@ void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_g
   }
 }
 
+int64_t Tail::KeptValues() const {
+  int64_t n = 0;
+  for (const auto* m : {&acts_, &grads_})
+    for (const auto& [_, a] : *m) n += static_cast<int64_t>(a.v.size());
+  return n;
+}
+
 void Tail::WriteWeights(Graph* g) const {
   for (const auto& p : params_) {
     auto it = g->consts.find(p.name);

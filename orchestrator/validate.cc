@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <map>
 
 #include "common/error.h"
 #include "common/files.h"
@@ -85,10 +86,66 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
   return lines;
 }
 
+namespace {
+
+// What one training rank of a fine-tuning step holds: every training image's maps (each rank
+// reads them all), and what the tail keeps for its share of a batch.
+struct RankMemory {
+  double maps = 0, activations = 0;
+  int64_t rows = 0;  // a rank's share of a batch
+  double total() const { return maps + activations; }
+};
+
+RankMemory FinetuneRankMemory(const workflow::TailShape& t, int64_t train_images, int64_t batch,
+                              const workflow::TrainLayout& layout) {
+  RankMemory r;
+  r.maps = static_cast<double>(t.values * train_images) * sizeof(float);
+  int64_t share = 1;  // the ranks one batch is split over
+  switch (layout.mode) {
+    case workflow::TrainMode::kSync:
+      share = layout.ranks;
+      break;
+    case workflow::TrainMode::kHybrid:
+      share = layout.ranks / std::max<int64_t>(1, layout.groups);
+      break;
+    case workflow::TrainMode::kAuto:
+    case workflow::TrainMode::kIndependent:
+    case workflow::TrainMode::kAsync:
+      share = 1;
+      break;
+  }
+  r.rows = (batch + share - 1) / std::max<int64_t>(1, share);
+  r.activations = static_cast<double>(t.kept_values * r.rows) * sizeof(float);
+  return r;
+}
+
+// Refuses a layout whose training ranks on one node need more memory than the module's node has.
+void CheckRankMemory(const workflow::Machine& m, const workflow::StepSpec& train, const workflow::TrainLayout& layout,
+                     const std::string& backbone, const RankMemory& r) {
+  const workflow::ModuleSpec& mod = m.Module(train.module, "/steps/train/module");
+  if (mod.memory == 0) return;
+  // Local: every process on this host; Slurm: the step's processes spread over the module's nodes.
+  const int64_t per_node = m.OnThisHost() ? layout.processes() : (layout.processes() + mod.nodes - 1) / mod.nodes;
+  const double need = r.total() * static_cast<double>(per_node);
+  if (need <= static_cast<double>(mod.memory)) return;
+  Throw(ErrorKind::kInvalidInput,
+        fmt::format("fine-tuning {}: each training rank holds the training maps ({:.1f} MB) and the tail's "
+                    "activations for {} images ({:.1f} MB); {} rank{} on a node of module {} need {:.1f} MB, more "
+                    "than its memory of {:.1f} MB (machine '{}', modules.{}.memory): train from a later layer, use "
+                    "fewer images, a smaller batch or more nodes",
+                    backbone, r.maps / 1e6, r.rows, r.activations / 1e6, per_node, per_node == 1 ? "" : "s", mod.name,
+                    need / 1e6, static_cast<double>(mod.memory) / 1e6, m.name, mod.name));
+}
+
+}  // namespace
+
 std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workflow::Machine& m) {
   std::vector<std::string> lines;
   if (std::none_of(p.backbones.begin(), p.backbones.end(), [](const auto& b) { return b.finetunes(); })) return lines;
-  const int64_t images = workflow::CountImages(p);
+  const std::map<std::string, int64_t> splits = workflow::CountImagesPerSplit(p);
+  int64_t images = 0;
+  for (const auto& [_, n] : splits) images += n;
+  const int64_t train_images = splits.count("train") ? splits.at("train") : 0;
   const auto& train = p.steps.at(workflow::Step::kTrain);
   const auto layout = ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
                                          static_cast<size_t>(p.rounds.candidates));
@@ -101,15 +158,18 @@ std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workfl
       maps += fmt::format("{}{} ({} x {} x {})", i ? ", " : "", t.inputs[i], t.dims[i][0], t.dims[i][1], t.dims[i][2]);
     const double bytes = static_cast<double>(t.values * images) * sizeof(float);
     total += bytes;
+    const RankMemory mem = FinetuneRankMemory(t, train_images, p.head.batch, layout);
     std::string scales;
     for (double s : p.head.backbone_lr_scale) scales += fmt::format("{}{:g}", scales.empty() ? "" : ", ", s);
     lines.push_back(fmt::format(
         "fine-tuning {}: from round {}, its {} layers from {} to {} ({} weights) train with the heads on module {}, {} "
         "rank{} ({}), at the head's learning rate x {}; the trunk's maps at {} cached in the NAM: {} values an "
-        "image, {:.1f} MB for the {} images of the splits",
+        "image, {:.1f} MB for the {} images of the splits; each training rank holds {:.1f} MB ({:.1f} MB of maps, "
+        "{:.1f} MB of activations for {} images)",
         bb.name, p.rounds.finetune_from_round, t.layers.size(), t.layers.front(), t.layers.back(), t.weights,
         train.module, layout.ranks, layout.ranks == 1 ? "" : "s", workflow::TrainModeName(layout.mode), scales, maps,
-        t.values, bytes / 1e6, images));
+        t.values, bytes / 1e6, images, mem.total() / 1e6, mem.maps / 1e6, mem.activations / 1e6, mem.rows));
+    CheckRankMemory(m, train, layout, bb.name, mem);
   }
   if (p.nam.empty() && m.nam.serve) {
     const double capacity = static_cast<double>(nam::ParseSize(m.nam.capacity, "the machine's nam.capacity"));

@@ -29,6 +29,7 @@ struct TailShape {
   std::vector<std::string> inputs;      // the trunk tensors cached (the maps)
   std::vector<std::vector<int64_t>> dims;  // one image's dims of each (C, H, W)
   int64_t values = 0;                   // maps values per image
+  int64_t kept_values = 0;              // floats a training step keeps per image (kernels::Tail::KeptValues)
 };
 // Imports bb.onnx and describes its tail at the pipeline's input size; throws as CheckBackbones.
 TailShape DescribeTail(const BackboneSpec& bb);

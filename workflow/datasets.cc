@@ -337,7 +337,13 @@ std::vector<SplitSource> OpenSplitLabels(const Pipeline& p) {
 
 int64_t CountImages(const Pipeline& p) {
   int64_t n = 0;
-  for (const auto& s : OpenSplitLabels(p)) n += s.count();
+  for (const auto& [_, count] : CountImagesPerSplit(p)) n += count;
+  return n;
+}
+
+std::map<std::string, int64_t> CountImagesPerSplit(const Pipeline& p) {
+  std::map<std::string, int64_t> n;
+  for (const auto& s : OpenSplitLabels(p)) n[s.name()] += s.count();
   return n;
 }
 

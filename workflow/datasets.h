@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,8 @@ int64_t CheckDatasetLabels(const Pipeline& p);
 // The images of every split (train, validation, test) as CheckDatasetLabels counts them: from
 // the files' headers and labels, no pixel read.
 int64_t CountImages(const Pipeline& p);
+// The same, per split: {"train": n, "validation": n, "test": n} (the splits the pipeline has).
+std::map<std::string, int64_t> CountImagesPerSplit(const Pipeline& p);
 // What `validate` can check without reading the data: every dataset file exists and is a file,
 // every image folder a folder. Throws kNotFound / kInvalidInput naming `origin` and the pointer.
 void CheckDatasetFiles(const Pipeline& p, const std::string& origin);

@@ -1,5 +1,7 @@
 #include "workflow/machine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -98,10 +100,11 @@ ModuleSpec ReadModule(const std::string& k, const json& v, const std::string& or
   const std::string ptr = "/modules/" + k;
   if (!v.is_object()) Bad(origin, ptr, "expected an object {partition, nodes, max_ranks, time, ...}");
   for (const auto& [f, _] : v.items())
-    if (f != "description" && f != "max_ranks" && f != "fpga" && f != "partition" && f != "constraint" &&
-        f != "gres" && f != "feature" && f != "nodes" && f != "time")
+    if (f != "description" && f != "max_ranks" && f != "memory" && f != "fpga" && f != "partition" &&
+        f != "constraint" && f != "gres" && f != "feature" && f != "nodes" && f != "time")
       Bad(origin, ptr + "/" + f,
-          "unknown field (expected description, max_ranks, fpga, partition, constraint, gres, feature, nodes, time)");
+          "unknown field (expected description, max_ranks, memory, fpga, partition, constraint, gres, feature, nodes, "
+          "time)");
   if (k.empty() || k.size() > 32 || k.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
     Bad(origin, ptr, "a module name is 1 to 32 lower-case letters, digits or '_'");
   ModuleSpec s;
@@ -110,6 +113,10 @@ ModuleSpec ReadModule(const std::string& k, const json& v, const std::string& or
   s.max_ranks = v.value("max_ranks", 1);
   // 0 = as many as this machine has cores.
   if (s.max_ranks <= 0) s.max_ranks = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  if (v.contains("memory")) {
+    if (!v["memory"].is_string()) Bad(origin, ptr + "/memory", "expected a size such as \"64GiB\"");
+    s.memory = nam::ParseSize(v["memory"].get<std::string>(), origin + ": " + ptr + "/memory");
+  }
   if (v.contains("fpga")) s.fpga = workflow::FpgaConfigFromJson(v["fpga"], origin + ": " + ptr + "/fpga", base_dir);
   s.partition = v.value("partition", k);
   s.constraint = v.value("constraint", "");
@@ -242,6 +249,12 @@ Machine ParseMachine(const std::string& text, const std::string& origin, const s
   if (!ParseLauncherKind(launcher, &m.launcher))
     Bad(origin, "/launcher", "'" + launcher + "' is not a launcher (expected local or slurm)");
   if (j.contains("slurm")) m.slurm = ReadSlurm(j["slurm"], m.modules, origin, base_dir);
+  if (m.OnThisHost()) {  // every module's processes run here: this host's memory, unless the file says less
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    for (auto& [_, mod] : m.modules)
+      if (mod.memory == 0 && pages > 0 && page > 0)
+        mod.memory = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+  }
   if (!m.nam.module.empty()) {
     if (m.launcher != LauncherKind::kSlurm) Bad(origin, "/nam/module", "a NAM server on a module needs launcher slurm");
     if (!m.nam.serve) Bad(origin, "/nam/module", "only a server the run starts (serve: true) runs on a module");

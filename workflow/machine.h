@@ -21,6 +21,9 @@ struct ModuleSpec {
   std::string name;
   std::string description;
   int64_t max_ranks = 1;  // processes a step may use on this module
+  // The memory of one of the module's nodes, in bytes ("memory": "64GiB"); 0 when the file
+  // does not say. Launcher local: this host's physical memory unless the file says.
+  uint64_t memory = 0;
   kernels::fpga::Config fpga;  // backend "cpu" unless the file says otherwise (docs/fpga.md)
   // Slurm (launcher "slurm"): where this module's hetjob component runs.
   std::string partition;   // default: the module's name

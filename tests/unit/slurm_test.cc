@@ -527,8 +527,21 @@ TEST(Slurm, MachineFilesAreValidated) {
             "m.json: /modules/cm/time: '1:2:3:4' is not a Slurm time (expected minutes, MM:SS, HH:MM:SS, D-HH, "
             "D-HH:MM, D-HH:MM:SS or UNLIMITED)");
   EXPECT_EQ(error(R"({"name": "x", "modules": {"cm": {"nodse": 2}}})"),
-            "m.json: /modules/cm/nodse: unknown field (expected description, max_ranks, fpga, partition, constraint, "
-            "gres, feature, nodes, time)");
+            "m.json: /modules/cm/nodse: unknown field (expected description, max_ranks, memory, fpga, partition, "
+            "constraint, gres, feature, nodes, time)");
+  EXPECT_EQ(error(R"({"name": "x", "modules": {"cm": {"memory": 64}}})"),
+            "m.json: /modules/cm/memory: expected a size such as \"64GiB\"");
+  EXPECT_EQ(
+      ParseMachine(R"({"name": "x", "launcher": "slurm", "modules": {"dam": {"memory": "384GiB"}}})", "m.json", "")
+          .modules.at("dam")
+          .memory,
+      uint64_t{384} << 30);
+  EXPECT_EQ(ParseMachine(R"({"name": "x", "launcher": "slurm", "modules": {"dam": {}}})", "m.json", "")
+                .modules.at("dam")
+                .memory,
+            0u);  // Slurm: not known unless the file says
+  EXPECT_GT(ParseMachine(R"({"name": "x", "modules": {"dam": {}}})", "m.json", "").modules.at("dam").memory,
+            uint64_t{1} << 20);  // local: this host's
   EXPECT_EQ(error(R"({"name": "x", "modules": {"c-m": {}}})"),
             "m.json: /modules/c-m: a module name is 1 to 32 lower-case letters, digits or '_'");
   EXPECT_EQ(error(R"({"name": "x", "modules": {}, "nam": {"serve": true, "uri": "fabric://h:1"}})"),
