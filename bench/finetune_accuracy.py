@@ -10,7 +10,8 @@ Both rounds train softmax heads with Adam (lr 1e-3, `--epochs` each round). Prin
 then each run's champion (validation and test accuracy) and its wall time, and the difference.
 Each run gets its own runs directory, so neither reuses the other's features or maps.
 
-usage: bench/finetune_accuracy.py [--msaflow build/msaflow] [--epochs 12] [--scale 0.3] [--ranks 1]"""
+usage: bench/finetune_accuracy.py [--msaflow build/msaflow] [--epochs 12] [--scale 0.3] [--ranks 1]
+                                  [--mode sync|independent|async|hybrid]"""
 import argparse
 import json
 import os
@@ -36,7 +37,7 @@ def pipeline(name, finetune, args):
         bb["train_from"] = "block_11_expand"
     doc["head"] = {"type": "softmax", "optimizer": "adam", "lr": [1e-3], "l2": [1e-4], "epochs": [args.epochs],
                    "batch": 64, "backbone_lr_scale": [args.scale]}
-    doc["steps"]["train"] = {"module": "dam", "ranks": args.ranks, "mode": "sync"}
+    doc["steps"]["train"] = {"module": "dam", "ranks": args.ranks, "mode": args.mode}
     doc["rounds"] = {"max": 2, "candidates": 2, "top_k": 1, "strategy": "perturb", "seed": 7, "min_delta": 0,
                      "patience": 5}
     if finetune:
@@ -65,11 +66,12 @@ def main():
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--scale", type=float, default=0.3)
     ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--mode", default="sync", help="the train step's mode (docs/parallel.md)")
     args = ap.parse_args()
     print(cpu.describe())
     print(f"quickstart data, MobileNetV2 96 x 96, softmax heads, Adam lr 1e-3, {args.epochs} epochs a round, "
           f"2 rounds; fine-tuned: round 2 trains block_11_expand..block_13_expand_relu at lr x {args.scale}, "
-          f"{args.ranks} sync rank(s)")
+          f"{args.ranks} {args.mode} rank(s)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="msaflow-ft-acc-") as work:
         for name, ft in (("frozen", False), ("finetuned", True)):
