@@ -8,7 +8,7 @@ measured side by side in one run. Prints the CPU line first.
 
 With --scaling: the sync fine-tuning step's strong scaling instead, 2 ranks x 1 thread against
 1 rank x 1 thread (the test tool tests/finetune_ranks beside the msaflow binary: MobileNetV2's
-blocks 11-13 and a softmax head on 192 synthetic 64 x 64 images, global batch 32, 30 epochs),
+blocks 11-13 and a softmax head on 192 synthetic 64 x 64 images, global batch --batch, 30 epochs),
 with the gradient's sums in buckets during the backward pass and with one sum after it.
 
 usage: bench/finetune.py [--msaflow build/msaflow] [--threads 2] [--steps 20] [--repeat 3] [--scaling]"""
@@ -85,7 +85,7 @@ def bench_torch(model, desc, batch, steps, threads, classes=10):
     return batch * steps / (time.perf_counter() - t0)
 
 
-def scaling(msaflow, repeat):
+def scaling(msaflow, repeat, batch):
     """Seconds of training at 1 rank and at 2 (bucketed sums, one sum), each the median of `repeat`."""
     import tempfile
     tool = str(pathlib.Path(msaflow).resolve().parent / "tests" / "finetune_ranks")
@@ -100,7 +100,7 @@ def scaling(msaflow, repeat):
         for _ in range(repeat):  # interleaved, so that a noisy moment hits every configuration
             for name, ranks, bucket in configs:
                 cmd = [tool, str(ROOT / "models" / "mobilenet_v2.onnx"), "block_13_expand_relu", "block_11_expand", d,
-                       "30", "sync"] + ([] if bucket is None else [str(bucket)])
+                       "30", "sync", str(65536 if bucket is None else bucket), str(batch)]
                 if ranks > 1:
                     cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-n", str(ranks)] + cmd
                 r = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -111,7 +111,7 @@ def scaling(msaflow, repeat):
                 times[name].append(t["seconds"])
                 waits[name].append(t["allreduce"]["wait_s"])
     print(cpu.describe())
-    print(f"sync fine-tuning, MobileNetV2 blocks 11-13 + softmax head, 192 images 64x64, batch 32, 30 epochs, "
+    print(f"sync fine-tuning, MobileNetV2 blocks 11-13 + softmax head, 192 images 64x64, batch {batch}, 30 epochs, "
           f"1 thread a rank, median of {repeat}")
     print(f"{'configuration':44} {'train s':>8} {'waiting for sums s':>19} {'speed-up':>9}")
     one = statistics.median(times["1 rank"])
@@ -131,7 +131,7 @@ def main():
     ap.add_argument("--scaling", action="store_true", help="2 sync ranks against 1 instead (see above)")
     args = ap.parse_args()
     if args.scaling:
-        scaling(args.msaflow, args.repeat)
+        scaling(args.msaflow, args.repeat, args.batch)
         return
     tool = str(pathlib.Path(args.msaflow).resolve().parent / "bench" / "bench_finetune")
     import torch

@@ -1,8 +1,8 @@
 // Fine-tuning under a real MPI launcher, for tests/integration/finetune_test.py:
-//   [mpirun -n N] finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS [MODE [BUCKET_BYTES]]]
+//   [mpirun -n N] finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS [MODE [BUCKET_BYTES [BATCH]]]]
 // MODE: sync (the default), async (rank 0 the server, the others workers) or hybrid (rank 0 the
 // server, the workers in groups of 2); BUCKET_BYTES: sync's bucket size (0: one sum after the
-// backward pass).
+// backward pass); BATCH: the global batch (default 32).
 // Every rank makes the same small image set (four classes of coloured patterns with noise), runs
 // the frozen trunk over it once (Executor::Maps at the freeze point), initialises a softmax head
 // on the tail's pooled features and fine-tunes tail and head together (parallel::FinetuneSync, or
@@ -56,7 +56,7 @@ std::vector<float> Images(std::vector<uint8_t>* labels) {
 int main(int argc, char** argv) {
   parallel::MpiSession mpi(&argc, &argv);
   if (argc < 5) {
-    std::cerr << "usage: finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS [MODE [BUCKET_BYTES]]]\n";
+    std::cerr << "usage: finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS [MODE [BUCKET_BYTES [BATCH]]]]\n";
     return 2;
   }
   try {
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     cfg.optimizer = "adam";
     cfg.lr = 1e-3;
     cfg.epochs = argc > 5 ? std::stoll(argv[5]) : 3;
-    cfg.batch = 32;
+    cfg.batch = argc > 8 ? std::stoll(argv[8]) : 32;
     cfg.seed = 3;
     cfg.data_seed = 5;
     kernels::Head h = kernels::InitHead(cfg, feats.data(), labels.data(), kImages, tail.FeatureDim(), kClasses);
