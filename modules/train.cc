@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "common/error.h"
 #include "modules/features.h"
@@ -129,6 +130,8 @@ using workflow::TrainMode;
 // Stages a trained head and notes it for the step's summary.
 using Stager = std::function<void(const workflow::Candidate&, const Features&, const kernels::Head&,
                                   const parallel::TrainStats&, const kernels::Tail*)>;
+// Notes a candidate an earlier attempt of the step staged (its staging object's info).
+using Reuser = std::function<void(const workflow::Candidate&, const nam::ObjectInfo&)>;
 
 // Mode independent on several ranks: which rank trains each candidate (DealByCost), said per rank.
 std::vector<int> DealCandidates(StepContext& c, const std::vector<workflow::Candidate>& cands) {
@@ -221,8 +224,18 @@ void TrainInBatches(StepContext& c, const std::vector<workflow::Candidate>& cand
 // rank 0 stages), or dealt over the ranks in turn, each training alone (independent). A candidate's tail starts from
 // the backbone's weights, or its warm start's tail where that model was fine-tuned; its head
 // from its warm start, or initialised on the tail's features of the training maps.
+// A fine-tuning candidate that an earlier attempt of this step staged already (the step was killed
+// or failed after it): its staging object, if that holds this very candidate, else nothing. A
+// resumed round plans the same candidates, so a rerun trains only what is missing: fine-tuning a
+// candidate takes minutes where a head takes a second.
+std::optional<nam::ObjectInfo> StagedBefore(StepContext& c, const workflow::Candidate& cand) {
+  auto info = c.store->Stat(workflow::StagingObject(c.task.run, c.task.round, cand.id));
+  if (!info || !info->meta.contains("candidate") || info->meta["candidate"] != workflow::ToJson(cand)) return {};
+  return info;
+}
+
 void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, const parallel::Straggler& straggler,
-              const Stager& staged) {
+              const Stager& staged, const Reuser& reused) {
   parallel::Comm& world = *c.comm;
   const bool alone = c.task.train.mode == TrainMode::kIndependent;
   std::map<std::string, Maps> maps;  // the training maps, by backbone
@@ -236,6 +249,17 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
   for (size_t i = 0; i < cands.size(); ++i) {
     if (alone && static_cast<int>(i % static_cast<size_t>(world.size())) != world.rank()) continue;
     const workflow::Candidate& cand = cands[i];
+    std::optional<nam::ObjectInfo> before;
+    int have = 0;
+    if (alone || c.root()) {  // one rank decides for all that train it
+      before = StagedBefore(c, cand);
+      have = before ? 1 : 0;
+    }
+    if (!alone) world.Bcast(&have, sizeof have, 0);
+    if (have) {
+      if (before) reused(cand, *before);
+      continue;
+    }
     const workflow::BackboneSpec& bb = c.pipeline().Backbone(cand.backbone);
     if (!maps.count(bb.name)) maps.emplace(bb.name, LoadMaps(c, bb, "train"));
     const Maps& m = maps.at(bb.name);
@@ -324,7 +348,19 @@ void Train(StepContext& c) {
                                        : std::vector<int>(cands.size(), world.rank());
     TrainInBatches(c, cands, owner, straggler, cache, staged);
   }
-  Finetune(c, finetuned, straggler, staged);
+  const Reuser reused = [&](const workflow::Candidate& cand, const nam::ObjectInfo& info) {
+    c.Say(fmt::format("{}: staged by an earlier attempt of this step, not trained again ({})", cand.id, info.name));
+    // No work of this attempt's: the step's costs (orchestrator/placement.cc) count none for it.
+    trained.push_back({{"candidate", cand.id},
+                       {"backbone", cand.backbone},
+                       {"rows", info.meta.value("train_rows", int64_t{0})},
+                       {"updates", 0},
+                       {"seconds", 0.0},
+                       {"rank", world.rank()},
+                       {"together", 1},
+                       {"reused", true}});
+  };
+  Finetune(c, finetuned, straggler, staged, reused);
   // The step's figures (docs/formats.md): what each candidate cost, for results and planning.
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const nlohmann::json reading = c.OverlapReport();  // how this rank read its features (said in the log)

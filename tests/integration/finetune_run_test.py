@@ -13,8 +13,9 @@ finetune_from_round 2), sync on 2 MPI ranks, then again on 1 rank. Checked:
     onnxruntime-node) and in msaflow's executor, reproduce the run's reported test accuracy as
     counts (the run computed it as cached maps through the tail; these run the whole network);
   - mode independent on 2 ranks fine-tunes from round 1, a candidate per rank;
-  - a run killed (SIGKILL of its coordinator) while round 2 fine-tunes resumes, reusing the
-    cached maps, to the uninterrupted run's champion and accuracies;
+  - a run killed (SIGKILL of its coordinator) while round 2 fine-tunes its second candidate
+    resumes, reusing the cached maps and the first candidate staged before the kill, to the
+    uninterrupted run's champion and accuracies;
   - the refusals, before anything runs: a layer the model lacks, an operator without backward,
     lbfgs, another precision, a finetune_from_round past the last round, maps beyond the NAM's
     capacity, training ranks beyond their module's memory;
@@ -200,25 +201,33 @@ class Finetune(unittest.TestCase):
 
     def test_killed_mid_finetuning_resume_reaches_the_same_champion(self):
         _, want, _ = run("ft2", 2)
-        path = write(pipeline("ftkill", 2), "ftkill")
+        doc = pipeline("ftkill", 2)
+        # Rank 1 sleeps 5x its step time (sync waits for it; the weights do not change), so that
+        # the second candidate's fine-tuning lasts long enough to be killed in.
+        doc["steps"]["train"]["straggler"] = {"rank": 1, "factor": 5.0}
+        path = write(doc, "ftkill")
         runs = os.path.join(WORK.name, "runs-kill")
         run_dir = os.path.join(runs, "ftkill")
-        log = open(os.path.join(WORK.name, "ftkill.log"), "w")
+        log_path = os.path.join(WORK.name, "ftkill.log")
+        log = open(log_path, "w")
         proc = subprocess.Popen([EXE, "run", path, "--runs", runs, "--run-id", "ftkill"], stdout=log,
                                 stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
-        while not any("r2-train" in c for c in commands(run_dir)):  # round 2's train step, fine-tuning
-            self.assertIsNone(proc.poll(), "the run ended before round 2's train step was seen")
+        # Round 2's first fine-tuned candidate staged: kill while the second trains.
+        while "trained r2-c00" not in open(log_path).read():
+            self.assertIsNone(proc.poll(), "the run ended before round 2's first candidate was trained")
             self.assertLess(time.monotonic(), deadline)
             time.sleep(0.02)
-        time.sleep(0.2)
+        self.assertTrue(any("r2-train" in c for c in commands(run_dir)), "round 2's train step is not running")
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         st = msaflow("status", run_dir, check=False)
         self.assertIn("state: interrupted", st.stdout)
         r = msaflow("resume", run_dir)
         self.assertNotRegex(r.stdout, r"maps mobilenetv2/\w+ at")  # the cached maps, reused
-        self.assertIn(f"fine-tuned from {TRAIN_FROM}", r.stdout)  # the killed step ran again
+        self.assertIn("r2-c00: staged by an earlier attempt of this step, not trained again", r.stdout)
+        self.assertNotRegex(r.stdout, r"trained r2-c00 ")
+        self.assertRegex(r.stdout, rf"trained r2-c01 .*fine-tuned from {TRAIN_FROM}")  # the killed one, again
         with open(os.path.join(run_dir, "results.json")) as f:
             got = json.load(f)
         for key in ("accuracy",):
