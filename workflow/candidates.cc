@@ -226,6 +226,9 @@ std::vector<Candidate> Continue(const Pipeline& p, int round, const std::vector<
   }
   const size_t models = ModelsOf(p, out);  // the data, and so the epochs, depend on the models still in the race
   for (auto& c : out) c.head.epochs = HalvingRoundEpochs(p, round, models);
+  // From finetune_from_round on, a continued candidate fine-tunes its backbone's tail, from its
+  // parent's head (and tail, if the parent fine-tuned): the warm start above.
+  MarkFinetuning(p, round, out);
   return out;
 }
 

@@ -331,8 +331,6 @@ void CheckFinetuning(const Reader& r, const json& doc, const Pipeline& p) {
   if (std::find(p.head.optimizers.begin(), p.head.optimizers.end(), "lbfgs") != p.head.optimizers.end())
     r.Fail("/head/optimizer", "\"lbfgs\" is full-batch and a fine-tuned backbone (" + where +
                                   ") trains on minibatches: use \"adam\" or \"sgd\"");
-  if (p.rounds.strategy == "halving")
-    r.Fail(where, "the halving strategy does not fine-tune yet; use \"perturb\", \"restart\" or \"random\"");
 }
 
 // The document as JSON, refusing a syntax error and a key given twice.

@@ -19,7 +19,8 @@ finetune_from_round 2), sync on 2 MPI ranks, then again on 1 rank. Checked:
   - the refusals, before anything runs: a layer the model lacks, an operator without backward,
     lbfgs, another precision, a finetune_from_round past the last round, maps beyond the NAM's
     capacity, training ranks beyond their module's memory;
-  - mode async fine-tunes (2 workers and a parameter server), and its champion predicts as reported.
+  - mode async fine-tunes (2 workers and a parameter server), and its champion predicts as reported;
+  - the halving strategy continues its best candidates into fine-tuning.
 
 usage: finetune_run_test.py MSAFLOW SOURCE_ROOT"""
 import copy
@@ -280,6 +281,27 @@ class Finetune(unittest.TestCase):
         r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", "200")
         reported = sum(c["correct"] for c in champion["test"]["per_class"])
         self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
+
+    def test_halving_continues_into_fine_tuning(self):
+        doc = pipeline("fthalv")
+        doc["backbones"].append({"name": "pixels", "kind": "pixels"})
+        doc["head"]["lr"] = [0.001, 0.003]
+        doc["steps"]["train"] = {"module": "dam", "ranks": 2, "mode": "independent"}
+        doc["rounds"] = {"max": 2, "candidates": 4, "top_k": 1, "seed": 6, "strategy": "halving", "eta": 2,
+                         "finetune_from_round": 2}
+        runs = os.path.join(WORK.name, "runs-halving")
+        out = msaflow("run", write(doc, "fthalv"), "--runs", runs, "--run-id", "fthalv").stdout
+        self.assertIn("rung 0: ranking 2 backbones", out)
+        with open(os.path.join(runs, "fthalv", "results.json")) as f:
+            res = json.load(f)
+        r1 = [c["candidate"] for c in res["rounds"][0]["candidates"]]
+        r2 = [c["candidate"] for c in res["rounds"][1]["candidates"] if c["candidate"]["id"].startswith("r2-")]
+        self.assertTrue(all("finetune" not in c for c in r1), r1)
+        self.assertEqual(len(r2), 2)  # the best half of round 1, continued
+        for c in r2:
+            self.assertEqual(c["finetune"], {"backbone_lr_scale": 0.3})
+            self.assertEqual(c["warm_start"], f"model/fthalv/1/{c['parent']}")
+            self.assertRegex(out, rf"trained {c['id']} .*fine-tuned from {TRAIN_FROM}")
 
     def test_plan_says_what_trains_and_the_maps_bytes(self):
         r = msaflow("plan", write(pipeline("planned"), "planned"))

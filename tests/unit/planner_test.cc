@@ -339,6 +339,38 @@ TEST(Candidates, HalvingGrowsTheDataAndNarrowsTheBackbonesRoundByRound) {
   }
 }
 
+// halving with fine-tuning: the continued candidates fine-tune from finetune_from_round on, each
+// from its parent's model (its head, and its tail if it fine-tuned), at the head space's
+// backbone_lr_scale.
+TEST(Candidates, HalvingContinuesIntoFineTuning) {
+  const Pipeline p = ParsePipeline(R"({"name": "t",
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                 "validation": {"from": "train", "fraction": 0.1}},
+    "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": "x", "train_from": "w",
+                   "input": {"height": 32, "width": 32}}],
+    "head": {"lr": [0.001, 0.01], "backbone_lr_scale": [0.2]},
+    "rounds": {"max": 3, "candidates": 4, "seed": 4, "strategy": "halving", "eta": 2, "finetune_from_round": 2}})",
+                                   "p.json", "/b");
+  const auto first = FirstRound(p);
+  for (const auto& c : first) EXPECT_FALSE(c.finetune) << c.id;
+  std::vector<Ranked> ranking;
+  for (size_t i = 0; i < first.size(); ++i)
+    ranking.push_back({first[i], 0.9 - 0.1 * static_cast<double>(i), "model/r/1/" + first[i].id, {}, {}});
+  const auto second = NextRound(p, 2, ranking);
+  ASSERT_EQ(second.size(), 2u);  // the best half, continued
+  for (size_t i = 0; i < second.size(); ++i) {
+    EXPECT_TRUE(second[i].finetune) << second[i].id;
+    EXPECT_DOUBLE_EQ(second[i].backbone_lr_scale, 0.2);
+    EXPECT_EQ(second[i].warm_start, "model/r/1/" + first[i].id);
+  }
+  std::vector<Ranked> ranking2;
+  for (const auto& c : second) ranking2.push_back({c, 0.95, "model/r/2/" + c.id, {}, {}});
+  const auto third = NextRound(p, 3, ranking2);
+  ASSERT_EQ(third.size(), 1u);
+  EXPECT_TRUE(third[0].finetune);
+  EXPECT_EQ(third[0].warm_start, "model/r/2/r2-c00");  // the fine-tuned parent: its head and tail
+}
+
 TEST(Candidates, PerturbDerivesFromTheBest) {
   Pipeline p = TwoBackbones();
   auto first = FirstRound(p);
