@@ -147,12 +147,13 @@ std::vector<int> DealCandidates(StepContext& c, const std::vector<workflow::Cand
   return owner;
 }
 
-// Modes async and hybrid: every candidate in turn on all processes, workers and servers.
-void TrainWithServers(StepContext& c, const parallel::Straggler& straggler, std::map<std::string, Features>& cache,
+// Modes async and hybrid: every head candidate (not fine-tuning) in turn on all processes, workers and servers.
+void TrainWithServers(StepContext& c, const std::vector<workflow::Candidate>& cands,
+                      const parallel::Straggler& straggler, std::map<std::string, Features>& cache,
                       const Stager& staged) {
   const workflow::TrainLayout& layout = c.task.train;
   parallel::Comm& world = *c.comm;
-  for (const workflow::Candidate& cand : c.task.candidates) {
+  for (const workflow::Candidate& cand : cands) {
     if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
     const Features& f = cache[cand.backbone];
     kernels::Head h = StartingHead(c, cand, f);
@@ -230,7 +231,9 @@ void TrainInBatches(StepContext& c, const std::vector<workflow::Candidate>& cand
 // candidate takes minutes where a head takes a second.
 std::optional<nam::ObjectInfo> StagedBefore(StepContext& c, const workflow::Candidate& cand) {
   auto info = c.store->Stat(workflow::StagingObject(c.task.run, c.task.round, cand.id));
-  if (!info || !info->meta.contains("candidate") || info->meta["candidate"] != workflow::ToJson(cand)) return {};
+  if (!info || !info->meta.contains("candidate") || info->meta["candidate"] != workflow::ToJson(cand) ||
+      !info->meta.contains("tail"))  // a fine-tuned model, not a head staged alone
+    return {};
   return info;
 }
 
@@ -341,7 +344,7 @@ void Train(StepContext& c) {
     if (tail) trained.back()["finetuned_weights"] = tail->ParamCount();
   };
   if (workflow::UsesParameterServers(mode)) {
-    TrainWithServers(c, straggler, cache, staged);
+    TrainWithServers(c, cands, straggler, cache, staged);
   } else {
     const std::vector<int> owner = mode == TrainMode::kIndependent && world.size() > 1 && !cands.empty()
                                        ? DealCandidates(c, cands)
