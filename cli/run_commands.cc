@@ -109,6 +109,22 @@ int Simulate(Options& o) {
                         {"job_overhead_s", c.job_overhead_s},
                         {"chain_wait_s", c.chain_wait_s},
                         {"measured_round_s", c.measured_round_s}};
+    // Each round's step models as calibrated: what the simulation charges per item and per
+    // step (a fine-tuning round's train: its work per update and the gradient bytes a sync
+    // update moves, the head's and the tail's).
+    nlohmann::json rounds = nlohmann::json::array();
+    for (const auto& steps : c.rounds) {
+      nlohmann::json r = nlohmann::json::object();
+      for (const auto& [name, s] : steps)
+        r[name] = {{"ranks", s.ranks},
+                   {"items", s.items},
+                   {"per_item_s", s.per_item_s},
+                   {"fixed_core_s", s.fixed_core_s},
+                   {"model_bytes", s.model_bytes},
+                   {"finetunes", s.finetunes}};
+      rounds.push_back(std::move(r));
+    }
+    j["calibration"]["rounds"] = std::move(rounds);
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }

@@ -87,6 +87,9 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
       s.serial_s = Num(c, "serial_s");
       s.measured_s = Num(c, "wall_s");
       s.size = static_cast<double>(s.items);
+      if (step == "train")
+        for (const auto& cand : round.value("training", json::object()).value("candidates", json::array()))
+          if (cand.contains("finetuned_weights")) s.finetunes = true;
       total += s.measured_s;
       steps[step] = s;
     }
@@ -227,7 +230,10 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool
   // round by round (round 1 loads and computes features, later ones mostly reuse them) and for
   // one rank apart from several (those start through mpirun).
   c.cores = std::max(1u, std::thread::hardware_concurrency());
-  std::map<std::string, std::vector<std::pair<double, double>>> points;  // step -> (size, core-seconds)
+  // A fine-tuning round's train step is fitted apart: an update there costs a tail's passes, a
+  // hundred times a head's.
+  auto fit_key = [](const StepModel& s) { return s.finetunes ? s.step + "/finetune" : s.step; };
+  std::map<std::string, std::vector<std::pair<double, double>>> points;  // fit_key -> (size, core-seconds)
   std::map<std::tuple<size_t, std::string, bool>, std::vector<double>> serial;
   for (const auto& r : runs)
     for (size_t k = 0; k < r.rounds.size(); ++k)
@@ -236,11 +242,11 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool
         // nodes sharing this machine's cores, a step's ranks shared them all).
         const int64_t per_node = nodes_share_cores || s.per_node <= 0 ? s.ranks : s.per_node;
         const double threads = static_cast<double>(s.threads > 0 ? s.threads : std::max<int64_t>(1, c.cores / per_node));
-        if (s.size > 0) points[step].push_back({s.size, s.per_item_s * threads * static_cast<double>(s.items)});
+        if (s.size > 0) points[fit_key(s)].push_back({s.size, s.per_item_s * threads * static_cast<double>(s.items)});
         serial[{k, step, s.ranks > 1}].push_back(s.serial_s);
       }
-  std::map<std::string, std::pair<double, double>> fit;  // step -> (fixed, per unit of size)
-  for (const auto& [step, pts] : points) {
+  std::map<std::string, std::pair<double, double>> fit;  // fit_key -> (fixed, per unit of size)
+  for (const auto& [key, pts] : points) {
     double sx = 0, sy = 0, sxx = 0, sxy = 0, lo = pts[0].first, hi = pts[0].first;
     for (const auto& [x, y] : pts) sx += x, sy += y, sxx += x * x, sxy += x * y, lo = std::min(lo, x), hi = std::max(hi, x);
     const double n = static_cast<double>(pts.size());
@@ -255,12 +261,12 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool
       else if (intercept >= 0)
         a = intercept, b = slope;
     }
-    fit[step] = {a, b};
+    fit[key] = {a, b};
   }
   for (size_t k = 0; k < c.rounds.size(); ++k)
     for (auto& [step, s] : c.rounds[k]) {
-      s.fixed_core_s = s.size > 0 ? fit[step].first : 0;
-      s.per_item_s = fit[step].second;
+      s.fixed_core_s = s.size > 0 ? fit[fit_key(s)].first : 0;
+      s.per_item_s = fit[fit_key(s)].second;
       for (const bool many : {s.ranks > 1, s.ranks <= 1})  // as run, else the other kind
         if (auto it = serial.find({k, step, many}); it != serial.end()) {
           s.serial_s = Median(it->second);

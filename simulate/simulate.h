@@ -31,7 +31,9 @@ struct StepModel {
   double serial_s = 0;      // per process: start-up, reading inputs, committing
   double nam_in_bytes = 0;  // all ranks together, from the NAM
   double nam_out_bytes = 0; // ... and to it
-  double model_bytes = 0;   // train: the bytes of one trained head (what an allreduce moves per step)
+  double model_bytes = 0;   // train: the bytes of one trained model (what an allreduce moves per step)
+  bool finetunes = false;   // train: the round fine-tuned (an update runs a tail forward and backward),
+                            // so its work is fitted apart from the rounds that train heads alone
   double measured_s = 0;    // the step's wall time as it ran
 };
 

@@ -20,7 +20,9 @@ finetune_from_round 2), sync on 2 MPI ranks, then again on 1 rank. Checked:
     lbfgs, another precision, a finetune_from_round past the last round, maps beyond the NAM's
     capacity, training ranks beyond their module's memory;
   - mode async fine-tunes (2 workers and a parameter server), and its champion predicts as reported;
-  - the halving strategy continues its best candidates into fine-tuning.
+  - the halving strategy continues its best candidates into fine-tuning;
+  - `msaflow simulate` calibrated on the run predicts its fine-tuning round at 1,024 nodes, with
+    the tail's gradient bytes in each sync update.
 
 usage: finetune_run_test.py MSAFLOW SOURCE_ROOT"""
 import copy
@@ -45,6 +47,9 @@ from small_pipeline import quickstart  # noqa: E402
 
 WORK = tempfile.TemporaryDirectory(prefix="msaflow-finetune-test-")
 ORT = os.path.join(ROOT, ".cache", "ort", "node_modules")
+# Under the sanitizers (scripts/sanitize.sh) the tests whose msaflow code another test here runs
+# already (the halving strategy's candidates, the simulator on a run) are left to the plain pass.
+SANITIZED = os.environ.get("MSAFLOW_SANITIZED") == "1"
 TRAIN_FROM = "block_11_expand"
 
 
@@ -282,6 +287,7 @@ class Finetune(unittest.TestCase):
         reported = sum(c["correct"] for c in champion["test"]["per_class"])
         self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
 
+    @unittest.skipIf(SANITIZED, "the plain pass runs it; its fine-tuning code runs under ASan in the other tests")
     def test_halving_continues_into_fine_tuning(self):
         doc = pipeline("fthalv")
         doc["backbones"].append({"name": "pixels", "kind": "pixels"})
@@ -302,6 +308,27 @@ class Finetune(unittest.TestCase):
             self.assertEqual(c["finetune"], {"backbone_lr_scale": 0.3})
             self.assertEqual(c["warm_start"], f"model/fthalv/1/{c['parent']}")
             self.assertRegex(out, rf"trained {c['id']} .*fine-tuned from {TRAIN_FROM}")
+
+    @unittest.skipIf(SANITIZED, "the plain pass runs it; the simulate test runs the simulator under ASan")
+    def test_simulate_predicts_a_fine_tuning_round_at_1024_nodes(self):
+        run_dir, _, _ = run("ft2", 2)
+        r = msaflow("simulate", os.path.join(WORK.name, "ft2.json"), "--from-runs", run_dir, "--machine",
+                    os.path.join(ROOT, "configs", "machines", "msa-1000.json"), "--nodes", "dam=1024", "--ranks",
+                    "train=1024", "--json")
+        sim = json.loads(r.stdout)
+        frozen, tuned = (rd["train"] for rd in sim["calibration"]["rounds"])
+        # Round 2's sync update moves the head's and the tail's gradient (290k weights), round 1's the head's.
+        self.assertGreater(tuned["model_bytes"], 289920 * 4)
+        self.assertLess(frozen["model_bytes"], 100_000)
+        # Fitted apart: a tail's update against a head's (7x here; pooled, both were their average).
+        self.assertTrue(tuned["finetunes"] and not frozen["finetunes"])
+        self.assertGreater(tuned["per_item_s"], 2 * frozen["per_item_s"])
+        steps = {s["step"]: s for s in sim["rounds"][1]["steps"]}
+        self.assertEqual((steps["train"]["ranks"], steps["train"]["nodes"]), (1024, 1024))
+        self.assertGreater(steps["train"]["seconds"], 0)
+        print(f"simulate: round 2's fine-tuning train step at 1,024 ranks {steps['train']['seconds']:.2f} s; "
+              f"calibrated {tuned['per_item_s'] * 1e3:.1f} ms an update (round 1's heads "
+              f"{frozen['per_item_s'] * 1e3:.1f} ms), {tuned['model_bytes'] / 1e6:.2f} MB a sum")
 
     def test_plan_says_what_trains_and_the_maps_bytes(self):
         r = msaflow("plan", write(pipeline("planned"), "planned"))
