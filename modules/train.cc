@@ -147,6 +147,11 @@ std::vector<int> DealCandidates(StepContext& c, const std::vector<workflow::Cand
   return owner;
 }
 
+// The parameter servers' options of the task's layout (async: every worker on its own).
+parallel::PsOptions PsOptionsOf(const workflow::TrainLayout& layout, const parallel::Straggler& straggler) {
+  return {layout.servers, layout.mode == TrainMode::kHybrid ? layout.groups : 0, layout.max_staleness, straggler};
+}
+
 // Modes async and hybrid: every head candidate (not fine-tuning) in turn on all processes, workers and servers.
 void TrainWithServers(StepContext& c, const std::vector<workflow::Candidate>& cands,
                       const parallel::Straggler& straggler, std::map<std::string, Features>& cache,
@@ -157,8 +162,7 @@ void TrainWithServers(StepContext& c, const std::vector<workflow::Candidate>& ca
     if (!cache.count(cand.backbone)) cache[cand.backbone] = LoadFeatures(c, cand.backbone, "train");
     const Features& f = cache[cand.backbone];
     kernels::Head h = StartingHead(c, cand, f);
-    parallel::PsOptions opt{layout.servers, layout.mode == TrainMode::kHybrid ? layout.groups : 0, layout.max_staleness,
-                            straggler};
+    const parallel::PsOptions opt = PsOptionsOf(layout, straggler);
     // Raw features, standardised as the batches are gathered (no standardised copy).
     const parallel::TrainData data{f.x.data(), f.labels.data(), f.n, h.mean.data(), h.inv_std.data()};
     const parallel::TrainStats st = parallel::TrainParameterServer(world, data, &h, opt);
@@ -287,16 +291,22 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
     parallel::FinetuneOptions opt;
     opt.backbone_lr_scale = cand.backbone_lr_scale;
     if (!alone) opt.straggler = straggler;
-    const workflow::TrainLayout& layout = c.task.train;
     parallel::TrainStats st;
-    if (workflow::UsesParameterServers(layout.mode)) {
-      const parallel::PsOptions ps{layout.servers, layout.mode == TrainMode::kHybrid ? layout.groups : 0,
-                                   layout.max_staleness, straggler};
-      st = parallel::FinetuneParameterServer(world, data, tail.get(), &h, opt, ps);
-    } else {
-      st = parallel::FinetuneSync(alone ? self : world, data, tail.get(), &h, opt);
+    switch (c.task.train.mode) {
+      case TrainMode::kAsync:
+      case TrainMode::kHybrid:
+        st = parallel::FinetuneParameterServer(world, data, tail.get(), &h, opt, PsOptionsOf(c.task.train, straggler));
+        break;
+      case TrainMode::kSync:
+        st = parallel::FinetuneSync(world, data, tail.get(), &h, opt);
+        break;
+      case TrainMode::kIndependent:
+        st = parallel::FinetuneSync(self, data, tail.get(), &h, opt);
+        st.mode = TrainMode::kIndependent;
+        break;
+      case TrainMode::kAuto:
+        Throw(ErrorKind::kInternal, "train: mode auto in a task (the planner resolves it)");
     }
-    if (alone) st.mode = TrainMode::kIndependent;
     if (!alone && world.rank() != 0) continue;
     Features shape;
     shape.n = m.n;
