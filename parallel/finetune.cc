@@ -57,10 +57,7 @@ void ScatterTail(const float* in, kernels::Tail* t) {
 
 // One optimiser over the flat tail: the head's algorithm, the tail's learning rate, no L2.
 kernels::Optimizer TailOptimizer(const kernels::HeadConfig& head, double scale, size_t n) {
-  kernels::HeadConfig cfg = head;
-  cfg.lr = head.lr * scale;
-  cfg.l2 = 0;
-  return kernels::Optimizer(cfg, {kernels::ParamBlock{0, n, false}}, 0, n);
+  return kernels::Optimizer(TailConfig(head, scale), {kernels::ParamBlock{0, n, false}}, 0, n);
 }
 
 // The tail's gradients summed over the ranks in buckets while the backward pass goes on (as

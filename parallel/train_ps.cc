@@ -69,9 +69,7 @@ class SliceOptimizer {
                                              std::min(hi, m.head_size), momentum),
                           0);
     if (hi > m.head_size) {
-      kernels::HeadConfig tail = cfg;
-      tail.lr = cfg.lr * m.tail_lr_scale;
-      tail.l2 = 0;
+      const kernels::HeadConfig tail = TailConfig(cfg, m.tail_lr_scale);
       const size_t from = std::max(lo, m.head_size), T = m.P - m.head_size;
       parts_.emplace_back(
           kernels::Optimizer(tail, {kernels::ParamBlock{0, T, false}}, from - m.head_size, hi - m.head_size, momentum),

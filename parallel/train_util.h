@@ -72,6 +72,15 @@ struct PsModel {
   std::function<double(const int64_t* rows, int64_t count, int64_t batch, float* grad, int64_t* correct)> gradient;
 };
 
+// A fine-tuned tail's optimiser settings: the head's algorithm at the head's learning rate x
+// `scale`, without L2 (sync's and the parameter servers' alike).
+inline kernels::HeadConfig TailConfig(const kernels::HeadConfig& head, double scale) {
+  kernels::HeadConfig cfg = head;
+  cfg.lr = head.lr * scale;
+  cfg.l2 = 0;
+  return cfg;
+}
+
 // Async (opt.groups 0) or hybrid over `world`; on return rank 0 holds the trained params.
 TrainStats TrainWithServers(Comm& world, PsModel& m, const PsOptions& opt);
 

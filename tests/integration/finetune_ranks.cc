@@ -1,7 +1,8 @@
 // Fine-tuning under a real MPI launcher, for tests/integration/finetune_test.py:
 //   [mpirun -n N] finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS [MODE [BUCKET_BYTES [BATCH]]]]
-// MODE: sync (the default), async (rank 0 the server, the others workers) or hybrid (rank 0 the
-// server, the workers in groups of 2); BUCKET_BYTES: sync's bucket size (0: one sum after the
+// MODE: sync (the default), async (rank 0 the server, the others workers), async2 (ranks 0 and 1
+// servers, each a slice of the head-and-tail vector) or hybrid (rank 0 the server, the workers in
+// groups of 2); BUCKET_BYTES: sync's bucket size (0: one sum after the
 // backward pass); BATCH: the global batch (default 32).
 // Every rank makes the same small image set (four classes of coloured patterns with noise), runs
 // the frozen trunk over it once (Executor::Maps at the freeze point), initialises a softmax head
@@ -102,12 +103,13 @@ int main(int argc, char** argv) {
     parallel::TrainStats st;
     if (mode == "sync") {
       st = parallel::FinetuneSync(world, data, &tail, &h, opt);
-    } else if (mode == "async" || mode == "hybrid") {
+    } else if (mode == "async" || mode == "hybrid" || mode == "async2") {
       parallel::PsOptions ps;
+      ps.servers = mode == "async2" ? 2 : 1;
       ps.groups = mode == "hybrid" ? (world.size() - 1) / 2 : 0;
       st = parallel::FinetuneParameterServer(world, data, &tail, &h, opt, ps);
     } else {
-      Throw(ErrorKind::kInvalidInput, "MODE: expected sync, async or hybrid, got '" + mode + "'");
+      Throw(ErrorKind::kInvalidInput, "MODE: expected sync, async, async2 or hybrid, got '" + mode + "'");
     }
     if (world.rank() == 0) {
       std::vector<float> w;

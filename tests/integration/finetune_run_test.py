@@ -242,35 +242,36 @@ class Finetune(unittest.TestCase):
         self.assertEqual(got["champion"]["test"]["accuracy"], want["champion"]["test"]["accuracy"])
 
     def test_independent_ranks_fine_tune_from_round_one(self):
-        doc = pipeline("ftind")
-        doc["rounds"] = {"max": 1, "candidates": 2, "top_k": 1, "strategy": "perturb", "seed": 3}
-        doc["steps"]["train"] = {"module": "dam", "ranks": 2, "mode": "independent"}
-        runs = os.path.join(WORK.name, "runs-ind")
-        out = msaflow("run", write(doc, "ftind"), "--runs", runs, "--run-id", "ftind").stdout
+        doc, out, run_dir, res = self.one_round("ftind", {"module": "dam", "ranks": 2, "mode": "independent"}, 2)
         self.assertIn("[0] fine-tuning candidates dealt in turn: r1-c00", out)
         self.assertIn("[1] fine-tuning candidates dealt in turn: r1-c01", out)
-        run_dir = os.path.join(runs, "ftind")
-        with open(os.path.join(run_dir, "results.json")) as f:
-            res = json.load(f)
         for c in res["rounds"][0]["candidates"]:  # no warm start: heads initialised on the tail's features
             self.assertEqual(c["candidate"]["finetune"], {"backbone_lr_scale": 0.3})
             self.assertEqual(c["candidate"]["warm_start"], "")
+        self.assertPredictCounts(doc, run_dir, res)
+
+    def one_round(self, name, train, candidates):
+        """A one-round run of `name` that fine-tunes from round 1 with the train step `train`:
+        the pipeline, the run's output, its directory and its results."""
+        doc = pipeline(name)
+        doc["rounds"] = {"max": 1, "candidates": candidates, "top_k": 1, "strategy": "perturb", "seed": 3}
+        doc["steps"]["train"] = train
+        runs = os.path.join(WORK.name, "runs-" + name)
+        out = msaflow("run", write(doc, name), "--runs", runs, "--run-id", name).stdout
+        with open(os.path.join(runs, name, "results.json")) as f:
+            return doc, out, os.path.join(runs, name), json.load(f)
+
+    def assertPredictCounts(self, doc, run_dir, res):
+        """`msaflow predict` on the run counts the champion's reported test accuracy."""
         test = doc["datasets"]["test"]
         r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", "200")
         reported = sum(c["correct"] for c in res["champion"]["test"]["per_class"])
         self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
 
     def test_async_fine_tunes_with_a_parameter_server(self):
-        doc = pipeline("ftasync")
-        doc["rounds"] = {"max": 1, "candidates": 1, "top_k": 1, "strategy": "perturb", "seed": 3}
-        doc["steps"]["train"] = {"module": "dam", "ranks": 2, "mode": "async"}
-        runs = os.path.join(WORK.name, "runs-async")
-        out = msaflow("run", write(doc, "ftasync"), "--runs", runs, "--run-id", "ftasync").stdout
+        doc, out, run_dir, res = self.one_round("ftasync", {"module": "dam", "ranks": 2, "mode": "async"}, 1)
         self.assertRegex(out, r"trained r1-c00 .*\[async on 2 ranks \+ 1 server\(s\), staleness mean [0-9.]+ max \d+, "
                               rf"\d+ refused\] \[fine-tuned from {TRAIN_FROM}: 289920 weights at lr x 0.3\]")
-        run_dir = os.path.join(runs, "ftasync")
-        with open(os.path.join(run_dir, "results.json")) as f:
-            res = json.load(f)
         champion = res["champion"]
         self.assertEqual(champion["candidate"]["finetune"], {"backbone_lr_scale": 0.3})
         # 400 images, 3 epochs from a head initialised on the pretrained tail: it learns (10 classes).
@@ -282,10 +283,7 @@ class Finetune(unittest.TestCase):
         moved = [k for k in ft if k in pre and ft[k].shape == pre[k].shape and not np.array_equal(ft[k], pre[k])]
         self.assertTrue(any(k.startswith("block_13") for k in moved), moved)
         self.assertTrue(all(not k.startswith(("block_10", "block_9", "Conv1")) for k in moved), moved)
-        test = doc["datasets"]["test"]
-        r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", "200")
-        reported = sum(c["correct"] for c in champion["test"]["per_class"])
-        self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
+        self.assertPredictCounts(doc, run_dir, res)
 
     @unittest.skipIf(SANITIZED, "the plain pass runs it; its fine-tuning code runs under ASan in the other tests")
     def test_halving_continues_into_fine_tuning(self):

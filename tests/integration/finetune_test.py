@@ -5,7 +5,8 @@ machine's cores). Every rank count must train the same weights as one rank up to
 order of the allreduced gradients, and training must learn: the loss falls, the tail moves.
 The gradient's sums overlap the backward pass in buckets: 2 ranks with one sum after the pass
 (bucket size 0) train what 2 ranks with buckets do. Async (1 server, 2 workers) and hybrid
-(1 server, 2 groups of 2) must learn too, every update applied by the server.
+(1 server, 2 groups of 2) must learn too, every update applied by the server, and one async
+worker must train the same weights whether 1 or 2 servers hold the slices.
 
 usage: finetune_test.py FINETUNE_RANKS SOURCE_ROOT"""
 import json
@@ -106,5 +107,18 @@ with tempfile.TemporaryDirectory() as d:
         if not (losses[-1] < 0.8 * losses[0] and r["tail_moved"] > 1e-4):
             print(f"FAIL: {mode} did not learn: loss {losses}, tail moved {r['tail_moved']:.2e}")
             failed += 1
+    # One worker has no race: its gradients arrive in order, so the servers' slicing of the head and
+    # tail vector must not matter. Two servers (the second slice starts inside the head or tail) train
+    # what one does, to the bit.
+    outs = {}
+    for mode, ranks in (("async", 2), ("async2", 3)):
+        out = os.path.join(d, mode + "-1worker")
+        os.mkdir(out)
+        outs[mode] = train(ranks, out, mode=mode)
+    diff = float(np.abs(outs["async"][0] - outs["async2"][0]).max())
+    print(f"async, one worker: 1 server vs 2 servers, largest weight difference {diff:.2e}")
+    if diff != 0 or outs["async2"][1]["training"]["servers"] != 2:
+        print(f"FAIL: one worker's weights depend on how the servers slice the vector ({diff:.2e})")
+        failed += 1
 print(f"{0 if failed else 1} passed, {failed} failed")
 sys.exit(1 if failed else 0)
