@@ -25,6 +25,12 @@ class Clock {
 // std::chrono::steady_clock and a real sleep.
 Clock& SystemClock();
 
+// Measuring how long work took (not a wait a test may want to control: those take a Clock).
+using SteadyClock = std::chrono::steady_clock;
+inline double SecondsSince(SteadyClock::time_point t0) {
+  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+}
+
 // A clock that moves only when told: Sleep advances it by the duration asked (and returns at
 // once), Advance by hand. Thread-safe.
 class ManualClock : public Clock {

@@ -14,14 +14,11 @@
 #include <thread>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/error.h"
 
 namespace msaflow {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // One worker per calling thread for Overlap, started on first use and kept.
 Worker& ThisThreadsWorker() {
@@ -268,9 +265,9 @@ OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
     if (!fetched) {
       const bool measure = choice.measuring_fetch();
       const double c0 = measure ? ThreadCpuDemand() : 0;
-      const auto t0 = Clock::now();
+      const auto t0 = SteadyClock::now();
       fetch(i);
-      fetch_s = Since(t0);
+      fetch_s = SecondsSince(t0);
       if (measure) choice.SawFirstFetch(fetch_s, ThreadCpuDemand() - c0);
       s.fetch_s += fetch_s;
       s.wait_s += fetch_s;
@@ -279,21 +276,21 @@ OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
     // An item overlapped costs from handing the next fetch to the helper (waking a parked thread
     // on an idle virtual core took ~0.2 ms on the VMs measured: as long as a mapped-pool fetch)
     // to both ends; read in turn, its fetch and its consume.
-    const auto item_t0 = Clock::now();
+    const auto item_t0 = SteadyClock::now();
     if (ahead) {
       if (!helper) helper = &ThisThreadsWorker();
       const bool measure = choice.measuring();  // reading the CPU figures costs microseconds: only while deciding
       helper->Submit([&fetch, &next_fetch_s, &next_fetch_cpu_s, i, measure] {
         const double c0 = measure ? ThreadCpuDemand() : 0;
-        const auto t0 = Clock::now();
+        const auto t0 = SteadyClock::now();
         fetch(i + 1);
-        next_fetch_s = Since(t0);
+        next_fetch_s = SecondsSince(t0);
         next_fetch_cpu_s = measure ? ThreadCpuDemand() - c0 : 0;
       });
     }
     const bool measure_consume = !ahead && choice.measuring_consume();  // nothing else of ours runs meanwhile
     const double cpu0 = measure_consume ? ProcessCpu() : 0;
-    const auto t0 = Clock::now();
+    const auto t0 = SteadyClock::now();
     try {
       consume(i);
     } catch (...) {
@@ -305,16 +302,16 @@ OverlapStats Overlap(int64_t n, const std::function<void(int64_t)>& fetch,
       }
       throw;
     }
-    const double consume_s = Since(t0);
+    const double consume_s = SecondsSince(t0);
     const double consume_cpu_s = measure_consume ? ProcessCpu() - cpu0 : -1;
     s.consume_s += consume_s;
     ++s.items;
     if (ahead) {
-      const auto w0 = Clock::now();
+      const auto w0 = SteadyClock::now();
       helper->Wait();  // rethrows the fetch's error
-      s.wait_s += Since(w0);
+      s.wait_s += SecondsSince(w0);
       s.fetch_s += next_fetch_s;
-      choice.SawOverlapped(Since(item_t0), next_fetch_s, next_fetch_cpu_s);
+      choice.SawOverlapped(SecondsSince(item_t0), next_fetch_s, next_fetch_cpu_s);
     } else {
       // Fetched ahead (the last item of this call): nothing beside it to measure.
       choice.SawInTurn(fetched ? 0 : fetch_s, consume_s, consume_cpu_s);

@@ -11,7 +11,7 @@
 namespace msaflow::kernels {
 namespace {
 
-[[noreturn]] void Bad(const std::string& path, const std::string& what) {
+[[noreturn]] void BadNpy(const std::string& path, const std::string& what) {
   Throw(ErrorKind::kInvalidInput, path + ": " + what);
 }
 
@@ -23,9 +23,9 @@ std::string ReadExisting(const std::string& path) {
 // The value of 'key' in the header's dict: the text up to the next top-level ',' or '}'.
 std::string DictValue(const std::string& h, const std::string& key, const std::string& path) {
   size_t k = h.find("'" + key + "'");
-  if (k == std::string::npos) Bad(path, "the .npy header has no '" + key + "'");
+  if (k == std::string::npos) BadNpy(path, "the .npy header has no '" + key + "'");
   size_t colon = h.find(':', k);
-  if (colon == std::string::npos) Bad(path, "malformed .npy header");
+  if (colon == std::string::npos) BadNpy(path, "malformed .npy header");
   size_t i = colon + 1, depth = 0, start = i;
   for (; i < h.size(); ++i) {
     char c = h[i];
@@ -61,36 +61,39 @@ std::string ShapeText(const std::vector<int64_t>& s) {
 NpyHeader ImagesHeader(const std::string& img, uint64_t file_size, const std::string& path) {
   NpyHeader h = ParseNpyHeader(img, path);
   if (h.descr != "|u1" && h.descr != "<u1" && h.descr != ">u1" && h.descr != "=u1")
-    Bad(path, "dtype '" + h.descr + "'; images must be uint8 (|u1)");
-  if (h.fortran_order) Bad(path, "Fortran order; save the images in C order (numpy.ascontiguousarray)");
+    BadNpy(path, "dtype '" + h.descr + "'; images must be uint8 (|u1)");
+  if (h.fortran_order) BadNpy(path, "Fortran order; save the images in C order (numpy.ascontiguousarray)");
   if (h.shape.size() != 3 && h.shape.size() != 4)
-    Bad(path, "shape " + ShapeText(h.shape) + "; images must be N x H x W or N x H x W x C");
+    BadNpy(path, "shape " + ShapeText(h.shape) + "; images must be N x H x W or N x H x W x C");
   if (h.shape.size() == 4 && h.shape[3] != 1 && h.shape[3] != 3)
-    Bad(path, "shape " + ShapeText(h.shape) + ": " + std::to_string(h.shape[3]) + " channels; expected 1 (gray) or 3 (RGB)");
-  if (h.shape[1] < 1 || h.shape[2] < 1) Bad(path, "shape " + ShapeText(h.shape) + ": images of size 0");
-  if (h.shape[1] > 16384 || h.shape[2] > 16384) Bad(path, "shape " + ShapeText(h.shape) + ": images larger than 16384 a side");
+    BadNpy(path, "shape " + ShapeText(h.shape) + ": " + std::to_string(h.shape[3]) +
+                     " channels; expected 1 (gray) or 3 (RGB)");
+  if (h.shape[1] < 1 || h.shape[2] < 1) BadNpy(path, "shape " + ShapeText(h.shape) + ": images of size 0");
+  if (h.shape[1] > 16384 || h.shape[2] > 16384)
+    BadNpy(path, "shape " + ShapeText(h.shape) + ": images larger than 16384 a side");
   const int64_t n = CountOf(h);
   if (n < 0 || static_cast<uint64_t>(n) != file_size - h.data_offset)
-    Bad(path, "body has " + std::to_string(file_size - h.data_offset) + " bytes, the shape " + ShapeText(h.shape) +
-                  " needs " + std::to_string(n));
+    BadNpy(path, "body has " + std::to_string(file_size - h.data_offset) + " bytes, the shape " + ShapeText(h.shape) +
+                     " needs " + std::to_string(n));
   return h;
 }
 
 std::vector<uint8_t> Labels(const std::string& lab, const std::string& path, int64_t n_images,
                             const std::string& images_path, int64_t count) {
   NpyHeader h = ParseNpyHeader(lab, path);
-  if (h.shape.size() != 1) Bad(path, "shape " + ShapeText(h.shape) + "; labels must be one-dimensional (N,)");
-  if (h.fortran_order && h.shape.size() != 1) Bad(path, "Fortran order");
+  if (h.shape.size() != 1) BadNpy(path, "shape " + ShapeText(h.shape) + "; labels must be one-dimensional (N,)");
+  if (h.fortran_order && h.shape.size() != 1) BadNpy(path, "Fortran order");
   const std::string& d = h.descr;
   if (d.size() < 3 || (d[0] != '|' && d[0] != '<' && d[0] != '=') || (d[1] != 'u' && d[1] != 'i' && d[1] != 'b'))
-    Bad(path, "dtype '" + d + "'; labels must be little-endian integers (e.g. |u1, <i8)");
+    BadNpy(path, "dtype '" + d + "'; labels must be little-endian integers (e.g. |u1, <i8)");
   const int width = std::atoi(d.c_str() + 2);
-  if (width != 1 && width != 2 && width != 4 && width != 8) Bad(path, "dtype '" + d + "': an unsupported integer width");
+  if (width != 1 && width != 2 && width != 4 && width != 8)
+    BadNpy(path, "dtype '" + d + "': an unsupported integer width");
   if (h.shape[0] != n_images)
-    Bad(path, std::to_string(h.shape[0]) + " labels for " + std::to_string(n_images) + " images in " + images_path);
+    BadNpy(path, std::to_string(h.shape[0]) + " labels for " + std::to_string(n_images) + " images in " + images_path);
   if (lab.size() - h.data_offset != static_cast<size_t>(h.shape[0] * width))
-    Bad(path, "body has " + std::to_string(lab.size() - h.data_offset) + " bytes, " + std::to_string(h.shape[0]) +
-                  " labels of " + std::to_string(width) + " bytes need " + std::to_string(h.shape[0] * width));
+    BadNpy(path, "body has " + std::to_string(lab.size() - h.data_offset) + " bytes, " + std::to_string(h.shape[0]) +
+                     " labels of " + std::to_string(width) + " bytes need " + std::to_string(h.shape[0] * width));
   std::vector<uint8_t> out(static_cast<size_t>(count));
   const bool is_signed = d[1] == 'i';
   for (int64_t i = 0; i < count; ++i) {
@@ -100,7 +103,8 @@ std::vector<uint8_t> Labels(const std::string& lab, const std::string& path, int
     int64_t v = static_cast<int64_t>(u);
     if (is_signed && width < 8 && (u >> (width * 8 - 1)) & 1) v -= static_cast<int64_t>(uint64_t{1} << (width * 8));
     if (v < 0 || v > 255)
-      Bad(path, "label " + std::to_string(v) + " at index " + std::to_string(i) + "; labels must be 0..255 (class indices)");
+      BadNpy(path, "label " + std::to_string(v) + " at index " + std::to_string(i) +
+                       "; labels must be 0..255 (class indices)");
     out[static_cast<size_t>(i)] = static_cast<uint8_t>(v);
   }
   return out;
@@ -110,32 +114,34 @@ std::vector<uint8_t> Labels(const std::string& lab, const std::string& path, int
 
 NpyHeader ParseNpyHeader(const std::string& b, const std::string& path) {
   static const char kMagic[] = "\x93NUMPY";
-  if (b.size() < 10 || std::memcmp(b.data(), kMagic, 6) != 0) Bad(path, "not a .npy file (no \\x93NUMPY magic)");
+  if (b.size() < 10 || std::memcmp(b.data(), kMagic, 6) != 0) BadNpy(path, "not a .npy file (no \\x93NUMPY magic)");
   const int major = static_cast<uint8_t>(b[6]);
   size_t len = 0, start = 0;
   if (major == 1) {
     len = static_cast<uint8_t>(b[8]) | (static_cast<size_t>(static_cast<uint8_t>(b[9])) << 8);
     start = 10;
   } else if (major == 2 || major == 3) {
-    if (b.size() < 12) Bad(path, "a truncated .npy header");
+    if (b.size() < 12) BadNpy(path, "a truncated .npy header");
     len = 0;
     for (int i = 3; i >= 0; --i) len = (len << 8) | static_cast<uint8_t>(b[8 + static_cast<size_t>(i)]);
     start = 12;
   } else {
-    Bad(path, ".npy format version " + std::to_string(major) + "; expected 1, 2 or 3");
+    BadNpy(path, ".npy format version " + std::to_string(major) + "; expected 1, 2 or 3");
   }
-  if (len > b.size() - start) Bad(path, "a truncated .npy header");
+  if (len > b.size() - start) BadNpy(path, "a truncated .npy header");
   const std::string h = b.substr(start, len);
   NpyHeader out;
   out.data_offset = start + len;
   std::string descr = DictValue(h, "descr", path);
-  if (descr.size() < 2 || (descr.front() != '\'' && descr.front() != '"')) Bad(path, "the .npy dtype is not a simple type: " + descr.substr(0, 40));
+  if (descr.size() < 2 || (descr.front() != '\'' && descr.front() != '"'))
+    BadNpy(path, "the .npy dtype is not a simple type: " + descr.substr(0, 40));
   out.descr = descr.substr(1, descr.size() - 2);
   std::string fo = DictValue(h, "fortran_order", path);
-  if (fo != "True" && fo != "False") Bad(path, "malformed fortran_order in the .npy header");
+  if (fo != "True" && fo != "False") BadNpy(path, "malformed fortran_order in the .npy header");
   out.fortran_order = fo == "True";
   std::string shape = DictValue(h, "shape", path);
-  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')') Bad(path, "malformed shape in the .npy header");
+  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')')
+    BadNpy(path, "malformed shape in the .npy header");
   std::string inner = shape.substr(1, shape.size() - 2);
   size_t i = 0;
   while (i < inner.size()) {
@@ -143,11 +149,12 @@ NpyHeader ParseNpyHeader(const std::string& b, const std::string& path) {
     if (i >= inner.size()) break;
     size_t j = i;
     while (j < inner.size() && inner[j] >= '0' && inner[j] <= '9') ++j;
-    if (j == i || j - i > 12) Bad(path, "malformed shape " + shape.substr(0, 40) + " in the .npy header");
+    if (j == i || j - i > 12) BadNpy(path, "malformed shape " + shape.substr(0, 40) + " in the .npy header");
     out.shape.push_back(std::stoll(inner.substr(i, j - i)));
     i = j;
     while (i < inner.size() && inner[i] == ' ') ++i;
-    if (i < inner.size() && inner[i] != ',') Bad(path, "malformed shape " + shape.substr(0, 40) + " in the .npy header");
+    if (i < inner.size() && inner[i] != ',')
+      BadNpy(path, "malformed shape " + shape.substr(0, 40) + " in the .npy header");
   }
   return out;
 }

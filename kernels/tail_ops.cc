@@ -39,7 +39,7 @@ Dnnl& Ctx() {
   Throw(kind, "node '" + n.name + "' (" + n.op + "): " + what);
 }
 
-std::string DimsText(const TensorDims& d) {
+std::string BracketedDims(const TensorDims& d) {
   std::string s = "[";
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
   return s + "]";
@@ -106,7 +106,7 @@ float* Prepare(const GradOut& g, const Act& x) {
 // Image tensors must come channels-last (every 4-D tensor the tail computes does).
 void NeedChannelsLast(const Node& n, const Act& a) {
   if (a.dims.size() != 4 || !a.cl)
-    Fail(n, ErrorKind::kInvalidInput, "expected an NCHW image tensor, got " + DimsText(a.dims));
+    Fail(n, ErrorKind::kInvalidInput, "expected an NCHW image tensor, got " + BracketedDims(a.dims));
 }
 
 void AddInto(std::vector<float>* grad, const std::vector<float>& part) {
@@ -233,7 +233,7 @@ class ConvOp : public TailOp {
   void Compile(const TensorDims& x) {
     if (x == in_dims_) return;
     const TensorDims& w = w_.dims;
-    if (x.size() != 4) Fail(node_, ErrorKind::kInvalidInput, "expected an NCHW input, got " + DimsText(x));
+    if (x.size() != 4) Fail(node_, ErrorKind::kInvalidInput, "expected an NCHW input, got " + BracketedDims(x));
     if (x[1] != w[1] * group_)
       Fail(node_, ErrorKind::kInvalidInput,
            "input has " + std::to_string(x[1]) + " channels, weights expect " + std::to_string(w[1] * group_));
@@ -243,7 +243,8 @@ class ConvOp : public TailOp {
       int64_t pb, pe;
       SpatialOut(auto_pad_, x[2 + a], w[2 + a], strides_[a], dilations_[a], pads_[a], pads_[2 + a], &out[2 + a], &pb,
                  &pe);
-      if (out[2 + a] < 1) Fail(node_, ErrorKind::kInvalidInput, "the window does not fit the input " + DimsText(x));
+      if (out[2 + a] < 1)
+        Fail(node_, ErrorKind::kInvalidInput, "the window does not fit the input " + BracketedDims(x));
       pl[a] = pb;
       pr[a] = pe;
       st[a] = strides_[a];
@@ -334,13 +335,14 @@ class PoolOp : public TailOp {
  private:
   void Compile(const TensorDims& x) {
     if (x == in_dims_) return;
-    if (x.size() != 4) Fail(node_, ErrorKind::kInvalidInput, "expected an NCHW input, got " + DimsText(x));
+    if (x.size() != 4) Fail(node_, ErrorKind::kInvalidInput, "expected an NCHW input, got " + BracketedDims(x));
     TensorDims out{x[0], x[1], 0, 0};
     memory::dims pl(2), pr(2);
     for (int a = 0; a < 2; ++a) {
       int64_t pb, pe;
       SpatialOut(auto_pad_, x[2 + a], kernel_[a], strides_[a], 1, pads_[a], pads_[2 + a], &out[2 + a], &pb, &pe, ceil_);
-      if (out[2 + a] < 1) Fail(node_, ErrorKind::kInvalidInput, "the window does not fit the input " + DimsText(x));
+      if (out[2 + a] < 1)
+        Fail(node_, ErrorKind::kInvalidInput, "the window does not fit the input " + BracketedDims(x));
       if (include_pad_ && pe != pads_[2 + a])
         Fail(node_, ErrorKind::kUnsupported, "count_include_pad=1 with a ceil_mode window over the end");
       pl[a] = pb;
@@ -614,7 +616,7 @@ class BatchNormOp : public TailOp {
   void Check(const TensorDims& d) const {
     if (d.size() < 2 || d[1] != static_cast<int64_t>(mean_.size()) || NumElements(d) == 0)
       Fail(node_, ErrorKind::kInvalidInput,
-           "expected an N x " + std::to_string(mean_.size()) + " x ... input, got " + DimsText(d));
+           "expected an N x " + std::to_string(mean_.size()) + " x ... input, got " + BracketedDims(d));
   }
   Node node_;
   WeightRef scale_, shift_;
@@ -680,7 +682,7 @@ class BinaryOpTail : public TailOp {
     out->dims = BroadcastDims(in[0]->dims, in[1]->dims, &ok);
     if (!ok || out->dims.size() > 4)
       Fail(node_, ErrorKind::kInvalidInput,
-           "inputs " + DimsText(in[0]->dims) + " and " + DimsText(in[1]->dims) + " do not broadcast");
+           "inputs " + BracketedDims(in[0]->dims) + " and " + BracketedDims(in[1]->dims) + " do not broadcast");
     out->cl = out->dims.size() == 4;
     if (out->cl &&
         ((in[0]->dims.size() < 4 && !IsConstLike(*in[0])) || (in[1]->dims.size() < 4 && !IsConstLike(*in[1]))))
@@ -844,7 +846,7 @@ class ReshapeOp : public TailOp {
           x);
     }
     if (NumElements(out->dims) != NumElements(x))
-      Fail(node_, ErrorKind::kInvalidInput, "cannot reshape " + DimsText(x) + " to " + DimsText(out->dims));
+      Fail(node_, ErrorKind::kInvalidInput, "cannot reshape " + BracketedDims(x) + " to " + BracketedDims(out->dims));
     out->cl = out->dims.size() == 4;
     out->v.resize(in[0]->v.size());
     StoreAs(RowMajor(*in[0]), out->dims, out->cl, out->v.data(), false);
@@ -944,7 +946,8 @@ class GemmOp : public TailOp {
   void Forward(const std::vector<const Act*>& in, Act* out) override {
     const TensorDims& a = in[0]->dims;
     if (a.size() != 2 || a[1] != k_)
-      Fail(node_, ErrorKind::kInvalidInput, "expected an N x " + std::to_string(k_) + " input, got " + DimsText(a));
+      Fail(node_, ErrorKind::kInvalidInput,
+           "expected an N x " + std::to_string(k_) + " input, got " + BracketedDims(a));
     const int64_t m = a[0];
     out->dims = {m, cols_};
     out->v.assign(static_cast<size_t>(m * cols_), 0.f);

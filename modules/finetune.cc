@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "kernels/executor.h"
 #include "kernels/fpga/device.h"
@@ -17,10 +18,7 @@
 namespace msaflow::modules {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-constexpr int64_t kBatch = 64;
-
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+constexpr int64_t kMapBatch = 64;
 
 // The backbone as the load step stored it: its model cut at feature_layer.
 kernels::Graph BackboneGraph(StepContext& c, const workflow::BackboneSpec& bb, std::string* bytes) {
@@ -62,11 +60,11 @@ void ComputeMapsParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
   const auto& in = bb.input;
   kernels::fpga::Device& fpga = c.Fpga();
   const int64_t per = in.channels * in.height * in.width;
-  std::vector<float> batch(static_cast<size_t>(kBatch * per));
+  std::vector<float> batch(static_cast<size_t>(kMapBatch * per));
   std::vector<float> part;
   int64_t p = p0;
-  for (int64_t s = 0; s < hi - lo; s += kBatch) {
-    const int64_t b = std::min(kBatch, hi - lo - s);
+  for (int64_t s = 0; s < hi - lo; s += kMapBatch) {
+    const int64_t b = std::min(kMapBatch, hi - lo - s);
     kernels::fpga::PrepareImages(fpga, ds, 0, s, b, in, batch.data());
     std::vector<std::vector<int64_t>> dims;
     const std::vector<std::vector<float>> m = trunk.Maps(batch.data(), b, in.channels, in.height, in.width, &dims);
@@ -91,7 +89,7 @@ void ComputeMapsParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
 nlohmann::json ComputeMaps(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
                            const std::string& key, const kernels::Tail& tail, kernels::Executor& trunk,
                            int64_t classes) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   nlohmann::json entry = {{"backbone", bb.name}, {"split", src.name()}, {"object", key}};
   const auto& in = bb.input;
   std::vector<float> one(static_cast<size_t>(in.channels * in.height * in.width), 0.f);
@@ -108,7 +106,7 @@ nlohmann::json ComputeMaps(StepContext& c, const workflow::BackboneSpec& bb, con
   idx.object = key;
   idx.n = src.count();
   idx.dim = row;
-  idx.part_rows = FeaturesPartRows(row, kBatch, FeaturesPartBytes());
+  idx.part_rows = FeaturesPartRows(row, kMapBatch, FeaturesPartBytes());
   idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
   const int rank = c.comm->rank(), size = c.comm->size();
   ComputeMapsParts(c, bb, trunk, src, idx, idx.parts * rank / size, idx.parts * (rank + 1) / size);
@@ -126,9 +124,9 @@ nlohmann::json ComputeMaps(StepContext& c, const workflow::BackboneSpec& bb, con
     c.store->Put(key, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
     c.Say(fmt::format("maps {}/{} at {}: {} images x {} values ({:.1f} MB) in {} part{} on {} rank{} in {:.1f} s -> {}",
                       bb.name, src.name(), bb.train_from, idx.n, row, bytes / 1e6, idx.parts, idx.parts == 1 ? "" : "s",
-                      size, size == 1 ? "" : "s", Since(t0), key));
+                      size, size == 1 ? "" : "s", SecondsSince(t0), key));
   }
-  entry.update({{"computed", true}, {"rows", idx.n}, {"bytes", bytes}, {"seconds", Since(t0)}, {"ranks", size}});
+  entry.update({{"computed", true}, {"rows", idx.n}, {"bytes", bytes}, {"seconds", SecondsSince(t0)}, {"ranks", size}});
   return entry;
 }
 

@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "kernels/dataset.h"
 #include "kernels/executor.h"
@@ -37,10 +38,6 @@ namespace msaflow::modules {
 namespace {
 
 constexpr int64_t kBatch = 64;
-
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // The images a backbone runs on at once: 64, or the fixed batch its model was exported with
 // (input.batch; the last batch is then padded to it).
@@ -167,9 +164,9 @@ class PartWriter {
 
  private:
   void WaitForWrite() {
-    auto t0 = Clock::now();
+    auto t0 = SteadyClock::now();
     writer_.Wait();  // rethrows a failed write
-    w_.put_wait_s += Since(t0);
+    w_.put_wait_s += SecondsSince(t0);
   }
   void Write(int64_t p) {
     for (size_t j = 0; j < members_.size(); ++j) {  // the known rows of this part
@@ -196,20 +193,20 @@ class PartWriter {
       }
     }
     auto put = [this, p, data] {
-      auto t0 = Clock::now();
+      auto t0 = SteadyClock::now();
       for (size_t j = 0; j < data.size(); ++j) {
         const FeaturesIndex& idx = members_[j].idx;
         c_.store->Put(workflow::FeaturesPartObject(idx.object, p), data[j],
                       {{"kind", "features-part"}, {"part", p}, {"rows", idx.PartHi(p) - idx.PartLo(p)}, {"dim", idx.dim}});
       }
-      w_.put_s += Since(t0);
+      w_.put_s += SecondsSince(t0);
     };
     if (c_.overlap != OverlapMode::kOff) {  // a write needs no result back: always behind the computing
       writer_.Submit(put);
     } else {
-      auto t0 = Clock::now();
+      auto t0 = SteadyClock::now();
       put();
-      w_.put_wait_s += Since(t0);
+      w_.put_wait_s += SecondsSince(t0);
     }
   }
 
@@ -257,11 +254,11 @@ PartWork ComputeParts(StepContext& c, const std::vector<Member>& members, kernel
   if (!bb.prepared()) {  // raw pixels as read: the bytes / 255 (a pass of one)
     const int64_t dim = at.dim;
     for (int64_t p = p0; p < p1; ++p) {
-      auto t0 = Clock::now();
+      auto t0 = SteadyClock::now();
       float* o = parts.Buffer(p, 0);
       const uint8_t* src = ds.Image(at.PartLo(p) - lo);
       for (int64_t i = 0, n = (at.PartHi(p) - at.PartLo(p)) * dim; i < n; ++i) o[i] = static_cast<float>(src[i]) / 255.f;
-      w.batches.consume_s += Since(t0);
+      w.batches.consume_s += SecondsSince(t0);
       parts.WriteFinished(at.PartHi(p));
     }
     parts.Finish();
@@ -586,14 +583,15 @@ struct PrepareRun {
 
 // Rank 0 puts member `m`'s features object (once every rank's parts are in: `stats`) and fills
 // its summary entry; every rank notes the seconds, ranks and parts.
-void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const Member& m, const workflow::SplitSource& src,
-            const kernels::ImageSet& ds, const std::vector<std::string>& stats, bool known, Clock::time_point t0) {
+void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const Member& m,
+            const workflow::SplitSource& src, const kernels::ImageSet& ds, const std::vector<std::string>& stats,
+            bool known, SteadyClock::time_point t0) {
   const workflow::BackboneSpec& bb = *m.bb;
   const FeaturesIndex& idx = m.idx;
   const std::string& split = src.name();
   const int size = c.comm->size();
   nlohmann::json& entry = run.entries[{bb.name, split}].second;
-  double secs = Since(t0);
+  double secs = SecondsSince(t0);
   if (c.root()) {
     nlohmann::json meta = FeaturesMeta(src.count(), idx.dim, run.classes, idx.part_rows, idx.half);
     meta.update({{"backbone", bb.name}, {"backbone_digest", run.backbone_digests[bb.name]},
@@ -604,7 +602,7 @@ void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const M
     if (!src.class_names().empty()) meta["class_names"] = src.class_names();
     const auto& labels = src.labels();
     c.store->Put(idx.object, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
-    secs = Since(t0);
+    secs = SecondsSince(t0);
     c.Say(fmt::format("features {}/{}: computed {} x {} in {} part{} on {} rank{} in {:.1f} s ({:.2f} ms/image){} -> {}",
                       bb.name, split, src.count(), idx.dim, idx.parts, idx.parts > 1 ? "s" : "", size,
                       size > 1 ? "s" : "", secs, 1e3 * secs / static_cast<double>(std::max<int64_t>(1, src.count())),
@@ -633,7 +631,7 @@ void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const M
 void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const workflow::SplitSource& src) {
   const int rank = c.comm->rank(), size = c.comm->size();
   const std::string& split = src.name();
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   const workflow::BackboneSpec& first = *pass.bbs[0];
   std::vector<int64_t> dims;
   if (pass.ex) {
@@ -683,7 +681,7 @@ void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, co
   if (!w.spot_check.empty() && w.spot_check.rfind("differed", 0) != 0)
     c.Say(fmt::format("features {}: {} of rows [{}, {}) known ({}), not run through the backbone again ({})", label,
                       w.reused_rows, at.PartLo(p0), at.PartLo(p0) + w.rows, known_from, w.spot_check));
-  double secs = Since(t0);
+  double secs = SecondsSince(t0);
   if (size > 1)
     c.Say(fmt::format("features {}: images [{}, {}) in {:.2f} s", label, at.PartLo(p0), at.PartLo(p0) + w.rows, secs));
   nlohmann::json mine = {{"rank", rank},

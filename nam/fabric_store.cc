@@ -1,7 +1,6 @@
 #include "nam/fabric_store.h"
 
 #include <arpa/inet.h>
-
 #include <fcntl.h>
 #include <rdma/fi_errno.h>
 #include <sys/mman.h>
@@ -13,9 +12,10 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/error.h"
-#include "common/version.h"
 #include "common/files.h"
+#include "common/version.h"
 #include "nam/fabric.h"
 #include "nam/protocol.h"
 #include "nam/server.h"
@@ -27,8 +27,6 @@ using wire::Op;
 using wire::Status;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The server said the session is unknown: connect again and retry once.
 struct StaleSession {};
@@ -238,14 +236,14 @@ struct FabricStore::Conn {
   // Waits until `done()` holds, reading completions; throws after `timeout_s` without any.
   template <typename Pred>
   void WaitUntil(Pred done, const std::string& what, double timeout_s) {
-    auto last = Clock::now();
+    auto last = SteadyClock::now();
     fabric::Completion c[16];
     while (!done()) {
       int n = ep->Poll(c, 16, 20);
       for (int i = 0; i < n; ++i) OnCompletion(c[i]);
       if (n > 0) {
-        last = Clock::now();
-      } else if (std::chrono::duration<double>(Clock::now() - last).count() > timeout_s) {
+        last = SteadyClock::now();
+      } else if (std::chrono::duration<double>(SteadyClock::now() - last).count() > timeout_s) {
         char b[64];
         std::snprintf(b, sizeof b, "%g", timeout_s);
         Broken("no answer to " + what + " within " + b + " s (is the server running at " + u.host + ":" + u.port +
@@ -275,7 +273,7 @@ struct FabricStore::Conn {
     const std::string what = OpName(op);
     // The send queue stays full while the provider cannot reach the server (tcp keeps
     // retrying a refused connection): bounded by the same timeout.
-    auto start = Clock::now();
+    auto start = SteadyClock::now();
     for (;;) {
       ssize_t rc = ep->PostSend(sbuf.data(), len, smr.desc, server, &sctx);
       if (rc == 0) break;
@@ -283,7 +281,7 @@ struct FabricStore::Conn {
       fabric::Completion c[16];
       int n = ep->Poll(c, 16, 5);
       for (int i = 0; i < n; ++i) OnCompletion(c[i]);
-      if (std::chrono::duration<double>(Clock::now() - start).count() > timeout_s) {
+      if (std::chrono::duration<double>(SteadyClock::now() - start).count() > timeout_s) {
         char b[64];
         std::snprintf(b, sizeof b, "%g", timeout_s);
         Broken("cannot reach the server at " + u.host + ":" + u.port + " to send " + what + " within " + b +
@@ -391,7 +389,7 @@ struct FabricStore::Conn {
     rma_errors = 0;
     std::vector<int> slot_of(wire::kRmaWindow, -1);
     size_t next = 0, hashed = 0;
-    auto last = Clock::now();
+    auto last = SteadyClock::now();
     fabric::Completion c[16];
     auto free_slot = [&]() -> int {
       for (int s = 0; s < wire::kRmaWindow; ++s)
@@ -429,8 +427,8 @@ struct FabricStore::Conn {
       for (int i = 0; i < n; ++i) OnCompletion(c[i]);
       if (rma_errors) Broken(std::string("RMA ") + (write ? "write" : "read") + " failed: " + rma_error);
       if (n > 0 || hashed_one) {
-        last = Clock::now();
-      } else if (std::chrono::duration<double>(Clock::now() - last).count() > u.timeout_s) {
+        last = SteadyClock::now();
+      } else if (std::chrono::duration<double>(SteadyClock::now() - last).count() > u.timeout_s) {
         char b[64];
         std::snprintf(b, sizeof b, "%g", u.timeout_s);
         Broken(std::string("RMA ") + (write ? "write" : "read") + " made no progress for " + b +

@@ -9,16 +9,17 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <thread>
 #include <deque>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "common/strings.h"
@@ -52,9 +53,7 @@ bool IsLoopbackHost(const std::string& host) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double Seconds(SteadyClock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -103,7 +102,7 @@ struct Server::Impl {
   struct Session {
     fi_addr_t addr;
     std::string raw_addr;
-    Clock::time_point last_seen;
+    SteadyClock::time_point last_seen;
     std::map<uint64_t, std::shared_ptr<Region>> pins;
     std::set<uint64_t> puts;
   };
@@ -225,9 +224,9 @@ struct Server::Impl {
     std::string lock = dir + "/.server.lock";
     persist_lock_fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (persist_lock_fd < 0) ThrowErrno("open " + lock);
-    const auto give_up = Clock::now() + std::chrono::duration<double>(opt.lock_wait_s);
+    const auto give_up = SteadyClock::now() + std::chrono::duration<double>(opt.lock_wait_s);
     while (::flock(persist_lock_fd, LOCK_EX | LOCK_NB) != 0) {
-      if (Clock::now() >= give_up)
+      if (SteadyClock::now() >= give_up)
         Throw(ErrorKind::kIo, "--persist " + dir + ": another NAM server persists to this directory (" + lock +
                                   " is locked)");
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -354,7 +353,7 @@ struct Server::Impl {
   }
 
   void ExpireSessions() {
-    auto now = Clock::now();
+    auto now = SteadyClock::now();
     std::vector<uint64_t> old;
     for (const auto& [id, s] : sessions)
       if (Seconds(now - s.last_seen) > opt.lease_s) old.push_back(id);
@@ -508,7 +507,7 @@ struct Server::Impl {
     Session s;
     s.raw_addr = raw_addr;
     s.addr = AddrOf(raw_addr);
-    s.last_seen = Clock::now();
+    s.last_seen = SteadyClock::now();
     sessions[id] = std::move(s);
     *session_out = id;
     json r = {{"session", Hex64(id)}, {"server_pid", ::getpid()}, {"capacity", pool->capacity()},
@@ -747,7 +746,7 @@ struct Server::Impl {
       if (it == sessions.end() || it->second.raw_addr != raw_addr)
         Fail(Status::kStaleSession, "unknown or expired session (the server may have restarted); say hello again");
       Session& sess = it->second;
-      sess.last_seen = Clock::now();
+      sess.last_seen = SteadyClock::now();
       json r = Handle(op, sid, sess, body, m.payload, &reply_payload);
       Send(reply_to, h.op, sid, h.request, Status::kOk, r, reply_payload);
       if (op == Op::kBye) DropSession(sid, "bye");
@@ -775,7 +774,7 @@ struct Server::Impl {
     }
     Log("serving " + Uri() + " (provider " + ep->provider() + ", capacity " + HumanBytes(static_cast<double>(pool->capacity())) +
         (persist ? ", persist " + persist->dir() : ", memory only") + (token.empty() ? "" : ", token required") + ")");
-    auto last_sweep = Clock::now(), last_users_check = Clock::now();
+    auto last_sweep = SteadyClock::now(), last_users_check = SteadyClock::now();
     while (!stop.load()) {
       if (backlog.empty()) Progress(100);
       while (!backlog.empty()) {
@@ -791,13 +790,13 @@ struct Server::Impl {
         }
         PostRecv(*r);
       }
-      if (Seconds(Clock::now() - last_sweep) > 1) {
+      if (Seconds(SteadyClock::now() - last_sweep) > 1) {
         ExpireSessions();
-        last_sweep = Clock::now();
+        last_sweep = SteadyClock::now();
       }
-      if (Seconds(Clock::now() - last_users_check) > 0.25) {
+      if (Seconds(SteadyClock::now() - last_users_check) > 0.25) {
         if (NoUsersLeft()) break;
-        last_users_check = Clock::now();
+        last_users_check = SteadyClock::now();
       }
     }
     Log("stopping: " + std::to_string(index.size()) + " objects, " + HumanBytes(static_cast<double>(pool->used())) + " in memory" +

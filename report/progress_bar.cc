@@ -10,7 +10,7 @@
 namespace msaflow::report {
 
 namespace {
-constexpr size_t kWidth = 20;
+constexpr size_t kBarWidth = 20;
 }
 
 ProgressBar::ProgressBar(std::FILE* out, Clock* clock) : out_(out), clock_(clock) {
@@ -20,9 +20,9 @@ ProgressBar::ProgressBar(std::FILE* out, Clock* clock) : out_(out), clock_(clock
 
 std::string ProgressBar::Render(int round, int64_t max_rounds, size_t done, size_t total, const std::string& what,
                                 double seconds) {
-  const size_t filled = total ? std::min(kWidth, done * kWidth / total) : 0;
+  const size_t filled = total ? std::min(kBarWidth, done * kBarWidth / total) : 0;
   std::string s = fmt::format("round {}/{} [{}{}] {}/{} tasks", round, max_rounds, std::string(filled, '#'),
-                              std::string(kWidth - filled, '.'), done, total);
+                              std::string(kBarWidth - filled, '.'), done, total);
   if (!what.empty()) s += fmt::format("  {} {:.1f} s", what, seconds);
   return s;
 }

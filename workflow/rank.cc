@@ -4,9 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "kernels/executor.h"
@@ -18,10 +19,6 @@
 
 namespace msaflow::workflow {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Raw pixels as read: the bytes / 255, row-major [images, dim].
 std::vector<float> RawPixels(const BackboneSpec& bb, const kernels::ImageSet& ds, int64_t* dim) {
@@ -117,10 +114,10 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
       if (bb.precision == "int8") b.note = "int8 ranked in f32";
       if (bbs.size() > 1)
         b.note = fmt::format("one pass for {} cuts of {}", bbs.size(), std::filesystem::path(bb.onnx).filename().string());
-      const auto t0 = Clock::now();
+      const auto t0 = SteadyClock::now();
       b.knn = kernels::KnnLooAccuracy(f[k].data(), ds.count, b.dim, ds.labels.data());
       b.logme = kernels::LogMe(f[k].data(), ds.count, b.dim, ds.labels.data(), r.classes);
-      b.estimate_s = Since(t0);
+      b.estimate_s = SecondsSince(t0);
       b.as_prepared = bb.prepared() && bb.precision != "int8";
       if (o.keep_features && bb.kind != "pixels") b.features = std::move(f[k]);
       if (say)
@@ -133,18 +130,18 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
   // very bits prepare computes (workflow::PlanPasses).
   for (const auto& group : PassGroups(p)) {
     if (!group[0]->prepared()) {  // raw pixels as read (a group of one)
-      const auto t0 = Clock::now();
+      const auto t0 = SteadyClock::now();
       std::vector<int64_t> dims(1);
       std::vector<std::vector<float>> f{RawPixels(*group[0], ds, &dims[0])};
-      estimate(group, f, dims, Since(t0));
+      estimate(group, f, dims, SecondsSince(t0));
       continue;
     }
     for (const Pass& pass : PlanPasses(group, [](const auto& bbs) { return GroupExecutor(bbs); })) {
-      const auto t0 = Clock::now();
+      const auto t0 = SteadyClock::now();
       const std::shared_ptr<kernels::Executor> ex = pass.ex ? pass.ex : GroupExecutor(pass.bbs);
       std::vector<int64_t> dims;
       std::vector<std::vector<float>> f = GroupFeatures(pass.bbs, ex.get(), ds, *cpu, &dims);
-      estimate(pass.bbs, f, dims, Since(t0));
+      estimate(pass.bbs, f, dims, SecondsSince(t0));
     }
   }
   std::stable_sort(r.backbones.begin(), r.backbones.end(), [](const BackboneRank& a, const BackboneRank& b) {

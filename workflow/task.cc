@@ -9,17 +9,17 @@ namespace {
 
 using nlohmann::json;
 
-[[noreturn]] void Bad(const std::string& origin, const std::string& field, const std::string& what) {
+[[noreturn]] void BadTask(const std::string& origin, const std::string& field, const std::string& what) {
   Throw(ErrorKind::kInvalidInput, origin + ": " + field + ": " + what);
 }
 
 const json& Field(const json& j, const std::string& key, const std::string& origin, json::value_t type) {
-  if (!j.contains(key)) Bad(origin, key, "missing");
+  if (!j.contains(key)) BadTask(origin, key, "missing");
   const json& v = j[key];
   bool ok = type == json::value_t::number_integer ? v.is_number_integer()
             : type == json::value_t::number_float ? v.is_number()
                                                    : v.type() == type;
-  if (!ok) Bad(origin, key, "expected " + std::string(json(type).type_name()) + ", got " + v.type_name());
+  if (!ok) BadTask(origin, key, "expected " + std::string(json(type).type_name()) + ", got " + v.type_name());
   return v;
 }
 
@@ -35,12 +35,12 @@ json TrainLayout::ToJson() const {
 }
 
 TrainLayout TrainLayoutFromJson(const json& j, const std::string& where) {
-  if (!j.is_object()) Bad(where, "train", "expected an object");
+  if (!j.is_object()) BadTask(where, "train", "expected an object");
   TrainLayout t;
   const std::string mode = Field(j, "mode", where + ": train", json::value_t::string).get<std::string>();
   auto parsed = TrainModeFromName(mode);
   if (!parsed || *parsed == TrainMode::kAuto)
-    Bad(where, "train/mode", "\"" + mode.substr(0, 40) + "\" is not one of independent, sync, async, hybrid");
+    BadTask(where, "train/mode", "\"" + mode.substr(0, 40) + "\" is not one of independent, sync, async, hybrid");
   t.mode = *parsed;
   t.ranks = Field(j, "ranks", where + ": train", json::value_t::number_integer).get<int64_t>();
   t.servers = Field(j, "servers", where + ": train", json::value_t::number_integer).get<int64_t>();
@@ -51,26 +51,26 @@ TrainLayout TrainLayoutFromJson(const json& j, const std::string& where) {
   t.straggler_factor = Field(st, "factor", where + ": train/straggler", json::value_t::number_float).get<double>();
   if (t.ranks < 1 || t.servers < 0 || t.groups < 1 || t.max_staleness < 0 || t.ranks % t.groups != 0 ||
       !(t.straggler_factor >= 1))
-    Bad(where, "train", "inconsistent layout " + t.ToJson().dump());
+    BadTask(where, "train", "inconsistent layout " + t.ToJson().dump());
   return t;
 }
 
 TaskSpec ParseTask(const json& body, const std::string& origin) {
-  if (!body.is_object()) Bad(origin, "/", "expected a JSON object (a task file)");
+  if (!body.is_object()) BadTask(origin, "/", "expected a JSON object (a task file)");
   TaskSpec t;
   if (body.value("format", json()) != kTaskFormat)
-    Bad(origin, "format", std::string("expected \"") + kTaskFormat + "\"");
+    BadTask(origin, "format", std::string("expected \"") + kTaskFormat + "\"");
   t.step = ParseStep(Field(body, "step", origin, json::value_t::string).get<std::string>(), origin + ": step");
   t.run = Field(body, "run", origin, json::value_t::string).get<std::string>();
   if (body.contains("module")) t.module = Field(body, "module", origin, json::value_t::string).get<std::string>();
   t.nam = Field(body, "nam", origin, json::value_t::string).get<std::string>();
   int64_t round = Field(body, "round", origin, json::value_t::number_integer).get<int64_t>();
-  if (round < 1 || round > 1000000) Bad(origin, "round", std::to_string(round) + " is out of range");
+  if (round < 1 || round > 1000000) BadTask(origin, "round", std::to_string(round) + " is out of range");
   t.round = static_cast<int>(round);
   try {
     t.pipeline = PipelineFromSource(Field(body, "pipeline", origin, json::value_t::object));
   } catch (const Error& e) {
-    Bad(origin, "pipeline", e.what());
+    BadTask(origin, "pipeline", e.what());
   }
   if (body.contains("candidates")) {
     const json& cs = Field(body, "candidates", origin, json::value_t::array);
@@ -78,7 +78,7 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
       try {
         t.candidates.push_back(CandidateFromJson(cs[i]));
       } catch (const json::exception& e) {
-        Bad(origin, "candidates/" + std::to_string(i), e.what());
+        BadTask(origin, "candidates/" + std::to_string(i), e.what());
       }
     }
   }
@@ -95,15 +95,16 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
   }
   if (body.contains("shards")) {
     t.shards = Field(body, "shards", origin, json::value_t::number_integer).get<int64_t>();
-    if (t.shards < 1) Bad(origin, "shards", "expected at least 1");
+    if (t.shards < 1) BadTask(origin, "shards", "expected at least 1");
   }
   if (body.contains("farm")) {
     t.farm = Field(body, "farm", origin, json::value_t::string).get<std::string>();
-    if (t.farm != "counter" && t.farm != "dispatcher") Bad(origin, "farm", "expected \"counter\" or \"dispatcher\"");
+    if (t.farm != "counter" && t.farm != "dispatcher")
+      BadTask(origin, "farm", "expected \"counter\" or \"dispatcher\"");
   }
   if (body.contains("top_k")) {
     t.top_k = Field(body, "top_k", origin, json::value_t::number_integer).get<int64_t>();
-    if (t.top_k < 1) Bad(origin, "top_k", "expected at least 1");
+    if (t.top_k < 1) BadTask(origin, "top_k", "expected at least 1");
   }
   if (body.contains("metric")) t.metric = Field(body, "metric", origin, json::value_t::string).get<std::string>();
   if (body.contains("train")) t.train = TrainLayoutFromJson(body["train"], origin);
