@@ -10,7 +10,10 @@ clang_build() {
   shift
   clang_packages
   if [[ ! -f $dir/build.ninja ]]; then
-    CC=clang CXX=clang++ meson setup "$dir" --buildtype=debugoptimized -Db_lundef=false "$@" >/dev/null
+    # -O2 with line tables only: a sanitizer's report names files and lines as with -g, and the
+    # build takes about 11 % less time (measured on modules/evaluate.cc, issue 47).
+    CC=clang CXX=clang++ meson setup "$dir" --buildtype=plain -Doptimization=2 -Dcpp_args=-gline-tables-only \
+      -Db_lundef=false "$@" >/dev/null
   else
     meson setup --reconfigure "$dir" "$@" >/dev/null  # an existing directory takes the options as they are now
   fi
