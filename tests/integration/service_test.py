@@ -598,11 +598,19 @@ class Api(unittest.TestCase):
             reqs.append(f"{rng.choice(methods)} {path} HTTP/1.1\r\nHost: x\r\n".encode() + auth +
                         b"Connection: close\r\n\r\n")
         bad = []
+        # The dashboard's files and the health check are public: GET (and HEAD, which cpp-httplib
+        # answers as a GET) of one of them, with any query, is answered 200. Every other request
+        # here is refused with a 4xx or closed (the limits may refuse before routing).
+        public = {"/", "/app.js", "/app.css", "/v1/health", "/v1/openapi.json"}
+
+        def allowed(r):
+            method, target = r.split(b" ", 2)[:2]
+            return {200} if method in (b"GET", b"HEAD") and target.split(b"?")[0].decode() in public else set()
 
         def client(part):
             for r in part:
                 st = status_of(raw(r))
-                if st is not None and not (400 <= st < 500):
+                if st is not None and not (400 <= st < 500) and st not in allowed(r):
                     bad.append((r[:80], st))
 
         threads = [threading.Thread(target=client, args=(reqs[i::8],)) for i in range(8)]
