@@ -2,7 +2,7 @@
 # clang-tidy (.clang-tidy's checks) over every source of the libraries and the CLI, with the
 # compile commands of a build directory (default build-test). Any finding fails it; CI runs it
 # (scripts/test.sh). Each folder's sources are read as one unit (scripts/tidy_units.py): about
-# 2 minutes on 2 cores, against 8 for one unit per source. So two sources of one folder may not
+# 2 minutes on 2 cores, against 7 for one unit per source. So two sources of one folder may not
 # both define a name in an anonymous namespace (clang reports "redefinition of").
 #   scripts/tidy.sh [BUILD_DIR] [FILE-REGEX]
 set -euo pipefail
