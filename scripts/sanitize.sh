@@ -25,11 +25,10 @@ tsan_build() {
 asan() {
   asan_build
   # Suite 'once' (tests/meson.build says why each) runs in the plain pass only: the Slurm
-  # clusters, tests of no msaflow code, and tests whose msaflow code another test runs here.
-  # MSAFLOW_SANITIZED=1 has export_predict leave out the independent readers (OpenCV, ONNX
-  # Runtime), whose numbers the plain pass checks.
-  echo "[sanitize] the suite under ASan + UBSan (but suite 'once': the plain pass ran it)"
-  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 MSAFLOW_SANITIZED=1 \
+  # clusters, tests of no msaflow code, tests whose msaflow code another test runs here, and the
+  # independent runtimes' numbers. The rest run here only (scripts/test.sh), the unit tests in both.
+  echo "[sanitize] the suite under ASan + UBSan (but suite 'once': the plain pass runs it)"
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-fuzz --print-errorlogs --num-processes 3 --no-suite once "$@"
 }
 tsan() {

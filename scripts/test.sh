@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set-up from nothing, then every test (unit, integration, end to end, MPI, Slurm) with warnings
-# as errors, clang-tidy, then the sanitizer and fuzzing smoke runs (MSAFLOW_SANITIZE=0 skips them).
+# Set-up from nothing, a build with warnings as errors, then every test (unit, integration, end to
+# end, MPI, Slurm), each once: in that build, or under ASan + UBSan (see below); clang-tidy; TSan
+# and the fuzzing smoke runs (MSAFLOW_SANITIZE=0 skips the sanitizers and runs all tests here).
 # The phases run one after the other: run beside the suite at idle priority, the clang builds
 # slowed the tests by more than they gained (measured, issue 47: the suite 858 -> 1,375 s for
 # about 500 s of build).
@@ -18,7 +19,13 @@ source scripts/packages.sh
 ensure_packages chromium
 phase "set-up and build"
 status=0
-meson test -C build-test --print-errorlogs --num-processes 3 "$@" || status=$?
+# Each test once: with the sanitizers on, the plain pass runs suites 'unit' and 'once', and
+# scripts/sanitize.sh asan every other test (tests/meson.build says which and why); without them,
+# everything here. Arguments (e.g. a test's name) go to this meson test.
+sanitize=${MSAFLOW_SANITIZE:-1}
+plain=()
+[[ $sanitize == 1 && $# == 0 ]] && plain=(--suite unit --suite once)
+meson test -C build-test --print-errorlogs --num-processes 3 "${plain[@]}" "$@" || status=$?
 phase "tests"
 /usr/bin/python3 - build-test/meson-logs/testlog.json <<'PY'
 import json, sys
@@ -34,10 +41,10 @@ PY
 # clang-tidy's checks (.clang-tidy) over the sources, with the build's compile commands: zero findings.
 if scripts/tidy.sh build-test; then echo "tidy: passed"; else echo "tidy: FAILED"; status=1; fi
 phase "clang-tidy"
-# The sanitizers (scripts/sanitize.sh; clang, Debian's packages): the suite again (unit,
-# integration, MPI; but suite 'once', which ran above only) with msaflow and the tests built with
+# The sanitizers (scripts/sanitize.sh; clang, Debian's packages): every test but suite 'once'
+# (integration, MPI, end to end, and the unit tests again) with msaflow and the tests built with
 # ASan + UBSan, the NAM tests under TSan, and every fuzzer over its corpus for a few seconds.
-if [[ ${MSAFLOW_SANITIZE:-1} == 1 ]]; then
+if [[ $sanitize == 1 ]]; then
   for part in "asan" "tsan" "fuzz 3"; do
     if scripts/sanitize.sh $part; then
       echo "sanitize ${part%% *}: passed"

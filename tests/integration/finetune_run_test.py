@@ -47,9 +47,6 @@ from small_pipeline import quickstart  # noqa: E402
 
 WORK = tempfile.TemporaryDirectory(prefix="msaflow-finetune-test-")
 ORT = os.path.join(ROOT, ".cache", "ort", "node_modules")
-# Under the sanitizers (scripts/sanitize.sh) the tests whose msaflow code another test here runs
-# already (the halving strategy's candidates, the simulator on a run) are left to the plain pass.
-SANITIZED = os.environ.get("MSAFLOW_SANITIZED") == "1"
 TRAIN_FROM = "block_11_expand"
 
 
@@ -285,7 +282,6 @@ class Finetune(unittest.TestCase):
         self.assertTrue(all(not k.startswith(("block_10", "block_9", "Conv1")) for k in moved), moved)
         self.assertPredictCounts(doc, run_dir, res)
 
-    @unittest.skipIf(SANITIZED, "the plain pass runs it; its fine-tuning code runs under ASan in the other tests")
     def test_halving_continues_into_fine_tuning(self):
         doc = pipeline("fthalv")
         doc["backbones"].append({"name": "pixels", "kind": "pixels"})
@@ -307,7 +303,6 @@ class Finetune(unittest.TestCase):
             self.assertEqual(c["warm_start"], f"model/fthalv/1/{c['parent']}")
             self.assertRegex(out, rf"trained {c['id']} .*fine-tuned from {TRAIN_FROM}")
 
-    @unittest.skipIf(SANITIZED, "the plain pass runs it; the simulate test runs the simulator under ASan")
     def test_simulate_predicts_a_fine_tuning_round_at_1024_nodes(self):
         run_dir, _, _ = run("ft2", 2)
         r = msaflow("simulate", os.path.join(WORK.name, "ft2.json"), "--from-runs", run_dir, "--machine",
