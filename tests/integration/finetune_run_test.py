@@ -43,11 +43,11 @@ from onnx import numpy_helper
 EXE, ROOT = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from processes import processes_naming  # noqa: E402
-from small_pipeline import quickstart  # noqa: E402
+from small_pipeline import FINETUNE_FROM, finetune_pipeline  # noqa: E402
 
 WORK = tempfile.TemporaryDirectory(prefix="msaflow-finetune-test-")
 ORT = os.path.join(ROOT, ".cache", "ort", "node_modules")
-TRAIN_FROM = "block_11_expand"
+TRAIN_FROM = FINETUNE_FROM
 
 
 def msaflow(*args, check=True, env=None):
@@ -58,20 +58,7 @@ def msaflow(*args, check=True, env=None):
 
 
 def pipeline(name, ranks=2):
-    doc = quickstart(ROOT)
-    doc["name"] = name
-    doc["datasets"]["train"]["limit"] = 400
-    doc["datasets"]["test"]["limit"] = 200
-    bb = doc["backbones"][0]
-    bb["input"]["height"] = bb["input"]["width"] = 64
-    bb["train_from"] = TRAIN_FROM
-    doc["backbones"] = [bb]
-    doc["head"] = {"type": "softmax", "optimizer": "adam", "lr": [0.001], "l2": [0.0001], "epochs": [3],
-                   "batch": 32, "backbone_lr_scale": [0.3]}
-    doc["steps"]["train"] = {"module": "dam", "ranks": ranks, "mode": "sync"}
-    doc["rounds"] = {"max": 2, "candidates": 2, "top_k": 1, "strategy": "perturb", "seed": 3,
-                     "finetune_from_round": 2}
-    return doc
+    return finetune_pipeline(ROOT, name, ranks)
 
 
 def write(doc, name):

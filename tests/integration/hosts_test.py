@@ -3,7 +3,8 @@
 where every node is a network namespace with a hostname and an address of its own on a bridge,
 its slurmd inside, and the coordinator runs on the login host. A round as one hetjob trains
 in sync on two DAM hosts and evaluates on two ESB hosts, its NAM server on a host of its own
-reached by RMA over TCP, and reaches the champion of a local run, model bytes and all. A DAM
+reached by RMA over TCP, and reaches the champion of a local run, model bytes and all; so does
+a round that fine-tunes a backbone's last blocks with its head on the two DAM hosts. A DAM
 host cut off in the middle of training fails the round naming the node, so does the NAM's host
 cut off during the resumed run, and a last `resume` finishes the run to the same champion with
 nothing stored lost."""
@@ -16,7 +17,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from small_pipeline import small_pipeline  # noqa: E402
+from small_pipeline import FINETUNE_FROM, finetune_pipeline, small_pipeline  # noqa: E402
 from tmpdir_case import TempDirCase  # noqa: E402
 from slurm_clusters import TestCluster  # noqa: E402
 
@@ -108,6 +109,29 @@ class Hosts(TempDirCase):
         self.assertEqual(len(nam), 1, ev)
         self.assertIn("fabric://nam01:", json.dumps(nam[0]))
         self.assertIn("token-file=", json.dumps(nam[0]))  # off loopback: the token is required
+
+    def test_fine_tuning_on_two_dam_hosts_trains_the_local_weights(self):
+        """Issue 46 on a cluster: round 2 fine-tunes MobileNetV2 from block_11_expand with its head
+        as 2 sync ranks under srun --mpi=pmix on two hosts, its gradients summed over TCP, and
+        stores the same model bytes (tail and head) as the local mpirun run."""
+        doc = finetune_pipeline(ROOT, "fthosts")
+        doc["steps"]["evaluate"] = {"module": "esb", "ranks": 2}
+        p = self.write("ft.json", doc)
+        runs = os.path.join(self.dir, "runs")
+        r = subprocess.run([EXE, "run", p, "--runs", runs, "--run-id", "local"], capture_output=True, text=True,
+                           timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        r = on_login("run", p, "--machine", MACHINE, "--runs", runs, "--run-id", "het")
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        self.assert_local_champion(runs, "het")
+        res = json.loads(self.read("runs", "het", "results.json"))
+        tuned = [c["candidate"] for c in res["rounds"][1]["candidates"] if "finetune" in c["candidate"]]
+        self.assertTrue(tuned, res["rounds"][1])
+        self.assertIn("finetune", res["champion"]["candidate"])  # a fine-tuned model won, as locally
+        for c in tuned:
+            self.assertRegex(r.stdout, rf"trained {c['id']} .*fine-tuned from {FINETUNE_FROM}")
+        log = self.read("runs", "het", "logs", "r2-train.log")
+        self.assertEqual({h for _, _, h in rank_hosts(log)}, {"dam01", "dam02"}, log[-2000:])
 
     def cut_during_train(self, node, run_dir, args):
         """msaflow ARGS on the login host, `node`'s link taken down a second into the train step

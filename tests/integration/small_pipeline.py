@@ -40,3 +40,26 @@ def tiny_pipeline(root, name, rounds=2):
     doc["datasets"]["test"]["limit"] = 200
     doc["backbones"] = [b for b in doc["backbones"] if b["name"] in ("ppocrv4", "pixels")]
     return doc
+
+
+# Where the fine-tuning tests unfreeze MobileNetV2: its last three blocks and the head train.
+FINETUNE_FROM = "block_11_expand"
+
+
+def finetune_pipeline(root, name, ranks=2):
+    """Two rounds on MobileNetV2 at 64 x 64, 400/200 images: round 1 trains two heads on frozen
+    features, round 2 fine-tunes the best from FINETUNE_FROM with its head, as `ranks` sync ranks."""
+    doc = quickstart(root)
+    doc["name"] = name
+    doc["datasets"]["train"]["limit"] = 400
+    doc["datasets"]["test"]["limit"] = 200
+    bb = doc["backbones"][0]
+    bb["input"]["height"] = bb["input"]["width"] = 64
+    bb["train_from"] = FINETUNE_FROM
+    doc["backbones"] = [bb]
+    doc["head"] = {"type": "softmax", "optimizer": "adam", "lr": [0.001], "l2": [0.0001], "epochs": [3],
+                   "batch": 32, "backbone_lr_scale": [0.3]}
+    doc["steps"]["train"] = {"module": "dam", "ranks": ranks, "mode": "sync"}
+    doc["rounds"] = {"max": 2, "candidates": 2, "top_k": 1, "strategy": "perturb", "seed": 3,
+                     "finetune_from_round": 2}
+    return doc
