@@ -74,14 +74,20 @@ class Hosts(TempDirCase):
         self.assertEqual(got["champion"]["accuracy"], local["champion"]["accuracy"])
         self.assertEqual(models(os.path.join(runs, "nam"), run), models(os.path.join(runs, "nam"), "local"))
 
-    def test_a_hetjob_across_hosts_reaches_the_local_champion(self):
-        p = self.write("p.json", pipeline("hosts"))
+    def local_then_on_hosts(self, doc):
+        """`doc` run locally (run "local") and as Slurm jobs from the login host (run "het"), in
+        one runs directory; both must succeed. Returns (runs directory, the second run)."""
+        p = self.write(doc["name"] + ".json", doc)
         runs = os.path.join(self.dir, "runs")
         r = subprocess.run([EXE, "run", p, "--runs", runs, "--run-id", "local"], capture_output=True, text=True,
                            timeout=600)
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
         r = on_login("run", p, "--machine", MACHINE, "--runs", runs, "--run-id", "het")
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        return runs, r
+
+    def test_a_hetjob_across_hosts_reaches_the_local_champion(self):
+        runs, _ = self.local_then_on_hosts(pipeline("hosts"))
         # The same models, byte for byte: sync training on two hosts over TCP is the local run's.
         self.assert_local_champion(runs, "het")
         # Each step on its module's hosts, the multi-rank ones on two distinct hosts.
@@ -116,13 +122,7 @@ class Hosts(TempDirCase):
         stores the same model bytes (tail and head) as the local mpirun run."""
         doc = finetune_pipeline(ROOT, "fthosts")
         doc["steps"]["evaluate"] = {"module": "esb", "ranks": 2}
-        p = self.write("ft.json", doc)
-        runs = os.path.join(self.dir, "runs")
-        r = subprocess.run([EXE, "run", p, "--runs", runs, "--run-id", "local"], capture_output=True, text=True,
-                           timeout=600)
-        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
-        r = on_login("run", p, "--machine", MACHINE, "--runs", runs, "--run-id", "het")
-        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr)
+        runs, r = self.local_then_on_hosts(doc)
         self.assert_local_champion(runs, "het")
         res = json.loads(self.read("runs", "het", "results.json"))
         tuned = [c["candidate"] for c in res["rounds"][1]["candidates"] if "finetune" in c["candidate"]]
