@@ -78,11 +78,11 @@ void Stage(StepContext& c, const workflow::Candidate& cand, const Features& f, c
   const std::string bytes = ModelBytes(h, tail, bb.train_from, &meta);
   c.store->Put(workflow::StagingObject(c.task.run, c.task.round, cand.id), bytes, meta);
   using workflow::TrainMode;
-  std::string how = (st.mode == TrainMode::kSync && st.ranks == 1) || st.mode == TrainMode::kIndependent
+  std::string how = !workflow::RanksShareModels(st.mode) || st.ranks == 1
                         ? ""
                         : fmt::format(" [{} on {} ranks", workflow::TrainModeName(st.mode), st.ranks);
   if (!how.empty() && st.servers) how += fmt::format(" + {} server(s)", st.servers);
-  if (st.mode == TrainMode::kHybrid) how += fmt::format(", {} groups", st.groups);
+  if (workflow::HasGroups(st.mode)) how += fmt::format(", {} groups", st.groups);
   if (workflow::UsesParameterServers(st.mode))
     how += fmt::format(", staleness mean {:.2f} max {}, {} refused", st.staleness_mean, st.staleness_max, st.refused);
   if (!how.empty()) how += "]";
@@ -149,7 +149,7 @@ std::vector<int> DealCandidates(StepContext& c, const std::vector<workflow::Cand
 
 // The parameter servers' options of the task's layout (async: every worker on its own).
 parallel::PsOptions PsOptionsOf(const workflow::TrainLayout& layout, const parallel::Straggler& straggler) {
-  return {layout.servers, layout.mode == TrainMode::kHybrid ? layout.groups : 0, layout.max_staleness, straggler};
+  return {layout.servers, workflow::HasGroups(layout.mode) ? layout.groups : 0, layout.max_staleness, straggler};
 }
 
 // Modes async and hybrid: every head candidate (not fine-tuning) in turn on all processes, workers and servers.
@@ -175,7 +175,7 @@ void TrainWithServers(StepContext& c, const std::vector<workflow::Candidate>& ca
 void TrainInBatches(StepContext& c, const std::vector<workflow::Candidate>& cands, const std::vector<int>& owner,
                     const parallel::Straggler& straggler, std::map<std::string, Features>& cache,
                     const Stager& staged) {
-  const TrainMode mode = c.task.train.mode;
+  const bool alone = !workflow::RanksShareModels(c.task.train.mode);  // independent: else sync
   parallel::Comm& world = *c.comm;
   std::vector<size_t> mine;
   for (size_t i = 0; i < cands.size(); ++i)
@@ -194,8 +194,8 @@ void TrainInBatches(StepContext& c, const std::vector<workflow::Candidate>& cand
     else it->push_back(k);
   }
   parallel::SelfComm self;
-  parallel::Comm& comm = mode == TrainMode::kIndependent ? static_cast<parallel::Comm&>(self) : world;
-  const parallel::Straggler slow = mode != TrainMode::kIndependent      ? straggler
+  parallel::Comm& comm = alone ? static_cast<parallel::Comm&>(self) : world;
+  const parallel::Straggler slow = !alone                           ? straggler
                                    : world.rank() == straggler.rank ? parallel::Straggler{0, straggler.factor}
                                                                     : parallel::Straggler{};
   for (const std::vector<size_t>& b : batches) {
@@ -213,13 +213,13 @@ void TrainInBatches(StepContext& c, const std::vector<workflow::Candidate>& cand
     } else {
       std::string ids;
       for (size_t k : b) ids += (ids.empty() ? "" : ", ") + cands[mine[k]].id;
-      if (mode == TrainMode::kIndependent || c.root())
+      if (alone || c.root())
         c.Say(fmt::format("training {} heads together on {} features: {}", b.size(), cands[mine[b[0]]].backbone, ids));
       stats = parallel::TrainSyncTogether(comm, data, members, slow);
     }
-    if (mode == TrainMode::kSync && world.rank() != 0) continue;  // rank 0 stages
+    if (!alone && world.rank() != 0) continue;  // rank 0 stages
     for (size_t m = 0; m < b.size(); ++m) {
-      if (mode == TrainMode::kIndependent) stats[m].mode = TrainMode::kIndependent;
+      if (alone) stats[m].mode = TrainMode::kIndependent;
       staged(cands[mine[b[m]]], f, heads[b[m]], stats[m], nullptr);
     }
   }
@@ -244,7 +244,7 @@ std::optional<nam::ObjectInfo> StagedBefore(StepContext& c, const workflow::Cand
 void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, const parallel::Straggler& straggler,
               const Stager& staged, const Reuser& reused) {
   parallel::Comm& world = *c.comm;
-  const bool alone = c.task.train.mode == TrainMode::kIndependent;
+  const bool alone = !workflow::RanksShareModels(c.task.train.mode);
   std::map<std::string, Maps> maps;  // the training maps, by backbone
   BackboneTails tails(c);
   if (alone && world.size() > 1 && !cands.empty()) {
@@ -330,7 +330,7 @@ void Train(StepContext& c) {
                       "mpirun -n {} (or srun --ntasks={} --mpi=pmix)",
                       workflow::TrainModeName(mode), layout.processes(), layout.ranks, layout.servers, world.size(),
                       layout.processes(), layout.processes()));
-  if (mode == TrainMode::kSync && world.size() != layout.ranks && c.root())
+  if (workflow::RanksInLockstep(mode) && world.size() != layout.ranks && c.root())
     c.Say(fmt::format("note: the task asks for {} sync ranks, this step has {}", layout.ranks, world.size()));
   std::map<std::string, Features> cache;
   std::vector<workflow::Candidate> cands, finetuned;  // heads on frozen features; fine-tuning
@@ -356,7 +356,7 @@ void Train(StepContext& c) {
   if (workflow::UsesParameterServers(mode)) {
     TrainWithServers(c, cands, straggler, cache, staged);
   } else {
-    const std::vector<int> owner = mode == TrainMode::kIndependent && world.size() > 1 && !cands.empty()
+    const std::vector<int> owner = !workflow::RanksShareModels(mode) && world.size() > 1 && !cands.empty()
                                        ? DealCandidates(c, cands)
                                        : std::vector<int>(cands.size(), world.rank());
     TrainInBatches(c, cands, owner, straggler, cache, staged);

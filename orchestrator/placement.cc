@@ -59,7 +59,7 @@ std::optional<int64_t> StepLimit(const workflow::Pipeline& p, const Machine& m, 
     return std::nullopt;
   }
   int64_t limit = Limit(m, s, cores, why);
-  if (step == "train" && s.parallel.mode != workflow::TrainMode::kSync && p.rounds.candidates < limit) {
+  if (step == "train" && !workflow::RanksInLockstep(s.parallel.mode) && p.rounds.candidates < limit) {
     limit = std::max<int64_t>(1, p.rounds.candidates);
     *why = fmt::format("{} candidates per round, trained independently", p.rounds.candidates);
   }

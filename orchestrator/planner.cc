@@ -12,15 +12,13 @@ TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, c
                                size_t candidates) {
   const workflow::TrainParallelSpec& ps = s.parallel;
   TrainLayout t;
-  t.mode = ps.mode;
+  t.mode = workflow::ResolveAuto(ps.mode, static_cast<int64_t>(candidates), s.ranks);
   t.ranks = s.ranks;
-  if (t.mode == TrainMode::kAuto)
-    t.mode = static_cast<int64_t>(candidates) >= s.ranks ? TrainMode::kIndependent : TrainMode::kSync;
   if (workflow::UsesParameterServers(t.mode)) {
     t.servers = ps.servers;
     t.max_staleness = ps.max_staleness;
   }
-  if (t.mode == TrainMode::kHybrid) t.groups = ps.groups;
+  if (workflow::HasGroups(t.mode)) t.groups = ps.groups;
   if (t.processes() > mod.max_ranks) {
     // The machine gives the module fewer processes than asked: keep the servers, fewer workers.
     int64_t fit = mod.max_ranks - t.servers;
@@ -28,9 +26,19 @@ TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, c
                                   "(max_ranks in the machine file)",
                                   p.name, t.ranks, t.servers ? fmt::format(" + {} server(s)", t.servers) : "",
                                   t.processes(), mod.name, mod.max_ranks);
-    if (t.mode == TrainMode::kAsync && fit < 2)
-      Throw(ErrorKind::kInvalidInput, why + "; async needs 2 workers besides its servers");
-    if (t.mode == TrainMode::kHybrid) Throw(ErrorKind::kInvalidInput, why + "; hybrid groups need exactly the ranks asked for");
+    switch (t.mode) {
+      case TrainMode::kAsync:
+        if (fit < workflow::MinRanks(t.mode))
+          Throw(ErrorKind::kInvalidInput,
+                why + fmt::format("; async needs {} workers besides its servers", workflow::MinRanks(t.mode)));
+        break;
+      case TrainMode::kHybrid:
+        Throw(ErrorKind::kInvalidInput, why + "; hybrid groups need exactly the ranks asked for");
+      case TrainMode::kAuto:
+      case TrainMode::kIndependent:
+      case TrainMode::kSync:
+        break;  // any number of ranks
+    }
     t.ranks = std::max<int64_t>(1, fit);
   }
   if (ps.straggler_rank >= 0 && ps.straggler_rank < t.ranks) {

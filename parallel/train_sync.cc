@@ -25,7 +25,7 @@ nlohmann::json TrainStats::ToJson() const {
                       {"updates", updates},
                       {"seconds", seconds}};
   if (workflow::UsesParameterServers(mode)) {
-    const bool hybrid = mode == workflow::TrainMode::kHybrid;
+    const bool hybrid = workflow::HasGroups(mode);
     j["refused"] = refused;
     j["staleness"] = {{"mean", staleness_mean}, {"max", staleness_max}};
     j[hybrid ? "updates_per_group" : "updates_per_worker"] = updates_per_worker;

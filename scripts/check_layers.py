@@ -2,7 +2,9 @@
 """The folders' dependency direction, checked: every `#include "folder/..."` in a folder's
 sources must name the folder itself or one it may use (docs/design-notes.md has the map). And
 record/ owns a run's directory (record/run_dir.h): no other folder spells the name of a run's
-journal, results or submitted record, in code or comment. Exits 1 naming each include that goes
+journal, results or submitted record, in code or comment. And a training mode is asked what it
+does (workflow/kinds.h: RanksShareModels, HasGroups, ...; switches there), never compared with
+== or != outside workflow/kinds.cc (kAuto, "not yet resolved", excepted). Exits 1 naming each include that goes
 the wrong way and each such name. Usage: check_layers.py SOURCE_ROOT"""
 import pathlib
 import re
@@ -29,6 +31,9 @@ ALLOWED = {
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
 # The run directory's files whose names only record/ spells.
 RUN_FILES = re.compile(r"journal\.jsonl|results\.json|submitted\.json")
+# A resolved training mode compared, either way round.
+MODE = r"(?:workflow::)?TrainMode::k(?:Independent|Sync|Async|Hybrid)\b"
+MODE_COMPARED = re.compile(rf"[!=]=\s*{MODE}|{MODE}\s*[!=]=")
 
 
 def main() -> int:
@@ -50,6 +55,11 @@ def main() -> int:
                     line = text.count("\n", 0, m.start()) + 1
                     bad.append(f"{path.relative_to(root)}:{line}: spells the run file {m.group(0)}: ask "
                                f"record/run_dir.h for it (its path, or the file read)")
+            if path.relative_to(root).as_posix() != "workflow/kinds.cc":
+                for m in MODE_COMPARED.finditer(text):
+                    line = text.count("\n", 0, m.start()) + 1
+                    bad.append(f"{path.relative_to(root)}:{line}: compares a training mode ({m.group(0).strip()}): ask "
+                               f"workflow/kinds.h what it does (RanksShareModels, HasGroups, ...) or switch on it")
     unknown = sorted(p.name for p in root.iterdir()
                      if p.is_dir() and p.name not in ALLOWED and any(p.glob("*.cc"))
                      and p.name not in ("tests", "bench", "fuzz"))
@@ -57,7 +67,8 @@ def main() -> int:
         bad.append(f"{u}/: a folder of C++ sources that scripts/check_layers.py does not place; add it to ALLOWED")
     for b in bad:
         print(b)
-    print(f"layers: {len(bad)} finding(s)" if bad else "layers: every include follows the direction; only record/ names a run's files")
+    print(f"layers: {len(bad)} finding(s)" if bad else "layers: every include follows the direction; only record/ names a run's files; no training "
+          "mode compared")
     return 1 if bad else 0
 
 

@@ -77,41 +77,59 @@ void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts
   if (step == "evaluate") {  // the farm hands out (model x shard) tasks: some ranks get one more
     const int64_t items = w.m.items, mine = items / w.ranks + (i < items % w.ranks ? 1 : 0);
     Compute(cpu, w, items > 0 ? Work(w) * static_cast<double>(mine) / static_cast<double>(items) : Work(w) / r);
-  } else if (step == "train" && w.ranks > 1 && w.mode != workflow::TrainMode::kIndependent && w.m.model_bytes > 0) {
-    // The updates this rank takes part in: all of them in sync (each is one global batch split
-    // over the ranks), its group's in hybrid, its own in async.
-    const int64_t g = w.mode == workflow::TrainMode::kHybrid ? std::max<int64_t>(1, std::min(w.groups, w.ranks)) : 1;
+  } else if (step == "train" && w.ranks > 1 && workflow::RanksShareModels(w.mode) && w.m.model_bytes > 0) {
+    const bool grouped = workflow::HasGroups(w.mode);
+    const int64_t g = grouped ? std::max<int64_t>(1, std::min(w.groups, w.ranks)) : 1;
     const int64_t group_size = std::max<int64_t>(1, w.ranks / g), group = std::min(i / group_size, g - 1),
                   in_group = i - group * group_size;
+    // The updates this rank takes part in: all of them in sync (each is one global batch split
+    // over the ranks), its group's in hybrid, its own in async; how each is exchanged: in an
+    // allreduce ring (sync: all ranks; hybrid: the group's), with the parameter server (async:
+    // every rank; hybrid: each group's first), the ranks in lockstep (sync).
     const double updates = static_cast<double>(w.m.items) * w.scale;
-    const double steps = w.mode == workflow::TrainMode::kSync     ? updates
-                         : w.mode == workflow::TrainMode::kHybrid ? updates / static_cast<double>(g)
-                                                                  : updates / r;
+    double steps = updates;
+    bool ring = false, server = false;
+    switch (w.mode) {
+      case workflow::TrainMode::kSync:
+        ring = true;
+        break;
+      case workflow::TrainMode::kHybrid:
+        steps = updates / static_cast<double>(g);
+        ring = true;
+        server = in_group == 0;
+        break;
+      case workflow::TrainMode::kAsync:
+        steps = updates / r;
+        server = true;
+        break;
+      case workflow::TrainMode::kAuto:
+      case workflow::TrainMode::kIndependent:
+        break;  // not here: the ranks share no model
+    }
+    const bool lockstep = workflow::RanksInLockstep(w.mode);
     const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(kChunksPerStep, static_cast<int64_t>(steps)));
     const double per_chunk = steps / static_cast<double>(chunks);
     const double work = Work(w) / r / static_cast<double>(chunks);
     for (int64_t c = 0; c < chunks; ++c) {
       Compute(cpu, w, work);
-      if (w.mode == workflow::TrainMode::kSync || w.mode == workflow::TrainMode::kHybrid) {
+      if (ring) {
         // Ring allreduce in the (group's) ring: 2(n-1)/n of the gradient out each step, 2(n-1) messages.
-        const int64_t n = w.mode == workflow::TrainMode::kSync ? w.ranks
-                          : group == g - 1                     ? w.ranks - group * group_size
-                                                               : group_size;
+        const int64_t n = !grouped ? w.ranks : group == g - 1 ? w.ranks - group * group_size : group_size;
         if (n > 1) {
-          const int64_t base = w.mode == workflow::TrainMode::kSync ? 0 : group * group_size;
-          const int64_t pos = w.mode == workflow::TrainMode::kSync ? i : in_group;
+          const int64_t base = grouped ? group * group_size : 0;
+          const int64_t pos = grouped ? in_group : i;
           sg4::Host* next = hosts[static_cast<size_t>(base + (pos + 1) % n)];
           const double dn = static_cast<double>(n);
           Transfer(me, next, per_chunk * 2 * (dn - 1) / dn * w.m.model_bytes);
           sg4::this_actor::sleep_for(per_chunk * 2 * (dn - 1) * latency_s);
         }
       }
-      if (w.mode == workflow::TrainMode::kAsync || (w.mode == workflow::TrainMode::kHybrid && in_group == 0)) {
+      if (server) {
         // To the parameter server and back, every step (its process beside rank 0).
         Transfer(me, hosts[0], per_chunk * w.m.model_bytes);
         Transfer(hosts[0], me, per_chunk * w.m.model_bytes);
       }
-      if (w.mode == workflow::TrainMode::kSync) barrier->wait();
+      if (lockstep) barrier->wait();
     }
   } else {
     Compute(cpu, w, Work(w) / r);
@@ -127,7 +145,7 @@ double Analytic(const StepWork& w, int64_t ranks, int64_t threads, double link, 
   double t = Serial(w, ranks) + Work(w) / r / th + (w.m.nam_in_bytes + w.m.nam_out_bytes) * w.scale / r / link;
   if (w.m.step == "evaluate" && w.m.items > 0)
     t = Serial(w, ranks) + Work(w) * std::ceil(static_cast<double>(w.m.items) / r) / static_cast<double>(w.m.items) / th;
-  if (w.m.step == "train" && ranks > 1 && w.mode == workflow::TrainMode::kSync)
+  if (w.m.step == "train" && ranks > 1 && workflow::RanksInLockstep(w.mode))
     t += static_cast<double>(w.m.items) * w.scale * (2 * (r - 1) / r * w.m.model_bytes / link + 2 * (r - 1) * latency);
   return t;
 }
@@ -220,9 +238,7 @@ class Model {
         w.threads = std::max<int64_t>(1, NodeCores(mod.name) / (shared_ ? w.ranks : w.per_node));
         w.scale = (name == "prepare" || name == "train" || name == "evaluate") ? o_.data_scale : 1;
         if (name == "train") {
-          w.mode = spec->parallel.mode;
-          if (w.mode == workflow::TrainMode::kAuto)
-            w.mode = p_.rounds.candidates >= w.ranks ? workflow::TrainMode::kIndependent : workflow::TrainMode::kSync;
+          w.mode = workflow::ResolveAuto(spec->parallel.mode, p_.rounds.candidates, w.ranks);
           w.groups = spec->parallel.groups;
         }
         steps.push_back(w);
@@ -335,7 +351,7 @@ class Model {
       for (const auto& w : plan_[k]) {
         steps[w.m.step] = {{"module", w.module}, {"ranks", w.ranks}, {"nodes", slurm_ ? w.nodes : 1}};
         if (w.m.step != "prepare" && w.m.step != "train" && w.m.step != "evaluate") continue;
-        if (w.m.step == "train" && (w.mode == workflow::TrainMode::kAsync || w.mode == workflow::TrainMode::kHybrid)) continue;
+        if (w.m.step == "train" && workflow::UsesParameterServers(w.mode)) continue;
         const workflow::ModuleSpec& mod = m_.Module(w.module, "steps");
         const int64_t cores = NodeCores(w.module), nodes = slurm_ ? nodes_[w.module] : 1;
         const int64_t limit = std::max<int64_t>(1, slurm_ ? std::max(mod.max_ranks, nodes) : std::min(mod.max_ranks, cores));

@@ -98,4 +98,62 @@ bool UsesParameterServers(TrainMode m) {
   return false;
 }
 
+bool RanksShareModels(TrainMode m) {
+  switch (m) {
+    case TrainMode::kSync:
+    case TrainMode::kAsync:
+    case TrainMode::kHybrid:
+      return true;
+    case TrainMode::kAuto:
+    case TrainMode::kIndependent:
+      return false;
+  }
+  return false;
+}
+
+bool RanksInLockstep(TrainMode m) {
+  switch (m) {
+    case TrainMode::kSync:
+      return true;
+    case TrainMode::kAuto:
+    case TrainMode::kIndependent:
+    case TrainMode::kAsync:
+    case TrainMode::kHybrid:
+      return false;
+  }
+  return false;
+}
+
+bool HasGroups(TrainMode m) {
+  switch (m) {
+    case TrainMode::kHybrid:
+      return true;
+    case TrainMode::kAuto:
+    case TrainMode::kIndependent:
+    case TrainMode::kSync:
+    case TrainMode::kAsync:
+      return false;
+  }
+  return false;
+}
+
+int64_t MinRanks(TrainMode m) {
+  switch (m) {
+    case TrainMode::kAsync:
+      return 2;
+    case TrainMode::kHybrid:
+      return 4;
+    case TrainMode::kAuto:
+    case TrainMode::kIndependent:
+    case TrainMode::kSync:
+      return 1;
+  }
+  return 1;
+}
+
+TrainMode ResolveAuto(TrainMode m, int64_t candidates, int64_t ranks) {
+  if (m != TrainMode::kAuto) return m;
+  return candidates >= ranks ? TrainMode::kIndependent : TrainMode::kSync;
+}
+
 }  // namespace msaflow::workflow

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -39,8 +40,25 @@ const char* TrainModeName(TrainMode m);
 std::optional<TrainMode> TrainModeFromName(std::string_view name);
 // Throws Error(kInvalidInput) "<where>: \"<name>\" is not one of auto, independent, ...".
 TrainMode ParseTrainMode(std::string_view name, const std::string& where);
+// What each mode does with its ranks, for the code that must choose (a new mode is added here,
+// in kinds.cc's switches, and then wherever -Wswitch points). kAuto answers as no mode does:
+// false, 1; it never reaches a task.
 // async and hybrid: the modes with parameter-server processes beside the gradient ranks.
 bool UsesParameterServers(TrainMode m);
+// sync, async and hybrid: the ranks train each model together (one model, its batches split over
+// them); independent: each rank trains models of its own, whole.
+bool RanksShareModels(TrainMode m);
+// sync: every update is one allreduce over all the ranks, which step in lockstep.
+bool RanksInLockstep(TrainMode m);
+// hybrid: the ranks in synchronous groups, asynchronous across them.
+bool HasGroups(TrainMode m);
+// The fewest gradient ranks the mode trains with: async 2 (workers that do not wait for each
+// other), hybrid 4 (2 groups of 2), the others 1.
+int64_t MinRanks(TrainMode m);
+// kAuto resolved for a step with `ranks` ranks and `candidates` models to train: each rank its
+// own models (independent) while there are at least as many models as ranks, else sync. Any
+// other mode as it is.
+TrainMode ResolveAuto(TrainMode m, int64_t candidates, int64_t ranks);
 
 // In JSON (task files, the journal, results) both are written by name. There is no from_json:
 // reading one goes through Parse*/FromName, which say what was expected.

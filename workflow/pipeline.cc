@@ -286,7 +286,7 @@ void ReadTrainParallel(const Reader& r, const json& v, const std::string& ptr, S
   for (const char* k : {"servers", "max_staleness"})
     if (v.contains(k) && !ps)
       r.Fail(ptr + "/" + k, std::string("only for mode async or hybrid (a parameter server); mode is \"") + mode + "\"");
-  if (v.contains("groups") && t.mode != TrainMode::kHybrid)
+  if (v.contains("groups") && !HasGroups(t.mode))
     r.Fail(ptr + "/groups", "only for mode hybrid; mode is \"" + mode + "\"");
   if (v.contains("servers")) t.servers = r.Int(v["servers"], ptr + "/servers", 1, 64);
   if (v.contains("max_staleness")) t.max_staleness = r.Int(v["max_staleness"], ptr + "/max_staleness", 0, 1000000);
@@ -298,23 +298,33 @@ void ReadTrainParallel(const Reader& r, const json& v, const std::string& ptr, S
     t.straggler_factor = r.Number(st["factor"], ptr + "/straggler/factor", 1, 1000);
   }
   const int64_t n = s->ranks;
-  if (t.mode == TrainMode::kAsync && n < 2)
-    r.Fail(ptr + "/mode", "async needs at least 2 ranks (workers that update the parameter server without waiting "
-                          "for each other); with 1 rank use \"sync\", or set \"ranks\": 2 or more");
-  if (t.mode == TrainMode::kHybrid) {
-    if (n < 2 * t.groups || n % t.groups != 0) {
-      std::string fits;
-      for (int64_t g = 2; g <= n / 2; ++g)
-        if (n % g == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(g);
-      r.Fail(ptr + "/groups", std::to_string(t.groups) + " groups do not divide " + std::to_string(n) +
-                                  " ranks into groups of at least 2; " +
-                                  (fits.empty() ? "hybrid needs at least 4 ranks (2 groups of 2)"
-                                                : "groups that would work with " + std::to_string(n) + " ranks: " + fits));
-    }
+  switch (t.mode) {
+    case TrainMode::kAsync:
+      if (n < MinRanks(t.mode))
+        r.Fail(ptr + "/mode",
+               "async needs at least 2 ranks (workers that update the parameter server without "
+               "waiting for each other); with 1 rank use \"sync\", or set \"ranks\": 2 or more");
+      if (t.servers > n)
+        r.Fail(ptr + "/servers", std::to_string(t.servers) + " servers for " + std::to_string(n) +
+                                     " workers; use at most as many servers as ranks");
+      break;
+    case TrainMode::kHybrid:
+      if (n < 2 * t.groups || n % t.groups != 0) {
+        std::string fits;
+        for (int64_t g = 2; g <= n / 2; ++g)
+          if (n % g == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(g);
+        r.Fail(ptr + "/groups",
+               std::to_string(t.groups) + " groups do not divide " + std::to_string(n) +
+                   " ranks into groups of at least 2; " +
+                   (fits.empty() ? "hybrid needs at least 4 ranks (2 groups of 2)"
+                                 : "groups that would work with " + std::to_string(n) + " ranks: " + fits));
+      }
+      break;
+    case TrainMode::kAuto:
+    case TrainMode::kIndependent:
+    case TrainMode::kSync:
+      break;  // any number of ranks
   }
-  if (ps && t.servers > 1 && t.mode == TrainMode::kAsync && t.servers > n)
-    r.Fail(ptr + "/servers", std::to_string(t.servers) + " servers for " + std::to_string(n) +
-                                 " workers; use at most as many servers as ranks");
 }
 
 // Fine-tuning's limits, where a backbone has "train_from": the tail trains with minibatch

@@ -66,6 +66,35 @@ TEST(Pipeline, LbfgsIsFullBatchAndRefusedWithAParameterServer) {
   EXPECT_EQ(ParsePipeline(sync, "p.json", "/base").head.optimizers, (std::vector<std::string>{"adam", "lbfgs"}));
 }
 
+// What each training mode does with its ranks (workflow/kinds.h): the table the code that must
+// choose reads instead of comparing modes.
+TEST(TrainModes, CapabilitiesAndAutoResolution) {
+  struct Row {
+    TrainMode mode;
+    bool servers, share, lockstep, groups;
+    int64_t min_ranks;
+  };
+  const Row rows[] = {{TrainMode::kAuto, false, false, false, false, 1},
+                      {TrainMode::kIndependent, false, false, false, false, 1},
+                      {TrainMode::kSync, false, true, true, false, 1},
+                      {TrainMode::kAsync, true, true, false, false, 2},
+                      {TrainMode::kHybrid, true, true, false, true, 4}};
+  for (const Row& r : rows) {
+    SCOPED_TRACE(TrainModeName(r.mode));
+    EXPECT_EQ(UsesParameterServers(r.mode), r.servers);
+    EXPECT_EQ(RanksShareModels(r.mode), r.share);
+    EXPECT_EQ(RanksInLockstep(r.mode), r.lockstep);
+    EXPECT_EQ(HasGroups(r.mode), r.groups);
+    EXPECT_EQ(MinRanks(r.mode), r.min_ranks);
+    if (r.mode != TrainMode::kAuto) {
+      EXPECT_EQ(ResolveAuto(r.mode, 1, 8), r.mode);
+    }
+  }
+  EXPECT_EQ(ResolveAuto(TrainMode::kAuto, 6, 4), TrainMode::kIndependent);  // a model or more per rank
+  EXPECT_EQ(ResolveAuto(TrainMode::kAuto, 4, 4), TrainMode::kIndependent);
+  EXPECT_EQ(ResolveAuto(TrainMode::kAuto, 3, 4), TrainMode::kSync);  // ranks to spare: they share the models
+}
+
 TEST(Pipeline, ExactErrors) {
   EXPECT_EQ(ErrorOf(With("\"async\"", "\"asnyc\"")),
             "p.json: /steps/train/mode: \"asnyc\" is not one of auto, independent, sync, async, hybrid — did you mean "
@@ -184,6 +213,8 @@ TEST(Pipeline, TrainModesThatCannotRunAreRefused) {
   EXPECT_EQ(ErrorOf(With("\"ranks\": 2", "\"ranks\": 1")),
             "p.json: /steps/train/mode: async needs at least 2 ranks (workers that update the parameter server "
             "without waiting for each other); with 1 rank use \"sync\", or set \"ranks\": 2 or more");
+  EXPECT_EQ(ErrorOf(With("\"ranks\": 2", "\"ranks\": 2, \"servers\": 3")),
+            "p.json: /steps/train/servers: 3 servers for 2 workers; use at most as many servers as ranks");
   EXPECT_EQ(ErrorOf(With("\"mode\": \"async\", \"ranks\": 2", "\"mode\": \"hybrid\", \"ranks\": 6, \"groups\": 4")),
             "p.json: /steps/train/groups: 4 groups do not divide 6 ranks into groups of at least 2; groups that would "
             "work with 6 ranks: 2, 3");
