@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "nam/fabric.h"
 #include "nam/fabric_store.h"
 #include "nam/pool.h"
 #include "nam/server.h"
@@ -27,6 +28,7 @@ void OnStopSignal(int) { g_stop.store(true); }
 int NamServe(Options& o) {
   o.sopt.capacity = nam::ParseSize(o.capacity, "--capacity");
   o.sopt.allow_map = !o.no_map;
+  nam::fabric::LoadLibrary();  // before the handlers, which its loading would otherwise race (nam/fabric.h)
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
   sigaction(SIGTERM, &sa, nullptr);

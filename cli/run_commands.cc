@@ -14,6 +14,7 @@
 #include "common/files.h"
 #include "launch/launcher.h"
 #include "modules/steps.h"
+#include "nam/fabric.h"
 #include "orchestrator/fpga_preflight.h"
 #include "orchestrator/halving.h"
 #include "orchestrator/placement.h"
@@ -35,6 +36,17 @@
 
 namespace msaflow::cli {
 namespace {
+
+// A coordinator's stop signals (Ctrl-C, scancel, the service's cancel) end what it started and
+// are journalled: handled once libfabric is loaded (nam/fabric.h says why). Where it cannot be
+// loaded, the run's first fabric call says so, as it would have.
+void HandleStopSignals() {
+  try {
+    nam::fabric::LoadLibrary();
+  } catch (const Error&) {
+  }
+  launch::InstallInterruptHandlers();
+}
 
 // The run library as this process's commands use it: the runs directory, and this binary for
 // tasks and NAM servers.
@@ -223,7 +235,7 @@ int PlanOrRun(Options& o, bool plan) {
   }
   // What validate checks, in its order: a run stops where validate would, with the same line.
   orchestrator::CheckPipeline(p, m, o.pipeline_path, o.runs_dir);
-  launch::InstallInterruptHandlers();  // Ctrl-C / scancel of the coordinator: end what it started
+  HandleStopSignals();  // Ctrl-C / scancel of the coordinator: end what it started
   report::ProgressPrinter progress(stdout);
   runs.Start(p, m, o.run_id, progress);
   return 0;
@@ -249,7 +261,7 @@ int Scaling(Options& o) {
   o.scaling_opt.runs_dir = o.runs_dir;
   o.scaling_opt.msaflow_exe = SelfExe();
   o.scaling_opt.observe = [](std::FILE* log) { return std::make_unique<report::ProgressPrinter>(log); };
-  launch::InstallInterruptHandlers();
+  HandleStopSignals();
   orchestrator::RunScaling(p, m, o.scaling_opt, stdout);
   return 0;
 }
@@ -354,7 +366,7 @@ int Why(Options& o) {
 }
 
 int Resume(Options& o) {
-  launch::InstallInterruptHandlers();
+  HandleStopSignals();
   report::ProgressPrinter progress(stdout);
   RunsOf(o).Resume(o.run_dir, progress, o.resume_reason);
   return 0;

@@ -94,4 +94,11 @@ class Endpoint {
 // libfabric's text for a (positive or negative) error number.
 std::string FabricError(ssize_t rc);
 
+// Opens libfabric now rather than at the first fabric call (nam/fabric_library.cc). A process
+// that handles SIGTERM or SIGINT itself and will reach the NAM over the fabric calls it before
+// it installs its handlers: the PSM libraries' constructors replace those handlers while the
+// library loads, and a stop signal in that moment would end the process their way (exit(),
+// with nothing journalled). Throws as the first fabric call would.
+void LoadLibrary();
+
 }  // namespace msaflow::nam::fabric

@@ -9,6 +9,7 @@
 // fi_endpoint, fi_cq_read, ...) is an inline function of the headers that calls through the
 // objects these return.
 #include <dlfcn.h>
+#include <pthread.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
 #include <signal.h>
@@ -45,10 +46,19 @@ void Find(void* handle, const char* name, F* fn) {
 }
 
 Library Open() {
+  // Held in this thread while the constructors' handlers are in place: a signal that arrives
+  // meanwhile waits, and meets the process's own handler once it is back. (Another thread could
+  // still take it; so the processes that handle stop signals load the library before they
+  // install their handlers: fabric::LoadLibrary.)
+  sigset_t hold, was;
+  sigemptyset(&hold);
+  for (const int sig : kKeptSignals) sigaddset(&hold, sig);
+  ::pthread_sigmask(SIG_BLOCK, &hold, &was);
   std::array<struct sigaction, kKeptSignals.size()> kept{};
   for (size_t i = 0; i < kKeptSignals.size(); ++i) ::sigaction(kKeptSignals[i], nullptr, &kept[i]);
   void* handle = ::dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
   for (size_t i = 0; i < kKeptSignals.size(); ++i) ::sigaction(kKeptSignals[i], &kept[i], nullptr);
+  ::pthread_sigmask(SIG_SETMASK, &was, nullptr);
   if (!handle)
     msaflow::Throw(msaflow::ErrorKind::kNotFound, std::string("the NAM's fabric needs libfabric: ") + ::dlerror() +
                                                       " (Debian: apt-get install libfabric1)");
@@ -67,6 +77,12 @@ const Library& Lib() {
 }
 
 }  // namespace
+
+namespace msaflow::nam::fabric {
+
+void LoadLibrary() { Lib(); }
+
+}  // namespace msaflow::nam::fabric
 
 extern "C" {
 
