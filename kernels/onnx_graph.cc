@@ -284,6 +284,40 @@ Graph ImportOnnxCuts(const std::string& bytes, const std::string& origin, const 
   return out;
 }
 
+ModelLayers ListCutLayers(const std::string& bytes, const std::string& origin) {
+  const onnx::ModelProto m = Parse(bytes, origin);
+  const auto& g = m.graph();
+  std::set<std::string> computable;  // tensors the executor can compute: the input, constants, ...
+  for (const auto& init : g.initializer()) computable.insert(init.name());
+  ModelLayers out;
+  for (const auto& vi : g.input()) {
+    if (computable.count(vi.name()) || !out.input_dims.empty()) continue;
+    const auto& shape = vi.type().tensor_type().shape();
+    if (shape.dim_size() != 4) continue;
+    for (const auto& d : shape.dim()) out.input_dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+    computable.insert(vi.name());
+  }
+  // Nodes whose output is no place to cut: constants, shape arithmetic, copies.
+  static const std::set<std::string> kNoCut = {"Constant", "Shape",   "Gather",  "Cast",      "ConstantOfShape",
+                                               "Identity", "Dropout", "Squeeze", "Unsqueeze", "Transpose",
+                                               "Slice",    "Split",   "Pad"};
+  std::string last_pool_input;
+  for (const auto& n : g.node()) {
+    bool ok = (n.domain().empty() || n.domain() == "ai.onnx") && IsSupportedOp(n.op_type());
+    for (const auto& in : n.input()) ok = ok && (in.empty() || computable.count(in) != 0);
+    if (!ok || n.output_size() == 0) continue;
+    for (const auto& o : n.output()) computable.insert(o);
+    if ((n.op_type() == "GlobalAveragePool" || n.op_type() == "ReduceMean") && n.input_size() > 0)
+      last_pool_input = n.input(0);
+    if (!kNoCut.count(n.op_type()))
+      out.layers.push_back({n.output(0), n.name().empty() ? n.output(0) : n.name(), n.op_type()});
+  }
+  const bool pool_listed =
+      std::any_of(out.layers.begin(), out.layers.end(), [&](const CutLayer& l) { return l.name == last_pool_input; });
+  out.suggested = pool_listed ? last_pool_input : out.layers.empty() ? "" : out.layers.back().name;
+  return out;
+}
+
 std::string CutOnnx(const std::string& bytes, const std::string& origin, const std::string& cut) {
   onnx::ModelProto m = Parse(bytes, origin);
   onnx::GraphProto* g = m.mutable_graph();

@@ -76,6 +76,24 @@ Graph ImportOnnxCuts(const std::string& bytes, const std::string& origin, const 
 std::string ReplaceInitializers(const std::string& bytes, const std::string& origin,
                                 const std::map<std::string, std::vector<float>>& values);
 
+// A model's layers as a person picks a cut from them (the service's new-run form): each node,
+// in the model's order, whose output the executor can compute (every node it depends on
+// supported; constants, shape arithmetic and copies left out), with its first output (what
+// `feature_layer` names), its own name (what `train_from` may name) and operator; the image
+// input's dims (-1 where dynamic; empty when the model has no rank-4 input); and a suggested
+// cut: the input of the last global pooling, else the last layer's output.
+struct CutLayer {
+  std::string name;  // the node's first output
+  std::string node;  // the node's name, or its first output when it has none
+  std::string op;
+};
+struct ModelLayers {
+  std::vector<int64_t> input_dims;
+  std::vector<CutLayer> layers;
+  std::string suggested;
+};
+ModelLayers ListCutLayers(const std::string& bytes, const std::string& origin);
+
 // The cut model as ONNX bytes (only the needed nodes and initializers, output = cut tensor).
 std::string CutOnnx(const std::string& bytes, const std::string& origin, const std::string& cut);
 

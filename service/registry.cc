@@ -380,6 +380,11 @@ json Registry::Submit(const User& user, const std::string& body) {
   return out;
 }
 
+json Registry::Validate(const User& user, const std::string& body) const {
+  const Admitted a = Admit(body, user, config_.machine, UserDir(user.name));
+  return {{"validation", a.summary}, {"pipeline", a.pipeline.source}};
+}
+
 Request Registry::Find(const User& user, const std::string& id) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = requests_.find(Key(user.name, id));

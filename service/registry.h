@@ -69,6 +69,9 @@ class Registry {
 
   // A new run, queued: 202's body {id, state, position, ...}. Throws ApiError.
   nlohmann::json Submit(const User& user, const std::string& body);
+  // What Submit would check, and nothing queued or written: {"validation": validate's lines,
+  // "pipeline": the pipeline as it would run (paths absolute)}. Throws ApiError as Submit does.
+  nlohmann::json Validate(const User& user, const std::string& body) const;
   // The user's runs, newest first: [{id, name, state, created, position?, champion?}].
   nlohmann::json List(const User& user, size_t offset, size_t limit) const;
   size_t Count(const User& user) const;

@@ -28,6 +28,7 @@
 #include "record/run_dir.h"
 #include "report/report.h"
 #include "service/api_error.h"
+#include "service/catalog.h"
 #include "service/deadlines.h"
 #include "service/events.h"
 #include "service/inference_api.h"
@@ -202,6 +203,7 @@ class Service {
 
   static std::vector<Handler> Handlers(Service* self);
   static void InferenceHandlers(Service* self, std::vector<Handler>& h);
+  static void FormHandlers(Service* self, std::vector<Handler>& h);
   int Run();
   void Configure(httplib::Server& s);
   httplib::Server::HandlerResponse PreRoute(const httplib::Request& req, httplib::Response& res);
@@ -333,6 +335,25 @@ void Service::RunsEvents(const httplib::Request&, httplib::Response& res) {
       [this](bool) { streams_.fetch_sub(1); });
 }
 
+// What the dashboard's new-run form asks: a pipeline checked without a run, the user's data sets
+// and models, a model's layers (service/catalog.h).
+void Service::FormHandlers(Service* self, std::vector<Handler>& h) {
+  h.push_back({{"POST", "/v1/validate"}, "/v1/validate", [self](const httplib::Request& req, httplib::Response& res) {
+                 if (req.body.size() > self->o_.max_body)
+                   throw ApiError(413, "payload_too_large",
+                                  fmt::format("a pipeline is at most {} bytes", self->o_.max_body));
+                 SendJson(res, 200, self->registry_.Validate(self->Caller(), req.body));
+               }});
+  h.push_back({{"GET", "/v1/catalog"}, "/v1/catalog", [self](const httplib::Request&, httplib::Response& res) {
+                 SendJson(res, 200, Catalog(self->Caller()));
+               }});
+  h.push_back({{"GET", "/v1/catalog/layers"},
+               "/v1/catalog/layers",
+               [self](const httplib::Request& req, httplib::Response& res) {
+                 SendJson(res, 200, CatalogLayers(self->Caller(), req.get_param_value("onnx")));
+               }});
+}
+
 // Inference: the Open Inference Protocol v2 subset (service/inference_api.h).
 void Service::InferenceHandlers(Service* self, std::vector<Handler>& h) {
   h.push_back({{"GET", "/v2"}, "/v2", [](const httplib::Request&, httplib::Response& res) {
@@ -445,6 +466,7 @@ std::vector<Handler> Service::Handlers(Service* self) {
                [self](const httplib::Request& req, httplib::Response& res) { self->Events(req, res); }});
   h.push_back({{"GET", "/v1/events"}, "/v1/events",
                [self](const httplib::Request& req, httplib::Response& res) { self->RunsEvents(req, res); }});
+  FormHandlers(self, h);
   InferenceHandlers(self, h);
   return h;
 }

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from small_pipeline import tiny_pipeline  # noqa: E402
@@ -366,6 +367,73 @@ class Api(unittest.TestCase):
         status, lst, _ = self.svc.request("GET", "/v1/runs", user="ana")
         self.assertNotIn("bad", [r["name"] for r in lst["runs"]])
 
+    def test_the_catalog_lists_what_the_folders_hold_and_nothing_else(self):
+        own = os.path.join(os.path.realpath(self.own), "catalog")
+        for split, n in (("train", 2), ("test", 1)):
+            for cls in ("circle", "square"):
+                os.makedirs(os.path.join(own, "shapes", split, cls))
+                for k in range(n):
+                    with open(os.path.join(own, "shapes", split, cls, f"{k}.png"), "wb") as f:
+                        f.write(encode_png(bytes(64), 8, 8))
+        os.makedirs(os.path.join(own, "idx"))
+        for part in ("images-idx3", "labels-idx1"):
+            shutil.copy(os.path.join(DATA, f"t10k-{part}-ubyte.gz"), os.path.join(own, "idx"))
+        shutil.copy(os.path.join(DATA, "t10k-images-idx3-ubyte.gz"), os.path.join(own, "idx", "lonely-images-idx3-ubyte.gz"))
+        shutil.copy(os.path.join(MODELS, "ch_ppocr_mobile_v2.0_cls_infer.onnx"), os.path.join(own, "cls.onnx"))
+        os.makedirs(os.path.join(own, ".hidden"))
+        shutil.copy(os.path.join(own, "cls.onnx"), os.path.join(own, ".hidden", "hidden.onnx"))
+        os.symlink(DATA, os.path.join(own, "data-link"))  # links lead out of the folders: not followed
+        os.symlink(os.path.join(MODELS, "mobilenet_v2.onnx"), os.path.join(own, "linked.onnx"))
+        status, c, _ = self.svc.request("GET", "/v1/catalog", user="ben")
+        self.assertEqual(status, 200, c)
+        mine = lambda items, key: [x for x in items if x[key].startswith(own + "/")]  # noqa: E731
+        self.assertEqual(mine(c["image_folders"], "path"), [{"path": f"{own}/shapes/test", "classes": 2},
+                                              {"path": f"{own}/shapes/train", "classes": 2}])
+        self.assertEqual(mine(c["idx"], "images"), [{"images": f"{own}/idx/t10k-images-idx3-ubyte.gz",
+                                     "labels": f"{own}/idx/t10k-labels-idx1-ubyte.gz"}])
+        # (Other tests leave files in ben's folder; those under catalog/ are this test's.)
+        self.assertEqual(mine(c["models"], "path"),
+                         [{"path": f"{own}/cls.onnx", "bytes": os.path.getsize(f"{own}/cls.onnx")}])
+        self.assertFalse(c["truncated"])
+        status, c, _ = self.svc.request("GET", "/v1/catalog", user="ana")
+        self.assertIn({"images": f"{DATA}/train-images-idx3-ubyte.gz", "labels": f"{DATA}/train-labels-idx1-ubyte.gz"}, c["idx"])
+        self.assertIn(f"{MODELS}/mobilenet_v2.onnx", [m["path"] for m in c["models"]])
+        # A model's layers: those msaflow cuts at, with the quickstart's and fine-tuning's among them.
+        status, m, _ = self.svc.request("GET", "/v1/catalog/layers?onnx=" + f"{MODELS}/mobilenet_v2.onnx", user="ana")
+        self.assertEqual(status, 200, m)
+        names = [layer["name"] for layer in m["layers"]]
+        nodes = [layer["node"] for layer in m["layers"]]
+        self.assertLess(nodes.index("block_11_expand"), names.index("block_13_expand_relu"))
+        self.assertIn(m["suggested"], names)
+        self.assertEqual(m["input"]["channels"], 3)
+        status, m, _ = self.svc.request("GET", "/v1/catalog/layers?onnx=" + f"{own}/cls.onnx", user="ben")
+        self.assertEqual(status, 200, m)
+        self.assertGreater(len(m["layers"]), 10)
+        for path, code in ((f"{MODELS}/mobilenet_v2.onnx", 403), (f"{own}/linked.onnx", 403), ("cls.onnx", 400),
+                           (f"{own}/none.onnx", 404), (f"{own}/idx/t10k-labels-idx1-ubyte.gz", 422),
+                           ("/etc/passwd", 403), (own + "/.." * own.count("/") + "/etc/passwd", 403),
+                           ("/nonexistent/x.onnx", 403)):
+            status, v, _ = self.svc.request("GET", "/v1/catalog/layers?onnx=" + urllib.parse.quote(path), user="ben")
+            self.assertEqual(status, code, (path, v))
+            self.assertTrue(v["error"]["message"], v)
+        self.assertEqual(self.svc.request("GET", "/v1/catalog")[0], 401)
+
+    def test_validate_checks_as_submit_does_and_starts_nothing(self):
+        status, before, _ = self.svc.request("GET", "/v1/runs", user="ana")
+        doc = pipeline("checked")
+        status, v, _ = self.svc.request("POST", "/v1/validate", json.dumps(doc), user="ana")
+        self.assertEqual(status, 200, v)
+        self.assertTrue(v["validation"])
+        self.assertEqual(v["pipeline"]["datasets"]["train"]["images"], os.path.normpath(doc["datasets"]["train"]["images"]))
+        doc["rounds"]["max"] = 0
+        status, v, _ = self.svc.request("POST", "/v1/validate", json.dumps(doc), user="ana")
+        self.assertEqual((status, v["error"]["pointer"]), (422, "/rounds/max"), v)
+        status, v, _ = self.svc.request("POST", "/v1/validate", json.dumps(pipeline("theirs")), user="ben")
+        self.assertEqual((status, v["error"]["code"]), (403, "outside_your_folders"), v)
+        status, after, _ = self.svc.request("GET", "/v1/runs", user="ana")
+        self.assertNotIn("checked", [r["name"] for r in after["runs"]])
+        self.assertEqual(after["total"], before["total"])
+
     def test_files_outside_the_users_folders_are_refused_before_anything_runs(self):
         before = sorted(os.listdir(os.path.join(self.svc.runs))) if os.path.isdir(self.svc.runs) else []
         doc = pipeline("outside")
@@ -692,6 +760,12 @@ class Restart(unittest.TestCase):
             self.assertIn("interrupted", resumes[second][0]["reason"])
             r = subprocess.run([EXE, "status", os.path.join(svc.runs, "ana", second)], capture_output=True, text=True)
             self.assertIn("why: msaflow serve", r.stdout)
+            # The journal says `finished` before the coordinator has exited; the service logs
+            # run-ended when it reaps it (within a queue tick).
+            deadline = time.time() + 30
+            while not {("run-ended", second), ("run-ended", third)} <= {(e["event"], e.get("run")) for e in service_log(svc)}:
+                self.assertLess(time.time(), deadline, "the service never logged the runs' ends")
+                time.sleep(0.2)
             svc.stop()
             log = service_log(svc)
             events = [(e["event"], e.get("run")) for e in log if e["event"] != "http"]
@@ -1089,8 +1163,9 @@ class Browser:
 
 class Dashboard(unittest.TestCase):
     """The dashboard in headless Chromium: sign in, a validation error shown at its pointer, a
-    pipeline submitted through the form and watched to `finished` without a reload, a second
-    one cancelled from its page; no console error. On failure a screenshot is kept in
+    pipeline composed in the new-run form from the user's folders (checked as it changes),
+    submitted and watched to `finished` without a reload, its accuracy chart growing a point per
+    round, a second one cancelled from its page; no console error. On failure a screenshot is kept in
     $MSAFLOW_TEST_ARTIFACTS (default /tmp/msaflow-test-artifacts)."""
 
     def test_sign_in_submit_watch_and_cancel(self):
@@ -1116,9 +1191,42 @@ class Dashboard(unittest.TestCase):
                 b.until("!document.getElementById('submit-error').hidden")
                 self.assertEqual(b.js("document.getElementById('error-pointer').textContent"), "/rounds/max")
                 self.assertTrue(b.js("document.getElementById('error-message').textContent.length > 0"))
-                good = pipeline("dash")
-                b.js(f"document.getElementById('pipeline').value = {json.dumps(json.dumps(good))};"
-                     "document.getElementById('submit').click()")
+                # The new-run form: the data sets and models of ana's folders, a model's layers
+                # once it is checked, the pipeline composed and checked by /v1/validate as the
+                # form changes, an invalid choice shown at its pointer, then submitted.
+                b.until("document.getElementById('nr-train').options.length >= 2 && "
+                        "document.querySelectorAll('#nr-models tbody tr').length >= 5")
+                self.assertIn("train-images", b.js("document.getElementById('nr-train').selectedOptions[0].textContent"))
+                self.assertIn("t10k-images", b.js("document.getElementById('nr-test').selectedOptions[0].textContent"))
+                row = "document.querySelector('#nr-models tr[data-path$=\"/ch_PP-OCRv4_rec_infer.onnx\"]')"
+                b.js(f"{row}.querySelector('.nr-use').click()")
+                b.until(f"!{row}.querySelector('.nr-cut').disabled")
+
+                def put(element, value, event="input"):
+                    b.js(f"(e => {{ e.value = {json.dumps(value)}; e.dispatchEvent(new Event('{event}', {{bubbles: true}})); }})"
+                         f"({element})")
+                put(f"{row}.querySelector('.nr-cut')", "p2o.AveragePool.1", "change")
+                for k, v in (("h", "48"), ("w", "48"), ("mean", "0.5"), ("std", "0.5")):
+                    put(f"{row}.querySelector('.nr-{k}')", v)
+                for k, v in (("limit", "400"), ("rounds", "2"), ("candidates", "2"), ("epochs", "8"), ("name", "dash")):
+                    put(f"document.getElementById('nr-{k}')", v)
+                valid = "document.getElementById('validate-answer').dataset.state === 'valid'"
+                b.until(valid, what="the composed pipeline checked valid")
+                doc = json.loads(b.js("document.getElementById('pipeline').value"))
+                self.assertEqual(doc["backbones"], [
+                    {"name": "ch_pp_ocrv4_rec_infer", "onnx": os.path.join(MODELS, "ch_PP-OCRv4_rec_infer.onnx"),
+                     "feature_layer": "p2o.AveragePool.1",
+                     "input": {"height": 48, "width": 48, "channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3}},
+                    {"name": "pixels", "kind": "pixels"}])
+                self.assertEqual(doc["datasets"]["train"], {"format": "idx", "limit": 400,
+                                                            "images": os.path.join(DATA, "train-images-idx3-ubyte.gz"),
+                                                            "labels": os.path.join(DATA, "train-labels-idx1-ubyte.gz")})
+                self.assertEqual((doc["rounds"]["max"], doc["rounds"]["candidates"], doc["head"]["epochs"]), (2, 2, [8]))
+                put("document.getElementById('nr-rounds')", "0")
+                b.until("document.getElementById('validate-state').textContent.includes('/rounds/max')")
+                put("document.getElementById('nr-rounds')", "2")
+                b.until(valid)
+                b.js("document.getElementById('submit').click()")
                 rid = b.until("(document.getElementById('submit-ok').textContent.match(/submitted as (\\S+)/) || [])[1]")
                 slow = pipeline("dash-slow")
                 slow["head"]["epochs"] = [400]
@@ -1127,7 +1235,16 @@ class Dashboard(unittest.TestCase):
                 second = b.until("((document.getElementById('submit-ok').textContent.match(/submitted as (\\S+)/) || [])[1]"
                                  f" || {json.dumps(rid)}) !== {json.dumps(rid)} && "
                                  "document.getElementById('submit-ok').textContent.match(/submitted as (\\S+)/)[1]")
-                # The table follows the runs live: the first reaches `finished` with no reload.
+                # Its page while it runs: the accuracy chart grows a point per round, no reload.
+                b.js(f"location.hash = '#run/' + {json.dumps(rid)}")
+                points = "document.getElementById('chart').dataset.points"
+                b.until(f"{points} === '1' && document.getElementById('run-state').textContent === 'running'",
+                        timeout=300, what="the chart's first round while the run runs")
+                b.until(f"{points} === '2' && document.getElementById('run-state').textContent === 'finished'",
+                        timeout=300, what="the chart's second round once the run finished")
+                self.assertEqual(b.js("document.querySelectorAll('#chart circle').length"), 2)
+                # The table follows the runs live: the first shows `finished` with no reload.
+                b.js("location.hash = ''")
                 row = f"document.querySelector('#runs tr[data-id={json.dumps(rid)}]')"
                 b.until(f"{row} && {row}.children[1].textContent.startsWith('finished')", timeout=300,
                         what="the first run shown finished")
@@ -1138,7 +1255,7 @@ class Dashboard(unittest.TestCase):
                 b.until("!document.getElementById('run').hidden && "
                         "document.querySelectorAll('#tasks tbody tr').length >= 6")
                 self.assertEqual(b.js("document.getElementById('run-state').textContent"), "finished")
-                self.assertEqual(b.js("document.querySelectorAll('#rounds tbody tr').length"), 1)
+                self.assertEqual(b.js("document.querySelectorAll('#rounds tbody tr').length"), 2)
                 b.js("document.getElementById('show-report').click()")
                 b.until("!document.getElementById('report').hidden && "
                         "document.getElementById('report').srcdoc.includes('<svg')")

@@ -515,6 +515,27 @@ TEST(Onnx, UnknownCutSuggestsAName) {
   EXPECT_EQ(k, ErrorKind::kNotFound);
 }
 
+// The layers a person may cut at (the service's new-run form): those the executor computes, in
+// the model's order; none after an operator it lacks; the model's input dims.
+TEST(Onnx, CutLayersAreTheComputableOnes) {
+  auto names = [](const ModelLayers& m) {
+    std::vector<std::string> out;
+    for (const auto& l : m.layers) out.push_back(l.name + ":" + l.op);
+    for (const auto& l : m.layers) EXPECT_EQ(l.node, l.name + "_node");  // the test model names its nodes so
+    return out;
+  };
+  const ModelLayers all = ListCutLayers(SmallModel(), "m.onnx");
+  EXPECT_EQ(names(all), (std::vector<std::string>{"c1:Conv", "r1:Clip", "c2:Conv", "sum:Add", "out:Relu"}));
+  EXPECT_EQ(all.suggested, "out");  // no global pooling: the last layer
+  EXPECT_EQ(all.input_dims, (std::vector<int64_t>{-1, 2, -1, -1}));
+  const ModelLayers fancy = ListCutLayers(SmallModel("FancyOp"), "m.onnx");
+  EXPECT_EQ(names(fancy), (std::vector<std::string>{"c1:Conv", "r1:Clip", "c2:Conv", "sum:Add"}));
+  EXPECT_EQ(fancy.suggested, "sum");
+  const ModelLayers pooled = ListCutLayers(SmallModel("GlobalAveragePool"), "m.onnx");
+  EXPECT_EQ(pooled.suggested, "sum");  // the input of the last global pooling
+  EXPECT_EQ(ErrorOf([&] { ListCutLayers("", "e.onnx"); }), "e.onnx: empty file; expected an ONNX model");
+}
+
 TEST(Onnx, CutModelReimports) {
   std::string cut = CutOnnx(SmallModel(), "m", "sum");
   Graph g = ImportOnnx(cut, "cut", "sum");
