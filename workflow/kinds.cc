@@ -87,69 +87,36 @@ TrainMode ParseTrainMode(std::string_view name, const std::string& where) {
                                       "\" is not one of auto, independent, sync, async, hybrid");
 }
 
-bool UsesParameterServers(TrainMode m) {
+namespace {
+
+// What each training mode does, in one exhaustive switch: a new mode is placed here, where
+// -Wswitch points, and every question below is answered for it.
+struct ModeTraits {
+  bool parameter_servers;  // async, hybrid
+  bool share_models;       // the ranks train one model together
+  bool lockstep;           // every step waits for every rank (sync)
+  bool groups;             // ranks in groups, synchronous within (hybrid)
+  int64_t min_ranks;
+};
+
+ModeTraits Traits(TrainMode m) {
   switch (m) {
-    case TrainMode::kAsync:
-    case TrainMode::kHybrid: return true;
     case TrainMode::kAuto:
-    case TrainMode::kIndependent:
-    case TrainMode::kSync: return false;
+    case TrainMode::kIndependent: return {false, false, false, false, 1};
+    case TrainMode::kSync: return {false, true, true, false, 1};
+    case TrainMode::kAsync: return {true, true, false, false, 2};
+    case TrainMode::kHybrid: return {true, true, false, true, 4};
   }
-  return false;
+  return {false, false, false, false, 1};
 }
 
-bool RanksShareModels(TrainMode m) {
-  switch (m) {
-    case TrainMode::kSync:
-    case TrainMode::kAsync:
-    case TrainMode::kHybrid:
-      return true;
-    case TrainMode::kAuto:
-    case TrainMode::kIndependent:
-      return false;
-  }
-  return false;
-}
+}  // namespace
 
-bool RanksInLockstep(TrainMode m) {
-  switch (m) {
-    case TrainMode::kSync:
-      return true;
-    case TrainMode::kAuto:
-    case TrainMode::kIndependent:
-    case TrainMode::kAsync:
-    case TrainMode::kHybrid:
-      return false;
-  }
-  return false;
-}
-
-bool HasGroups(TrainMode m) {
-  switch (m) {
-    case TrainMode::kHybrid:
-      return true;
-    case TrainMode::kAuto:
-    case TrainMode::kIndependent:
-    case TrainMode::kSync:
-    case TrainMode::kAsync:
-      return false;
-  }
-  return false;
-}
-
-int64_t MinRanks(TrainMode m) {
-  switch (m) {
-    case TrainMode::kAsync:
-      return 2;
-    case TrainMode::kHybrid:
-      return 4;
-    case TrainMode::kAuto:
-    case TrainMode::kIndependent:
-    case TrainMode::kSync:
-      return 1;
-  }
-  return 1;
-}
+bool UsesParameterServers(TrainMode m) { return Traits(m).parameter_servers; }
+bool RanksShareModels(TrainMode m) { return Traits(m).share_models; }
+bool RanksInLockstep(TrainMode m) { return Traits(m).lockstep; }
+bool HasGroups(TrainMode m) { return Traits(m).groups; }
+int64_t MinRanks(TrainMode m) { return Traits(m).min_ranks; }
 
 TrainMode ResolveAuto(TrainMode m, int64_t candidates, int64_t ranks) {
   if (m != TrainMode::kAuto) return m;
