@@ -12,8 +12,13 @@ clang_build() {
   if [[ ! -f $dir/build.ninja ]]; then
     # -O2 with line tables only: a sanitizer's report names files and lines as with -g, and the
     # build takes about 11 % less time (measured on modules/evaluate.cc, issue 47).
+    # A unity build (4 sources of a target compiled as one): the headers every source includes
+    # (nlohmann::json, fmt, oneDNN, Open MPI) are parsed and their templates compiled once per 4
+    # sources; 35 % less CPU time under ASan (measured on common, workflow, orchestrator and
+    # service: 247 -> 161 s). Sources of one folder already share no file-local names
+    # (scripts/tidy.sh reads each folder as one unit), so they compile together unchanged.
     CC=clang CXX=clang++ meson setup "$dir" --buildtype=plain -Doptimization=2 -Dcpp_args=-gline-tables-only \
-      -Db_lundef=false "$@" >/dev/null
+      -Db_lundef=false -Dunity=on -Dunity_size=4 "$@" >/dev/null
   else
     meson setup --reconfigure "$dir" "$@" >/dev/null  # an existing directory takes the options as they are now
   fi
