@@ -10,7 +10,6 @@
 #include "kernels/onnx_graph.h"
 #include "modules/calibration.h"
 #include "modules/model_object.h"
-#include "nam/file_store.h"
 #include "nam/store.h"
 #include "record/run_dir.h"
 #include "workflow/datasets.h"
@@ -26,9 +25,9 @@ namespace {
 // The run's NAM: the runs directory's persisted objects (a local run's NAM server keeps them
 // there, and is gone once the run ends), else the URI the run used.
 std::unique_ptr<nam::Store> OpenRunNam(const std::string& run_dir, const std::string& uri, const std::string& probe) {
-  const std::string persisted = std::filesystem::path(run_dir).parent_path().string() + "/nam";
+  const std::string persisted = record::PersistedNamPath(std::filesystem::path(run_dir).parent_path().string());
   if (uri.rfind("file://", 0) != 0 && std::filesystem::is_directory(persisted)) {
-    auto store = std::make_unique<nam::FileStore>(persisted);
+    auto store = nam::OpenStore("file://" + persisted);
     if (store->Stat(probe)) return store;
   }
   if (uri.empty())
@@ -93,12 +92,10 @@ TrainedModel OpenTrainedModel(const std::string& run_dir_in, const std::string& 
   if (!PathExists(results_path))
     Throw(ErrorKind::kNotFound, run_dir_in + ": the run has not finished (no " + std::string(record::kResultsFile) +
                                     "); `msaflow status " + run_dir_in + "` says where it is");
-  const json results = json::parse(ReadFile(results_path), nullptr, false);
-  if (!results.is_object() || !results.contains("champion") || !results["champion"].is_object())
+  const json results = record::ReadResults(m.run_dir);
+  if (!results.contains("champion") || !results["champion"].is_object())
     Throw(ErrorKind::kCorrupt, results_path + ": not a run's results (no champion)");
-  const json source = json::parse(ReadFile(record::PipelinePath(m.run_dir)), nullptr, false);
-  if (source.is_discarded()) Throw(ErrorKind::kCorrupt, record::PipelinePath(m.run_dir) + ": not JSON");
-  m.pipeline = workflow::PipelineFromSource(source);
+  m.pipeline = workflow::PipelineFromSource(record::ReadRunPipeline(m.run_dir));
   m.run = results.value("run", std::filesystem::path(m.run_dir).filename().string());
   m.metric = m.pipeline.metric;
 

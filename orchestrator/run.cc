@@ -166,7 +166,8 @@ class RunDriver {
 
   void StartNamServer() {
     if (opt_.msaflow_exe.empty()) Throw(ErrorKind::kInternal, "RunPipeline: no msaflow binary to start the NAM server");
-    std::string persist = std::filesystem::absolute(opt_.runs_dir + "/nam").lexically_normal().string();
+    std::string persist =
+        std::filesystem::absolute(record::PersistedNamPath(opt_.runs_dir)).lexically_normal().string();
     NamLaunch launch = launcher_->NamServerLaunch();
     // A resumed run's server persists where its dead coordinator's did, and that one may take
     // a moment to stop; so may a shared server whose last run just ended. Under Slurm longer: a
@@ -540,7 +541,7 @@ std::string NamFor(const Pipeline& p, const Machine& m, const std::string& runs_
   if (!p.nam.empty()) return p.nam;
   if (!m.nam.uri.empty()) return m.nam.uri;
   if (m.nam.serve) return "serve";
-  return "file://" + std::filesystem::absolute(runs_dir + "/nam").lexically_normal().string();
+  return "file://" + std::filesystem::absolute(record::PersistedNamPath(runs_dir)).lexically_normal().string();
 }
 
 }  // namespace msaflow::orchestrator

@@ -47,7 +47,8 @@ bool Runs::PlanIsScript(const Pipeline& p, const Machine& m) const {
 
 std::string Runs::Plan(const Pipeline& p, const Machine& m) const {
   auto launcher = LauncherFor(p, m, "<run-id>", Absolute(config_.runs_dir) + "/<run-id>");
-  const std::string nam = launcher->PlanNam(NamFor(p, m, config_.runs_dir), Absolute(config_.runs_dir + "/nam"));
+  const std::string nam =
+      launcher->PlanNam(NamFor(p, m, config_.runs_dir), Absolute(record::PersistedNamPath(config_.runs_dir)));
   const RoundPlan rp = PlanRound(p, m, "<run-id>", nam, 1, workflow::FirstRound(p), {});
   return launcher->PlanText(rp, nam, Absolute(config_.runs_dir));
 }

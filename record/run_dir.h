@@ -25,6 +25,11 @@ inline std::string ResultsPath(const std::string& run_dir) { return run_dir + "/
 inline std::string SubmittedPath(const std::string& run_dir) { return run_dir + "/" + kSubmittedFile; }
 inline std::string PipelinePath(const std::string& run_dir) { return run_dir + "/" + kPipelineFile; }
 
+// The runs directory's NAM objects: where a local run's NAM server persists them (the runs
+// directory's shared server, launch/shared_nam.h), so a finished run's models are read from
+// here once its server is gone. `runs_dir` is the run directory's parent.
+inline std::string PersistedNamPath(const std::string& runs_dir) { return runs_dir + "/nam"; }
+
 // The run began: its coordinator wrote the journal's first line.
 inline bool HasJournal(const std::string& run_dir) { return PathExists(JournalPath(run_dir)); }
 // The run finished and wrote its results.

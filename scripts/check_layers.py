@@ -34,6 +34,11 @@ RUN_FILES = re.compile(r"journal\.jsonl|results\.json|submitted\.json")
 # A resolved training mode compared, either way round.
 MODE = r"(?:workflow::)?TrainMode::k(?:Independent|Sync|Async|Hybrid)\b"
 MODE_COMPARED = re.compile(rf"[!=]=\s*{MODE}|{MODE}\s*[!=]=")
+# A NAM backend's own header: the folders that read a run's objects (the service, inference)
+# open the NAM by URI (nam/store.h) and ask record/ where a run's NAM is, not a backend.
+NAM_BACKEND = re.compile(r'^\s*#\s*include\s+"nam/(file_store|fabric_store|mem_store|fault_store|recording_store|server)\.h"',
+                         re.M)
+NO_NAM_BACKENDS = ("service", "inference")
 
 
 def main() -> int:
@@ -55,6 +60,11 @@ def main() -> int:
                     line = text.count("\n", 0, m.start()) + 1
                     bad.append(f"{path.relative_to(root)}:{line}: spells the run file {m.group(0)}: ask "
                                f"record/run_dir.h for it (its path, or the file read)")
+            if folder in NO_NAM_BACKENDS:
+                for m in NAM_BACKEND.finditer(text):
+                    line = text.count("\n", 0, m.start()) + 1
+                    bad.append(f"{path.relative_to(root)}:{line}: {folder}/ includes the NAM backend nam/{m.group(1)}.h: "
+                               f"open the NAM by URI (nam/store.h)")
             if path.relative_to(root).as_posix() != "workflow/kinds.cc":
                 for m in MODE_COMPARED.finditer(text):
                     line = text.count("\n", 0, m.start()) + 1
@@ -68,7 +78,7 @@ def main() -> int:
     for b in bad:
         print(b)
     print(f"layers: {len(bad)} finding(s)" if bad else "layers: every include follows the direction; only record/ names a run's files; no training "
-          "mode compared")
+          "mode compared; no NAM backend in service/ or inference/")
     return 1 if bad else 0
 
 
