@@ -143,8 +143,9 @@ class Walk {
 json Catalog(const User& user, const CatalogLimits& limits) {
   Walk walk(limits);
   for (const std::string& f : user.allow) {
-    const std::string real = InsideFolders(f, {f});
-    if (!real.empty()) walk.Folder(real);
+    std::error_code ec;
+    const fs::path real = fs::canonical(f, ec);  // a folder gone since it was allowed lists nothing
+    if (!ec) walk.Folder(real.string());
   }
   return walk.Answer();
 }
