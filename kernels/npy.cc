@@ -78,14 +78,33 @@ NpyHeader ImagesHeader(const std::string& img, uint64_t file_size, const std::st
   return h;
 }
 
+bool LittleEndianInteger(const std::string& d) {
+  return d.size() >= 3 && (d[0] == '|' || d[0] == '<' || d[0] == '=') && (d[1] == 'u' || d[1] == 'i' || d[1] == 'b');
+}
+
+// The first 1 MiB of a regular file (NEP 1 headers are at most 4 GiB in theory, a few hundred
+// bytes in practice) and the whole file's size.
+std::string ReadHead(const std::string& path, uint64_t& size) {
+  if (!PathExists(path)) Throw(ErrorKind::kNotFound, path + ": no such file");
+  if (!std::filesystem::is_regular_file(path))
+    Throw(ErrorKind::kInvalidInput, path + ": not a regular file (a device, FIFO or folder); expected a .npy file");
+  std::ifstream f(path, std::ios::binary);
+  std::string head(1 << 20, '\0');
+  f.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(f.gcount()));
+  std::error_code ec;
+  size = std::filesystem::file_size(path, ec);
+  if (ec) Throw(ErrorKind::kIo, path + ": " + ec.message());
+  return head;
+}
+
 std::vector<uint8_t> Labels(const std::string& lab, const std::string& path, int64_t n_images,
                             const std::string& images_path, int64_t count) {
   NpyHeader h = ParseNpyHeader(lab, path);
   if (h.shape.size() != 1) BadNpy(path, "shape " + ShapeText(h.shape) + "; labels must be one-dimensional (N,)");
   if (h.fortran_order && h.shape.size() != 1) BadNpy(path, "Fortran order");
   const std::string& d = h.descr;
-  if (d.size() < 3 || (d[0] != '|' && d[0] != '<' && d[0] != '=') || (d[1] != 'u' && d[1] != 'i' && d[1] != 'b'))
-    BadNpy(path, "dtype '" + d + "'; labels must be little-endian integers (e.g. |u1, <i8)");
+  if (!LittleEndianInteger(d)) BadNpy(path, "dtype '" + d + "'; labels must be little-endian integers (e.g. |u1, <i8)");
   const int width = std::atoi(d.c_str() + 2);
   if (width != 1 && width != 2 && width != 4 && width != 8)
     BadNpy(path, "dtype '" + d + "': an unsupported integer width");
@@ -175,21 +194,29 @@ ImageSet ReadNpy(const std::string& images_path, const std::string& labels_path,
 }
 
 std::vector<uint8_t> ReadNpyLabels(const std::string& images_path, const std::string& labels_path, int64_t limit) {
-  // The images' header only (NEP 1 headers are at most 4 GiB in theory, a few hundred bytes in
-  // practice; 1 MiB is read), and the file's size for the body check.
-  if (!PathExists(images_path)) Throw(ErrorKind::kNotFound, images_path + ": no such file");
-  if (!std::filesystem::is_regular_file(images_path))
-    Throw(ErrorKind::kInvalidInput, images_path + ": not a regular file (a device, FIFO or folder); expected a .npy file");
-  std::ifstream f(images_path, std::ios::binary);
-  std::string head(1 << 20, '\0');
-  f.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(f.gcount()));
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(images_path, ec);
-  if (ec) Throw(ErrorKind::kIo, images_path + ": " + ec.message());
+  // The images' header only, and the file's size for the body check.
+  uint64_t size = 0;
+  const std::string head = ReadHead(images_path, size);
   const NpyHeader h = ImagesHeader(head, size, images_path);
   const int64_t count = limit > 0 ? std::min(h.shape[0], limit) : h.shape[0];
   return Labels(ReadExisting(labels_path), labels_path, h.shape[0], images_path, count);
+}
+
+NpyRole PeekNpy(const std::string& path) {
+  try {
+    uint64_t size = 0;
+    const std::string head = ReadHead(path, size);
+    const NpyHeader h = ParseNpyHeader(head, path);
+    if (h.shape.size() == 1) {
+      const int width = LittleEndianInteger(h.descr) ? std::atoi(h.descr.c_str() + 2) : 0;
+      const bool whole = (width == 1 || width == 2 || width == 4 || width == 8) &&
+                         size - h.data_offset == static_cast<uint64_t>(h.shape[0]) * static_cast<uint64_t>(width);
+      return whole ? NpyRole{NpyRole::kLabels, h.shape[0]} : NpyRole{};
+    }
+    return {NpyRole::kImages, ImagesHeader(head, size, path).shape[0]};
+  } catch (const Error&) {
+    return {};  // not a dataset's array: the caller lists what is
+  }
 }
 
 std::string NpyBytes(const std::string& descr, const std::string& shape, const std::string& body) {

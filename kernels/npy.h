@@ -29,6 +29,15 @@ NpyHeader ParseNpyHeader(const std::string& bytes, const std::string& path);
 // a label outside 0..255 (naming its index).
 ImageSet ReadNpy(const std::string& images_path, const std::string& labels_path, int64_t limit);
 
+// What a .npy file can be in a dataset, from its header alone (its first 1 MiB is read) and
+// its size: images as ReadNpy takes them, labels as it takes them ((N,) little-endian
+// integers), or neither (anything else, unreadable files included). `count` is N.
+struct NpyRole {
+  enum Kind { kNeither, kImages, kLabels } kind = kNeither;
+  int64_t count = 0;
+};
+NpyRole PeekNpy(const std::string& path);
+
 // Only the labels (and the image count the images' header gives), for checks that need no pixels.
 std::vector<uint8_t> ReadNpyLabels(const std::string& images_path, const std::string& labels_path, int64_t limit);
 

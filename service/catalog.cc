@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "kernels/npy.h"
 #include "kernels/onnx_graph.h"
 #include "service/admission.h"
 #include "service/api_error.h"
@@ -33,6 +34,26 @@ std::string Lower(std::string s) {
   return s;
 }
 
+// The names a labels array beside the images array `name` is given in the namings people use:
+// train_images / train_labels, images / labels, x_train / y_train, X_test / y_test, data_x / data_y.
+std::vector<std::string> LabelNamesFor(const std::string& name) {
+  std::vector<std::string> out;
+  const std::string stem = name.substr(0, name.size() - 4);  // without ".npy"
+  for (const auto& [from, to] :
+       {std::pair{"images", "labels"}, {"Images", "Labels"}, {"image", "label"}, {"imgs", "labels"}})
+    if (const size_t at = stem.rfind(from); at != std::string::npos)
+      out.push_back(std::string(stem).replace(at, std::string_view(from).size(), to) + ".npy");
+  for (const char* y : {"y", "Y"}) {
+    if (stem == "x" || stem == "X") out.push_back(std::string(y) + ".npy");
+    if (stem.size() > 2 && (stem[0] == 'x' || stem[0] == 'X') && (stem[1] == '_' || stem[1] == '-'))
+      out.push_back(y + stem.substr(1) + ".npy");
+    if (stem.size() > 2 && (stem.back() == 'x' || stem.back() == 'X') &&
+        (stem[stem.size() - 2] == '_' || stem[stem.size() - 2] == '-'))
+      out.push_back(stem.substr(0, stem.size() - 1) + y + ".npy");
+  }
+  return out;
+}
+
 bool IsImageFile(const std::string& name) {
   const std::string l = Lower(name);
   return EndsWith(l, ".png") || EndsWith(l, ".jpg") || EndsWith(l, ".jpeg");
@@ -51,6 +72,7 @@ class Walk {
       std::vector<std::string> dirs, files;
       if (!Entries(dir, dirs, files)) return;
       for (const std::string& f : files) File(dir, f);
+      NpyPairs(dir, files);
       const int64_t classes = ClassFolders(dir, dirs);
       if (classes > 0) {
         Add(folders_, {{"path", dir}, {"classes", classes}});
@@ -67,8 +89,9 @@ class Walk {
     };
     std::sort(folders_.begin(), folders_.end(), by_path("path"));
     std::sort(idx_.begin(), idx_.end(), by_path("images"));
+    std::sort(npy_.begin(), npy_.end(), by_path("images"));
     std::sort(models_.begin(), models_.end(), by_path("path"));
-    return {{"image_folders", folders_}, {"idx", idx_}, {"models", models_}, {"truncated", truncated_}};
+    return {{"image_folders", folders_}, {"idx", idx_}, {"npy", npy_}, {"models", models_}, {"truncated", truncated_}};
   }
 
  private:
@@ -124,6 +147,35 @@ class Walk {
     if (PathExists(dir + "/" + labels)) Add(idx_, {{"images", path}, {"labels", dir + "/" + labels}});
   }
 
+  // A folder's .npy image arrays, each with the labels array named for it (LabelNamesFor) or,
+  // failing that, the folder's one labels array of as many rows. Only headers are read, of at
+  // most kMaxNpyPeeks files a folder.
+  void NpyPairs(const std::string& dir, const std::vector<std::string>& files) {
+    constexpr int kMaxNpyPeeks = 64;
+    std::vector<std::pair<std::string, int64_t>> images, labels;
+    int peeks = 0;
+    for (const std::string& f : files) {
+      if (!EndsWith(Lower(f), ".npy")) continue;
+      if (++peeks > kMaxNpyPeeks) {
+        truncated_ = true;
+        break;
+      }
+      const kernels::NpyRole r = kernels::PeekNpy(dir + "/" + f);
+      if (r.kind == kernels::NpyRole::kImages) images.emplace_back(f, r.count);
+      if (r.kind == kernels::NpyRole::kLabels) labels.emplace_back(f, r.count);
+    }
+    for (const auto& [name, count] : images) {
+      auto rows = [count = count](const auto& l) { return l.second == count; };
+      std::string found;
+      for (const std::string& want : LabelNamesFor(name))
+        for (const auto& l : labels)
+          if (found.empty() && l.first == want && rows(l)) found = l.first;
+      if (found.empty() && std::count_if(labels.begin(), labels.end(), rows) == 1)
+        found = std::find_if(labels.begin(), labels.end(), rows)->first;
+      if (!found.empty()) Add(npy_, {{"images", dir + "/" + name}, {"labels", dir + "/" + found}, {"count", count}});
+    }
+  }
+
   void Add(std::vector<json>& list, json item) {
     if (list.size() >= limits_.per_kind) {
       truncated_ = true;
@@ -135,7 +187,7 @@ class Walk {
   CatalogLimits limits_;
   int64_t budget_ = limits_.entries;
   bool truncated_ = false;
-  std::vector<json> folders_, idx_, models_;
+  std::vector<json> folders_, idx_, npy_, models_;
 };
 
 }  // namespace

@@ -306,6 +306,9 @@ function loadCatalog() {
     for (const f of r.data.image_folders)
       sets.push({text: f.path + ' (' + f.classes + ' classes)', split: {format: 'folder', root: f.path}});
     for (const x of r.data.idx) sets.push({text: x.images, split: {format: 'idx', images: x.images, labels: x.labels}});
+    for (const x of r.data.npy)
+      sets.push(
+          {text: x.images + ' (' + x.count + ' images)', split: {format: 'npy', images: x.images, labels: x.labels}});
     $('nr-empty').hidden = sets.length > 0;
     for (const id of ['nr-train', 'nr-test']) {
       $(id).replaceChildren();

@@ -379,6 +379,18 @@ class Api(unittest.TestCase):
         for part in ("images-idx3", "labels-idx1"):
             shutil.copy(os.path.join(DATA, f"t10k-{part}-ubyte.gz"), os.path.join(own, "idx"))
         shutil.copy(os.path.join(DATA, "t10k-images-idx3-ubyte.gz"), os.path.join(own, "idx", "lonely-images-idx3-ubyte.gz"))
+        # NumPy arrays, written by NumPy: pairs by their names and by the one labels array of as
+        # many rows; arrays no pipeline takes (float images, unpaired images) are not listed.
+        import numpy as np
+        os.makedirs(os.path.join(own, "npy"))
+        os.makedirs(os.path.join(own, "npy-by-rows"))
+        for name, array in (("x_train", np.zeros((3, 4, 4), np.uint8)), ("y_train", np.arange(3, dtype=np.int64)),
+                            ("y_other", np.arange(3, dtype=np.int64)),
+                            ("test_images", np.zeros((2, 4, 4, 3), np.uint8)), ("test_labels", np.ones(2, np.uint8)),
+                            ("floats", np.zeros((2, 4, 4), np.float32)), ("lonely_images", np.zeros((5, 4, 4), np.uint8))):
+            np.save(os.path.join(own, "npy", name + ".npy"), array)
+        np.save(os.path.join(own, "npy-by-rows", "pixels.npy"), np.zeros((4, 6, 6, 1), np.uint8))
+        np.save(os.path.join(own, "npy-by-rows", "classes.npy"), np.arange(4, dtype=np.int32))
         shutil.copy(os.path.join(MODELS, "ch_ppocr_mobile_v2.0_cls_infer.onnx"), os.path.join(own, "cls.onnx"))
         os.makedirs(os.path.join(own, ".hidden"))
         shutil.copy(os.path.join(own, "cls.onnx"), os.path.join(own, ".hidden", "hidden.onnx"))
@@ -391,6 +403,10 @@ class Api(unittest.TestCase):
                                               {"path": f"{own}/shapes/train", "classes": 2}])
         self.assertEqual(mine(c["idx"], "images"), [{"images": f"{own}/idx/t10k-images-idx3-ubyte.gz",
                                      "labels": f"{own}/idx/t10k-labels-idx1-ubyte.gz"}])
+        self.assertEqual(mine(c["npy"], "images"), [
+            {"images": f"{own}/npy-by-rows/pixels.npy", "labels": f"{own}/npy-by-rows/classes.npy", "count": 4},
+            {"images": f"{own}/npy/test_images.npy", "labels": f"{own}/npy/test_labels.npy", "count": 2},
+            {"images": f"{own}/npy/x_train.npy", "labels": f"{own}/npy/y_train.npy", "count": 3}])
         # (Other tests leave files in ben's folder; those under catalog/ are this test's.)
         self.assertEqual(mine(c["models"], "path"),
                          [{"path": f"{own}/cls.onnx", "bytes": os.path.getsize(f"{own}/cls.onnx")}])

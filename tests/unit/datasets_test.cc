@@ -95,6 +95,26 @@ TEST_F(Datasets, BadNpyFilesNameTheFileAndWhatWasExpected) {
             dir_ + "/t.txt: not a .npy file (no \\x93NUMPY magic)");
 }
 
+// What the service's catalog lists: a .npy file's role from its header and size alone.
+TEST_F(Datasets, PeekNpyTellsImagesFromLabelsFromNeither) {
+  using kernels::NpyRole;
+  auto peek = [&](const std::string& name, const std::string& bytes) { return kernels::PeekNpy(Write(name, bytes)); };
+  const NpyRole images = peek("x.npy", Npy("|u1", "(2, 3, 3)", std::string(18, '\1')));
+  EXPECT_EQ(images.kind, NpyRole::kImages);
+  EXPECT_EQ(images.count, 2);
+  const NpyRole labels = peek("y.npy", Npy("<i8", "(3,)", Int64s({0, 1, 2})));
+  EXPECT_EQ(labels.kind, NpyRole::kLabels);
+  EXPECT_EQ(labels.count, 3);
+  EXPECT_EQ(peek("rgb.npy", Npy("|u1", "(1, 2, 2, 3)", std::string(12, '\0'))).kind, NpyRole::kImages);
+  EXPECT_EQ(peek("f.npy", Npy("<f4", "(2, 3, 3)", std::string(72, '\0'))).kind, NpyRole::kNeither);
+  EXPECT_EQ(peek("short.npy", Npy("|u1", "(2, 3, 3)", std::string(17, '\0'))).kind, NpyRole::kNeither);
+  EXPECT_EQ(peek("shorty.npy", Npy("<i8", "(3,)", Int64s({0, 1}))).kind, NpyRole::kNeither);
+  EXPECT_EQ(peek("floaty.npy", Npy("<f8", "(2,)", std::string(16, '\0'))).kind, NpyRole::kNeither);
+  EXPECT_EQ(peek("2ch.npy", Npy("|u1", "(1, 2, 2, 2)", std::string(8, '\0'))).kind, NpyRole::kNeither);
+  EXPECT_EQ(peek("text.npy", "not an array").kind, NpyRole::kNeither);
+  EXPECT_EQ(kernels::PeekNpy(dir_ + "/none.npy").kind, NpyRole::kNeither);
+}
+
 TEST_F(Datasets, DecodesPngAndRefusesWhatIsNotAnImage) {
   // A 3 x 2 RGB PNG, written by libpng.
   std::vector<uint8_t> rgb = {255, 0, 0, 0, 255, 0, 0, 0, 255, 9, 9, 9, 1, 2, 3, 200, 100, 50};
