@@ -142,7 +142,7 @@ int Simulate(Options& o) {
   }
   std::printf("%s on %s, calibrated by %zu run(s) (latest %s)\n", p.name.c_str(), m.name.c_str(), c.runs.size(),
               c.runs.back().c_str());
-  if (c.launcher == "slurm") {
+  if (workflow::LauncherKind k; workflow::ParseLauncherKind(c.launcher, &k) && !workflow::OnThisHost(k)) {
     std::printf("Slurm, as measured: %.2f s in the queue and %.2f s more per job (its start and end, srun between "
                 "steps)",
                 c.queue_wait_s, c.job_overhead_s);

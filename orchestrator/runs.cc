@@ -83,13 +83,29 @@ SubmittedRun Runs::Submit(const Pipeline& p, const Machine& m, const std::string
   r.job = s.job;
   r.where = s.where;
   // The record of it, which `status`, `cancel` and the service read until the coordinator begins.
-  WriteFileAtomic(record::SubmittedPath(r.run_dir),
-                  nlohmann::json{{"run", r.run_id}, {"job", s.job}, {"slurm_conf", m.slurm.conf}}.dump() + "\n");
+  record::WriteSubmitted(r.run_dir, launch::SubmittedCoordinator{r.run_id, s.job, m.slurm.conf});
   return r;
 }
 
 std::string Runs::SubmittedEnd(const Pipeline& p, const Machine& m, const std::string& job) const {
   return LauncherFor(p, m, "", "")->SubmittedJobEnd(job);
+}
+
+ChildProcess Runs::StartCoordinator(const CoordinatorStart& c, const SpawnOptions& o) const {
+  if (config_.msaflow_exe.empty()) Throw(ErrorKind::kInternal, "Runs::StartCoordinator: no msaflow binary");
+  std::vector<std::string> argv{config_.msaflow_exe};
+  switch (c.kind) {
+    case CoordinatorStart::Kind::kResume:
+      argv.insert(argv.end(), {"resume", run_dir(c.run_id)});
+      if (!c.reason.empty()) argv.insert(argv.end(), {"--reason", c.reason});
+      break;
+    case CoordinatorStart::Kind::kRun:
+    case CoordinatorStart::Kind::kSubmit:
+      argv.insert(argv.end(), {c.kind == CoordinatorStart::Kind::kRun ? "run" : "submit", c.pipeline_path, "--machine",
+                               c.machine_arg, "--runs", config_.runs_dir, "--run-id", c.run_id});
+      break;
+  }
+  return ChildProcess::Start(argv, o);
 }
 
 void Runs::RequestCancel(const std::string& run_dir, const std::string& by) {
@@ -118,20 +134,15 @@ std::string Runs::Cancel(const std::string& run_dir, const std::string& by) cons
     if (::kill(holder, SIGTERM) != 0) ThrowErrno(fmt::format("kill -TERM {} (the coordinator of {})", holder, dir));
     return fmt::format("asked the coordinator of {} (pid {}) to stop; it ends the run's tasks and jobs", dir, holder);
   }
-  // A submitted coordinator on another node (or still waiting in Slurm's queue): Slurm sends it
-  // SIGTERM, and it cancels the round's jobs as it ends.
-  nlohmann::json sub = nlohmann::json::parse(ReadFile(record::SubmittedPath(dir)), nullptr, false);
-  if (!sub.is_object() || !sub.contains("job") || !sub["job"].is_string())
-    Throw(ErrorKind::kCorrupt, record::SubmittedPath(dir) + ": expected {\"job\": \"<Slurm job id>\", ...}");
-  const std::string job = sub["job"];
-  SpawnOptions o;
-  if (sub.contains("slurm_conf") && sub["slurm_conf"].is_string() && !sub["slurm_conf"].get<std::string>().empty())
-    o.set_env = {"SLURM_CONF=" + sub["slurm_conf"].get<std::string>()};
-  const Captured c = RunCaptured({"scancel", job}, o, 60);
-  if (!c.status.ok())
-    Throw(ErrorKind::kIo, fmt::format("scancel {} (the coordinator job of {}): {}{}", job, dir, c.status.Describe(),
-                                      c.err.empty() ? "" : ": " + c.err));
-  return fmt::format("cancelled the coordinator job {} of {}; it ends the run's jobs as it stops", job, dir);
+  // A submitted coordinator on another node (or still waiting in the batch system's queue): the
+  // batch system sends it SIGTERM, and it cancels the round's jobs as it ends.
+  const launch::SubmittedCoordinator job = record::ReadSubmittedCoordinator(dir);
+  try {
+    job.Cancel();
+  } catch (const Error& e) {
+    Throw(e.kind(), fmt::format("{} (the coordinator job of {})", e.what(), dir));
+  }
+  return fmt::format("cancelled the coordinator job {} of {}; it ends the run's jobs as it stops", job.job, dir);
 }
 
 RunView Runs::Observe(const std::string& run_dir, size_t from) const {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/child_process.h"
 #include "orchestrator/run.h"
 #include "record/journal.h"
 #include "record/status.h"
@@ -36,6 +37,20 @@ struct RunView {
   record::RunStatus status;
   std::vector<record::JournalEvent> events;
   size_t next = 0;
+};
+
+// A run's coordinator as a process of its own, a child of the caller: how a long-lived front
+// end (the service) starts, submits and resumes runs, as Ray's job supervisors do. The command
+// it runs is built in Runs alone.
+struct CoordinatorStart {
+  enum class Kind {
+    kRun,     // a new run, its coordinator this child (`msaflow run`)
+    kSubmit,  // a new run whose coordinator the machine's batch system starts (`msaflow submit`)
+    kResume,  // a run that began, continued (`msaflow resume`)
+  };
+  Kind kind = Kind::kRun;
+  std::string pipeline_path, machine_arg, run_id;  // kRun, kSubmit: what the coordinator reads; the id in runs_dir
+  std::string reason;                              // kResume: why, and by whom, for its journal
 };
 
 class Runs {
@@ -71,6 +86,11 @@ class Runs {
   // the run after the signal then records it as cancelled by `by`, not as interrupted). Makes
   // the run directory if it is not there yet.
   static void RequestCancel(const std::string& run_dir, const std::string& by);
+
+  // Starts the coordinator process `c` asks for (run_dir() of its id), `o` saying where its
+  // output goes and how it is tied to the caller. Throws as ChildProcess::Start does.
+  ChildProcess StartCoordinator(const CoordinatorStart& c, const SpawnOptions& o) const;
+  std::string run_dir(const std::string& run_id) const { return config_.runs_dir + "/" + run_id; }
 
   // The run's state and its journal's events from index `from`.
   RunView Observe(const std::string& run_dir, size_t from = 0) const;

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "launch/submitted.h"
 
 namespace msaflow::record {
 
@@ -49,5 +50,13 @@ inline nlohmann::json ReadObject(const std::string& path) {
 inline nlohmann::json ReadResults(const std::string& run_dir) { return detail::ReadObject(ResultsPath(run_dir)); }
 inline nlohmann::json ReadSubmitted(const std::string& run_dir) { return detail::ReadObject(SubmittedPath(run_dir)); }
 inline nlohmann::json ReadRunPipeline(const std::string& run_dir) { return detail::ReadObject(PipelinePath(run_dir)); }
+
+// The submitted record, typed: the coordinator job to ask or cancel (launch/submitted.h).
+inline launch::SubmittedCoordinator ReadSubmittedCoordinator(const std::string& run_dir) {
+  return launch::SubmittedCoordinator::FromRecord(ReadSubmitted(run_dir), SubmittedPath(run_dir));
+}
+inline void WriteSubmitted(const std::string& run_dir, const launch::SubmittedCoordinator& c) {
+  WriteFileAtomic(SubmittedPath(run_dir), c.ToRecord().dump() + "\n");
+}
 
 }  // namespace msaflow::record

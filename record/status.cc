@@ -19,8 +19,6 @@
 namespace msaflow::record {
 
 using launch::EndState;
-using launch::ParseShowJob;
-using launch::SlurmCli;
 
 using nlohmann::json;
 
@@ -167,12 +165,10 @@ RunState PrintStatus(const std::string& run_dir, std::FILE* out) {
     return RunState::kFinished;
   }
   if (!HasJournal(run_dir) && WasSubmitted(run_dir)) {
-    json sub = json::parse(ReadFile(SubmittedPath(run_dir)), nullptr, false);
-    if (sub.is_discarded()) Throw(ErrorKind::kCorrupt, run_dir + "/submitted.json: not JSON");
-    std::fprintf(out, "run %s submitted as Slurm job %s; the coordinator has not started yet\n",
-                 sub.value("run", "").c_str(), sub.value("job", "").c_str());
-    SlurmCli cli(sub.value("slurm_conf", ""));
-    const auto comps = ParseShowJob(cli.Show(sub.value("job", "")));
+    const launch::SubmittedCoordinator sub = ReadSubmittedCoordinator(run_dir);
+    std::fprintf(out, "run %s submitted as %s; the coordinator has not started yet\n", sub.run.c_str(),
+                 sub.Describe().c_str());
+    const auto comps = sub.States();
     for (const auto& c : comps)
       std::fprintf(out, "  coordinator job %s: %s %s\n", c.id.c_str(), c.state.c_str(), c.reason.c_str());
     const std::string end = comps.empty() ? "gone from Slurm" : EndState(comps);

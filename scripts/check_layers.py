@@ -4,7 +4,8 @@ sources must name the folder itself or one it may use (docs/design-notes.md has 
 record/ owns a run's directory (record/run_dir.h): no other folder spells the name of a run's
 journal, results or submitted record, in code or comment. And a training mode is asked what it
 does (workflow/kinds.h: RanksShareModels, HasGroups, ...; switches there), never compared with
-== or != outside workflow/kinds.cc (kAuto, "not yet resolved", excepted). Exits 1 naming each include that goes
+== or != outside workflow/kinds.cc (kAuto, "not yet resolved", excepted); nor is a launcher's
+kind outside launch/. The service starts no process itself (orchestrator::Runs does). Exits 1 naming each include that goes
 the wrong way and each such name. Usage: check_layers.py SOURCE_ROOT"""
 import pathlib
 import re
@@ -39,6 +40,14 @@ MODE_COMPARED = re.compile(rf"[!=]=\s*{MODE}|{MODE}\s*[!=]=")
 NAM_BACKEND = re.compile(r'^\s*#\s*include\s+"nam/(file_store|fabric_store|mem_store|fault_store|recording_store|server)\.h"',
                          re.M)
 NO_NAM_BACKENDS = ("service", "inference")
+# The service starts a run's coordinator through the run library (orchestrator::Runs), never by
+# a process or an msaflow command line of its own.
+OWN_PROCESS = re.compile(r"ChildProcess::Start\b|msaflow_exe\s*,\s*\"")
+NO_OWN_PROCESSES = ("service",)
+# The launcher's kind is asked what it can do (workflow::OnThisHost, Launcher's methods), never
+# compared, outside launch/ and its definition's home (workflow/machine.cc).
+LAUNCHER_COMPARED = re.compile(r"[!=]=\s*(?:workflow::)?LauncherKind::k\w+|(?:workflow::)?LauncherKind::k\w+\s*[!=]=|"
+                               r"launcher\s*[!=]=\s*\"(?:local|slurm)\"")
 
 
 def main() -> int:
@@ -65,6 +74,16 @@ def main() -> int:
                     line = text.count("\n", 0, m.start()) + 1
                     bad.append(f"{path.relative_to(root)}:{line}: {folder}/ includes the NAM backend nam/{m.group(1)}.h: "
                                f"open the NAM by URI (nam/store.h)")
+            if folder in NO_OWN_PROCESSES:
+                for m in OWN_PROCESS.finditer(text):
+                    line = text.count("\n", 0, m.start()) + 1
+                    bad.append(f"{path.relative_to(root)}:{line}: {folder}/ starts a process itself ({m.group(0)}): "
+                               f"start a run's coordinator through orchestrator::Runs (StartCoordinator)")
+            if folder != "launch" and path.relative_to(root).as_posix() != "workflow/machine.cc":
+                for m in LAUNCHER_COMPARED.finditer(text):
+                    line = text.count("\n", 0, m.start()) + 1
+                    bad.append(f"{path.relative_to(root)}:{line}: compares a launcher kind ({m.group(0).strip()}): ask "
+                               f"what it can do (workflow::OnThisHost, the Launcher's methods)")
             if path.relative_to(root).as_posix() != "workflow/kinds.cc":
                 for m in MODE_COMPARED.finditer(text):
                     line = text.count("\n", 0, m.start()) + 1
@@ -78,7 +97,8 @@ def main() -> int:
     for b in bad:
         print(b)
     print(f"layers: {len(bad)} finding(s)" if bad else "layers: every include follows the direction; only record/ names a run's files; no training "
-          "mode compared; no NAM backend in service/ or inference/")
+          "mode or launcher kind compared; no NAM backend in service/ or inference/; no process the service "
+          "starts itself")
     return 1 if bad else 0
 
 

@@ -64,10 +64,58 @@ bool Terminal(const std::string& state) {
 
 }  // namespace
 
+const char* RequestStateName(RequestState s) {
+  switch (s) {
+    case RequestState::kQueued:
+      return "queued";
+    case RequestState::kStarted:
+      return "started";
+    case RequestState::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
+const char* RequestKindName(RequestKind k) {
+  switch (k) {
+    case RequestKind::kRun:
+      return "run";
+    case RequestKind::kResume:
+      return "resume";
+  }
+  return "?";
+}
+
+namespace {
+
+// The request file's word for an enum's value (`name` gives each value's), or a kCorrupt error
+// naming the field and what it may be.
+template <typename E, size_t N>
+E ParseWord(const std::string& word, const char* (*name)(E), const E (&values)[N], const std::string& where,
+            const char* field) {
+  std::string expected;
+  for (E v : values) {
+    if (word == name(v)) return v;
+    expected += std::string(expected.empty() ? "" : " or ") + name(v);
+  }
+  Throw(ErrorKind::kCorrupt, where + ": /" + field + ": '" + word + "'; expected " + expected);
+}
+
+}  // namespace
+
 json Request::ToJson() const {
-  json j = {{"format", kRequestFormat}, {"id", id},         {"user", user},         {"name", name},
-            {"pipeline", pipeline},     {"created", created}, {"machine", machine}, {"launcher", launcher},
-            {"state", state},           {"kind", kind},       {"seq", seq},         {"starts", starts}};
+  json j = {{"format", kRequestFormat},
+            {"id", id},
+            {"user", user},
+            {"name", name},
+            {"pipeline", pipeline},
+            {"created", created},
+            {"machine", machine},
+            {"launcher", workflow::LauncherName(launcher)},
+            {"state", RequestStateName(state)},
+            {"kind", RequestKindName(kind)},
+            {"seq", seq},
+            {"starts", starts}};
   if (!cancelled_by.empty()) j["cancelled_by"] = cancelled_by;
   if (!account.empty()) j["account"] = account;
   if (!error.empty()) j["error"] = error;
@@ -87,9 +135,12 @@ Request Request::FromJson(const json& j, const std::string& where) {
     r.pipeline = j.value("pipeline", r.name);
     r.created = j.at("created");
     r.machine = j.at("machine");
-    r.launcher = j.value("launcher", "local");
-    r.state = j.at("state");
-    r.kind = j.value("kind", "run");
+    if (!workflow::ParseLauncherKind(j.value("launcher", "local"), &r.launcher))
+      Throw(ErrorKind::kCorrupt, where + ": /launcher: expected local or slurm");
+    r.state = ParseWord(j.at("state").get<std::string>(), RequestStateName,
+                        {RequestState::kQueued, RequestState::kStarted, RequestState::kCancelled}, where, "state");
+    r.kind =
+        ParseWord(j.value("kind", "run"), RequestKindName, {RequestKind::kRun, RequestKind::kResume}, where, "kind");
     r.seq = j.at("seq");
     r.starts = j.value("starts", int64_t{0});
     r.cancelled_by = j.value("cancelled_by", "");
@@ -98,8 +149,6 @@ Request Request::FromJson(const json& j, const std::string& where) {
     r.resume_reason = j.value("resume_reason", "");
     r.pid = j.value("pid", int64_t{0});
     r.ended = j.value("ended", false);
-    if (r.state != "queued" && r.state != "started" && r.state != "cancelled")
-      Throw(ErrorKind::kCorrupt, where + ": /state: expected queued, started or cancelled");
     return r;
   } catch (const json::exception& e) {
     Throw(ErrorKind::kCorrupt, where + ": " + e.what());
@@ -129,7 +178,7 @@ Registry::Registry(RegistryConfig config) : config_(std::move(config)) {
       Request r = Request::FromJson(j, f->path().string());
       next_seq_ = std::max(next_seq_, r.seq + 1);
       // A local coordinator is this service's child and died with the process that started it.
-      if (r.state == "started" && !r.ended && r.launcher == "local") orphans_.insert(Key(r.user, r.id));
+      if (r.state == RequestState::kStarted && !r.ended && r.child_coordinator()) orphans_.insert(Key(r.user, r.id));
       requests_[Key(r.user, r.id)] = std::move(r);
     }
   }
@@ -138,6 +187,13 @@ Registry::Registry(RegistryConfig config) : config_(std::move(config)) {
 }
 
 Registry::~Registry() { StopQueue(); }
+
+orchestrator::Runs Registry::RunsOf(const std::string& user) const {
+  orchestrator::RunsConfig c;
+  c.runs_dir = UserDir(user);
+  c.msaflow_exe = config_.msaflow_exe;
+  return orchestrator::Runs(std::move(c));
+}
 
 void Registry::Save(const Request& r) const {
   WriteFileAtomic(RequestPath(r), r.ToJson().dump(2) + "\n");
@@ -177,21 +233,21 @@ void Registry::QueueLoop() {
 }
 
 bool Registry::RunningLocked(const Request& r) const {
-  if (r.state != "started") return false;
+  if (r.state != RequestState::kStarted) return false;
   const std::string key = Key(r.user, r.id);
   if (live_.count(key)) return true;
   if (settled_.count(key)) return false;
   const std::string dir = UserDir(r.user) + "/" + r.id;
   if (record::HasJournal(dir)) return record::CoordinatorHolding(dir) > 0;
   // Submitted to Slurm, its coordinator's job not started yet: it holds its place.
-  return r.launcher == "slurm" && r.error.empty() && record::WasSubmitted(dir);
+  return !r.child_coordinator() && r.error.empty() && record::WasSubmitted(dir);
 }
 
 void Registry::ReviveLocked() {
   for (auto it = orphans_.begin(); it != orphans_.end();) {
     Request& r = requests_.at(*it);
     const std::string dir = UserDir(r.user) + "/" + r.id;
-    if (r.state != "started") {  // a user resumed or cancelled it meanwhile
+    if (r.state != RequestState::kStarted) {  // a user resumed or cancelled it meanwhile
       it = orphans_.erase(it);
       continue;
     }
@@ -214,12 +270,12 @@ void Registry::ReviveLocked() {
     if (was.empty()) {  // it ended on its own (finished, failed, cancelled): nothing to do
       EndedLocked(*it);
     } else {
-      r.kind = began ? "resume" : "run";
-      r.state = "queued";  // its seq is unchanged: it keeps its place, ahead of later requests
+      r.kind = began ? RequestKind::kResume : RequestKind::kRun;
+      r.state = RequestState::kQueued;  // its seq is unchanged: it keeps its place, ahead of later requests
       r.resume_reason = "msaflow serve (pid " + std::to_string(::getpid()) +
                         ") started again and resumes the runs that its stop interrupted: this one was " + was;
       Save(r);
-      Log("run-requeued", {{"user", r.user}, {"run", r.id}, {"kind", r.kind}, {"was", was}});
+      Log("run-requeued", {{"user", r.user}, {"run", r.id}, {"kind", RequestKindName(r.kind)}, {"was", was}});
     }
     it = orphans_.erase(it);
   }
@@ -258,7 +314,7 @@ void Registry::Tick() {
       // Without a journal the run never began: unless a cancel stopped it, that is a failure
       // with a reason, whatever the exit status (a request must never read as running with no
       // coordinator behind it).
-      if (!record::HasJournal(dir) && r.error.empty() && r.state == "started") {
+      if (!record::HasJournal(dir) && r.error.empty() && r.state == RequestState::kStarted) {
         r.error = "its coordinator ended (" + st->Describe() + ") before the run began: " +
                   Tail(UserDir(r.user) + "/.service/" + r.id + ".log", 1500);
         Save(r);
@@ -273,8 +329,8 @@ void Registry::Tick() {
   std::map<std::string, int64_t> per_user;
   std::vector<Request*> queued;
   for (auto& [key, r] : requests_) {
-    if (r.state == "queued") queued.push_back(&r);
-    if (r.state != "started" || settled_.count(key)) continue;
+    if (r.state == RequestState::kQueued) queued.push_back(&r);
+    if (r.state != RequestState::kStarted || settled_.count(key)) continue;
     if (RunningLocked(r) || orphans_.count(key)) {
       ++running;
       ++per_user[r.user];
@@ -300,17 +356,15 @@ void Registry::StartRun(Request& r) {
   const std::string svc = UserDir(r.user) + "/.service/";
   const std::string runs = UserDir(r.user);
   // A start that began the run but died with a service before the request said so: it goes on.
-  if (r.kind == "run" && record::HasJournal(runs + "/" + r.id)) r.kind = "resume";
-  std::vector<std::string> argv;
-  if (r.kind == "resume") {
-    argv = {config_.msaflow_exe, "resume", runs + "/" + r.id};
-    if (!r.resume_reason.empty()) argv.insert(argv.end(), {"--reason", r.resume_reason});
-  } else if (r.launcher == "slurm")
-    argv = {config_.msaflow_exe, "submit", svc + r.id + ".pipeline.json", "--machine", r.machine, "--runs", runs,
-            "--run-id", r.id};
-  else
-    argv = {config_.msaflow_exe, "run", svc + r.id + ".pipeline.json", "--machine", r.machine, "--runs", runs,
-            "--run-id", r.id};
+  if (r.kind == RequestKind::kRun && record::HasJournal(runs + "/" + r.id)) r.kind = RequestKind::kResume;
+  orchestrator::CoordinatorStart start;
+  start.kind = r.kind == RequestKind::kResume ? orchestrator::CoordinatorStart::Kind::kResume
+               : r.child_coordinator()        ? orchestrator::CoordinatorStart::Kind::kRun
+                                              : orchestrator::CoordinatorStart::Kind::kSubmit;
+  start.pipeline_path = svc + r.id + ".pipeline.json";
+  start.machine_arg = r.machine;
+  start.run_id = r.id;
+  start.reason = r.resume_reason;
   SpawnOptions o;
   o.output = SpawnOptions::Output::kFile;
   o.output_file = svc + r.id + ".log";
@@ -319,7 +373,7 @@ void Registry::StartRun(Request& r) {
   o.death_signal = SIGTERM;   // a coordinator here does not outlive the service: its run is interrupted
   if (!r.account.empty()) o.set_env = {"SLURM_ACCOUNT=" + r.account, "SBATCH_ACCOUNT=" + r.account};
   const std::string key = Key(r.user, r.id);
-  r.state = "started";
+  r.state = RequestState::kStarted;
   r.error.clear();
   r.resume_reason.clear();
   r.ended = false;
@@ -328,14 +382,18 @@ void Registry::StartRun(Request& r) {
   settled_.erase(key);
   try {
     auto live = std::make_unique<Live>();
-    live->child = ChildProcess::Start(argv, o);
+    live->child = RunsOf(r.user).StartCoordinator(start, o);
     r.pid = live->child.pid();
     live_[key] = std::move(live);
   } catch (const Error& e) {
     r.error = std::string("its coordinator could not be started: ") + e.what();
   }
   Save(r);
-  json fields = {{"user", r.user}, {"run", r.id}, {"kind", r.kind}, {"launcher", r.launcher}, {"starts", r.starts}};
+  json fields = {{"user", r.user},
+                 {"run", r.id},
+                 {"kind", RequestKindName(r.kind)},
+                 {"launcher", workflow::LauncherName(r.launcher)},
+                 {"starts", r.starts}};
   if (r.pid > 0) fields["pid"] = r.pid;
   if (!r.error.empty()) fields["error"] = r.error;
   Log(r.error.empty() ? "run-started" : "run-not-started", fields);
@@ -355,7 +413,7 @@ json Registry::Submit(const User& user, const std::string& body) {
   r.name = a.name;
   r.pipeline = a.pipeline.name;
   r.machine = a.machine;
-  r.launcher = a.machine_spec.OnThisHost() ? "local" : "slurm";
+  r.launcher = a.machine_spec.launcher;
   r.account = user.account;
   r.created = record::JournalTime();
   {
@@ -372,7 +430,7 @@ json Registry::Submit(const User& user, const std::string& body) {
                        {"run", r.id},
                        {"pipeline", r.pipeline},
                        {"machine", r.machine},
-                       {"launcher", r.launcher},
+                       {"launcher", workflow::LauncherName(r.launcher)},
                        {"seq", r.seq}});
   wake_.notify_all();
   json out = View(user, r.id);
@@ -395,7 +453,7 @@ Request Registry::Find(const User& user, const std::string& id) const {
 int64_t Registry::PositionLocked(const Request& r) const {
   int64_t pos = 1;
   for (const auto& [k, o] : requests_)
-    if (o.state == "queued" && o.seq < r.seq) ++pos;
+    if (o.state == RequestState::kQueued && o.seq < r.seq) ++pos;
   return pos;
 }
 
@@ -471,24 +529,42 @@ std::string Registry::StateOf(const User& user, const std::string& id, bool* ter
 }
 
 json Registry::Describe(const Request& r, bool full) const {
-  json v = {{"id", r.id},           {"name", r.name},       {"pipeline", r.pipeline}, {"created", r.created},
-            {"machine", r.machine}, {"launcher", r.launcher}};
+  json v = {{"id", r.id},           {"name", r.name},       {"pipeline", r.pipeline},
+            {"created", r.created}, {"machine", r.machine}, {"launcher", workflow::LauncherName(r.launcher)}};
   const std::string dir = UserDir(r.user) + "/" + r.id;
   bool child_alive = false;
   std::string cancelled_by;  // a cancel the service answered itself, before a coordinator held the run
+  int64_t orphan_position = 0;  // > 0: a run the service's own stop interrupted, to be queued again
+  auto requeued = [&](json& view) {
+    if (orphan_position <= 0 || view.value("state", "") != "interrupted") return;
+    view["state"] = "queued";
+    view["position"] = orphan_position;
+    view["line"] = fmt::format(
+        "queued (position {}): msaflow serve stopped while it ran, and resumes it once its "
+        "coordinator from before has stopped",
+        orphan_position);
+    view.erase("error");
+  };
   {
     std::lock_guard<std::mutex> l(mu_);
     auto it = requests_.find(Key(r.user, r.id));
     const Request& now = it == requests_.end() ? r : it->second;
     child_alive = live_.count(Key(r.user, r.id)) > 0;
-    if (now.state == "cancelled") cancelled_by = now.cancelled_by;
-    if (now.state == "queued") {
+    if (now.state == RequestState::kCancelled) cancelled_by = now.cancelled_by;
+    if (now.state == RequestState::kQueued) {
       v["state"] = "queued";
       v["position"] = PositionLocked(now);
       v["line"] = fmt::format("queued (position {})", v["position"].get<int64_t>());
       return v;
     }
-    if (now.state == "cancelled" && !record::HasJournal(dir)) {
+    // Started by a service that died: its coordinator got the parent-death signal and may still
+    // be stopping, its journal saying interrupted already. ReviveLocked queues it again (in its
+    // place) once that coordinator is gone, unless it ended otherwise: until then it reads as
+    // queued, never as the interrupted run a user would have to resume.
+    if (orphans_.count(Key(r.user, r.id)) && now.state == RequestState::kStarted) {
+      orphan_position = PositionLocked(now);
+    }
+    if (now.state == RequestState::kCancelled && !record::HasJournal(dir)) {
       v["state"] = "cancelled";
       v["line"] = "cancelled before it started by " + now.cancelled_by;
       return v;
@@ -499,7 +575,7 @@ json Registry::Describe(const Request& r, bool full) const {
       v["state"] = "failed";
       v["error"] = {{"code", "not_started"}, {"message", r.error}};
       v["line"] = "failed: " + r.error;
-    } else if (child_alive || r.launcher == "slurm") {
+    } else if (child_alive || !r.child_coordinator()) {
       v["state"] = "running";
       v["line"] = child_alive ? "starting its coordinator" : "its coordinator's job waits in Slurm's queue";
     } else {  // a local run's coordinator is gone before it began: never "running" with nothing behind it
@@ -508,6 +584,7 @@ json Registry::Describe(const Request& r, bool full) const {
           "interrupted: its coordinator ended before the run began (the service stopped); "
           "the service starts it again";
       v["error"] = {{"code", "interrupted"}, {"message", v["line"]}};
+      requeued(v);
     }
     return v;
   }
@@ -534,6 +611,7 @@ json Registry::Describe(const Request& r, bool full) const {
     view["line"] = "cancelled by " + cancelled_by + " before its coordinator took the run over";
     view["error"] = {{"code", "cancelled"}, {"message", view["line"]}};
   }
+  requeued(view);
   if (!full) {
     view.erase("rounds");
     view.erase("tasks");
@@ -574,11 +652,11 @@ json Registry::Cancel(const User& user, const std::string& id) {
   {
     std::lock_guard<std::mutex> l(mu_);
     Request& now = requests_.at(Key(r.user, r.id));
-    if (now.state == "queued") {  // never started: it leaves the queue
-      now.state = now.kind == "resume" ? "started" : "cancelled";
+    if (now.state == RequestState::kQueued) {  // never started: it leaves the queue
+      now.state = now.kind == RequestKind::kResume ? RequestState::kStarted : RequestState::kCancelled;
       now.cancelled_by = by;
       Save(now);
-      if (now.kind == "resume") settled_.erase(Key(r.user, r.id));
+      if (now.kind == RequestKind::kResume) settled_.erase(Key(r.user, r.id));
       Log("run-cancel", {{"user", r.user}, {"run", r.id}, {"by", by}, {"what", "taken out of the queue"}});
       return {{"id", r.id}, {"state", "cancelled"}, {"message", "taken out of the queue"}};
     }
@@ -588,12 +666,12 @@ json Registry::Cancel(const User& user, const std::string& id) {
   if (terminal) throw ApiError(409, "not_running", "run " + id + " is " + state + "; there is nothing to cancel");
   std::string said;
   if ((record::HasJournal(dir) && record::CoordinatorHolding(dir) > 0) ||
-      (r.launcher == "slurm" && record::WasSubmitted(dir))) {
-    said = orchestrator::Runs(orchestrator::RunsConfig{}).Cancel(dir, by);
+      (!r.child_coordinator() && record::WasSubmitted(dir))) {
+    said = RunsOf(r.user).Cancel(dir, by);
     if (!record::HasJournal(dir)) {  // its coordinator's job had not started: it never will
       std::lock_guard<std::mutex> l(mu_);
       Request& now = requests_.at(Key(r.user, r.id));
-      now.state = "cancelled";
+      now.state = RequestState::kCancelled;
       now.cancelled_by = by;
       Save(now);
     }
@@ -604,7 +682,7 @@ json Registry::Cancel(const User& user, const std::string& id) {
     orchestrator::Runs::RequestCancel(dir, by);
     std::lock_guard<std::mutex> l(mu_);
     Request& now = requests_.at(Key(r.user, r.id));
-    now.state = "cancelled";
+    now.state = RequestState::kCancelled;
     now.cancelled_by = by;
     Save(now);
     auto it = live_.find(Key(r.user, r.id));
@@ -626,17 +704,17 @@ json Registry::Resume(const User& user, const std::string& id) {
     if (live_.count(Key(r.user, r.id)))  // cancelled before it began, and its coordinator not gone yet
       throw ApiError(409, "stopping", "run " + id + " is " + state + " but its coordinator is still stopping; try again in a moment");
     Request& now = requests_.at(Key(r.user, r.id));
-    now.kind = record::HasJournal(UserDir(r.user) + "/" + r.id) ? "resume" : "run";
-    if (now.kind == "run") {  // it starts afresh: a cancel asked for before it began is answered
+    now.kind = record::HasJournal(UserDir(r.user) + "/" + r.id) ? RequestKind::kResume : RequestKind::kRun;
+    if (now.kind == RequestKind::kRun) {  // it starts afresh: a cancel asked for before it began is answered
       std::error_code gone;
       std::filesystem::remove(UserDir(r.user) + "/" + r.id + "/" + orchestrator::kCancelRequest, gone);
     }
-    now.state = "queued";
+    now.state = RequestState::kQueued;
     now.error.clear();
     now.resume_reason.clear();
     now.seq = next_seq_++;
     Save(now);
-    Log("run-resume-asked", {{"user", r.user}, {"run", r.id}, {"kind", now.kind}, {"was", state}});
+    Log("run-resume-asked", {{"user", r.user}, {"run", r.id}, {"kind", RequestKindName(now.kind)}, {"was", state}});
   }
   wake_.notify_all();
   return View(user, id);

@@ -1,5 +1,6 @@
 // The service's runs: what each user asked for, kept on disk, and the queue that starts them
-// through the msaflow commands (`msaflow run`, `submit`, `resume`, the same launchers as the CLI).
+// through the run library (orchestrator::Runs: a coordinator process per run, the same launchers
+// as the CLI).
 //
 // Nothing lives only in memory. Under the runs directory each user has a folder of runs:
 //   <runs>/<user>/<id>/                    the run directory its coordinator makes (journal, ...)
@@ -16,18 +17,20 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <set>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/child_process.h"
+#include "orchestrator/runs.h"
 #include "service/admission.h"
 #include "service/users.h"
+#include "workflow/machine.h"
 
 namespace msaflow::service {
 
@@ -44,15 +47,33 @@ struct RegistryConfig {
   std::function<int64_t(const std::string& user)> user_quota;
 };
 
+// Where a request stands between the queue and its run (whose own state is its journal's).
+enum class RequestState {
+  kQueued,     // waits for the queue to start it
+  kStarted,    // its coordinator was started: the run's journal says the rest
+  kCancelled,  // cancelled before it started
+};
+const char* RequestStateName(RequestState s);  // "queued", "started", "cancelled" (the request file's words)
+
+// What the queue starts next for a request.
+enum class RequestKind {
+  kRun,     // the run from its beginning
+  kResume,  // a run that began, continued
+};
+const char* RequestKindName(RequestKind k);  // "run", "resume"
+
 struct Request {
-  std::string id, user, name, pipeline, created, machine, launcher;  // launcher: local | slurm
-  std::string state = "queued";  // queued | started | cancelled
-  std::string kind = "run";      // run | resume: what the queue starts next
+  std::string id, user, name, pipeline, created, machine;
+  workflow::LauncherKind launcher = workflow::LauncherKind::kLocal;  // the machine's
+  RequestState state = RequestState::kQueued;
+  RequestKind kind = RequestKind::kRun;
   std::string cancelled_by, account, error;  // error: the coordinator could not be started
   std::string resume_reason;                 // the next resume's, for its journal (the service's own restart)
   int64_t seq = 0, starts = 0;
   int64_t pid = 0;     // the last coordinator this service started for it
   bool ended = false;  // the service saw that coordinator end: the run is not its restart's to resume
+  // Its coordinator is this service's child (and dies with it), not a job of the machine's batch system.
+  bool child_coordinator() const { return workflow::OnThisHost(launcher); }
   nlohmann::json ToJson() const;
   static Request FromJson(const nlohmann::json& j, const std::string& where);
 };
@@ -93,6 +114,7 @@ class Registry {
   struct Live;
   std::string UserDir(const std::string& user) const { return config_.runs_dir + "/" + user; }
   std::string RequestPath(const Request& r) const { return UserDir(r.user) + "/.service/" + r.id + ".json"; }
+  orchestrator::Runs RunsOf(const std::string& user) const;  // the run library on a user's runs
   void Save(const Request& r) const;
   Request Find(const User& user, const std::string& id) const;  // 404
   nlohmann::json Describe(const Request& r, bool full) const;

@@ -203,7 +203,7 @@ class Model {
       if (n < 1) Throw(ErrorKind::kInvalidInput, "--nodes " + name + "=" + std::to_string(n) + ": at least 1");
       nodes_[name] = n;
     }
-    slurm_ = m_.launcher == workflow::LauncherKind::kSlurm;
+    slurm_ = !m_.OnThisHost();
     mode_ = !slurm_ ? "local" : !o_.slurm_mode.empty() ? o_.slurm_mode : m_.slurm.mode;
     if (mode_ != "local" && mode_ != "hetjob" && mode_ != "chained")
       Throw(ErrorKind::kInvalidInput, "--slurm-mode " + mode_ + ": expected hetjob or chained");

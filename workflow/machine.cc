@@ -283,6 +283,16 @@ const char* LauncherName(LauncherKind k) {
   return "?";
 }
 
+bool OnThisHost(LauncherKind k) {
+  switch (k) {
+    case LauncherKind::kLocal:
+      return true;
+    case LauncherKind::kSlurm:
+      return false;
+  }
+  return false;
+}
+
 Machine LoadMachine(const std::string& name_or_path) {
   if (name_or_path == "local") {
     Machine m = ParseMachine(kLocalMachine, "<built-in machine local>", "");

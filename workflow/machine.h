@@ -16,6 +16,9 @@ namespace msaflow::workflow {
 enum class LauncherKind { kLocal, kSlurm };
 const char* LauncherName(LauncherKind k);  // "local", "slurm" (the machine file's words)
 bool ParseLauncherKind(const std::string& name, LauncherKind* kind);  // false: not a launcher
+// Whether a run's processes, its coordinator's among them, run on this host (not as jobs of a
+// batch system): what a front end needs to know of a launcher.
+bool OnThisHost(LauncherKind k);
 
 struct ModuleSpec {
   std::string name;
@@ -73,7 +76,7 @@ struct Machine {
   LauncherKind launcher = LauncherKind::kLocal;
   // Whether its steps run as processes of this host (the local launcher): the cores and the
   // OpenCL devices seen here are the ones the steps get.
-  bool OnThisHost() const { return launcher == LauncherKind::kLocal; }
+  bool OnThisHost() const { return workflow::OnThisHost(launcher); }
   NamSpec nam;
   SlurmSpec slurm;
   std::map<std::string, ModuleSpec> modules;
