@@ -281,7 +281,7 @@ int Submit(Options& o) {
   // Ctrl-C stops the following, not the run: the coordinator is a Slurm job of its own. Say so,
   // and how to stop it, instead of leaving the user to guess whether it died with us.
   launch::InstallInterruptHandlers();
-  size_t shown = 0;
+  record::JournalFollower journal = runs.Observe(rd);
   std::string end;
   report::ProgressBar bar(stdout);  // on a terminal; plain lines otherwise
   int round = 0;
@@ -295,30 +295,27 @@ int Submit(Options& o) {
       return 128 + sig;
     }
     // Progress: the run's journal as it grows (a line being written is read next time).
-    if (record::HasJournal(rd)) {
-      const auto journal = record::ReadJournal(record::JournalPath(rd));
-      for (; shown < journal.events.size(); ++shown) {
-        const auto& e = journal.events[shown];
-        const auto& f = e.fields;
-        if (e.kind == record::EventKind::kRoundStart) {
-          round = f.value("round", 0);
-          bar.Round(round, p.rounds.max, f.value("tasks", size_t{0}), f.value("reused_tasks", size_t{0}));
-        }
-        if (e.kind == record::EventKind::kTaskStart) {
-          bar.Print(fmt::format("  {} started on {}", f.value("task", ""), f.value("module", "")));
-          bar.Start(f.value("task", "") + " on " + f.value("module", ""));
-        }
-        if (e.kind == record::EventKind::kTaskEnd) bar.Done();
-        if (e.kind == record::EventKind::kSlurmJob)
-          bar.Print(fmt::format("  round {}: Slurm {} job {}", f.value("round", 0), f.value("mode", ""), f.value("job", "")));
-        if (e.kind == record::EventKind::kRoundEnd)
-          bar.Print(fmt::format("  round {}: champion {} accuracy {:.4f}", f.value("round", 0), f.value("champion", ""),
-                                f.value("accuracy", 0.0)));
-        if (e.kind == record::EventKind::kSlurmRetry || e.kind == record::EventKind::kTaskRetry)
-          bar.Print("  retry: " + f.value("message", ""));
+    for (const record::JournalEvent& e : journal.Next()) {
+      const auto& f = e.fields;
+      if (e.kind == record::EventKind::kRoundStart) {
+        round = f.value("round", 0);
+        bar.Round(round, p.rounds.max, f.value("tasks", size_t{0}), f.value("reused_tasks", size_t{0}));
       }
-      std::fflush(stdout);
+      if (e.kind == record::EventKind::kTaskStart) {
+        bar.Print(fmt::format("  {} started on {}", f.value("task", ""), f.value("module", "")));
+        bar.Start(f.value("task", "") + " on " + f.value("module", ""));
+      }
+      if (e.kind == record::EventKind::kTaskEnd) bar.Done();
+      if (e.kind == record::EventKind::kSlurmJob)
+        bar.Print(
+            fmt::format("  round {}: Slurm {} job {}", f.value("round", 0), f.value("mode", ""), f.value("job", "")));
+      if (e.kind == record::EventKind::kRoundEnd)
+        bar.Print(fmt::format("  round {}: champion {} accuracy {:.4f}", f.value("round", 0), f.value("champion", ""),
+                              f.value("accuracy", 0.0)));
+      if (e.kind == record::EventKind::kSlurmRetry || e.kind == record::EventKind::kTaskRetry)
+        bar.Print("  retry: " + f.value("message", ""));
     }
+    std::fflush(stdout);
     bar.Tick();
     try {
       end = runs.SubmittedEnd(p, m, job);

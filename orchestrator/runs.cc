@@ -145,13 +145,8 @@ std::string Runs::Cancel(const std::string& run_dir, const std::string& by) cons
   return fmt::format("cancelled the coordinator job {} of {}; it ends the run's jobs as it stops", job.job, dir);
 }
 
-RunView Runs::Observe(const std::string& run_dir, size_t from) const {
-  RunView v;
-  v.status = record::StatusOf(run_dir);
-  const record::Journal j = record::ReadJournal(record::JournalPath(Absolute(run_dir)));
-  for (size_t i = from; i < j.events.size(); ++i) v.events.push_back(j.events[i]);
-  v.next = std::max(from, j.events.size());
-  return v;
+record::JournalFollower Runs::Observe(const std::string& run_dir) const {
+  return record::JournalFollower(record::JournalPath(Absolute(run_dir)));
 }
 
 }  // namespace msaflow::orchestrator

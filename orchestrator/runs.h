@@ -31,14 +31,6 @@ struct SubmittedRun {
   std::string run_id, run_dir, job, where;
 };
 
-// A run seen from outside, from its journal and lock: its state now, and the journal's events
-// from `from` on (an event stream: ask again with from = next).
-struct RunView {
-  record::RunStatus status;
-  std::vector<record::JournalEvent> events;
-  size_t next = 0;
-};
-
 // A run's coordinator as a process of its own, a child of the caller: how a long-lived front
 // end (the service) starts, submits and resumes runs, as Ray's job supervisors do. The command
 // it runs is built in Runs alone.
@@ -92,8 +84,10 @@ class Runs {
   ChildProcess StartCoordinator(const CoordinatorStart& c, const SpawnOptions& o) const;
   std::string run_dir(const std::string& run_id) const { return config_.runs_dir + "/" + run_id; }
 
-  // The run's state and its journal's events from index `from`.
-  RunView Observe(const std::string& run_dir, size_t from = 0) const;
+  // The run followed from outside: its journal's events as they are written, typed, each
+  // Next() reading only what was appended since (record::JournalFollower). Its state now is
+  // record::StatusOf's.
+  record::JournalFollower Observe(const std::string& run_dir) const;
 
  private:
   RunOptions Options(const std::string& run_id) const;

@@ -1,15 +1,17 @@
 #include "record/journal.h"
 
 #include <fcntl.h>
+#include <fmt/core.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include <fmt/core.h>
-
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <cstdint>
+#include <fstream>
+#include <optional>
 #include <stdexcept>
 
 #include "common/error.h"
@@ -148,10 +150,43 @@ EventKind EventKindOf(const std::string& name) {
   return EventKind::kOther;
 }
 
+namespace {
+
+// One line of a journal, not its format line: the event. Throws kCorrupt naming `at`.
+JournalEvent ParseEventLine(json e, size_t lineno, const std::string& at) {
+  if (!e.contains("event") || !e["event"].is_string())
+    Throw(ErrorKind::kCorrupt, at + "an event without its \"event\" name");
+  std::string value;
+  if (const std::string huge = HugeFloatAt(e, "", &value); !huge.empty())
+    Throw(ErrorKind::kCorrupt, at + "a number out of range at " + Printable(huge, 60) + " (" + Printable(value, 40) +
+                                   "): a journal's numbers are integers or below 2^31");
+  std::string name = e["event"].get<std::string>();
+  const EventKind kind = EventKindOf(name);
+  return {lineno, std::move(name), std::move(e), kind};
+}
+
+// A journal's line `lineno`, whole and not empty: nullopt for its format line (the first such
+// line, checked; `*format` says whether it was seen), else its event.
+std::optional<JournalEvent> ParseLine(const std::string& line, size_t lineno, const std::string& where, bool* format) {
+  const json e = json::parse(line, nullptr, false);
+  const std::string at = where + ":" + std::to_string(lineno) + ": ";
+  if (e.is_discarded()) Throw(ErrorKind::kCorrupt, at + "not a JSON line");
+  if (!e.is_object()) Throw(ErrorKind::kCorrupt, at + "not a JSON object");
+  if (!*format) {
+    if (!e.contains("format") || e["format"] != kJournalFormat)
+      Throw(ErrorKind::kCorrupt, at + "expected format " + std::string(kJournalFormat));
+    *format = true;
+    return std::nullopt;
+  }
+  return ParseEventLine(e, lineno, at);
+}
+
+}  // namespace
+
 Journal ParseJournal(const std::string& text, const std::string& where) {
   Journal j;
   size_t start = 0, lineno = 0;
-  bool first = true;
+  bool format = false;
   while (start < text.size()) {
     size_t end = text.find('\n', start);
     const bool last_unended = end == std::string::npos;
@@ -160,32 +195,53 @@ Journal ParseJournal(const std::string& text, const std::string& where) {
     const std::string line = text.substr(start, end - start);
     start = end + 1;
     if (line.empty()) continue;
-    json e = json::parse(line, nullptr, false);
-    if (e.is_discarded() && last_unended && !first) {  // a crash mid-write: the line never ended
+    // A crash mid-write: the last line never ended.
+    if (last_unended && format && json::parse(line, nullptr, false).is_discarded()) {
       j.torn_tail = true;
       break;
     }
-    const std::string at = where + ":" + std::to_string(lineno) + ": ";
-    if (e.is_discarded()) Throw(ErrorKind::kCorrupt, at + "not a JSON line");
-    if (!e.is_object()) Throw(ErrorKind::kCorrupt, at + "not a JSON object");
-    if (first) {
-      if (!e.contains("format") || e["format"] != kJournalFormat)
-        Throw(ErrorKind::kCorrupt, at + "expected format " + std::string(kJournalFormat));
-      first = false;
-      continue;
-    }
-    if (!e.contains("event") || !e["event"].is_string())
-      Throw(ErrorKind::kCorrupt, at + "an event without its \"event\" name");
-    std::string value;
-    if (const std::string huge = HugeFloatAt(e, "", &value); !huge.empty())
-      Throw(ErrorKind::kCorrupt, at + "a number out of range at " + Printable(huge, 60) + " (" + Printable(value, 40) +
-                                     "): a journal's numbers are integers or below 2^31");
-    std::string name = e["event"].get<std::string>();
-    const EventKind kind = EventKindOf(name);
-    j.events.push_back({lineno, std::move(name), std::move(e), kind});
+    if (auto e = ParseLine(line, lineno, where, &format)) j.events.push_back(std::move(*e));
   }
-  if (first) Throw(ErrorKind::kCorrupt, where + ":1: expected format " + std::string(kJournalFormat));
+  if (!format) Throw(ErrorKind::kCorrupt, where + ":1: expected format " + std::string(kJournalFormat));
   return j;
+}
+
+std::vector<JournalEvent> JournalFollower::Next() {
+  std::vector<JournalEvent> out;
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0 || static_cast<size_t>(st.st_size) == offset_) return out;
+  std::ifstream f(path_, std::ios::binary);
+  if (!f) return out;
+  f.seekg(0, std::ios::end);
+  const auto size = static_cast<size_t>(f.tellg());
+  if (size < offset_)  // replaced, which journals never are
+    Throw(ErrorKind::kCorrupt, path_ + ": shrank from " + std::to_string(offset_) + " to " + std::to_string(size) +
+                                   " bytes while it was followed; a journal is only appended to");
+  std::string chunk(size - offset_, '\0');
+  f.seekg(static_cast<std::streamoff>(offset_));
+  f.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+  chunk.resize(static_cast<size_t>(f.gcount()));
+  offset_ += chunk.size();
+  partial_ += chunk;
+  // Line by line; a bad line stays unread, so that the events before it are given first and
+  // every later call names it.
+  size_t start = 0;
+  for (size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    if (nl > start) {
+      std::optional<JournalEvent> e;
+      try {
+        e = ParseLine(partial_.substr(start, nl - start), lines_ + 1, path_, &format_);
+      } catch (const Error&) {
+        partial_.erase(0, start);
+        if (out.empty()) throw;
+        return out;
+      }
+      if (e) out.push_back(std::move(*e));
+    }
+    ++lines_;
+  }
+  partial_.erase(0, start);
+  return out;
 }
 
 Journal ReadJournal(const std::string& path) { return ParseJournal(ReadFile(path), path); }

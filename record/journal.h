@@ -89,6 +89,24 @@ struct Journal {
 Journal ParseJournal(const std::string& text, const std::string& where);
 Journal ReadJournal(const std::string& path);  // + kNotFound
 
+// A journal followed as it grows: each Next() reads only the bytes written since the last call
+// and returns the events of the lines completed since, parsed as ParseJournal parses them (a
+// line being written is read once it ends). The one way msaflow follows a run as it goes:
+// `submit --wait`, the service's event streams, Runs::Observe. Throws kCorrupt for a line that
+// is not an event, naming it, and for a journal that shrank.
+class JournalFollower {
+ public:
+  explicit JournalFollower(std::string path) : path_(std::move(path)) {}
+  std::vector<JournalEvent> Next();  // none while the file does not exist
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  size_t offset_ = 0, lines_ = 0;  // bytes and whole lines read
+  std::string partial_;            // a line not finished yet
+  bool format_ = false;            // its format line was read
+};
+
 // The coordinator process of a run, as the journal records it (run-start, resume).
 struct Coordinator {
   int64_t pid = 0;

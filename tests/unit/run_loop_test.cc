@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,7 +17,6 @@
 #include "common/error.h"
 #include "common/files.h"
 #include "kernels/dataset.h"
-#include "tests/unit/tiny_images.h"
 #include "launch/launcher.h"
 #include "modules/steps.h"
 #include "nam/store.h"
@@ -24,6 +24,8 @@
 #include "orchestrator/runs.h"
 #include "parallel/comm.h"
 #include "record/journal.h"
+#include "record/run_dir.h"
+#include "tests/unit/tiny_images.h"
 #include "workflow/kinds.h"
 #include "workflow/machine.h"
 #include "workflow/pipeline.h"
@@ -292,8 +294,12 @@ TEST_F(RunLoop, ResumeHandsTheDeadCoordinatorsJobsToTheLauncherToReattach) {
   EXPECT_TRUE(Journal("d").finished);
 }
 
+void AppendFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::app | std::ios::binary) << text;
+}
+
 // The run library as a front end uses it: Runs::Start through the same fake launcher, then
-// Runs::Observe as an event stream from the journal, resumed from where the last call ended.
+// Runs::Observe follows its journal: each Next() the events written since, a line read once it ends.
 TEST_F(RunLoop, RunsStartsARunAndObserveStreamsItsJournal) {
   orchestrator::RunsConfig config;
   config.runs_dir = dir_ + "/runs";
@@ -303,23 +309,43 @@ TEST_F(RunLoop, RunsStartsARunAndObserveStreamsItsJournal) {
   Seen seen;
   const std::string run_dir = runs.Start(Pipeline("observed"), machine_, "e", seen);
   EXPECT_EQ(run_dir, dir_ + "/runs/e");
-  const orchestrator::RunView all = runs.Observe(run_dir, 0);
-  EXPECT_EQ(all.status.state, record::RunState::kFinished);
-  EXPECT_EQ(all.status.holder, 0);  // the coordinator let go of the run
-  ASSERT_FALSE(all.events.empty());
-  EXPECT_EQ(all.events.front().event, "run-start");
-  EXPECT_EQ(all.events.back().event, "run-end");
-  EXPECT_EQ(all.next, all.events.size());
+  EXPECT_EQ(record::StatusOf(run_dir).state, record::RunState::kFinished);
+  EXPECT_EQ(record::StatusOf(run_dir).holder, 0);  // the coordinator let go of the run
+  record::JournalFollower follow = runs.Observe(run_dir);
+  const std::vector<record::JournalEvent> all = follow.Next();
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.front().kind, record::EventKind::kRunStart);
+  EXPECT_EQ(all.back().kind, record::EventKind::kRunEnd);
+  EXPECT_EQ(all.front().line, 2u);  // after the format line
   std::vector<std::string> ends;
-  for (const auto& e : all.events)
-    if (e.event == "task-end") ends.push_back(e.fields.at("task").get<std::string>());
+  for (const auto& e : all)
+    if (e.kind == record::EventKind::kTaskEnd) ends.push_back(e.fields.at("task").get<std::string>());
   EXPECT_EQ(ends, seen.ended);  // the journal tells what the observer was told
-  // From the middle: the rest, in order; from the end: nothing new.
-  const orchestrator::RunView rest = runs.Observe(run_dir, 3);
-  ASSERT_EQ(rest.events.size(), all.events.size() - 3);
-  EXPECT_EQ(rest.events.front().line, all.events[3].line);
-  EXPECT_EQ(runs.Observe(run_dir, all.next).events.size(), 0u);
-  EXPECT_EQ(runs.Observe(run_dir, all.next).next, all.next);
+  // Nothing new: nothing; what is appended next: only that, once its line has ended.
+  EXPECT_TRUE(follow.Next().empty());
+  record::JournalWriter::Append(record::JournalPath(run_dir)).Event(record::EventKind::kResume, {{"reason", "r"}});
+  const std::string half = R"({"event": "run-end", "time": "2026-11-28T00:00:00.000Z")";
+  AppendFile(record::JournalPath(run_dir), half);
+  const std::vector<record::JournalEvent> more = follow.Next();
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_EQ(more[0].kind, record::EventKind::kResume);
+  EXPECT_EQ(more[0].line, all.back().line + 1);
+  EXPECT_TRUE(follow.Next().empty());  // the half-written line waits for its end
+  AppendFile(record::JournalPath(run_dir), "}\n");
+  const std::vector<record::JournalEvent> last = follow.Next();
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0].kind, record::EventKind::kRunEnd);
+  // A line that is not an event is named, not skipped.
+  AppendFile(record::JournalPath(run_dir), "[1]\n");
+  try {
+    follow.Next();
+    ADD_FAILURE() << "a JSON array read as an event";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(record::JournalPath(run_dir) + ":" + std::to_string(last[0].line + 1) +
+                                         ": not a JSON object"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
