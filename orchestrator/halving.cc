@@ -138,7 +138,7 @@ std::vector<std::string> HalvingRaceStory(const std::string& run_dir, const std:
   std::vector<double> fractions;
   int last_round = 0;
   for (const auto& e : record::ReadJournal(record::JournalPath(run_dir)).events) {
-    if (e.event != "round-start" || !e.fields.contains("halving")) continue;
+    if (e.kind != record::EventKind::kRoundStart || !e.fields.contains("halving")) continue;
     const int round = e.fields.value("round", 0);
     last_round = std::max(last_round, round);
     const json& h = e.fields["halving"];

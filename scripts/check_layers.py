@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The folders' dependency direction, checked: every `#include "folder/..."` in a folder's
 sources must name the folder itself or one it may use (docs/design-notes.md has the map). And
-record/ owns a run's directory (record/run_dir.h): no other folder spells the name of a run's
+record/ owns a run's directory (record/run_dir.h) and journal: no other folder compares an event's name
+as a string or spells the name of a run's
 journal, results or submitted record, in code or comment. And a training mode is asked what it
 does (workflow/kinds.h: RanksShareModels, HasGroups, ...; switches there), never compared with
 == or != outside workflow/kinds.cc (kAuto, "not yet resolved", excepted); nor is a launcher's
@@ -32,6 +33,8 @@ ALLOWED = {
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
 # The run directory's files whose names only record/ spells.
 RUN_FILES = re.compile(r"journal\.jsonl|results\.json|submitted\.json")
+# A journal event's name compared as a string (readers switch on record::EventKind).
+EVENT_NAME_COMPARED = re.compile(r"\.event\s*[!=]=\s*\"|\"[a-z0-9]+(?:-[a-z]+)+\"\s*[!=]=\s*[\w.]*\.event\b")
 # A resolved training mode compared, either way round.
 MODE = r"(?:workflow::)?TrainMode::k(?:Independent|Sync|Async|Hybrid)\b"
 MODE_COMPARED = re.compile(rf"[!=]=\s*{MODE}|{MODE}\s*[!=]=")
@@ -69,6 +72,10 @@ def main() -> int:
                     line = text.count("\n", 0, m.start()) + 1
                     bad.append(f"{path.relative_to(root)}:{line}: spells the run file {m.group(0)}: ask "
                                f"record/run_dir.h for it (its path, or the file read)")
+                for m in EVENT_NAME_COMPARED.finditer(text):
+                    line = text.count("\n", 0, m.start()) + 1
+                    bad.append(f"{path.relative_to(root)}:{line}: compares a journal event's name ({m.group(0).strip()}): "
+                               f"compare its record::EventKind")
             if folder in NO_NAM_BACKENDS:
                 for m in NAM_BACKEND.finditer(text):
                     line = text.count("\n", 0, m.start()) + 1

@@ -149,7 +149,7 @@ void ReadJournalFigures(const std::string& jpath, RunFigures* out) {
           }
         }
       }
-      if (e.event != "task-end" || e.fields.value("status", "") != "ok") continue;
+      if (e.kind != record::EventKind::kTaskEnd || e.fields.value("status", "") != "ok") continue;
       int64_t round = 0;
       std::string step;
       if (!SplitTask(e.fields.value("task", ""), &round, &step) || round < 1 ||
