@@ -8,6 +8,7 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <random>
 
@@ -17,6 +18,7 @@
 #include "launch/nam_process.h"
 #include "launch/shared_nam.h"
 #include "nam/fabric_store.h"
+#include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/fpga_preflight.h"
 #include "orchestrator/halving.h"
@@ -101,14 +103,42 @@ std::string HalvingRaceLine(int round, const json& race) {
                      race.value("test", true) ? "" : "; the test split held back for the last round");
 }
 
+// The runs directory's shared NAM server (a local run's, on loopback), found or started on a
+// thread of its own while rung 0 ranks the backbones: its start (~0.4 s, a process and its
+// persisted objects) no longer waits for rung 0 (issue 47 item 6). Only halving has a rung 0,
+// and only where RunDriver would take that server anyway (no test launcher); the thread holds
+// no stop signal (they stay the coordinator's main thread's), and the server, detached, does
+// not die with the thread that started it.
+using EarlyNam = std::future<std::unique_ptr<SharedNamServer>>;
+EarlyNam StartSharedNamEarly(const Pipeline& p, const Machine& m, const RunOptions& opt) {
+  if (p.rounds.strategy != "halving" || opt.make_launcher || opt.msaflow_exe.empty() || !m.OnThisHost() ||
+      NamFor(p, m, opt.runs_dir) != "serve")
+    return {};
+  std::string host, port;
+  nam::SplitHostPort(m.nam.listen, "machine " + m.name + ": /nam/listen", &host, &port);
+  if (!nam::IsLoopbackHost(host)) return {};
+  const launch::InterruptsHeld held;  // the new thread starts with SIGINT and SIGTERM blocked
+  return std::async(std::launch::async, [exe = opt.msaflow_exe, spec = m.nam, runs = opt.runs_dir] {
+    return std::make_unique<SharedNamServer>(exe, spec, runs, 15);
+  });
+}
+
 // One coordinator's hold on a run: its NAM, its launcher, its journal, and the round loop.
 class RunDriver {
  public:
   RunDriver(Rung0& rung0, const Machine& m, const RunOptions& opt, RunObserver& obs, std::string id, std::string dir,
-            JournalWriter journal, RunSummary before)
-      : p_(rung0.pipeline), m_(m), opt_(opt), progress_(obs), id_(std::move(id)), dir_(std::move(dir)),
-        journal_(std::move(journal)), before_(std::move(before)), loop_(rung0.pipeline),
-        rung0_features_(std::move(rung0.features)) {}
+            JournalWriter journal, RunSummary before, EarlyNam early_nam = {})
+      : p_(rung0.pipeline),
+        m_(m),
+        opt_(opt),
+        progress_(obs),
+        id_(std::move(id)),
+        dir_(std::move(dir)),
+        journal_(std::move(journal)),
+        before_(std::move(before)),
+        loop_(rung0.pipeline),
+        rung0_features_(std::move(rung0.features)),
+        early_nam_(std::move(early_nam)) {}
 
   void Drive() {
     try {
@@ -177,8 +207,11 @@ class RunDriver {
     json event;
     try {
       if (launch.prefix.empty() && launch.token_file.empty()) {
-        // On this node, on loopback: the runs directory's shared server (launch/shared_nam.h).
-        shared_nam_ = std::make_unique<SharedNamServer>(opt_.msaflow_exe, m_.nam, opt_.runs_dir, launch.lock_wait_s);
+        // On this node, on loopback: the runs directory's shared server (launch/shared_nam.h),
+        // found or started while rung 0 ranked, if it was.
+        shared_nam_ = early_nam_.valid() ? early_nam_.get()
+                                         : std::make_unique<SharedNamServer>(opt_.msaflow_exe, m_.nam, opt_.runs_dir,
+                                                                             launch.lock_wait_s);
         nam_uri_ = shared_nam_->uri();
         progress_.Line(fmt::format("NAM server of {}: {} (pid {}, {}; {}, persisting to {})", opt_.runs_dir, nam_uri_,
                                    shared_nam_->pid(), shared_nam_->attached() ? "already serving" : "started",
@@ -396,6 +429,7 @@ class RunDriver {
   json provenance_ = json::array();             // one entry per round (record/provenance.h)
   std::map<std::string, std::string> started_;  // task id -> when this coordinator started it
   std::vector<workflow::SubsetFeatures> rung0_features_;  // until they are in the NAM
+  EarlyNam early_nam_;  // the shared NAM server, being found or started since before rung 0
 };
 
 }  // namespace
@@ -471,8 +505,9 @@ std::string RunPipeline(const Pipeline& p, const Machine& m, const RunOptions& o
     std::filesystem::remove_all(staging);
   }
   JournalWriter journal = JournalWriter::Append(record::JournalPath(dir));
+  EarlyNam early_nam = StartSharedNamEarly(p, m, opt);
   Rung0 rung0 = RoundsPipeline(p, dir, journal, obs, 1);  // p itself but for strategy halving
-  RunDriver(rung0, m, opt, obs, id, dir, std::move(journal), RunSummary{}).Drive();
+  RunDriver(rung0, m, opt, obs, id, dir, std::move(journal), RunSummary{}, std::move(early_nam)).Drive();
   return dir;
 }
 
@@ -516,8 +551,9 @@ bool ResumeRun(const std::string& run_dir_arg, const RunOptions& opt_in, RunObse
                        before.tasks_done.size(), before.rounds_ended));
   const std::string id = before.run;  // not read from `before` in the call that moves it
   // The decision read back, if it was made.
+  EarlyNam early_nam = StartSharedNamEarly(p, m, opt);
   Rung0 rung0 = RoundsPipeline(p, dir, journal, obs, static_cast<int>(before.rounds_ended) + 1);
-  RunDriver(rung0, m, opt, obs, id, dir, std::move(journal), std::move(before)).Drive();
+  RunDriver(rung0, m, opt, obs, id, dir, std::move(journal), std::move(before), std::move(early_nam)).Drive();
   return true;
 }
 
