@@ -224,7 +224,7 @@ int PlanOrRun(Options& o, bool plan) {
     p = orchestrator::ApplyPlacement(std::move(p), pl);
   }
   if (plan) {
-    if (p.rounds.strategy == "halving")  // rung 0 decides round 1's backbones when the run starts
+    if (p.rounds.strategy == workflow::Strategy::kHalving)  // rung 0 decides round 1's backbones when the run starts
       std::printf("%shalving: rung 0 keeps %lld of these %zu backbones when the run starts (`msaflow rank` shows "
                   "which); round 1 below is drawn over all of them\n",
                   comment.c_str(), static_cast<long long>((p.backbones.size() + p.rounds.eta - 1) / p.rounds.eta),

@@ -206,7 +206,7 @@ std::string LocalLauncher::PlanText(const RoundPlan& rp, const std::string& nam,
   (void)runs_dir;
   std::string out = fmt::format("plan for {} on machine {} (launcher local), NAM {}\n", p_.name, m_.name, nam);
   out += fmt::format("round 1 of up to {}; later rounds: {} candidates by strategy '{}', top {} kept\n", p_.rounds.max,
-                     p_.rounds.candidates, p_.rounds.strategy, p_.rounds.top_k);
+                     p_.rounds.candidates, workflow::StrategyName(p_.rounds.strategy), p_.rounds.top_k);
   for (const auto& t : rp.tasks) {
     out += fmt::format("  {:<12} module {:<3} ranks {}{}\n", t.id, t.module, t.ranks,
                        t.after.empty() ? "" : "  after " + t.after[0]);

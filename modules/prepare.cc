@@ -424,7 +424,7 @@ std::string WholeTrainStamp(const workflow::Pipeline& p) {
 std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const workflow::BackboneSpec& bb,
                                                       const std::string& bb_digest, const std::string& whole_stamp,
                                                       int64_t rows, int64_t dim) {
-  if (c.pipeline().rounds.strategy != "halving" || bb.kind == "pixels") return std::nullopt;
+  if (c.pipeline().rounds.strategy != workflow::Strategy::kHalving || bb.kind == "pixels") return std::nullopt;
   const std::string obj = workflow::Rung0FeaturesObject(c.task.run, bb.name);
   const auto info = c.store->Stat(obj);
   if (!info) return std::nullopt;
@@ -455,7 +455,8 @@ std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const work
 std::optional<workflow::SubsetFeatures> PreviousRoundFeatures(StepContext& c, const workflow::BackboneSpec& bb,
                                                               const std::string& bb_digest, const std::string& whole_stamp,
                                                               const workflow::SplitSource& src, int64_t dim) {
-  if (c.pipeline().rounds.strategy != "halving" || c.task.round < 2 || bb.kind == "pixels") return std::nullopt;
+  if (c.pipeline().rounds.strategy != workflow::Strategy::kHalving || c.task.round < 2 || bb.kind == "pixels")
+    return std::nullopt;
   const auto summary_info = c.store->Stat(workflow::PreparedObject(c.task.run, c.task.round - 1));
   if (!summary_info) return std::nullopt;
   const nlohmann::json summary = nlohmann::json::parse(c.store->Get(summary_info->name).bytes, nullptr, false);
@@ -735,7 +736,7 @@ std::vector<const workflow::BackboneSpec*> ToCompute(StepContext& c, PrepareRun&
 // Rung 0's features (halving) have served once this step is done: removed after its done object
 // is committed (a resumed run never prepares that round again).
 void RemoveRung0Features(StepContext& c) {
-  if (!c.root() || c.pipeline().rounds.strategy != "halving") return;
+  if (!c.root() || c.pipeline().rounds.strategy != workflow::Strategy::kHalving) return;
   for (const auto& bb : c.pipeline().backbones)
     if (const std::string obj = workflow::Rung0FeaturesObject(c.task.run, bb.name); c.store->Stat(obj))
       c.RemoveOnceDone(obj);
@@ -758,7 +759,7 @@ void Prepare(StepContext& c) {
   c.WorkAhead();
   PrepareRun run;
   run.part_bytes = FeaturesPartBytes();
-  if (c.pipeline().rounds.strategy == "halving" || c.pipeline().train.subset())
+  if (c.pipeline().rounds.strategy == workflow::Strategy::kHalving || c.pipeline().train.subset())
     run.whole_train_stamp = WholeTrainStamp(c.pipeline());
   // Every split's labels, checked before anything is computed; the pixels are read per rank.
   const std::vector<workflow::SplitSource> splits = workflow::OpenSplits(c.pipeline(), c.task.test);

@@ -102,7 +102,7 @@ json ReadRung0(const std::string& run_dir) {
 
 Rung0 HalvingRung0(const workflow::Pipeline& p, const std::string& run_dir, const record::JournalWriter& journal,
                    RunObserver& obs) {
-  if (p.rounds.strategy != "halving") return {p, {}};
+  if (p.rounds.strategy != workflow::Strategy::kHalving) return {p, {}};
   std::vector<workflow::SubsetFeatures> handed;
   json d = ReadRung0(run_dir);
   const bool decided = !d.is_null();

@@ -93,14 +93,15 @@ std::vector<std::pair<KeptCandidate, double>> RoundLoop::HalvingKept(const std::
 }
 
 std::vector<KeptCandidate> RoundLoop::KeptFor(const std::vector<Candidate>& fresh) const {
-  if (p_.rounds.strategy != "halving") return kept_;
+  if (p_.rounds.strategy != workflow::Strategy::kHalving) return kept_;
   std::vector<KeptCandidate> out;
   for (auto& [k, metric] : HalvingKept(fresh)) out.push_back(std::move(k));
   return out;
 }
 
 bool RoundLoop::TestsInRound(int round, const std::vector<Candidate>& fresh) const {
-  if (p_.rounds.strategy != "halving" || p_.select_on == "test" || round >= p_.rounds.max) return true;
+  if (p_.rounds.strategy != workflow::Strategy::kHalving || p_.select_on == "test" || round >= p_.rounds.max)
+    return true;
   // A race of one model (its cuts, raw pixels beside it) spares no pass by waiting, as its data
   // does not grow either (HalvingDataFraction): its test split comes in this round's prepare.
   if (workflow::ModelsOf(p_, fresh) < 2) return true;

@@ -111,8 +111,8 @@ std::string HalvingRaceLine(int round, const json& race) {
 // not die with the thread that started it.
 using EarlyNam = std::future<std::unique_ptr<SharedNamServer>>;
 EarlyNam StartSharedNamEarly(const Pipeline& p, const Machine& m, const RunOptions& opt) {
-  if (p.rounds.strategy != "halving" || opt.make_launcher || opt.msaflow_exe.empty() || !m.OnThisHost() ||
-      NamFor(p, m, opt.runs_dir) != "serve")
+  if (p.rounds.strategy != workflow::Strategy::kHalving || opt.make_launcher || opt.msaflow_exe.empty() ||
+      !m.OnThisHost() || NamFor(p, m, opt.runs_dir) != "serve")
     return {};
   std::string host, port;
   nam::SplitHostPort(m.nam.listen, "machine " + m.name + ": /nam/listen", &host, &port);
@@ -307,7 +307,7 @@ class RunDriver {
       progress_.RoundStart(round, p_.rounds.max, fresh.size(), kept.size(), plan.tasks.size(), skipped.size());
       json start = {{"round", round}, {"candidates", fresh.size()}, {"tasks", plan.tasks.size()},
                     {"reused_tasks", skipped.size()}};
-      if (p_.rounds.strategy == "halving") {
+      if (p_.rounds.strategy == workflow::Strategy::kHalving) {
         const json race = HalvingRace(round_p, test);
         progress_.Line(HalvingRaceLine(round, race));
         start["halving"] = race;
@@ -344,7 +344,7 @@ class RunDriver {
           curves[info->name] = info->meta["curve"];
     provenance_.push_back(record::ProvenanceRound(round, std::move(tasks), outcome.best, curves));
     json entry = RoundEntry(p_, round, outcome, step_seconds);
-    if (p_.rounds.strategy == "halving") entry["halving"] = HalvingRace(round_p, test);
+    if (p_.rounds.strategy == workflow::Strategy::kHalving) entry["halving"] = HalvingRace(round_p, test);
     if (!round_account_.is_null() && !round_account_.empty()) entry["node_seconds"] = round_account_;
     if (!ended_before || !replayed) {
       progress_.RoundTable(p_, round, outcome);

@@ -45,7 +45,8 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
   lines.push_back(fmt::format("train: mode {} on {} rank{}{}", workflow::TrainModeName(layout.mode), layout.ranks,
                               layout.ranks > 1 ? "s" : "",
                               layout.servers ? fmt::format(" + {} parameter server(s)", layout.servers) : ""));
-  if (p.rounds.strategy == "halving") {  // what the strategy will do, round by round (docs/search.md)
+  if (p.rounds.strategy ==
+      workflow::Strategy::kHalving) {  // what the strategy will do, round by round (docs/search.md)
     const size_t b = p.backbones.size(), eta = static_cast<size_t>(p.rounds.eta);
     std::string heads, whole;
     // The models in the race: at most rung 0's survivors in round 1, then the heads continued.

@@ -38,6 +38,8 @@ EVENT_NAME_COMPARED = re.compile(r"\.event\s*[!=]=\s*\"|\"[a-z0-9]+(?:-[a-z]+)+\
 # A resolved training mode compared, either way round.
 MODE = r"(?:workflow::)?TrainMode::k(?:Independent|Sync|Async|Hybrid)\b"
 MODE_COMPARED = re.compile(rf"[!=]=\s*{MODE}|{MODE}\s*[!=]=")
+# The rounds' strategy is workflow::Strategy; its name is compared nowhere.
+STRATEGY_COMPARED = re.compile(r"strategy\s*[!=]=\s*\"")
 # A NAM backend's own header: the folders that read a run's objects (the service, inference)
 # open the NAM by URI (nam/store.h) and ask record/ where a run's NAM is, not a backend.
 NAM_BACKEND = re.compile(r'^\s*#\s*include\s+"nam/(file_store|fabric_store|mem_store|fault_store|recording_store|server)\.h"',
@@ -91,6 +93,10 @@ def main() -> int:
                     line = text.count("\n", 0, m.start()) + 1
                     bad.append(f"{path.relative_to(root)}:{line}: compares a launcher kind ({m.group(0).strip()}): ask "
                                f"what it can do (workflow::OnThisHost, the Launcher's methods)")
+            for m in STRATEGY_COMPARED.finditer(text):
+                line = text.count("\n", 0, m.start()) + 1
+                bad.append(f"{path.relative_to(root)}:{line}: compares the strategy by name ({m.group(0).strip()}): "
+                           f"compare workflow::Strategy")
             if path.relative_to(root).as_posix() != "workflow/kinds.cc":
                 for m in MODE_COMPARED.finditer(text):
                     line = text.count("\n", 0, m.start()) + 1

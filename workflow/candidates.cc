@@ -146,7 +146,7 @@ int64_t HalvingEpochs(const Pipeline& p, int round) {
 }
 
 double HalvingDataFraction(const Pipeline& p, int round, size_t models) {
-  if (p.rounds.strategy != "halving" || !p.rounds.grow_data || round >= p.rounds.max || models < 2) return 1;
+  if (p.rounds.strategy != Strategy::kHalving || !p.rounds.grow_data || round >= p.rounds.max || models < 2) return 1;
   for (const auto& bb : p.backbones)
     if (bb.precision == "int8") return 1;
   double g = 1;
@@ -187,7 +187,7 @@ size_t ModelsOf(const Pipeline& p) {
 }
 
 Pipeline RoundPipeline(const Pipeline& p, int round, const std::vector<Candidate>& fresh) {
-  if (p.rounds.strategy != "halving" || fresh.empty()) return p;
+  if (p.rounds.strategy != Strategy::kHalving || fresh.empty()) return p;
   std::set<std::string> race;
   for (const auto& c : fresh) race.insert(c.backbone);
   const double g = HalvingDataFraction(p, round, ModelsOf(p, fresh));
@@ -199,7 +199,7 @@ Pipeline RoundPipeline(const Pipeline& p, int round, const std::vector<Candidate
 
 std::vector<Candidate> FirstRound(const Pipeline& p) {
   std::vector<Candidate> out = Sample(p, 1);
-  if (p.rounds.strategy == "halving")
+  if (p.rounds.strategy == Strategy::kHalving)
     for (auto& c : out) c.head.epochs = HalvingRoundEpochs(p, 1, ModelsOf(p, out));
   return out;
 }
@@ -236,8 +236,16 @@ std::vector<Candidate> Continue(const Pipeline& p, int round, const std::vector<
 
 std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector<Ranked>& ranking,
                                  const std::vector<Ranked>& backbone_best) {
-  if (p.rounds.strategy == "random" || ranking.empty()) return Sample(p, round);
-  if (p.rounds.strategy == "halving") return Continue(p, round, ranking);
+  if (ranking.empty()) return Sample(p, round);
+  switch (p.rounds.strategy) {
+    case Strategy::kRandom:
+      return Sample(p, round);
+    case Strategy::kHalving:
+      return Continue(p, round, ranking);
+    case Strategy::kPerturb:
+    case Strategy::kRestart:
+      break;  // children of the best kept candidates, below
+  }
   size_t k = std::min<size_t>(static_cast<size_t>(p.rounds.top_k), ranking.size());
   std::vector<const Ranked*> parents;
   std::set<std::string> represented;
@@ -267,7 +275,7 @@ std::vector<Candidate> NextRound(const Pipeline& p, int round, const std::vector
     c.id = Id(round, i);
     c.head.seed = SeedFor(p, round, i);
     c.head.data_seed = DataSeedFor(p, round);
-    if (p.rounds.strategy == "perturb") {
+    if (p.rounds.strategy == Strategy::kPerturb) {
       if (i == 0) {
         // Warm start: continue from the champion's weights with a smaller step.
         c.warm_start = parent.model;

@@ -81,6 +81,26 @@ std::optional<TrainMode> TrainModeFromName(std::string_view name) {
   return std::nullopt;
 }
 
+const char* StrategyName(Strategy s) {
+  switch (s) {
+    case Strategy::kPerturb:
+      return "perturb";
+    case Strategy::kRestart:
+      return "restart";
+    case Strategy::kRandom:
+      return "random";
+    case Strategy::kHalving:
+      return "halving";
+  }
+  return "?";
+}
+
+std::optional<Strategy> StrategyFromName(std::string_view name) {
+  for (Strategy s : {Strategy::kPerturb, Strategy::kRestart, Strategy::kRandom, Strategy::kHalving})
+    if (name == StrategyName(s)) return s;
+  return std::nullopt;
+}
+
 TrainMode ParseTrainMode(std::string_view name, const std::string& where) {
   if (auto m = TrainModeFromName(name)) return *m;
   Throw(ErrorKind::kInvalidInput, where + ": \"" + std::string(name.substr(0, 40)) +

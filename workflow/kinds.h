@@ -1,5 +1,5 @@
-// The closed sets a pipeline and a task choose from, as types: the workflow's steps and the
-// train step's parallel modes. Each is parsed from its JSON name once (here, by the parsers in
+// The closed sets a pipeline and a task choose from, as types: the workflow's steps, the
+// train step's parallel modes and the rounds' strategy. Each is parsed from its JSON name once (here, by the parsers in
 // this folder) and compared as an enum everywhere else, in `switch`es the compiler checks for
 // exhaustiveness (-Wswitch). The FPGA backend is kernels::fpga::Backend (kernels/fpga/device.h),
 // parsed in workflow/fpga_config.cc.
@@ -60,9 +60,18 @@ int64_t MinRanks(TrainMode m);
 // other mode as it is.
 TrainMode ResolveAuto(TrainMode m, int64_t candidates, int64_t ranks);
 
+// How each round after the first chooses its candidates (docs/search.md): perturb the best
+// kept ones, restart from fresh samples, sample at random, or successive halving (rung 0 ranks
+// the backbones, each round continues the best 1/eta of the last round's heads).
+enum class Strategy { kPerturb, kRestart, kRandom, kHalving };
+// "perturb", "restart", "random", "halving".
+const char* StrategyName(Strategy s);
+std::optional<Strategy> StrategyFromName(std::string_view name);
+
 // In JSON (task files, the journal, results) both are written by name. There is no from_json:
 // reading one goes through Parse*/FromName, which say what was expected.
 inline void to_json(nlohmann::json& j, Step s) { j = StepName(s); }
 inline void to_json(nlohmann::json& j, TrainMode m) { j = TrainModeName(m); }
+inline void to_json(nlohmann::json& j, Strategy s) { j = StrategyName(s); }
 
 }  // namespace msaflow::workflow

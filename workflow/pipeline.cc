@@ -521,10 +521,12 @@ void ReadRounds(const Reader& r, const json& ro, RoundsSpec& rounds) {
   if (ro.contains("candidates")) rounds.candidates = r.Int(ro["candidates"], "/rounds/candidates", 1, 10000);
   if (ro.contains("top_k")) rounds.top_k = r.Int(ro["top_k"], "/rounds/top_k", 1, 10000);
   if (ro.contains("strategy"))
-    rounds.strategy = r.Enum(ro["strategy"], "/rounds/strategy", {"perturb", "restart", "random", "halving"});
+    rounds.strategy =
+        *StrategyFromName(r.Enum(ro["strategy"], "/rounds/strategy", {"perturb", "restart", "random", "halving"}));
   for (const char* k : {"eta", "rank_fraction", "rank_by", "grow_data"})
-    if (ro.contains(k) && rounds.strategy != "halving")
-      r.Fail(std::string("/rounds/") + k, "only for \"strategy\": \"halving\" (the strategy is \"" + rounds.strategy + "\")");
+    if (ro.contains(k) && rounds.strategy != Strategy::kHalving)
+      r.Fail(std::string("/rounds/") + k, std::string("only for \"strategy\": \"halving\" (the strategy is \"") +
+                                              StrategyName(rounds.strategy) + "\")");
   if (ro.contains("eta")) rounds.eta = r.Int(ro["eta"], "/rounds/eta", 2, 16);
   if (ro.contains("rank_fraction")) rounds.rank_fraction = r.Number(ro["rank_fraction"], "/rounds/rank_fraction", 0.001, 1);
   if (ro.contains("grow_data")) rounds.grow_data = r.Bool(ro["grow_data"], "/rounds/grow_data");

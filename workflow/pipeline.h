@@ -107,7 +107,7 @@ struct RoundsSpec {
   int64_t max = 1;
   int64_t candidates = 4;
   int64_t top_k = 2;
-  std::string strategy = "perturb";  // "perturb" | "restart" | "random" | "halving" (docs/search.md)
+  Strategy strategy = Strategy::kPerturb;  // docs/search.md
   // halving: rung 0 ranks the backbones on a stratified `rank_fraction` of the training split by
   // `rank_by` ("knn" | "logme") and keeps the best 1/eta; each round then continues the best
   // 1/eta of the last round's heads (warm-started) for eta times the epochs.
