@@ -55,6 +55,28 @@ LAUNCHER_COMPARED = re.compile(r"[!=]=\s*(?:workflow::)?LauncherKind::k\w+|(?:wo
                                r"launcher\s*[!=]=\s*\"(?:local|slurm)\"")
 
 
+# (what is looked for, in which sources (folder, path), what the finding says)
+RULES = [
+    (RUN_FILES, lambda folder, rel: folder != "record",
+     lambda folder, m: f"spells the run file {m.group(0)}: ask record/run_dir.h for it (its path, or the file read)"),
+    (EVENT_NAME_COMPARED, lambda folder, rel: folder != "record",
+     lambda folder, m: f"compares a journal event's name ({m.group(0).strip()}): compare its record::EventKind"),
+    (NAM_BACKEND, lambda folder, rel: folder in NO_NAM_BACKENDS,
+     lambda folder, m: f"{folder}/ includes the NAM backend nam/{m.group(1)}.h: open the NAM by URI (nam/store.h)"),
+    (OWN_PROCESS, lambda folder, rel: folder in NO_OWN_PROCESSES,
+     lambda folder, m: f"{folder}/ starts a process itself ({m.group(0)}): start a run's coordinator through "
+                       "orchestrator::Runs (StartCoordinator)"),
+    (LAUNCHER_COMPARED, lambda folder, rel: folder != "launch" and rel != "workflow/machine.cc",
+     lambda folder, m: f"compares a launcher kind ({m.group(0).strip()}): ask what it can do (workflow::OnThisHost, "
+                       "the Launcher's methods)"),
+    (STRATEGY_COMPARED, lambda folder, rel: True,
+     lambda folder, m: f"compares the strategy by name ({m.group(0).strip()}): compare workflow::Strategy"),
+    (MODE_COMPARED, lambda folder, rel: rel != "workflow/kinds.cc",
+     lambda folder, m: f"compares a training mode ({m.group(0).strip()}): ask workflow/kinds.h what it does "
+                       "(RanksShareModels, HasGroups, ...) or switch on it"),
+]
+
+
 def main() -> int:
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     bad = []
@@ -69,39 +91,12 @@ def main() -> int:
                     line = text.count("\n", 0, m.start()) + 1
                     bad.append(f"{path.relative_to(root)}:{line}: {folder}/ includes {target}/ "
                                f"(it may use {', '.join(sorted(allowed)) or 'nothing else'})")
-            if folder != "record":
-                for m in RUN_FILES.finditer(text):
-                    line = text.count("\n", 0, m.start()) + 1
-                    bad.append(f"{path.relative_to(root)}:{line}: spells the run file {m.group(0)}: ask "
-                               f"record/run_dir.h for it (its path, or the file read)")
-                for m in EVENT_NAME_COMPARED.finditer(text):
-                    line = text.count("\n", 0, m.start()) + 1
-                    bad.append(f"{path.relative_to(root)}:{line}: compares a journal event's name ({m.group(0).strip()}): "
-                               f"compare its record::EventKind")
-            if folder in NO_NAM_BACKENDS:
-                for m in NAM_BACKEND.finditer(text):
-                    line = text.count("\n", 0, m.start()) + 1
-                    bad.append(f"{path.relative_to(root)}:{line}: {folder}/ includes the NAM backend nam/{m.group(1)}.h: "
-                               f"open the NAM by URI (nam/store.h)")
-            if folder in NO_OWN_PROCESSES:
-                for m in OWN_PROCESS.finditer(text):
-                    line = text.count("\n", 0, m.start()) + 1
-                    bad.append(f"{path.relative_to(root)}:{line}: {folder}/ starts a process itself ({m.group(0)}): "
-                               f"start a run's coordinator through orchestrator::Runs (StartCoordinator)")
-            if folder != "launch" and path.relative_to(root).as_posix() != "workflow/machine.cc":
-                for m in LAUNCHER_COMPARED.finditer(text):
-                    line = text.count("\n", 0, m.start()) + 1
-                    bad.append(f"{path.relative_to(root)}:{line}: compares a launcher kind ({m.group(0).strip()}): ask "
-                               f"what it can do (workflow::OnThisHost, the Launcher's methods)")
-            for m in STRATEGY_COMPARED.finditer(text):
-                line = text.count("\n", 0, m.start()) + 1
-                bad.append(f"{path.relative_to(root)}:{line}: compares the strategy by name ({m.group(0).strip()}): "
-                           f"compare workflow::Strategy")
-            if path.relative_to(root).as_posix() != "workflow/kinds.cc":
-                for m in MODE_COMPARED.finditer(text):
-                    line = text.count("\n", 0, m.start()) + 1
-                    bad.append(f"{path.relative_to(root)}:{line}: compares a training mode ({m.group(0).strip()}): ask "
-                               f"workflow/kinds.h what it does (RanksShareModels, HasGroups, ...) or switch on it")
+            rel = path.relative_to(root).as_posix()
+            for pattern, applies, says in RULES:
+                if applies(folder, rel):
+                    for m in pattern.finditer(text):
+                        line = text.count("\n", 0, m.start()) + 1
+                        bad.append(f"{rel}:{line}: {says(folder, m)}")
     unknown = sorted(p.name for p in root.iterdir()
                      if p.is_dir() and p.name not in ALLOWED and any(p.glob("*.cc"))
                      and p.name not in ("tests", "bench", "fuzz"))
