@@ -135,7 +135,7 @@ TrainedModel OpenTrainedModel(const std::string& run_dir_in, const std::string& 
   const nam::Object model = store->Get(m.model_object);
   m.head = modules::HeadFromModel(model, m.candidate.head);
   const modules::TailWeights tail = modules::TailOfModel(model);
-  if (m.backbone.kind != "pixels") LoadBackbone(*store, tail, &m);
+  if (m.backbone.kind != workflow::BackboneKind::kPixels) LoadBackbone(*store, tail, &m);
 
   // Class names: the test figures' per-class names, by class index.
   m.class_names.assign(static_cast<size_t>(m.head.classes), "");
@@ -174,9 +174,10 @@ kernels::ClassifierExport ExportSpec(const TrainedModel& m, bool with_preprocess
   json input = {{"preprocessing", with_preprocessing ? "in the graph: uint8 [N, rows, cols, channels] images"
                                                      : "by the caller: float32 [N, C, H, W], (pixel / 255 - mean) / std"},
                 {"image", {{"rows", m.image_rows}, {"cols", m.image_cols}, {"channels", m.image_channels}}}};
-  if (m.backbone.kind == "pixels" && !m.backbone.prepared()) {
+  if (m.backbone.kind == workflow::BackboneKind::kPixels && !m.backbone.prepared()) {
     input["model"] = {{"kind", "pixels"}, {"layout", "[N, rows, cols, channels], pixel / 255"}};
-  } else if (m.backbone.kind == "pixels") {  // resized raw pixels: prepared images are the features
+  } else if (m.backbone.kind ==
+             workflow::BackboneKind::kPixels) {  // resized raw pixels: prepared images are the features
     input["model"] = {{"kind", "pixels"}, {"channels", in.channels}, {"height", in.height}, {"width", in.width},
                       {"mean", {0, 0, 0}}, {"std", {1, 1, 1}}, {"resize", "bilinear, half-pixel centres"},
                       {"layout", "[N, C, H, W], pixel / 255"}};

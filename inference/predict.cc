@@ -226,7 +226,7 @@ Classifier::Classifier(const TrainedModel& m) {
   head_ = m.head;
   class_names_ = m.class_names;
   pixels_dim_ = m.image_rows * m.image_cols * m.image_channels;
-  if (kind_ != "pixels") {
+  if (kind_ != workflow::BackboneKind::kPixels) {
     graph_ = kernels::ImportOnnx(m.backbone_onnx, "backbone '" + m.backbone.name + "'", m.backbone.feature_layer);
     // In the run's own arithmetic (and an int8 backbone with the run's ranges): the run's test
     // images then classify as the run evaluated them. A CPU that cannot computes in f32, and
@@ -248,7 +248,7 @@ Classifier::Classifier(const TrainedModel& m) {
 
 // Resized raw pixels are the head's input as prepared: the sizes must agree.
 void Classifier::CheckResizedPixels(const std::string& where) const {
-  if (kind_ == "pixels" && !raw_pixels() && PreparedSize() != head_.in_dim)
+  if (kind_ == workflow::BackboneKind::kPixels && !raw_pixels() && PreparedSize() != head_.in_dim)
     Throw(ErrorKind::kInvalidInput,
           fmt::format("{}: raw pixels resized to {} x {} x {} are {} features, but the head takes {}", where,
                       input_.channels, input_.height, input_.width, PreparedSize(), head_.in_dim));
@@ -272,12 +272,15 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
   if (!bb.is_object() || !input.is_object() || !names.is_array() || !head.is_object())
     Throw(ErrorKind::kInvalidInput, path + ": its msaflow metadata_props are damaged");
   try {
-    c->kind_ = bb.at("kind");
+    const auto kind = workflow::BackboneKindFromName(bb.at("kind").get<std::string>());
+    if (!kind) Throw(ErrorKind::kInvalidInput, path + ": msaflow.backbone's kind is not onnx or pixels");
+    c->kind_ = *kind;
     c->half_ = bb.value("feature_dtype", "f32") == "f16";
     c->class_names_ = names.get<std::vector<std::string>>();
     const json& img = input.at("image");
     c->pixels_dim_ = img.at("rows").get<int64_t>() * img.at("cols").get<int64_t>() * img.at("channels").get<int64_t>();
-    if (c->kind_ != "pixels" || input.at("model").contains("height")) {  // resized raw pixels too
+    if (c->kind_ != workflow::BackboneKind::kPixels ||
+        input.at("model").contains("height")) {  // resized raw pixels too
       const json& mi = input.at("model");
       c->input_.channels = mi.at("channels");
       c->input_.height = mi.at("height");
@@ -298,7 +301,7 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
         "its backbone in {} (predict on the run directory computes as the run did)",
         path, run_precision);
   c->CheckResizedPixels(path);
-  if (c->kind_ != "pixels") {
+  if (c->kind_ != workflow::BackboneKind::kPixels) {
     c->graph_ = kernels::ImportOnnx(BackboneOnly(m, path, c->input_), path, bb.value("feature_layer", ""));
     c->executor_ = std::make_unique<kernels::Executor>(c->graph_, kernels::Precision::kF32);
   }
@@ -337,7 +340,7 @@ std::vector<float> Classifier::Classify(const std::vector<kernels::DecodedImage>
 std::vector<float> Classifier::ClassifyPrepared(const float* x, int64_t n) {
   const int64_t dim = head_.in_dim, k = head_.classes;
   std::vector<float> features(static_cast<size_t>(n * dim));
-  if (kind_ == "pixels") {
+  if (kind_ == workflow::BackboneKind::kPixels) {
     std::copy(x, x + n * dim, features.begin());
   } else {
     const int64_t per = PreparedSize();

@@ -37,7 +37,7 @@ class Classifier {
   void set_batch(int64_t b) { batch_ = b < 1 ? 1 : b; }
   // Takes raw pixels as read (/ 255, no preparation); resized raw pixels take prepared images as
   // an ONNX backbone does, and are their own features.
-  bool raw_pixels() const { return kind_ == "pixels" && input_.height == 0; }
+  bool raw_pixels() const { return kind_ == workflow::BackboneKind::kPixels && input_.height == 0; }
   const kernels::InputSpec& input() const { return input_; }
   int64_t classes() const { return head_.classes; }
   const std::vector<std::string>& class_names() const { return class_names_; }
@@ -49,7 +49,7 @@ class Classifier {
   Classifier() = default;
   void CheckResizedPixels(const std::string& where) const;
 
-  std::string kind_;  // "onnx" | "pixels"
+  workflow::BackboneKind kind_ = workflow::BackboneKind::kOnnx;
   kernels::InputSpec input_;
   bool half_ = false;
   bool pow2_batches_ = false;

@@ -27,7 +27,7 @@ void Load(StepContext& c) {
     std::string obj = workflow::BackboneObject(bb.name);
     nlohmann::json meta = {{"kind", bb.kind}, {"name", bb.name}};
     std::string bytes;
-    if (bb.kind == "pixels") {
+    if (bb.kind == workflow::BackboneKind::kPixels) {
       meta["digest"] = workflow::BackboneDigestOf(bb, "", "");
       c.inputs["backbones"][bb.name] = meta["digest"];
       auto have = c.store->Stat(obj);

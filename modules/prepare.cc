@@ -392,7 +392,7 @@ std::string DatasetDigest(StepContext& c, const workflow::SplitSource& src) {
 // ranges, the same for every rank).
 int64_t FeatureDim(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
                    std::unique_ptr<kernels::Executor>& ex) {
-  if (bb.kind == "pixels") {
+  if (bb.kind == workflow::BackboneKind::kPixels) {
     if (bb.prepared()) return bb.input.channels * bb.input.height * bb.input.width;
     kernels::ImageSet first = src.Read(0, 1);
     if (!first.uniform())
@@ -424,7 +424,8 @@ std::string WholeTrainStamp(const workflow::Pipeline& p) {
 std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const workflow::BackboneSpec& bb,
                                                       const std::string& bb_digest, const std::string& whole_stamp,
                                                       int64_t rows, int64_t dim) {
-  if (c.pipeline().rounds.strategy != workflow::Strategy::kHalving || bb.kind == "pixels") return std::nullopt;
+  if (c.pipeline().rounds.strategy != workflow::Strategy::kHalving || bb.kind == workflow::BackboneKind::kPixels)
+    return std::nullopt;
   const std::string obj = workflow::Rung0FeaturesObject(c.task.run, bb.name);
   const auto info = c.store->Stat(obj);
   if (!info) return std::nullopt;
@@ -455,7 +456,8 @@ std::optional<workflow::SubsetFeatures> Rung0Features(StepContext& c, const work
 std::optional<workflow::SubsetFeatures> PreviousRoundFeatures(StepContext& c, const workflow::BackboneSpec& bb,
                                                               const std::string& bb_digest, const std::string& whole_stamp,
                                                               const workflow::SplitSource& src, int64_t dim) {
-  if (c.pipeline().rounds.strategy != workflow::Strategy::kHalving || c.task.round < 2 || bb.kind == "pixels")
+  if (c.pipeline().rounds.strategy != workflow::Strategy::kHalving || c.task.round < 2 ||
+      bb.kind == workflow::BackboneKind::kPixels)
     return std::nullopt;
   const auto summary_info = c.store->Stat(workflow::PreparedObject(c.task.run, c.task.round - 1));
   if (!summary_info) return std::nullopt;

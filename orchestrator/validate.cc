@@ -28,7 +28,7 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
                                        const std::string& origin, const std::string& runs_dir) {
   for (const auto& [step, s] : p.steps) m.Module(s.module, origin + ": /steps/" + workflow::StepName(step) + "/module");
   for (size_t i = 0; i < p.backbones.size(); ++i)
-    if (p.backbones[i].kind == "onnx" && !PathExists(p.backbones[i].onnx))
+    if (p.backbones[i].kind == workflow::BackboneKind::kOnnx && !PathExists(p.backbones[i].onnx))
       Throw(ErrorKind::kNotFound, fmt::format("{}: {}/onnx: {}: no such file", origin, p.backbones[i].pointer, p.backbones[i].onnx));
   workflow::CheckDatasetFiles(p, origin);  // regular files and folders, before any is opened
   workflow::CheckDatasetLabels(p);         // headers, labels and classes; no pixel read

@@ -40,6 +40,8 @@ MODE = r"(?:workflow::)?TrainMode::k(?:Independent|Sync|Async|Hybrid)\b"
 MODE_COMPARED = re.compile(rf"[!=]=\s*{MODE}|{MODE}\s*[!=]=")
 # The rounds' strategy is workflow::Strategy; its name is compared nowhere.
 STRATEGY_COMPARED = re.compile(r"strategy\s*[!=]=\s*\"")
+# Nor a backbone's kind (workflow::BackboneKind).
+BACKBONE_KIND_COMPARED = re.compile(r"kind_?\s*[!=]=\s*\"(?:pixels|onnx)\"")
 # A NAM backend's own header: the folders that read a run's objects (the service, inference)
 # open the NAM by URI (nam/store.h) and ask record/ where a run's NAM is, not a backend.
 NAM_BACKEND = re.compile(r'^\s*#\s*include\s+"nam/(file_store|fabric_store|mem_store|fault_store|recording_store|server)\.h"',
@@ -71,6 +73,8 @@ RULES = [
                        "the Launcher's methods)"),
     (STRATEGY_COMPARED, lambda folder, rel: True,
      lambda folder, m: f"compares the strategy by name ({m.group(0).strip()}): compare workflow::Strategy"),
+    (BACKBONE_KIND_COMPARED, lambda folder, rel: True,
+     lambda folder, m: f"compares a backbone's kind by name ({m.group(0).strip()}): compare workflow::BackboneKind"),
     (MODE_COMPARED, lambda folder, rel: rel != "workflow/kinds.cc",
      lambda folder, m: f"compares a training mode ({m.group(0).strip()}): ask workflow/kinds.h what it does "
                        "(RanksShareModels, HasGroups, ...) or switch on it"),

@@ -53,7 +53,8 @@ void CheckConfined(const workflow::Pipeline& p, const User& user) {
   split(p.test, "/datasets/test");
   if (p.validation) split(*p.validation, "/datasets/validation");
   for (size_t i = 0; i < p.backbones.size(); ++i)
-    if (p.backbones[i].kind == "onnx") inside(p.backbones[i].onnx, p.backbones[i].pointer + "/onnx");
+    if (p.backbones[i].kind == workflow::BackboneKind::kOnnx)
+      inside(p.backbones[i].onnx, p.backbones[i].pointer + "/onnx");
   if (!p.nam.empty())
     throw ApiError(403, "nam_not_allowed", "a pipeline run by the service uses its user's own NAM store; it may not name one",
                    "/nam", "leave out \"nam\"");

@@ -24,9 +24,9 @@ std::string StorageSuffix(const BackboneSpec& bb) { return bb.feature_dtype == "
 
 bool SharePass(const BackboneSpec& a, const BackboneSpec& b) {
   const kernels::InputSpec &x = a.input, &y = b.input;
-  return a.kind != "pixels" && b.kind != "pixels" && a.onnx == b.onnx && a.precision == "f32" && b.precision == "f32" &&
-         x.channels == y.channels && x.height == y.height && x.width == y.width && x.batch == y.batch &&
-         x.mean == y.mean && x.std == y.std;
+  return a.kind != BackboneKind::kPixels && b.kind != BackboneKind::kPixels && a.onnx == b.onnx &&
+         a.precision == "f32" && b.precision == "f32" && x.channels == y.channels && x.height == y.height &&
+         x.width == y.width && x.batch == y.batch && x.mean == y.mean && x.std == y.std;
 }
 
 std::vector<std::vector<const BackboneSpec*>> PassGroups(const Pipeline& p) {
@@ -68,7 +68,7 @@ std::vector<Pass> PlanPasses(std::vector<const BackboneSpec*> group, const CutsE
 
 std::string BackboneDigestOf(const BackboneSpec& bb, const std::string& model, const std::string& calibration) {
   const auto& in = bb.input;
-  if (bb.kind == "pixels") {
+  if (bb.kind == BackboneKind::kPixels) {
     // Resized pixels are other features than pixels as read (which keep the digest they had).
     const std::string resized = bb.prepared() ? fmt::format(" resized {}x{}x{}", in.channels, in.height, in.width) : "";
     return ChecksumHex(std::string("pixels/v1") + resized + StorageSuffix(bb));
@@ -189,7 +189,7 @@ void CheckBackbones(const Pipeline& p) {
   static std::set<std::string> passed;
   for (const auto& group : PassGroups(p)) {
     const BackboneSpec& first = *group.front();
-    if (first.kind != "onnx") continue;
+    if (first.kind != BackboneKind::kOnnx) continue;
     const std::string model = ReadInputFile(first.onnx, "an ONNX model", kernels::kMaxOnnxBytes);
     std::string key = BackboneDigestOf(first, model, "") + first.train_from;
     for (size_t i = 1; i < group.size(); ++i)

@@ -170,7 +170,7 @@ template <typename In>
 size_t ModelsAmong(const Pipeline& p, In in) {
   std::set<std::string> models;
   for (const auto& bb : p.backbones)
-    if (bb.kind != "pixels" && in(bb.name)) models.insert(bb.onnx);
+    if (bb.kind != BackboneKind::kPixels && in(bb.name)) models.insert(bb.onnx);
   return models.size();
 }
 

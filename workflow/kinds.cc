@@ -101,6 +101,22 @@ std::optional<Strategy> StrategyFromName(std::string_view name) {
   return std::nullopt;
 }
 
+const char* BackboneKindName(BackboneKind k) {
+  switch (k) {
+    case BackboneKind::kOnnx:
+      return "onnx";
+    case BackboneKind::kPixels:
+      return "pixels";
+  }
+  return "?";
+}
+
+std::optional<BackboneKind> BackboneKindFromName(std::string_view name) {
+  for (BackboneKind k : {BackboneKind::kOnnx, BackboneKind::kPixels})
+    if (name == BackboneKindName(k)) return k;
+  return std::nullopt;
+}
+
 TrainMode ParseTrainMode(std::string_view name, const std::string& where) {
   if (auto m = TrainModeFromName(name)) return *m;
   Throw(ErrorKind::kInvalidInput, where + ": \"" + std::string(name.substr(0, 40)) +

@@ -1,6 +1,6 @@
 // The closed sets a pipeline and a task choose from, as types: the workflow's steps, the
-// train step's parallel modes and the rounds' strategy. Each is parsed from its JSON name once (here, by the parsers in
-// this folder) and compared as an enum everywhere else, in `switch`es the compiler checks for
+// train step's parallel modes, the rounds' strategy and a backbone's kind. Each is parsed from its JSON name once
+// (here, by the parsers in this folder) and compared as an enum everywhere else, in `switch`es the compiler checks for
 // exhaustiveness (-Wswitch). The FPGA backend is kernels::fpga::Backend (kernels/fpga/device.h),
 // parsed in workflow/fpga_config.cc.
 #pragma once
@@ -68,10 +68,17 @@ enum class Strategy { kPerturb, kRestart, kRandom, kHalving };
 const char* StrategyName(Strategy s);
 std::optional<Strategy> StrategyFromName(std::string_view name);
 
+// What a backbone is: an ONNX model cut at a layer, or raw pixels (the baseline).
+enum class BackboneKind { kOnnx, kPixels };
+// "onnx", "pixels".
+const char* BackboneKindName(BackboneKind k);
+std::optional<BackboneKind> BackboneKindFromName(std::string_view name);
+
 // In JSON (task files, the journal, results) both are written by name. There is no from_json:
 // reading one goes through Parse*/FromName, which say what was expected.
 inline void to_json(nlohmann::json& j, Step s) { j = StepName(s); }
 inline void to_json(nlohmann::json& j, TrainMode m) { j = TrainModeName(m); }
 inline void to_json(nlohmann::json& j, Strategy s) { j = StrategyName(s); }
+inline void to_json(nlohmann::json& j, BackboneKind k) { j = BackboneKindName(k); }
 
 }  // namespace msaflow::workflow

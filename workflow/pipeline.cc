@@ -218,9 +218,9 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
     r.Fail(ptr + "/name", Quote(v["name"]) + " cannot name NAM objects; expected a name such as \"mobilenetv2\"");
   if (b.name.size() > 64)
     r.Fail(ptr + "/name", Quote(v["name"]) + " is " + std::to_string(b.name.size()) + " characters long; at most 64");
-  if (v.contains("kind")) b.kind = r.Enum(v["kind"], ptr + "/kind", {"onnx", "pixels"});
+  if (v.contains("kind")) b.kind = *BackboneKindFromName(r.Enum(v["kind"], ptr + "/kind", {"onnx", "pixels"}));
   if (v.contains("feature_dtype")) b.feature_dtype = r.Enum(v["feature_dtype"], ptr + "/feature_dtype", {"f32", "f16"});
-  if (b.kind == "pixels") {
+  if (b.kind == BackboneKind::kPixels) {
     for (const char* k : {"onnx", "feature_layer", "precision", "train_from"})
       if (v.contains(k)) r.Fail(ptr + "/" + k, "not allowed for kind \"pixels\" (raw pixels are the features)");
     if (v.contains("input")) {  // every image resized to this size first (folders of mixed sizes)
@@ -576,7 +576,7 @@ json AbsoluteSource(json doc, const Pipeline& p) {
   if (p.validation) absolute("validation", *p.validation);
   // By the entry each backbone came from: a "feature_layer" list makes several of one entry.
   for (const auto& bb : p.backbones)
-    if (bb.kind == "onnx") doc[json::json_pointer(bb.pointer + "/onnx")] = bb.onnx;
+    if (bb.kind == BackboneKind::kOnnx) doc[json::json_pointer(bb.pointer + "/onnx")] = bb.onnx;
   if (!p.nam.empty()) doc["nam"] = p.nam;
   return doc;
 }

@@ -47,7 +47,7 @@ constexpr int64_t kMaxPixelFeatures = int64_t{1} << 20;
 
 struct BackboneSpec {
   std::string name;
-  std::string kind = "onnx";  // "onnx" | "pixels" (raw pixels: the baseline)
+  BackboneKind kind = BackboneKind::kOnnx;
   std::string onnx;           // absolute path
   std::string feature_layer;
   // The images' size for the model; for raw pixels, given or not: with it every image is resized
@@ -55,7 +55,7 @@ struct BackboneSpec {
   kernels::InputSpec input;
   // The images go through preparation (resize, channels, normalisation): every ONNX backbone, and
   // raw pixels with an "input".
-  bool prepared() const { return kind != "pixels" || input.height > 0; }
+  bool prepared() const { return kind != BackboneKind::kPixels || input.height > 0; }
   // The executor's arithmetic: "f32", "bf16" (AVX-512 CPUs) or "int8" (VNNI CPUs; calibrated on the
   // first training images when loaded) (kernels/executor.h).
   std::string precision = "f32";

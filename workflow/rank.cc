@@ -43,7 +43,7 @@ std::string RankPrecision(const BackboneSpec& bb) { return bb.precision == "int8
 // graph. Null for resized pixels (the prepared images are the features).
 std::shared_ptr<kernels::Executor> GroupExecutor(const std::vector<const BackboneSpec*>& group) {
   const BackboneSpec& bb = *group[0];
-  if (bb.kind == "pixels") return nullptr;
+  if (bb.kind == BackboneKind::kPixels) return nullptr;
   std::vector<std::string> cuts;
   cuts.reserve(group.size());
   for (const BackboneSpec* g : group) cuts.push_back(g->feature_layer);
@@ -119,7 +119,7 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
       b.logme = kernels::LogMe(f[k].data(), ds.count, b.dim, ds.labels.data(), r.classes);
       b.estimate_s = SecondsSince(t0);
       b.as_prepared = bb.prepared() && bb.precision != "int8";
-      if (o.keep_features && bb.kind != "pixels") b.features = std::move(f[k]);
+      if (o.keep_features && bb.kind != BackboneKind::kPixels) b.features = std::move(f[k]);
       if (say)
         say(fmt::format("rank {}: kNN {:.3f}, LogME {:.3f} ({} features, {:.2f} s + {:.2f} s)", bb.name, b.knn, b.logme,
                         b.dim, b.features_s, b.estimate_s));

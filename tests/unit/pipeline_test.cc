@@ -45,7 +45,7 @@ TEST(Pipeline, ParsesAndResolvesPaths) {
   EXPECT_EQ(p.train.limit, 10);
   ASSERT_EQ(p.backbones.size(), 2u);
   EXPECT_EQ(p.backbones[0].onnx, "/base/m.onnx");
-  EXPECT_EQ(p.backbones[1].kind, "pixels");
+  EXPECT_EQ(p.backbones[1].kind, BackboneKind::kPixels);
   EXPECT_EQ(p.steps.at(workflow::Step::kTrain).parallel.mode, workflow::TrainMode::kAsync);
   EXPECT_EQ(p.steps.at(workflow::Step::kTrain).parallel.servers, 1);
   EXPECT_EQ(p.steps.at(workflow::Step::kEvaluate).module, "esb");
@@ -163,7 +163,7 @@ TEST(Pipeline, AListOfLayersIsOneBackbonePerLayer) {
   Pipeline q = PipelineFromSource(p.source);
   ASSERT_EQ(q.backbones.size(), 3u);
   EXPECT_EQ(q.backbones[1].onnx, "/base/m.onnx");
-  EXPECT_EQ(q.backbones[2].kind, "pixels");
+  EXPECT_EQ(q.backbones[2].kind, BackboneKind::kPixels);
   EXPECT_FALSE(p.source["backbones"][1].contains("onnx"));
   EXPECT_EQ(ErrorOf(With("\"feature_layer\": \"x\"", "\"feature_layer\": [\"x\", \"x\"]")),
             "p.json: /backbones/0/feature_layer/1: \"x\" is listed twice");
