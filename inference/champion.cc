@@ -76,7 +76,7 @@ void LoadBackbone(nam::Store& store, const modules::TailWeights& tail, TrainedMo
     m.backbone.feature_dtype = "f32";
     m.finetuned_from = tail.train_from;
   }
-  if (m.backbone.precision == "int8")
+  if (m.backbone.precision == kernels::Precision::kInt8)
     m.int8_ranges =
         modules::RangesFromJson(bb.info.meta.value("int8_ranges", json()), "NAM object '" + bb.info.name + "'");
 }
@@ -195,7 +195,7 @@ kernels::ClassifierExport ExportSpec(const TrainedModel& m, bool with_preprocess
       {"msaflow.backbone", json{{"name", m.backbone.name},
                                 {"kind", m.backbone.kind},
                                 {"feature_layer", m.backbone.feature_layer},
-                                {"precision", m.backbone.precision},
+                                {"precision", kernels::PrecisionName(m.backbone.precision)},
                                 {"feature_dtype", m.backbone.feature_dtype},
                                 {"trained_from", m.finetuned_from}}
                                .dump()},

@@ -231,13 +231,13 @@ Classifier::Classifier(const TrainedModel& m) {
     // In the run's own arithmetic (and an int8 backbone with the run's ranges): the run's test
     // images then classify as the run evaluated them. A CPU that cannot computes in f32, and
     // says so (note()).
-    kernels::Precision precision = kernels::ParsePrecision(m.backbone.precision);
+    kernels::Precision precision = m.backbone.precision;
     std::string why;
     if (!kernels::PrecisionAvailable(precision, &why)) {
       note_ = fmt::format(
           "backbone '{}' computed in f32, not {} as the run computed it: {}; its features, and so "
           "perhaps a prediction, differ slightly from the run's",
-          m.backbone.name, m.backbone.precision, why);
+          m.backbone.name, kernels::PrecisionName(m.backbone.precision), why);
       precision = kernels::Precision::kF32;
     }
     executor_ = std::make_unique<kernels::Executor>(graph_, precision);
@@ -295,7 +295,8 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
     Throw(ErrorKind::kInvalidInput, path + ": its msaflow metadata_props are damaged (" + e.what() + ")");
   }
   ReadHead(m.graph(), path, static_cast<int64_t>(c->class_names_.size()), &c->head_);
-  if (const std::string run_precision = bb.value("precision", "f32"); run_precision != "f32")
+  if (const std::string run_precision = bb.value("precision", "f32");
+      kernels::ParsePrecision(run_precision) != kernels::Precision::kF32)
     c->note_ = fmt::format(
         "{}: the exported model computes in float32, as every ONNX runtime does; the run computed "
         "its backbone in {} (predict on the run directory computes as the run did)",

@@ -30,16 +30,9 @@
 #include <vector>
 
 #include "kernels/onnx_graph.h"
+#include "kernels/precision.h"
 
 namespace msaflow::kernels {
-
-enum class Precision { kF32, kBF16, kInt8 };
-
-// "f32" | "bf16" | "int8" (pipeline and CLI spelling); throws kInvalidInput naming the choices.
-Precision ParsePrecision(const std::string& name);
-const char* PrecisionName(Precision p);
-// Whether this CPU runs `p` on oneDNN's fast kernels; `why` says what is missing when not.
-bool PrecisionAvailable(Precision p, std::string* why);
 
 class Executor {
  public:

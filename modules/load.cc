@@ -42,7 +42,7 @@ void Load(StepContext& c) {
       // int8 quantizes by ranges measured on the training images: they are part of what the
       // backbone gives.
       const std::string calibration =
-          bb.precision == "int8"
+          bb.precision == kernels::Precision::kInt8
               ? fmt::format(" calibrated on {} x{}", c.DatasetDigest("train"), kCalibrationImages)
               : "";
       std::string digest = workflow::BackboneDigestOf(bb, model, calibration);
@@ -58,12 +58,13 @@ void Load(StepContext& c) {
       workflow::CheckBackboneInput(g, bb);
       std::unique_ptr<kernels::Executor> made;
       try {
-        made = std::make_unique<kernels::Executor>(g, kernels::ParsePrecision(bb.precision));
+        made = std::make_unique<kernels::Executor>(g, bb.precision);
       } catch (const Error& e) {
-        Throw(e.kind(), fmt::format("backbone '{}': precision {}: {}", bb.name, bb.precision, e.what()));
+        Throw(e.kind(),
+              fmt::format("backbone '{}': precision {}: {}", bb.name, kernels::PrecisionName(bb.precision), e.what()));
       }
       kernels::Executor& ex = *made;
-      if (bb.precision == "int8") {
+      if (bb.precision == kernels::Precision::kInt8) {
         CalibrateOnTrainingImages(c, bb, ex);
         meta["int8_ranges"] = RangesToJson(ex.ranges());
         c.Say(fmt::format("backbone {}: int8 ranges of {} tensors measured on the first {} training images", bb.name,
@@ -86,7 +87,7 @@ void Load(StepContext& c) {
       meta["feature_dim"] = dim;
       meta["input"] = {{"channels", in.channels}, {"height", in.height}, {"width", in.width},
                        {"mean", in.mean},         {"std", in.std}};
-      meta["precision"] = bb.precision;
+      meta["precision"] = kernels::PrecisionName(bb.precision);
       c.Say(fmt::format("backbone {}: imported {} ({} nodes up to '{}', {} fused ops), {} features", bb.name, bb.onnx,
                         g.nodes.size(), bb.feature_layer, ex.FusedOpCount(), dim));
     }

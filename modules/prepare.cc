@@ -404,8 +404,8 @@ int64_t FeatureDim(StepContext& c, const workflow::BackboneSpec& bb, const workf
   if (!ex) {
     nam::Object o = c.store->Get(workflow::BackboneObject(bb.name));
     ex = std::make_unique<kernels::Executor>(kernels::ImportOnnx(o.bytes, "NAM " + o.info.name, bb.feature_layer),
-                                             kernels::ParsePrecision(bb.precision));
-    if (bb.precision == "int8")
+                                             bb.precision);
+    if (bb.precision == kernels::Precision::kInt8)
       ex->SetRanges(RangesFromJson(o.info.meta.value("int8_ranges", nlohmann::json()), "NAM object '" + o.info.name + "'"));
   }
   return ex->FeatureDim(bb.input.channels, bb.input.height, bb.input.width);

@@ -25,8 +25,9 @@ std::string StorageSuffix(const BackboneSpec& bb) { return bb.feature_dtype == "
 bool SharePass(const BackboneSpec& a, const BackboneSpec& b) {
   const kernels::InputSpec &x = a.input, &y = b.input;
   return a.kind != BackboneKind::kPixels && b.kind != BackboneKind::kPixels && a.onnx == b.onnx &&
-         a.precision == "f32" && b.precision == "f32" && x.channels == y.channels && x.height == y.height &&
-         x.width == y.width && x.batch == y.batch && x.mean == y.mean && x.std == y.std;
+         a.precision == kernels::Precision::kF32 && b.precision == kernels::Precision::kF32 &&
+         x.channels == y.channels && x.height == y.height && x.width == y.width && x.batch == y.batch &&
+         x.mean == y.mean && x.std == y.std;
 }
 
 std::vector<std::vector<const BackboneSpec*>> PassGroups(const Pipeline& p) {
@@ -73,12 +74,14 @@ std::string BackboneDigestOf(const BackboneSpec& bb, const std::string& model, c
     const std::string resized = bb.prepared() ? fmt::format(" resized {}x{}x{}", in.channels, in.height, in.width) : "";
     return ChecksumHex(std::string("pixels/v1") + resized + StorageSuffix(bb));
   }
-  const std::string rest = "\n" + bb.feature_layer + "\n" +
-                           fmt::format("{}x{}x{} {} {} {} {} {} {}", in.channels, in.height, in.width, in.mean[0],
-                                       in.mean[1], in.mean[2], in.std[0], in.std[1], in.std[2]) +
-                           (in.batch > 0 ? fmt::format(" batch {}", in.batch) : "") +
-                           (bb.precision != "f32" ? " precision " + bb.precision : "") + calibration +
-                           StorageSuffix(bb);
+  const std::string rest =
+      "\n" + bb.feature_layer + "\n" +
+      fmt::format("{}x{}x{} {} {} {} {} {} {}", in.channels, in.height, in.width, in.mean[0], in.mean[1], in.mean[2],
+                  in.std[0], in.std[1], in.std[2]) +
+      (in.batch > 0 ? fmt::format(" batch {}", in.batch) : "") +
+      (bb.precision != kernels::Precision::kF32 ? std::string(" precision ") + kernels::PrecisionName(bb.precision)
+                                                : "") +
+      calibration + StorageSuffix(bb);
   // The checksum of model + rest, without a copy of the model (87 MB for InceptionV3).
   Hasher h;
   h.Update(model.data(), model.size());

@@ -148,7 +148,7 @@ int64_t HalvingEpochs(const Pipeline& p, int round) {
 double HalvingDataFraction(const Pipeline& p, int round, size_t models) {
   if (p.rounds.strategy != Strategy::kHalving || !p.rounds.grow_data || round >= p.rounds.max || models < 2) return 1;
   for (const auto& bb : p.backbones)
-    if (bb.precision == "int8") return 1;
+    if (bb.precision == kernels::Precision::kInt8) return 1;
   double g = 1;
   for (int64_t r = round; r < p.rounds.max; ++r) g /= static_cast<double>(p.rounds.eta);
   return std::min(1.0, std::max(g, p.rounds.rank_fraction));

@@ -247,12 +247,15 @@ BackboneSpec ReadBackbone(const Reader& r, const json& v, const std::string& ptr
   b.feature_layer = v["feature_layer"].is_array()
                         ? r.String(v["feature_layer"][0], ptr + "/feature_layer/0")
                         : r.String(v["feature_layer"], ptr + "/feature_layer");
-  if (v.contains("precision")) b.precision = r.Enum(v["precision"], ptr + "/precision", {"f32", "bf16", "int8"});
+  if (v.contains("precision"))
+    b.precision = kernels::ParsePrecision(r.Enum(v["precision"], ptr + "/precision", {"f32", "bf16", "int8"}));
   if (v.contains("train_from")) {
     b.train_from = r.String(v["train_from"], ptr + "/train_from");
     if (b.train_from.empty()) r.Fail(ptr + "/train_from", "expected the name of a layer of the cut model");
-    if (b.precision != "f32")  // the tail trains in f32 on maps the trunk computed: one arithmetic for both
-      r.Fail(ptr + "/train_from", "fine-tuning needs \"precision\": \"f32\" (the backbone is \"" + b.precision +
+    if (b.precision !=
+        kernels::Precision::kF32)  // the tail trains in f32 on maps the trunk computed: one arithmetic for both
+      r.Fail(ptr + "/train_from", "fine-tuning needs \"precision\": \"f32\" (the backbone is \"" +
+                                      std::string(kernels::PrecisionName(b.precision)) +
                                       "\"; the trained layers compute in f32)");
   }
   const json& in = v["input"];

@@ -5,14 +5,15 @@
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kernels/fpga/device.h"
+#include "kernels/precision.h"
 #include "kernels/prepare.h"
 #include "workflow/kinds.h"
 
@@ -58,7 +59,7 @@ struct BackboneSpec {
   bool prepared() const { return kind != BackboneKind::kPixels || input.height > 0; }
   // The executor's arithmetic: "f32", "bf16" (AVX-512 CPUs) or "int8" (VNNI CPUs; calibrated on the
   // first training images when loaded) (kernels/executor.h).
-  std::string precision = "f32";
+  kernels::Precision precision = kernels::Precision::kF32;
   // How prepare stores the features in the NAM: "f32", or "f16" (half the memory).
   std::string feature_dtype = "f32";
   // Fine-tuning (docs/finetune.md): the layer from which on, up to feature_layer, the backbone

@@ -37,7 +37,9 @@ std::vector<float> RawPixels(const BackboneSpec& bb, const kernels::ImageSet& ds
 
 // The precision a backbone is ranked in: int8 needs the ranges the load step measures, and a
 // ranking needs no such speed.
-std::string RankPrecision(const BackboneSpec& bb) { return bb.precision == "int8" ? "f32" : bb.precision; }
+kernels::Precision RankPrecision(const BackboneSpec& bb) {
+  return bb.precision == kernels::Precision::kInt8 ? kernels::Precision::kF32 : bb.precision;
+}
 
 // The executor of `group` (backbones of one model, SharePass with each other): its cuts in one
 // graph. Null for resized pixels (the prepared images are the features).
@@ -49,7 +51,7 @@ std::shared_ptr<kernels::Executor> GroupExecutor(const std::vector<const Backbon
   for (const BackboneSpec* g : group) cuts.push_back(g->feature_layer);
   return std::make_shared<kernels::Executor>(
       kernels::ImportOnnxCuts(ReadInputFile(bb.onnx, "an ONNX model", kernels::kMaxOnnxBytes), bb.onnx, cuts),
-      kernels::ParsePrecision(RankPrecision(bb)));
+      RankPrecision(bb));
 }
 
 // The subset's features for each backbone of `group` from one pass over its images, row-major
@@ -111,14 +113,14 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
       b.images = ds.count;
       b.dim = dims[k];
       b.features_s = features_s / static_cast<double>(bbs.size());  // the pass, shared by its cuts
-      if (bb.precision == "int8") b.note = "int8 ranked in f32";
+      if (bb.precision == kernels::Precision::kInt8) b.note = "int8 ranked in f32";
       if (bbs.size() > 1)
         b.note = fmt::format("one pass for {} cuts of {}", bbs.size(), std::filesystem::path(bb.onnx).filename().string());
       const auto t0 = SteadyClock::now();
       b.knn = kernels::KnnLooAccuracy(f[k].data(), ds.count, b.dim, ds.labels.data());
       b.logme = kernels::LogMe(f[k].data(), ds.count, b.dim, ds.labels.data(), r.classes);
       b.estimate_s = SecondsSince(t0);
-      b.as_prepared = bb.prepared() && bb.precision != "int8";
+      b.as_prepared = bb.prepared() && bb.precision != kernels::Precision::kInt8;
       if (o.keep_features && bb.kind != BackboneKind::kPixels) b.features = std::move(f[k]);
       if (say)
         say(fmt::format("rank {}: kNN {:.3f}, LogME {:.3f} ({} features, {:.2f} s + {:.2f} s)", bb.name, b.knn, b.logme,

@@ -134,9 +134,9 @@ TEST(Pipeline, ExactErrors) {
 TEST(Pipeline, BackbonePrecisionAndFeatureDtype) {
   Pipeline p = ParsePipeline(With("\"feature_layer\": \"x\",", "\"feature_layer\": \"x\", \"precision\": \"bf16\", "
                                   "\"feature_dtype\": \"f16\","), "p.json", "/base");
-  EXPECT_EQ(p.backbones[0].precision, "bf16");
+  EXPECT_EQ(p.backbones[0].precision, kernels::Precision::kBF16);
   EXPECT_EQ(p.backbones[0].feature_dtype, "f16");
-  EXPECT_EQ(p.backbones[1].precision, "f32");  // the defaults
+  EXPECT_EQ(p.backbones[1].precision, kernels::Precision::kF32);  // the defaults
   EXPECT_EQ(p.backbones[1].feature_dtype, "f32");
   EXPECT_EQ(ErrorOf(With("\"feature_layer\": \"x\",", "\"feature_layer\": \"x\", \"precision\": \"int4\",")),
             "p.json: /backbones/0/precision: \"int4\" is not one of f32, bf16, int8 — did you mean \"int8\"?");
