@@ -5,8 +5,8 @@
 namespace msaflow::launch {
 
 std::vector<NodeSeconds> MeasureNodeSeconds(const std::map<std::string, double>& step_seconds,
-                                            const workflow::Pipeline& p, const workflow::Machine& m, const std::string& mode,
-                                            double round_s) {
+                                            const workflow::Pipeline& p, const workflow::Machine& m,
+                                            workflow::SlurmMode mode, double round_s) {
   std::map<std::string, NodeSeconds> by_module;
   for (const auto& [step, secs] : step_seconds) {
     const workflow::StepSpec* spec = p.FindStep(step);
@@ -19,13 +19,13 @@ std::vector<NodeSeconds> MeasureNodeSeconds(const std::map<std::string, double>&
   }
   std::vector<NodeSeconds> out;
   for (auto& [name, ns] : by_module) {
-    ns.held_s = mode == "chained" ? ns.used_s : round_s * static_cast<double>(ns.nodes);
+    ns.held_s = mode == workflow::SlurmMode::kChained ? ns.used_s : round_s * static_cast<double>(ns.nodes);
     out.push_back(ns);
   }
   return out;
 }
 
-std::string NodeSecondsSummary(const std::vector<NodeSeconds>& ns, const std::string& mode, size_t steps,
+std::string NodeSecondsSummary(const std::vector<NodeSeconds>& ns, workflow::SlurmMode mode, size_t steps,
                                double job_start_s) {
   double held = 0, used = 0;
   std::string parts;
@@ -34,9 +34,9 @@ std::string NodeSecondsSummary(const std::vector<NodeSeconds>& ns, const std::st
     used += n.used_s;
     parts += fmt::format("{}{} held {:.1f} used {:.1f}", parts.empty() ? "" : ", ", n.module, n.held_s, n.used_s);
   }
-  std::string s = fmt::format("node-seconds ({}): {}; {:.0f} % of what was held was used", mode, parts,
-                              held > 0 ? 100 * used / held : 0.0);
-  if (mode != "chained") {
+  std::string s = fmt::format("node-seconds ({}): {}; {:.0f} % of what was held was used",
+                              workflow::SlurmModeName(mode), parts, held > 0 ? 100 * used / held : 0.0);
+  if (mode != workflow::SlurmMode::kChained) {
     // Chained jobs hold each module for its step only, and wait in the queue once per step.
     const double chained = used;
     const double waits = job_start_s * static_cast<double>(steps);

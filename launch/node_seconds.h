@@ -22,11 +22,11 @@ struct NodeSeconds {
   double held_s = 0, used_s = 0;
 };
 std::vector<NodeSeconds> MeasureNodeSeconds(const std::map<std::string, double>& step_seconds,
-                                            const workflow::Pipeline& p, const workflow::Machine& m, const std::string& mode,
-                                            double round_s);
+                                            const workflow::Pipeline& p, const workflow::Machine& m,
+                                            workflow::SlurmMode mode, double round_s);
 // One line: held vs used, and whether chained jobs would hold fewer node-seconds (they pay a
 // queue wait per step instead, `job_start_s` each, measured or assumed).
-std::string NodeSecondsSummary(const std::vector<NodeSeconds>& ns, const std::string& mode, size_t steps,
+std::string NodeSecondsSummary(const std::vector<NodeSeconds>& ns, workflow::SlurmMode mode, size_t steps,
                                double job_start_s);
 
 }  // namespace msaflow::launch

@@ -92,7 +92,7 @@ class SlurmLauncher : public Launcher {
  private:
   struct Attempt;  // one submission of a round (slurm.cc)
   void SubmitAttempt(Attempt& a, const LaunchObserver& obs);
-  void SubmitIn(const std::string& mode, Attempt& a, const LaunchObserver& obs);
+  void SubmitIn(workflow::SlurmMode mode, Attempt& a, const LaunchObserver& obs);
   // Follows the attempt's jobs until every one has ended.
   void Follow(Attempt& a, const LaunchObserver& obs);
   [[noreturn]] void Interrupted(Attempt& a, int sig, const LaunchObserver& obs);
@@ -103,13 +103,13 @@ class SlurmLauncher : public Launcher {
   JobRunner& jobs() const { return *jobs_; }
   std::unique_ptr<JobRunner> own_jobs_;
   JobRunner* jobs_;
-  std::vector<std::string> modes_;  // slurm.mode, then its fallbacks
+  std::vector<workflow::SlurmMode> modes_;  // slurm.mode, then its fallbacks
   size_t mode_i_ = 0;               // the mode in use; moves on when Slurm refuses one
   // The last round's timing, for RoundAccount: when its first job was submitted, its first
   // step started and its last step ended, the mode it ran in, how many tasks it had.
   std::optional<Clock::TimePoint> submitted_, first_start_;
   Clock::TimePoint last_end_{};
-  std::string round_mode_;
+  std::optional<workflow::SlurmMode> round_mode_;
   size_t round_tasks_ = 0;
 };
 

@@ -141,7 +141,7 @@ void SlurmLauncher::RunRound(const RoundPlan& plan, const std::map<std::string, 
   MakeDirs(slurm_dir);
   submitted_.reset();
   first_start_.reset();
-  round_mode_.clear();
+  round_mode_.reset();
   round_tasks_ = plan.tasks.size();
   // The round's timing for RoundAccount, seen through the observer the coordinator gave.
   LaunchObserver timed = obs;
@@ -180,11 +180,12 @@ void SlurmLauncher::SubmitAttempt(Attempt& a, const LaunchObserver& obs) {
     try {
       SubmitIn(modes_[mode_i_], a, obs);
       if (!submitted_) submitted_ = ctx_.clock->Now();
-      if (round_mode_.empty()) round_mode_ = modes_[mode_i_];
+      if (!round_mode_) round_mode_ = modes_[mode_i_];
       return;
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kTaskFailed || mode_i_ + 1 >= modes_.size()) throw;
-      const std::string &from = modes_[mode_i_], &to = modes_[mode_i_ + 1];
+      const std::string from = workflow::SlurmModeName(modes_[mode_i_]),
+                        to = workflow::SlurmModeName(modes_[mode_i_ + 1]);
       Emit(obs, "slurm-fallback", {{"round", a.round}, {"from", from}, {"to", to}, {"why", e.what()}});
       if (obs.on_line)
         obs.on_line(a.todo.front(), fmt::format("Slurm refused the {} mode, falling back to {}: {}", from, to, e.what()));
@@ -195,18 +196,18 @@ void SlurmLauncher::SubmitAttempt(Attempt& a, const LaunchObserver& obs) {
 
 // Submits the attempt in `mode`; throws kTaskFailed when Slurm refuses it (having cancelled
 // whatever of it was already submitted).
-void SlurmLauncher::SubmitIn(const std::string& mode, Attempt& a, const LaunchObserver& obs) {
-  if (mode == "hetjob" || mode == "single") {
-    std::string script =
-        fmt::format("{}/round-{}.{}{}.sh", a.slurm_dir, a.round, a.number, mode == "single" ? ".single" : "");
-    WriteFileAtomic(script, mode == "hetjob" ? HetjobScript(a.todo, m_, *a.task_files, a.sp)
-                                             : SingleScript(a.todo, m_, *a.task_files, a.sp));
+void SlurmLauncher::SubmitIn(workflow::SlurmMode mode, Attempt& a, const LaunchObserver& obs) {
+  if (mode != workflow::SlurmMode::kChained) {  // one job for the round
+    const bool het = mode == workflow::SlurmMode::kHetjob;
+    std::string script = fmt::format("{}/round-{}.{}{}.sh", a.slurm_dir, a.round, a.number, het ? "" : ".single");
+    WriteFileAtomic(
+        script, het ? HetjobScript(a.todo, m_, *a.task_files, a.sp) : SingleScript(a.todo, m_, *a.task_files, a.sp));
     a.jobs.push_back(jobs().Submit(script, {}));
     json comps = json::array();
     auto cs = Components(a.todo);
     for (size_t i = 0; i < cs.size(); ++i) {
       const ModuleSpec& ms = m_.Module(cs[i].first, "machine");
-      if (mode == "hetjob") {
+      if (het) {
         comps.push_back({{"id", a.jobs[0] + "+" + std::to_string(i)}, {"module", cs[i].first},
                          {"partition", ms.partition}});
       } else {
@@ -214,8 +215,13 @@ void SlurmLauncher::SubmitIn(const std::string& mode, Attempt& a, const LaunchOb
                          {"nodes", ms.nodes}, {"feature", ms.feature}});
       }
     }
-    Emit(obs, "slurm-job", {{"round", a.round}, {"attempt", a.number}, {"mode", mode}, {"job", a.jobs[0]},
-                            {"script", script}, {"components", comps}});
+    Emit(obs, "slurm-job",
+         {{"round", a.round},
+          {"attempt", a.number},
+          {"mode", workflow::SlurmModeName(mode)},
+          {"job", a.jobs[0]},
+          {"script", script},
+          {"components", comps}});
     return;
   }
   std::string prev;  // chained: one job per step
@@ -462,13 +468,13 @@ json SlurmLauncher::RoundAccount(const std::map<std::string, double>& step_secon
   if (!first_start_) return nullptr;
   const double round_s = std::chrono::duration<double>(last_end_ - *first_start_).count();
   const double queue_s = submitted_ ? std::chrono::duration<double>(*first_start_ - *submitted_).count() : 0;
-  const std::string mode = round_mode_.empty() ? m_.slurm.mode : round_mode_;
+  const workflow::SlurmMode mode = round_mode_.value_or(m_.slurm.mode);
   const auto measured = MeasureNodeSeconds(step_seconds, p_, m_, mode, round_s);
   json ns = json::array();
   for (const auto& n : measured)
     ns.push_back({{"module", n.module}, {"nodes", n.nodes}, {"held_s", n.held_s}, {"used_s", n.used_s}});
   if (summary) *summary = NodeSecondsSummary(measured, mode, round_tasks_, std::max(queue_s, 0.5));
-  return {{"mode", mode}, {"round_s", round_s}, {"queue_s", queue_s}, {"modules", ns}};
+  return {{"mode", workflow::SlurmModeName(mode)}, {"round_s", round_s}, {"queue_s", queue_s}, {"modules", ns}};
 }
 
 // Slurm jobs the dead coordinator submitted run on without it: wait for them to end rather than
@@ -551,13 +557,13 @@ std::string SlurmLauncher::PlanText(const RoundPlan& rp, const std::string& nam,
   std::map<std::string, std::string> files;
   for (const auto& t : rp.tasks) files[t.id] = rd + "/tasks/" + t.id + ".json";
   SlurmScriptParams sp{"<run-id>", rd, rd + "/logs", rd + "/slurm/round-1.0.progress", ctx_.msaflow_exe, 1};
-  if (m_.slurm.mode == "chained") {
+  if (m_.slurm.mode == workflow::SlurmMode::kChained) {
     for (const auto& t : rp.tasks) {
       out += fmt::format("# --- job for {}{}\n", t.id,
                          t.after.empty() ? "" : " (sbatch --dependency=afterok:<previous> --kill-on-invalid-dep=yes)");
       out += ChainedScript(t, m_, files, sp);
     }
-  } else if (m_.slurm.mode == "single") {
+  } else if (m_.slurm.mode == workflow::SlurmMode::kSingle) {
     out += SingleScript(rp.tasks, m_, files, sp);
   } else {
     out += HetjobScript(rp.tasks, m_, files, sp);

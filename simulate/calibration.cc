@@ -39,7 +39,7 @@ struct RunFigures {
   std::vector<double> queue_s;  // Slurm: each round's wait in the queue
   // Slurm: per round, its mode and what its wall time (journal: round-start to round-end) had
   // beyond the queue wait and the steps' own seconds: job starts and ends, srun between steps.
-  std::vector<std::string> slurm_mode;
+  std::vector<std::optional<workflow::SlurmMode>> slurm_mode;
   std::vector<double> beyond_steps_s;
   // Slurm, chained rounds: from one job's step ending to the next job's step starting (the
   // dependent job's wait and start), each as the journal has it.
@@ -96,7 +96,8 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
     const bool slurm = round.contains("node_seconds") && round["node_seconds"].is_object() &&
                        round["node_seconds"].contains("queue_s");
     if (slurm) out->queue_s.push_back(Num(round["node_seconds"], "queue_s"));
-    out->slurm_mode.push_back(slurm ? round["node_seconds"].value("mode", "") : "");
+    out->slurm_mode.push_back(slurm ? workflow::SlurmModeFromName(round["node_seconds"].value("mode", ""))
+                                    : std::nullopt);
     out->rounds.push_back(std::move(steps));
     out->round_s.push_back(total);
   }
@@ -134,9 +135,9 @@ void ReadJournalFigures(const std::string& jpath, RunFigures* out) {
         if (e.kind == record::EventKind::kRoundEnd && started.count(round) && round >= 1 &&
             round <= static_cast<int64_t>(out->rounds.size())) {
           const auto k = static_cast<size_t>(round - 1);
-          if (!out->slurm_mode[k].empty() && k < out->queue_s.size())
+          if (out->slurm_mode[k] && k < out->queue_s.size())
             out->beyond_steps_s[k] = t - started[round] - out->queue_s[k] - out->round_s[k];
-          if (out->slurm_mode[k] == "chained") {  // one job per step, each after the one before
+          if (out->slurm_mode[k] == workflow::SlurmMode::kChained) {  // one job per step, each after the one before
             std::vector<std::pair<double, double>> by_start;
             for (const auto& [step, span] : spans[round])
               if (span.first > 0 && span.second > 0) by_start.push_back(span);

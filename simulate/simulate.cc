@@ -180,7 +180,7 @@ class Model {
     sg4::Actor::create("coordinator", coordinator_, [this] { Coordinate(); });
     e.run();
     res_.makespan_s = sg4::Engine::get_clock();
-    if (mode_ == "local")
+    if (!mode_)
       for (auto& [mod, ns] : res_.node_seconds) ns.held = ns.used;
     Place();
     res_.simulation_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
@@ -204,9 +204,14 @@ class Model {
       nodes_[name] = n;
     }
     slurm_ = !m_.OnThisHost();
-    mode_ = !slurm_ ? "local" : !o_.slurm_mode.empty() ? o_.slurm_mode : m_.slurm.mode;
-    if (mode_ != "local" && mode_ != "hetjob" && mode_ != "chained")
-      Throw(ErrorKind::kInvalidInput, "--slurm-mode " + mode_ + ": expected hetjob or chained");
+    if (slurm_) {
+      const auto asked =
+          o_.slurm_mode.empty() ? std::optional(m_.slurm.mode) : workflow::SlurmModeFromName(o_.slurm_mode);
+      if (!asked || *asked == workflow::SlurmMode::kSingle)
+        Throw(ErrorKind::kInvalidInput,
+              "--slurm-mode " + (o_.slurm_mode.empty() ? "single" : o_.slurm_mode) + ": expected hetjob or chained");
+      mode_ = *asked;
+    }
     shared_ = slurm_ && m_.slurm.nodes_share_cores;
     queue_ = !slurm_ ? 0 : o_.queue_wait_s >= 0 ? o_.queue_wait_s : c_.queue_wait_s;
     job_ = !slurm_ ? 0 : c_.job_overhead_s;
@@ -301,12 +306,12 @@ class Model {
       // Each job waits in the queue, then costs what calibration measured beyond its steps; a
       // chained round is a job per step, each after the one before.
       for (size_t i = 0; i < plan_[k].size(); ++i) {
-        const double wait = i == 0 ? queue_ + job_ : mode_ == "chained" ? chain_ : 0;
+        const double wait = i == 0 ? queue_ + job_ : mode_ == workflow::SlurmMode::kChained ? chain_ : 0;
         if (wait > 0) sg4::this_actor::sleep_for(wait);
         rr.steps.push_back(RunStep(plan_[k][i], k));
       }
       rr.seconds = sg4::Engine::get_clock() - rr.start_s;
-      if (mode_ == "hetjob") {
+      if (mode_ == workflow::SlurmMode::kHetjob) {
         std::set<std::string> used;
         for (const auto& w : plan_[k]) used.insert(w.module);
         for (const auto& mod : used) res_.node_seconds[mod].held += static_cast<double>(nodes_[mod]) * (rr.seconds - queue_);
@@ -340,7 +345,8 @@ class Model {
     sr.seconds = sg4::Engine::get_clock() - sr.start_s;
     if (w.ranks == w.m.ranks && o_.data_scale == 1 && k < c_.rounds.size()) sr.measured_s = w.m.measured_s;
     res_.node_seconds[w.module].used += static_cast<double>(sr.nodes) * sr.seconds;
-    if (mode_ == "chained") res_.node_seconds[w.module].held += static_cast<double>(nodes_[w.module]) * sr.seconds;
+    if (mode_ == workflow::SlurmMode::kChained)
+      res_.node_seconds[w.module].held += static_cast<double>(nodes_[w.module]) * sr.seconds;
     return sr;
   }
 
@@ -376,7 +382,8 @@ class Model {
                               {"work_s", Work(w)},      {"serial_s", Serial(w, 1)},   {"round", k + 1},
                               {"limit", limit}};
       }
-    res_.placement = {{"mode", mode_}, {"steps", steps}, {"favoured_ranks", favour}};
+    res_.placement = {
+        {"mode", mode_ ? workflow::SlurmModeName(*mode_) : "local"}, {"steps", steps}, {"favoured_ranks", favour}};
   }
 
   const workflow::Pipeline& p_;
@@ -385,7 +392,7 @@ class Model {
   const Options& o_;
   std::map<std::string, int64_t> nodes_;
   bool slurm_ = false;
-  std::string mode_;
+  std::optional<workflow::SlurmMode> mode_;  // none: the local launcher
   double queue_ = 0;
   double job_ = 0;    // Slurm: per job beyond the queue wait and the steps (calibrated)
   double chain_ = 0;  // Slurm, chained: a later job's wait after the step before

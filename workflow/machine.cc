@@ -178,20 +178,21 @@ SlurmSpec ReadSlurm(const json& sl, const std::map<std::string, ModuleSpec>& mod
   SlurmSpec slurm;
   auto fail = [&](const std::string& ptr, const std::string& what) { Bad(origin, ptr, what); };
   if (!sl.is_object()) fail("/slurm", "expected an object {mode, fallback, partition, conf, poll_s, nodes_share_cores}");
-  auto is_mode = [](const json& v) { return v.is_string() && (v == "hetjob" || v == "chained" || v == "single"); };
+  auto mode = [&](const json& v, const std::string& ptr) {
+    const auto m = v.is_string() ? SlurmModeFromName(v.get<std::string>()) : std::nullopt;
+    if (!m) Bad(origin, ptr, "expected \"hetjob\", \"chained\" or \"single\"");
+    return *m;
+  };
   for (const auto& [k, v] : sl.items()) {
     if (k == "mode") {
-      if (!is_mode(v)) fail("/slurm/mode", "expected \"hetjob\", \"chained\" or \"single\"");
-      slurm.mode = v;
+      slurm.mode = mode(v, "/slurm/mode");
     } else if (k == "fallback") {
       if (v.is_boolean()) {
-        slurm.fallback = v.get<bool>() ? std::vector<std::string>{"chained"} : std::vector<std::string>{};
+        slurm.fallback = v.get<bool>() ? std::vector<SlurmMode>{SlurmMode::kChained} : std::vector<SlurmMode>{};
       } else if (v.is_array()) {
         slurm.fallback.clear();
-        for (size_t i = 0; i < v.size(); ++i) {
-          if (!is_mode(v[i])) fail("/slurm/fallback/" + std::to_string(i), "expected \"hetjob\", \"chained\" or \"single\"");
-          slurm.fallback.push_back(v[i]);
-        }
+        for (size_t i = 0; i < v.size(); ++i)
+          slurm.fallback.push_back(mode(v[i], "/slurm/fallback/" + std::to_string(i)));
       } else {
         fail("/slurm/fallback", "expected true, false or a list of modes such as [\"chained\", \"single\"]");
       }
@@ -215,8 +216,8 @@ SlurmSpec ReadSlurm(const json& sl, const std::map<std::string, ModuleSpec>& mod
       fail("/slurm", "unknown field '" + k + "' (expected mode, fallback, partition, conf, poll_s, nodes_share_cores)");
     }
   }
-  const bool single = slurm.mode == "single" ||
-                      std::find(slurm.fallback.begin(), slurm.fallback.end(), "single") != slurm.fallback.end();
+  const bool single = slurm.mode == SlurmMode::kSingle || std::find(slurm.fallback.begin(), slurm.fallback.end(),
+                                                                    SlurmMode::kSingle) != slurm.fallback.end();
   if (single && slurm.partition.empty())
     fail("/slurm/partition", "the single mode needs the one partition that holds every module's nodes");
   // Single mode: every module's nodes are picked by feature, or none is.
@@ -281,6 +282,24 @@ const char* LauncherName(LauncherKind k) {
     case LauncherKind::kSlurm: return "slurm";
   }
   return "?";
+}
+
+const char* SlurmModeName(SlurmMode m) {
+  switch (m) {
+    case SlurmMode::kHetjob:
+      return "hetjob";
+    case SlurmMode::kChained:
+      return "chained";
+    case SlurmMode::kSingle:
+      return "single";
+  }
+  return "?";
+}
+
+std::optional<SlurmMode> SlurmModeFromName(std::string_view name) {
+  for (SlurmMode m : {SlurmMode::kHetjob, SlurmMode::kChained, SlurmMode::kSingle})
+    if (name == SlurmModeName(m)) return m;
+  return std::nullopt;
 }
 
 bool OnThisHost(LauncherKind k) {

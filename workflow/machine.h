@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/fpga/device.h"
@@ -37,12 +39,18 @@ struct ModuleSpec {
   std::string time = "30";  // --time of the component (Slurm time format)
 };
 
+// How a round becomes Slurm jobs (docs/slurm.md): one heterogeneous job of a component per
+// module, one job per step each after the one before, or one plain job over every module's nodes.
+enum class SlurmMode { kHetjob, kChained, kSingle };
+const char* SlurmModeName(SlurmMode m);  // "hetjob", "chained", "single" (the machine file's words)
+std::optional<SlurmMode> SlurmModeFromName(std::string_view name);
+
 // Launcher "slurm": how rounds become jobs (docs/slurm.md).
 struct SlurmSpec {
-  std::string mode = "hetjob";  // "hetjob" | "chained" | "single"
+  SlurmMode mode = SlurmMode::kHetjob;
   // The modes tried, in order, when Slurm refuses a round's job(s) ("fallback": true is
   // ["chained"], false is []).
-  std::vector<std::string> fallback = {"chained"};
+  std::vector<SlurmMode> fallback = {SlurmMode::kChained};
   std::string partition;  // single mode: the one partition holding every module's nodes
   std::string conf;       // SLURM_CONF for sbatch/scontrol/scancel ("" = Slurm's default)
   double poll_s = 0.25;

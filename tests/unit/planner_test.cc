@@ -221,7 +221,7 @@ TEST(Placement, HetjobHoldsEveryModuleForTheRoundChainedOnlyPerStep) {
   m.modules.at("esb").nodes = 2;
   std::map<std::string, double> secs = {{"load", 1}, {"prepare", 4}, {"train", 3},
                                         {"store", 1}, {"evaluate", 2}, {"select", 1}};
-  auto ns = MeasureNodeSeconds(secs, p, m, "hetjob", 20);
+  auto ns = MeasureNodeSeconds(secs, p, m, workflow::SlurmMode::kHetjob, 20);
   ASSERT_EQ(ns.size(), 3u);  // cm, dam, esb
   EXPECT_EQ(ns[0].module, "cm");
   EXPECT_DOUBLE_EQ(ns[0].held_s, 20);
@@ -231,11 +231,11 @@ TEST(Placement, HetjobHoldsEveryModuleForTheRoundChainedOnlyPerStep) {
   EXPECT_EQ(ns[2].module, "esb");
   EXPECT_DOUBLE_EQ(ns[2].held_s, 40);  // 2 nodes
   EXPECT_DOUBLE_EQ(ns[2].used_s, 4);
-  std::string line = NodeSecondsSummary(ns, "hetjob", 6, 1.5);
+  std::string line = NodeSecondsSummary(ns, workflow::SlurmMode::kHetjob, 6, 1.5);
   EXPECT_NE(line.find("chained jobs would hold 14.0 node-s instead of 80.0 (cheaper"), std::string::npos) << line;
-  auto chained = MeasureNodeSeconds(secs, p, m, "chained", 20);
+  auto chained = MeasureNodeSeconds(secs, p, m, workflow::SlurmMode::kChained, 20);
   EXPECT_DOUBLE_EQ(chained[2].held_s, chained[2].used_s);
-  EXPECT_EQ(NodeSecondsSummary(chained, "chained", 6, 1.5).find("would hold"), std::string::npos);
+  EXPECT_EQ(NodeSecondsSummary(chained, workflow::SlurmMode::kChained, 6, 1.5).find("would hold"), std::string::npos);
 }
 
 TEST(Candidates, FirstRoundCoversBackbonesDeterministically) {

@@ -313,8 +313,9 @@ class SlurmRound : public ::testing::Test {
                                                           std::string* what, const std::string& mode = "hetjob",
                                                           std::vector<std::string> fallback = {"chained"}) {
     Machine m = TestMachine();
-    m.slurm.mode = mode;
-    m.slurm.fallback = fallback;
+    m.slurm.mode = *workflow::SlurmModeFromName(mode);
+    m.slurm.fallback.clear();
+    for (const std::string& f : fallback) m.slurm.fallback.push_back(*workflow::SlurmModeFromName(f));
     m.slurm.partition = "all";
     workflow::Pipeline p;
     p.retries.max = retries;
