@@ -39,7 +39,7 @@ double RunFarm(Comm& comm, const std::string& kind, int64_t tasks, int task_us, 
       ++*mine;
     }
   } else {
-    auto farm = msaflow::parallel::MakeTaskFarm(comm, tasks, kind);
+    auto farm = msaflow::parallel::MakeTaskFarm(comm, tasks, *msaflow::workflow::FarmKindFromName(kind));
     while (farm->Next() >= 0) {
       work();
       ++*mine;

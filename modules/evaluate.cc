@@ -99,10 +99,11 @@ void WriteFarmSummary(StepContext& c, const std::vector<std::string>& parts, int
                             {"overhead_per_task_ms", n_tasks ? 1e3 * (held - busy_sum) / static_cast<double>(n_tasks) : 0.0},
                             {"per_rank", per_rank}};
   c.store->Put(workflow::EvaluatedObject(t.run, t.round), summary.dump(), {{"kind", "evaluate-summary"}});
-  c.Say(fmt::format("task farm ({}): {} tasks on {} working rank{} in {:.3f} s, utilisation {:.0f} %, overhead "
-                    "{:.3f} ms per task",
-                    t.farm, n_tasks, workers, workers > 1 ? "s" : "", wall_max, 100 * summary["utilisation"].get<double>(),
-                    summary["overhead_per_task_ms"].get<double>()));
+  c.Say(
+      fmt::format("task farm ({}): {} tasks on {} working rank{} in {:.3f} s, utilisation {:.0f} %, overhead "
+                  "{:.3f} ms per task",
+                  workflow::FarmKindName(t.farm), n_tasks, workers, workers > 1 ? "s" : "", wall_max,
+                  100 * summary["utilisation"].get<double>(), summary["overhead_per_task_ms"].get<double>()));
 }
 
 // The farm's figures, for the round's results: who did what, and how busy the ranks were.

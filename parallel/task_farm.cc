@@ -68,10 +68,14 @@ class DispatcherFarm : public TaskFarm {
 
 }  // namespace
 
-std::unique_ptr<TaskFarm> MakeTaskFarm(Comm& comm, int64_t tasks, const std::string& kind) {
-  if (kind == "counter") return std::make_unique<CounterFarm>(comm, tasks);
-  if (kind == "dispatcher") return std::make_unique<DispatcherFarm>(comm, tasks);
-  Throw(ErrorKind::kInvalidInput, "task farm: \"" + kind + "\" is not one of counter, dispatcher");
+std::unique_ptr<TaskFarm> MakeTaskFarm(Comm& comm, int64_t tasks, workflow::FarmKind kind) {
+  switch (kind) {
+    case workflow::FarmKind::kCounter:
+      return std::make_unique<CounterFarm>(comm, tasks);
+    case workflow::FarmKind::kDispatcher:
+      return std::make_unique<DispatcherFarm>(comm, tasks);
+  }
+  Throw(ErrorKind::kInternal, "MakeTaskFarm: an unknown farm kind");
 }
 
 }  // namespace msaflow::parallel

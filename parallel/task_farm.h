@@ -10,6 +10,7 @@
 #include <string>
 
 #include "parallel/comm.h"
+#include "workflow/kinds.h"
 
 namespace msaflow::parallel {
 
@@ -22,7 +23,7 @@ class TaskFarm {
   virtual bool works() const { return true; }
 };
 
-// Collective over `comm`. kind: "counter" | "dispatcher"; throws kInvalidInput otherwise.
-std::unique_ptr<TaskFarm> MakeTaskFarm(Comm& comm, int64_t tasks, const std::string& kind);
+// Collective over `comm`.
+std::unique_ptr<TaskFarm> MakeTaskFarm(Comm& comm, int64_t tasks, workflow::FarmKind kind);
 
 }  // namespace msaflow::parallel

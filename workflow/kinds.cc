@@ -117,6 +117,22 @@ std::optional<BackboneKind> BackboneKindFromName(std::string_view name) {
   return std::nullopt;
 }
 
+const char* FarmKindName(FarmKind k) {
+  switch (k) {
+    case FarmKind::kCounter:
+      return "counter";
+    case FarmKind::kDispatcher:
+      return "dispatcher";
+  }
+  return "?";
+}
+
+std::optional<FarmKind> FarmKindFromName(std::string_view name) {
+  for (FarmKind k : {FarmKind::kCounter, FarmKind::kDispatcher})
+    if (name == FarmKindName(k)) return k;
+  return std::nullopt;
+}
+
 TrainMode ParseTrainMode(std::string_view name, const std::string& where) {
   if (auto m = TrainModeFromName(name)) return *m;
   Throw(ErrorKind::kInvalidInput, where + ": \"" + std::string(name.substr(0, 40)) +

@@ -1,8 +1,8 @@
 // The closed sets a pipeline and a task choose from, as types: the workflow's steps, the
-// train step's parallel modes, the rounds' strategy and a backbone's kind. Each is parsed from its JSON name once
-// (here, by the parsers in this folder) and compared as an enum everywhere else, in `switch`es the compiler checks for
-// exhaustiveness (-Wswitch). The FPGA backend is kernels::fpga::Backend (kernels/fpga/device.h),
-// parsed in workflow/fpga_config.cc.
+// train step's parallel modes, the rounds' strategy, a backbone's kind and the evaluate step's farm. Each is parsed
+// from its JSON name once (here, by the parsers in this folder) and compared as an enum everywhere else, in `switch`es
+// the compiler checks for exhaustiveness (-Wswitch). The FPGA backend is kernels::fpga::Backend
+// (kernels/fpga/device.h), parsed in workflow/fpga_config.cc.
 #pragma once
 
 #include <array>
@@ -74,11 +74,19 @@ enum class BackboneKind { kOnnx, kPixels };
 const char* BackboneKindName(BackboneKind k);
 std::optional<BackboneKind> BackboneKindFromName(std::string_view name);
 
+// How the evaluate step's ranks share its tasks (parallel/task_farm.h): each takes the next
+// from a shared counter, or rank 0 hands them out.
+enum class FarmKind { kCounter, kDispatcher };
+// "counter", "dispatcher".
+const char* FarmKindName(FarmKind k);
+std::optional<FarmKind> FarmKindFromName(std::string_view name);
+
 // In JSON (task files, the journal, results) both are written by name. There is no from_json:
 // reading one goes through Parse*/FromName, which say what was expected.
 inline void to_json(nlohmann::json& j, Step s) { j = StepName(s); }
 inline void to_json(nlohmann::json& j, TrainMode m) { j = TrainModeName(m); }
 inline void to_json(nlohmann::json& j, Strategy s) { j = StrategyName(s); }
 inline void to_json(nlohmann::json& j, BackboneKind k) { j = BackboneKindName(k); }
+inline void to_json(nlohmann::json& j, FarmKind k) { j = FarmKindName(k); }
 
 }  // namespace msaflow::workflow

@@ -502,7 +502,7 @@ void ReadSteps(const Reader& r, const json& doc, Pipeline& p) {
         s.ranks_given = true;
       }
       if (v.contains("shards")) s.shards = r.Int(v["shards"], ptr + "/shards", 1, 65536);
-      if (v.contains("farm")) s.farm = r.Enum(v["farm"], ptr + "/farm", {"counter", "dispatcher"});
+      if (v.contains("farm")) s.farm = *FarmKindFromName(r.Enum(v["farm"], ptr + "/farm", {"counter", "dispatcher"}));
       if (step == Step::kTrain) ReadTrainParallel(r, v, ptr, &s);
     }
   }

@@ -101,7 +101,7 @@ struct StepSpec {
   bool ranks_given = false;    // the pipeline says "ranks" (else a default the machine may lower)
   TrainParallelSpec parallel;  // train only
   int64_t shards = 0;          // evaluate only; 0 = 2 per rank
-  std::string farm = "counter";  // evaluate only: counter | dispatcher (parallel/task_farm.h)
+  FarmKind farm = FarmKind::kCounter;  // evaluate only (parallel/task_farm.h)
 };
 
 struct RoundsSpec {

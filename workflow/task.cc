@@ -98,9 +98,9 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
     if (t.shards < 1) BadTask(origin, "shards", "expected at least 1");
   }
   if (body.contains("farm")) {
-    t.farm = Field(body, "farm", origin, json::value_t::string).get<std::string>();
-    if (t.farm != "counter" && t.farm != "dispatcher")
-      BadTask(origin, "farm", "expected \"counter\" or \"dispatcher\"");
+    const auto farm = FarmKindFromName(Field(body, "farm", origin, json::value_t::string).get<std::string>());
+    if (!farm) BadTask(origin, "farm", "expected \"counter\" or \"dispatcher\"");
+    t.farm = *farm;
   }
   if (body.contains("top_k")) {
     t.top_k = Field(body, "top_k", origin, json::value_t::number_integer).get<int64_t>();

@@ -43,7 +43,7 @@ struct TaskSpec {
   std::vector<Candidate> candidates;  // train, store, evaluate, select
   std::vector<KeptModel> kept;        // select
   int64_t shards = 1;                 // evaluate
-  std::string farm = "counter";       // evaluate
+  FarmKind farm = FarmKind::kCounter;  // evaluate
   int64_t top_k = 1;                  // select
   std::string metric = "accuracy";    // select
   TrainLayout train;                  // train
