@@ -1,9 +1,11 @@
 #include "service/admission.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 #include <climits>
 #include <cstdlib>
-#include <fmt/format.h>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -33,7 +35,10 @@ bool SafeName(const std::string& s) {
 void CheckConfined(const workflow::Pipeline& p, const User& user) {
   auto inside = [&](const std::string& path, const std::string& pointer) {
     if (path.empty()) return;
-    if (RealPath(path).empty())
+    // A missing file is named as missing only in a folder of the user's: whether a path
+    // outside them exists is not the caller's to learn (it gets the 403 below either way).
+    if (RealPath(path).empty() &&
+        !InsideFolders(std::filesystem::path(path).parent_path().string(), user.allow).empty())
       throw ApiError(422, "invalid_pipeline", path + ": no such file or folder", pointer);
     if (InsideFolders(path, user.allow).empty())
       throw ApiError(403, "outside_your_folders",

@@ -488,6 +488,15 @@ class Api(unittest.TestCase):
         doc["machine"] = "/etc/passwd"
         status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ana")
         self.assertEqual((status, v["error"]["pointer"]), (403, "/machine"))
+        # Whether a file outside the user's folders exists is not told: a missing one and a
+        # present one get the same 403; a missing one in a folder of theirs is named missing.
+        for path, want in ((os.path.join(DATA, "no-such-images.gz"), 403), ("/nonexistent/x.gz", 403),
+                           (os.path.join(self.own, "no-such-images.gz"), 422)):
+            doc = pipeline("missing")
+            doc["datasets"]["train"]["images"] = path
+            status, v, _ = self.svc.request("POST", "/v1/runs", doc, user="ben")
+            self.assertEqual((status, v["error"].get("pointer")), (want, "/datasets/train/images"), (path, v))
+            self.assertEqual("no such file" in v["error"]["message"], want == 422, v)
         self.assertFalse(os.path.exists(os.path.join(self.svc.runs, "ben", ".service")))
         after = sorted(os.listdir(os.path.join(self.svc.runs))) if os.path.isdir(self.svc.runs) else []
         self.assertEqual([d for d in after if d not in before and d != "ana"], [])
