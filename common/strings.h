@@ -1,6 +1,7 @@
 // Small string helpers shared by error messages.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,5 +26,14 @@ std::string OneLine(std::string_view message);
 bool IsUtf8(std::string_view s);
 // "1.5 KiB", "3.2 MiB".
 std::string HumanBytes(double bytes);
+
+// The value among `values` whose `name` is `word`: the one reader of a closed set's words (each
+// set's exhaustive switch of names is the one place it is spelled).
+template <typename E, size_t N>
+std::optional<E> ByName(std::string_view word, const char* (*name)(E), const E (&values)[N]) {
+  for (E v : values)
+    if (word == name(v)) return v;
+  return std::nullopt;
+}
 
 }  // namespace msaflow

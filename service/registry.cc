@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "orchestrator/run.h"
 #include "orchestrator/runs.h"
 #include "record/coordinator_lock.h"
@@ -93,11 +94,9 @@ namespace {
 template <typename E, size_t N>
 E ParseWord(const std::string& word, const char* (*name)(E), const E (&values)[N], const std::string& where,
             const char* field) {
+  if (const auto v = ByName(word, name, values)) return *v;
   std::string expected;
-  for (E v : values) {
-    if (word == name(v)) return v;
-    expected += std::string(expected.empty() ? "" : " or ") + name(v);
-  }
+  for (E v : values) expected += std::string(expected.empty() ? "" : " or ") + name(v);
   Throw(ErrorKind::kCorrupt, where + ": /" + field + ": '" + word + "'; expected " + expected);
 }
 

@@ -1,6 +1,7 @@
 #include "workflow/kinds.h"
 
 #include "common/error.h"
+#include "common/strings.h"
 
 namespace msaflow::workflow {
 
@@ -76,9 +77,8 @@ const char* TrainModeName(TrainMode m) {
 }
 
 std::optional<TrainMode> TrainModeFromName(std::string_view name) {
-  for (TrainMode m : {TrainMode::kAuto, TrainMode::kIndependent, TrainMode::kSync, TrainMode::kAsync, TrainMode::kHybrid})
-    if (name == TrainModeName(m)) return m;
-  return std::nullopt;
+  return ByName(name, TrainModeName,
+                {TrainMode::kAuto, TrainMode::kIndependent, TrainMode::kSync, TrainMode::kAsync, TrainMode::kHybrid});
 }
 
 const char* StrategyName(Strategy s) {
@@ -96,9 +96,7 @@ const char* StrategyName(Strategy s) {
 }
 
 std::optional<Strategy> StrategyFromName(std::string_view name) {
-  for (Strategy s : {Strategy::kPerturb, Strategy::kRestart, Strategy::kRandom, Strategy::kHalving})
-    if (name == StrategyName(s)) return s;
-  return std::nullopt;
+  return ByName(name, StrategyName, {Strategy::kPerturb, Strategy::kRestart, Strategy::kRandom, Strategy::kHalving});
 }
 
 const char* BackboneKindName(BackboneKind k) {
@@ -112,9 +110,7 @@ const char* BackboneKindName(BackboneKind k) {
 }
 
 std::optional<BackboneKind> BackboneKindFromName(std::string_view name) {
-  for (BackboneKind k : {BackboneKind::kOnnx, BackboneKind::kPixels})
-    if (name == BackboneKindName(k)) return k;
-  return std::nullopt;
+  return ByName(name, BackboneKindName, {BackboneKind::kOnnx, BackboneKind::kPixels});
 }
 
 const char* FarmKindName(FarmKind k) {
@@ -128,9 +124,7 @@ const char* FarmKindName(FarmKind k) {
 }
 
 std::optional<FarmKind> FarmKindFromName(std::string_view name) {
-  for (FarmKind k : {FarmKind::kCounter, FarmKind::kDispatcher})
-    if (name == FarmKindName(k)) return k;
-  return std::nullopt;
+  return ByName(name, FarmKindName, {FarmKind::kCounter, FarmKind::kDispatcher});
 }
 
 TrainMode ParseTrainMode(std::string_view name, const std::string& where) {

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/strings.h"
 #include "nam/fabric_store.h"
 #include "nam/pool.h"
 #include "nam/server.h"
@@ -297,9 +298,7 @@ const char* SlurmModeName(SlurmMode m) {
 }
 
 std::optional<SlurmMode> SlurmModeFromName(std::string_view name) {
-  for (SlurmMode m : {SlurmMode::kHetjob, SlurmMode::kChained, SlurmMode::kSingle})
-    if (name == SlurmModeName(m)) return m;
-  return std::nullopt;
+  return ByName(name, SlurmModeName, {SlurmMode::kHetjob, SlurmMode::kChained, SlurmMode::kSingle});
 }
 
 bool OnThisHost(LauncherKind k) {
