@@ -63,9 +63,7 @@ void InterruptsHeld::ThrowIfInterrupted(const std::string& during) const {
 NamLaunch Launcher::NamServerLaunch() const {
   NamLaunch l;
   l.clock = ctx_.clock;
-  std::string host, port;
-  nam::SplitHostPort(m_.nam.listen, "machine " + m_.name + ": /nam/listen", &host, &port);
-  if (!nam::IsLoopbackHost(host)) {
+  if (!NamOnLoopback(m_)) {
     // Off loopback the server needs a token; the run directory is on the file system the
     // modules share, and only this user may read it.
     l.token_file = ctx_.run_dir + "/nam-token";
@@ -88,6 +86,12 @@ Submitted Launcher::Submit(const SubmitRequest&) {
 
 std::string Launcher::SubmittedJobEnd(const std::string& job) {
   Throw(ErrorKind::kInvalidInput, "job " + job + ": machine '" + m_.name + "' has no batch system to ask");
+}
+
+bool NamOnLoopback(const Machine& m) {
+  std::string host, port;
+  nam::SplitHostPort(m.nam.listen, "machine " + m.name + ": /nam/listen", &host, &port);
+  return nam::IsLoopbackHost(host);
 }
 
 std::unique_ptr<Launcher> MakeLauncher(const Pipeline& p, const Machine& m, LaunchContext ctx) {

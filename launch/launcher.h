@@ -170,6 +170,13 @@ class Launcher {
   LaunchContext ctx_;
 };
 
+// Whether the machine's NAM server listens on loopback (then it needs no token, and a local run
+// shares the runs directory's server, launch/shared_nam.h). Throws kInvalidInput for a bad address.
+bool NamOnLoopback(const Machine& m);
+// How long a run's NAM server waits for its predecessor on the same persisted objects to let go:
+// on this node, and placed by a batch system (a lost node's job ends only once it is back).
+inline constexpr double kNamLockWaitHereS = 15, kNamLockWaitPlacedS = 90;
+
 // The machine's launcher for a run of `p`.
 std::unique_ptr<Launcher> MakeLauncher(const Pipeline& p, const Machine& m, LaunchContext ctx);
 

@@ -18,7 +18,6 @@
 #include "launch/nam_process.h"
 #include "launch/shared_nam.h"
 #include "nam/fabric_store.h"
-#include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/fpga_preflight.h"
 #include "orchestrator/halving.h"
@@ -112,14 +111,11 @@ std::string HalvingRaceLine(int round, const json& race) {
 using EarlyNam = std::future<std::unique_ptr<SharedNamServer>>;
 EarlyNam StartSharedNamEarly(const Pipeline& p, const Machine& m, const RunOptions& opt) {
   if (p.rounds.strategy != workflow::Strategy::kHalving || opt.make_launcher || opt.msaflow_exe.empty() ||
-      !m.OnThisHost() || NamFor(p, m, opt.runs_dir) != "serve")
+      !m.OnThisHost() || NamFor(p, m, opt.runs_dir) != "serve" || !launch::NamOnLoopback(m))
     return {};
-  std::string host, port;
-  nam::SplitHostPort(m.nam.listen, "machine " + m.name + ": /nam/listen", &host, &port);
-  if (!nam::IsLoopbackHost(host)) return {};
   const launch::InterruptsHeld held;  // the new thread starts with SIGINT and SIGTERM blocked
   return std::async(std::launch::async, [exe = opt.msaflow_exe, spec = m.nam, runs = opt.runs_dir] {
-    return std::make_unique<SharedNamServer>(exe, spec, runs, 15);
+    return std::make_unique<SharedNamServer>(exe, spec, runs, launch::kNamLockWaitHereS);
   });
 }
 
@@ -203,7 +199,7 @@ class RunDriver {
     // a moment to stop; so may a shared server whose last run just ended. Under Slurm longer: a
     // predecessor on a node that was lost and came back ends only once that node's slurmd has
     // re-registered and been told to end the job's steps (seen: over 15 s).
-    launch.lock_wait_s = launch.prefix.empty() ? 15 : 90;
+    launch.lock_wait_s = launch.prefix.empty() ? launch::kNamLockWaitHereS : launch::kNamLockWaitPlacedS;
     json event;
     try {
       if (launch.prefix.empty() && launch.token_file.empty()) {
