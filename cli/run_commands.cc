@@ -107,7 +107,13 @@ int Simulate(Options& o) {
   simulate::RequireSimGrid("msaflow simulate");
   const workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
   const workflow::Machine m = MachineOf(o, p);
-  o.sim.ranks = KeyCounts(o.sim_ranks, "--ranks");
+  for (const auto& [name, n] : KeyCounts(o.sim_ranks, "--ranks")) {
+    const std::optional<workflow::Step> step = workflow::StepFromName(name);
+    if (!step)
+      Throw(ErrorKind::kInvalidInput, "--ranks " + name + "=" + std::to_string(n) +
+                                          ": not a step (load, prepare, train, store, evaluate, select)");
+    o.sim.ranks[*step] = n;
+  }
   o.sim.nodes = KeyCounts(o.sim_nodes, "--nodes");
   const simulate::Calibration c = simulate::Calibrate(o.sim_from, p, m.slurm.nodes_share_cores);
   const simulate::Result r = simulate::Simulate(p, m, c, o.sim);
@@ -127,13 +133,13 @@ int Simulate(Options& o) {
     nlohmann::json rounds = nlohmann::json::array();
     for (const auto& steps : c.rounds) {
       nlohmann::json r = nlohmann::json::object();
-      for (const auto& [name, s] : steps)
-        r[name] = {{"ranks", s.ranks},
-                   {"items", s.items},
-                   {"per_item_s", s.per_item_s},
-                   {"fixed_core_s", s.fixed_core_s},
-                   {"model_bytes", s.model_bytes},
-                   {"finetunes", s.finetunes}};
+      for (const auto& [step, s] : steps)
+        r[workflow::StepName(step)] = {{"ranks", s.ranks},
+                                       {"items", s.items},
+                                       {"per_item_s", s.per_item_s},
+                                       {"fixed_core_s", s.fixed_core_s},
+                                       {"model_bytes", s.model_bytes},
+                                       {"finetunes", s.finetunes}};
       rounds.push_back(std::move(r));
     }
     j["calibration"]["rounds"] = std::move(rounds);
@@ -256,7 +262,13 @@ int Scaling(Options& o) {
       Throw(ErrorKind::kInvalidInput, "scaling: --ranks: \"" + r + "\" is not a rank count in 1..4096");
     o.scaling_opt.ranks.push_back(v);
   }
-  o.scaling_opt.steps = SplitList(o.scaling_steps, "--steps");
+  o.scaling_opt.steps.clear();
+  for (const auto& name : SplitList(o.scaling_steps, "--steps")) {
+    const std::optional<workflow::Step> step = workflow::StepFromName(name);
+    if (!step || !workflow::Divisible(*step))
+      Throw(ErrorKind::kInvalidInput, "scaling: --steps: \"" + name + "\" is not one of prepare, train, evaluate");
+    o.scaling_opt.steps.push_back(*step);
+  }
   if (!o.scaling_modes.empty()) o.scaling_opt.modes = SplitList(o.scaling_modes, "--modes");
   o.scaling_opt.runs_dir = o.runs_dir;
   o.scaling_opt.msaflow_exe = SelfExe();

@@ -219,7 +219,7 @@ void Evaluate(StepContext& c) {
   parallel::Comm& comm = *c.comm;
   const int64_t shards = t.shards;
   const int64_t n_tasks = static_cast<int64_t>(t.candidates.size()) * shards;
-  const parallel::Straggler slow = StragglerFor("evaluate", {});
+  const parallel::Straggler slow = StragglerFor(workflow::Step::kEvaluate, {});
   const std::string& selection = workflow::SelectionSplit(c.pipeline());
   if (c.small_macs >= 0) c.CheckSmall(EvaluateMacs(c, selection));  // in the coordinator, if it is little work
   // Task k is shard k % shards of candidate k / shards: a rank drawing neighbouring tasks

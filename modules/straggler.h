@@ -5,11 +5,12 @@
 #include <string>
 
 #include "parallel/train.h"
+#include "workflow/kinds.h"
 
 namespace msaflow::modules {
 
 // The straggler for `step`, given the pipeline's (rank -1: none). Throws kInvalidInput for a
 // malformed MSAFLOW_STRAGGLER.
-parallel::Straggler StragglerFor(const std::string& step, const parallel::Straggler& from_pipeline);
+parallel::Straggler StragglerFor(workflow::Step step, const parallel::Straggler& from_pipeline);
 
 }  // namespace msaflow::modules

@@ -322,7 +322,7 @@ void Train(StepContext& c) {
   const workflow::TrainLayout& layout = c.task.train;
   parallel::Comm& world = *c.comm;
   const parallel::Straggler straggler =
-      StragglerFor("train", parallel::Straggler{layout.straggler_rank, layout.straggler_factor});
+      StragglerFor(workflow::Step::kTrain, parallel::Straggler{layout.straggler_rank, layout.straggler_factor});
   const TrainMode mode = layout.mode;
   if (workflow::UsesParameterServers(mode) && world.size() != layout.processes())
     Throw(ErrorKind::kInvalidInput,

@@ -15,13 +15,6 @@ using nlohmann::json;
 
 double Num(const json& j, const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0; }
 
-// The steps whose work divides among ranks, and the unit of that work.
-const std::vector<std::pair<std::string, std::string>>& Divisible() {
-  static const std::vector<std::pair<std::string, std::string>> steps = {
-      {"prepare", "image pass"}, {"train", "training step"}, {"evaluate", "(model x shard) task"}};
-  return steps;
-}
-
 int64_t Limit(const Machine& m, const workflow::StepSpec& s, unsigned cores, std::string* why) {
   const ModuleSpec& mod = m.Module(s.module, "steps");
   int64_t limit = mod.max_ranks;
@@ -47,19 +40,20 @@ bool TrainRanksFree(const workflow::StepSpec& s) {
 
 // The most ranks `step` may have, and why; nullopt when the pipeline fixes them (the step is
 // absent, or train in a mode whose layout it sets; then `pl` says so).
-std::optional<int64_t> StepLimit(const workflow::Pipeline& p, const Machine& m, const std::string& step,
-                                 unsigned cores, std::string* why, Placement* pl) {
+std::optional<int64_t> StepLimit(const workflow::Pipeline& p, const Machine& m, workflow::Step step, unsigned cores,
+                                 std::string* why, Placement* pl) {
   const workflow::StepSpec* spec = p.FindStep(step);
   if (!spec) return std::nullopt;
   const workflow::StepSpec& s = *spec;
-  if (step == "train" && !TrainRanksFree(s)) {
+  const bool train = step == workflow::Step::kTrain;
+  if (train && !TrainRanksFree(s)) {
     pl->ranks[step] = s.ranks;
-    pl->why.push_back(fmt::format("{:<9} {} rank(s) as the pipeline says: mode {} fixes its layout", step, s.ranks,
-                                  workflow::TrainModeName(s.parallel.mode)));
+    pl->why.push_back(fmt::format("{:<9} {} rank(s) as the pipeline says: mode {} fixes its layout", StepName(step),
+                                  s.ranks, workflow::TrainModeName(s.parallel.mode)));
     return std::nullopt;
   }
   int64_t limit = Limit(m, s, cores, why);
-  if (step == "train" && !workflow::RanksInLockstep(s.parallel.mode) && p.rounds.candidates < limit) {
+  if (train && !workflow::RanksInLockstep(s.parallel.mode) && p.rounds.candidates < limit) {
     limit = std::max<int64_t>(1, p.rounds.candidates);
     *why = fmt::format("{} candidates per round, trained independently", p.rounds.candidates);
   }
@@ -93,20 +87,23 @@ double PassShare(const json& features_entry) {
   return 1.0 / static_cast<double>(1 + (others.is_array() ? others.size() : 0));
 }
 
-std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::Pipeline& p) {
-  std::map<std::string, StepCost> out;
+std::map<workflow::Step, StepCost> MeasureRound(const json& round, const workflow::Pipeline& p) {
+  using workflow::Step;
+  std::map<Step, StepCost> out;
   const json steps = round.value("step_seconds", json::object());
-  for (const auto& [step, secs] : steps.items()) {
+  for (const auto& [name, secs] : steps.items()) {
+    const std::optional<Step> step = workflow::StepFromName(name);
+    if (!step) continue;
     StepCost c;
-    c.step = step;
+    c.step = *step;
+    c.unit = workflow::WorkUnit(*step);
     c.wall_s = secs.is_number() ? secs.get<double>() : 0;
-    const workflow::StepSpec* spec = p.FindStep(step);
+    const workflow::StepSpec* spec = p.FindStep(*step);
     c.ranks = spec ? spec->ranks : 1;
-    out[step] = c;
+    out[*step] = c;
   }
-  if (out.count("prepare") && round.contains("features")) {
-    StepCost& c = out["prepare"];
-    c.unit = "image pass";
+  if (out.count(Step::kPrepare) && round.contains("features")) {
+    StepCost& c = out[Step::kPrepare];
     for (const auto& e : round["features"].value("computed", json::array())) {
       c.ranks = e.value("ranks", c.ranks);
       c.items += e.value("rows", int64_t{0});
@@ -120,27 +117,25 @@ std::map<std::string, StepCost> MeasureRound(const json& round, const workflow::
       c.work_s += Num(e, "seconds") * static_cast<double>(e.value("ranks", int64_t{1}));
     }
   }
-  if (out.count("train") && round.contains("training")) {
-    StepCost& c = out["train"];
+  if (out.count(Step::kTrain) && round.contains("training")) {
+    StepCost& c = out[Step::kTrain];
     const json& t = round["training"];
-    c.unit = "training step";
-    const std::string mode = t.value("mode", "");
+    const std::optional<workflow::TrainMode> mode = workflow::TrainModeFromName(t.value("mode", ""));
     c.ranks = t.value("processes", c.ranks);
     // Independent candidates run on one rank each; the other modes keep every process busy.
     // Heads trained together (one pass serves K heads) each report the group's seconds: the
     // group's time counts once (it was counted K times, and `plan --ranks auto` predicted a
     // train step several times too long).
-    const double per = mode == "independent" ? 1.0 : static_cast<double>(c.ranks);
+    const double per = mode && !workflow::RanksShareModels(*mode) ? 1.0 : static_cast<double>(c.ranks);
     for (const auto& e : t.value("candidates", json::array())) {
       const double together = static_cast<double>(std::max<int64_t>(1, e.value("together", int64_t{1})));
       c.work_s += Num(e, "seconds") * per / together;
       c.items += e.value("updates", int64_t{0});
     }
   }
-  if (out.count("evaluate") && round.contains("evaluation")) {
-    StepCost& c = out["evaluate"];
+  if (out.count(Step::kEvaluate) && round.contains("evaluation")) {
+    StepCost& c = out[Step::kEvaluate];
     const json& e = round["evaluation"];
-    c.unit = "(model x shard) task";
     c.ranks = e.value("ranks", c.ranks);
     c.items = e.value("tasks", int64_t{0});
     for (const auto& r : e.value("per_rank", json::array()))
@@ -154,16 +149,17 @@ Placement PlaceFromModel(const workflow::Pipeline& p, const Machine& m, const js
                          unsigned cores) {
   Placement pl;
   pl.source = source;
-  for (const auto& [step, unit] : Divisible()) {
+  for (const workflow::Step step : workflow::kDivisibleSteps) {
+    const char* name = workflow::StepName(step);
     std::string limit_why;
     const std::optional<int64_t> cap = StepLimit(p, m, step, cores, &limit_why, &pl);
     if (!cap) continue;
-    if (!favoured.is_object() || !favoured.contains(step)) {
+    if (!favoured.is_object() || !favoured.contains(name)) {
       pl.ranks[step] = 1;
-      pl.why.push_back(fmt::format("{:<9} 1 rank: the runs measured no work to share (features reused?)", step));
+      pl.why.push_back(fmt::format("{:<9} 1 rank: the runs measured no work to share (features reused?)", name));
       continue;
     }
-    const json& f = favoured.at(step);
+    const json& f = favoured.at(name);
     // The model's seconds at each rank count it tried, taken in order while the next saves >= 5 %.
     std::vector<std::pair<int64_t, double>> tries;
     for (const auto& [r, t] : f.at("seconds_by_ranks").items()) tries.emplace_back(std::stoll(r), t.get<double>());
@@ -191,7 +187,7 @@ Placement PlaceFromModel(const workflow::Pipeline& p, const Machine& m, const js
     pl.why.push_back(fmt::format(
         "{:<9} {} rank{}: {:.2f} core-s of work in round {}, {:.2f} s that does not divide; predicted {:.2f} s "
         "({:.2f} s on one rank); {}",
-        step, best, best > 1 ? "s" : "", f.value("work_s", 0.0), f.value("round", 0), f.value("serial_s", 0.0), best_s,
+        name, best, best > 1 ? "s" : "", f.value("work_s", 0.0), f.value("round", 0), f.value("serial_s", 0.0), best_s,
         one, reason));
   }
   return pl;
@@ -200,13 +196,14 @@ Placement PlaceFromModel(const workflow::Pipeline& p, const Machine& m, const js
 Placement PlaceWithoutCosts(const workflow::Pipeline& p, const Machine& m, unsigned cores) {
   Placement pl;
   pl.source = "no earlier run";
-  for (const auto& [step, unit] : Divisible()) {
+  for (const workflow::Step step : workflow::kDivisibleSteps) {
     std::string why;
     const std::optional<int64_t> cap = StepLimit(p, m, step, cores, &why, &pl);
     if (!cap) continue;
     const int64_t r = *cap;
     pl.ranks[step] = r;
-    pl.why.push_back(fmt::format("{:<9} {} rank{}: no measured costs yet, so {}", step, r, r > 1 ? "s" : "", why));
+    pl.why.push_back(fmt::format("{:<9} {} rank{}: no measured costs yet, so {}", workflow::StepName(step), r,
+                                 r > 1 ? "s" : "", why));
   }
   return pl;
 }

@@ -32,7 +32,7 @@ json RoundEntry(const Pipeline& p, int round, const RoundOutcome& o, json step_s
                 {"selection", {{"device", best.value("device", "")}, {"fpga", best.value("fpga", json::object())}}}};
   // What each step cost per item, for `msaflow plan --ranks auto` (orchestrator/placement.h).
   json costs = json::object();
-  for (const auto& [step, c] : MeasureRound(entry, p)) costs[step] = ToJson(c);
+  for (const auto& [step, c] : MeasureRound(entry, p)) costs[workflow::StepName(step)] = ToJson(c);
   entry["costs"] = costs;
   return entry;
 }

@@ -26,14 +26,23 @@ using workflow::TrainMode;
 
 // What the step itself measured (launch left out): prepare's features, train's candidates,
 // evaluate's farm.
-double StepSeconds(const json& round, const std::string& step) {
-  if (step == "prepare") {
-    double s = 0;
-    for (const auto& f : round.at("features").at("computed")) s += f.value("seconds", 0.0) * PassShare(f);
-    return s;
+double StepSeconds(const json& round, workflow::Step step) {
+  switch (step) {
+    case workflow::Step::kPrepare: {
+      double s = 0;
+      for (const auto& f : round.at("features").at("computed")) s += f.value("seconds", 0.0) * PassShare(f);
+      return s;
+    }
+    case workflow::Step::kTrain:
+      return round.at("training").at("wall_s");
+    case workflow::Step::kEvaluate:
+      return round.at("evaluation").at("wall_s");
+    case workflow::Step::kLoad:
+    case workflow::Step::kStore:
+    case workflow::Step::kSelect:
+      break;
   }
-  if (step == "train") return round.at("training").at("wall_s");
-  return round.at("evaluation").at("wall_s");
+  return 0;  // CheckOptions lets only the divisible steps through
 }
 
 std::string CpuModel() {
@@ -77,9 +86,10 @@ std::string ModeLabel(std::optional<TrainMode> mode) { return mode ? workflow::T
 // measured trains).
 std::vector<std::optional<TrainMode>> CheckOptions(const workflow::Pipeline& p, const ScalingOptions& opt) {
   if (opt.ranks.empty()) Throw(ErrorKind::kInvalidInput, "scaling: --ranks: give at least one rank count");
-  for (const auto& s : opt.steps)
-    if (s != "prepare" && s != "train" && s != "evaluate")
-      Throw(ErrorKind::kInvalidInput, "scaling: --steps: \"" + s + "\" is not one of prepare, train, evaluate");
+  for (const workflow::Step s : opt.steps)
+    if (!workflow::Divisible(s))
+      Throw(ErrorKind::kInvalidInput,
+            std::string("scaling: --steps: \"") + workflow::StepName(s) + "\" is not one of prepare, train, evaluate");
   if (opt.weak && (p.train.limit == 0 || p.test.limit == 0))
     Throw(ErrorKind::kInvalidInput, "scaling: --weak grows the datasets' limits with the ranks; give "
                                     "datasets.train.limit and datasets.test.limit in " + p.name);
@@ -91,7 +101,7 @@ std::vector<std::optional<TrainMode>> CheckOptions(const workflow::Pipeline& p, 
     modes.push_back(mode);
   }
   if (modes.empty()) modes = {p.steps.at(workflow::Step::kTrain).parallel.mode};
-  if (std::find(opt.steps.begin(), opt.steps.end(), "train") == opt.steps.end()) modes = {std::nullopt};
+  if (std::find(opt.steps.begin(), opt.steps.end(), workflow::Step::kTrain) == opt.steps.end()) modes = {std::nullopt};
   return modes;
 }
 
@@ -101,7 +111,7 @@ json MeasureOne(const workflow::Pipeline& p, const Machine& m, const ScalingOpti
                 std::optional<TrainMode> mode, int64_t r, std::FILE* out) {
   json doc = p.source;
   doc["rounds"]["max"] = 1;
-  for (const auto& s : opt.steps) doc["steps"][s]["ranks"] = r;
+  for (const workflow::Step s : opt.steps) doc["steps"][workflow::StepName(s)]["ranks"] = r;
   if (mode) doc["steps"]["train"]["mode"] = workflow::TrainModeName(*mode);
   if (!(mode && workflow::UsesParameterServers(*mode)) && doc["steps"].contains("train"))
     for (const char* k : {"servers", "groups", "max_staleness"}) doc["steps"]["train"].erase(k);
@@ -135,8 +145,9 @@ json MeasureOne(const workflow::Pipeline& p, const Machine& m, const ScalingOpti
                 {"train_rows", q.train.limit}, {"test_rows", q.test.limit},
                 {"champion_accuracy", res.at("champion").at("accuracy")}};
   std::string line;
-  for (const auto& s : opt.steps) {
-    double secs = StepSeconds(round, s);
+  for (const workflow::Step step : opt.steps) {
+    const char* s = workflow::StepName(step);
+    double secs = StepSeconds(round, step);
     entry["steps"][s] = {{"seconds", secs}, {"with_launch_s", round.at("step_seconds").value(s, 0.0)}};
     line += fmt::format(" {} {:.2f} s;", s, secs);
   }
@@ -152,7 +163,9 @@ json Table(const ScalingOptions& opt, const std::vector<std::optional<TrainMode>
            std::string& md) {
   md += "| step | mode | ranks | rows (train/test) | time s | speed-up | efficiency |\n|---|---|---|---|---|---|---|\n";
   json table = json::array();
-  for (const auto& s : opt.steps) {
+  for (const workflow::Step step : opt.steps) {
+    const char* s = workflow::StepName(step);
+    const bool train = step == workflow::Step::kTrain;
     for (const auto& mode : modes) {
       const json* first = nullptr;
       for (const auto& e : runs) {
@@ -162,13 +175,13 @@ json Table(const ScalingOptions& opt, const std::vector<std::optional<TrainMode>
         int64_t r0 = (*first)["ranks"], r = e["ranks"];
         double speedup = t > 0 ? t0 / t : 0;
         double eff = opt.weak ? speedup : speedup * static_cast<double>(r0) / static_cast<double>(r);
-        std::string mode_label = s == "train" ? e["mode"].get<std::string>() : "-";
+        std::string mode_label = train ? e["mode"].get<std::string>() : "-";
         md += fmt::format("| {} | {} | {} | {}/{} | {:.3f} | {:.2f}x | {:.0f} % |\n", s, mode_label, r,
                           e["train_rows"].get<int64_t>(), e["test_rows"].get<int64_t>(), t, speedup, 100 * eff);
         table.push_back({{"step", s}, {"mode", mode_label}, {"ranks", r}, {"seconds", t}, {"speedup", speedup},
                          {"efficiency", eff}});
       }
-      if (s != "train") break;  // other steps do not depend on the training mode
+      if (!train) break;  // other steps do not depend on the training mode
     }
   }
   return table;
@@ -188,8 +201,10 @@ std::string RunScaling(const workflow::Pipeline& p, const Machine& m, const Scal
   // One thread per rank, so that a rank is a core on any machine.
   ::setenv("OMP_NUM_THREADS", "1", 1);
   json runs = json::array();
+  std::vector<std::string> step_names;
+  for (const workflow::Step s : opt.steps) step_names.emplace_back(workflow::StepName(s));
   std::fprintf(out, "scaling study %s: %s scaling of %s at %s ranks, one thread per rank\n", id.c_str(),
-               opt.weak ? "weak" : "strong", fmt::format("{}", fmt::join(opt.steps, ", ")).c_str(),
+               opt.weak ? "weak" : "strong", fmt::format("{}", fmt::join(step_names, ", ")).c_str(),
                fmt::format("{}", fmt::join(ranks, ", ")).c_str());
   for (const auto& mode : modes) {
     for (int64_t r : ranks) {

@@ -46,6 +46,9 @@ BACKBONE_KIND_COMPARED = re.compile(r"kind_?\s*[!=]=\s*\"(?:pixels|onnx)\"")
 PRECISION_COMPARED = re.compile(r"precision\s*[!=]=\s*\"")
 # Nor a Slurm mode (workflow::SlurmMode).
 SLURM_MODE_COMPARED = re.compile(r"\"(?:hetjob|chained|single)\"\s*[!=]=|[!=]=\s*\"(?:hetjob|chained|single)\"")
+# Nor a step by its name (workflow::Step; the dataset split "train" is not a step).
+STEP_NAMES = r"\"(?:load|prepare|train|store|evaluate|select)\""
+STEP_COMPARED = re.compile(rf"\bstep\w*\s*[!=]=\s*{STEP_NAMES}|{STEP_NAMES}\s*[!=]=\s*[\w.]*step\w*\b")
 # A NAM backend's own header: the folders that read a run's objects (the service, inference)
 # open the NAM by URI (nam/store.h) and ask record/ where a run's NAM is, not a backend.
 NAM_BACKEND = re.compile(r'^\s*#\s*include\s+"nam/(file_store|fabric_store|mem_store|fault_store|recording_store|server)\.h"',
@@ -83,6 +86,8 @@ RULES = [
      lambda folder, m: f"compares a precision by name ({m.group(0).strip()}): compare kernels::Precision"),
     (SLURM_MODE_COMPARED, lambda folder, rel: True,
      lambda folder, m: f"compares a Slurm mode by name ({m.group(0).strip()}): compare workflow::SlurmMode"),
+    (STEP_COMPARED, lambda folder, rel: True,
+     lambda folder, m: f"compares a step by name ({m.group(0).strip()}): compare workflow::Step"),
     (MODE_COMPARED, lambda folder, rel: rel != "workflow/kinds.cc",
      lambda folder, m: f"compares a training mode ({m.group(0).strip()}): ask workflow/kinds.h what it does "
                        "(RanksShareModels, HasGroups, ...) or switch on it"),

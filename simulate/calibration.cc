@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -34,7 +35,7 @@ struct RunFigures {
   std::string dir;
   std::string launcher;
   double mtime = 0;
-  std::vector<std::map<std::string, StepModel>> rounds;
+  std::vector<std::map<workflow::Step, StepModel>> rounds;
   std::vector<double> round_s;
   std::vector<double> queue_s;  // Slurm: each round's wait in the queue
   // Slurm: per round, its mode and what its wall time (journal: round-start to round-end) had
@@ -46,8 +47,8 @@ struct RunFigures {
   std::vector<double> chain_gaps_s;
 };
 
-// "r3-train" -> (3, "train"); false for other task ids.
-bool SplitTask(const std::string& id, int64_t* round, std::string* step) {
+// "r3-train" -> (3, Step::kTrain) (orchestrator/planner.cc names tasks so); false for other task ids.
+bool SplitTask(const std::string& id, int64_t* round, workflow::Step* step) {
   if (id.size() < 4 || id[0] != 'r') return false;
   const size_t dash = id.find('-');
   if (dash == std::string::npos || dash == 1) return false;
@@ -56,7 +57,9 @@ bool SplitTask(const std::string& id, int64_t* round, std::string* step) {
   } catch (const std::exception&) {
     return false;
   }
-  *step = id.substr(dash + 1);
+  const std::optional<workflow::Step> s = workflow::StepFromName(id.substr(dash + 1));
+  if (!s) return false;
+  *step = *s;
   return true;
 }
 
@@ -76,22 +79,24 @@ bool ReadRun(const std::string& dir, const std::string& pipeline, RunFigures* ou
   out->mtime = static_cast<double>(fs::last_write_time(results).time_since_epoch().count());
   for (const auto& round : r["rounds"]) {
     if (!round.is_object() || !round.contains("costs") || !round["costs"].is_object()) return false;
-    std::map<std::string, StepModel> steps;
+    std::map<workflow::Step, StepModel> steps;
     double total = 0;
-    for (const auto& [step, c] : round["costs"].items()) {
+    for (const auto& [name, c] : round["costs"].items()) {
+      const std::optional<workflow::Step> step = workflow::StepFromName(name);
+      if (!step) Throw(ErrorKind::kCorrupt, results + ": costs: \"" + name + "\" is not a step");
       StepModel s;
-      s.step = step;
+      s.step = *step;
       s.ranks = std::max<int64_t>(1, static_cast<int64_t>(Num(c, "ranks")));
       s.items = static_cast<int64_t>(Num(c, "items"));
       s.per_item_s = s.items > 0 ? Num(c, "work_s") / static_cast<double>(s.items) : 0;
       s.serial_s = Num(c, "serial_s");
       s.measured_s = Num(c, "wall_s");
       s.size = static_cast<double>(s.items);
-      if (step == "train")
+      if (s.step == workflow::Step::kTrain)
         for (const auto& cand : round.value("training", json::object()).value("candidates", json::array()))
           if (cand.contains("finetuned_weights")) s.finetunes = true;
       total += s.measured_s;
-      steps[step] = s;
+      steps[s.step] = s;
     }
     const bool slurm = round.contains("node_seconds") && round["node_seconds"].is_object() &&
                        round["node_seconds"].contains("queue_s");
@@ -113,13 +118,13 @@ void ReadJournalFigures(const std::string& jpath, RunFigures* out) {
   if (PathExists(jpath)) {
     const record::Journal j = record::ReadJournal(jpath);
     std::map<int64_t, double> started;
-    std::map<int64_t, std::map<std::string, std::pair<double, double>>> spans;  // round -> task -> (start, end)
+    std::map<int64_t, std::map<workflow::Step, std::pair<double, double>>> spans;  // round -> task -> (start, end)
     for (const auto& e : j.events) {
       if (e.kind == record::EventKind::kRunStart) out->launcher = e.fields.value("launcher", "");
       if ((e.kind == record::EventKind::kTaskStart || e.kind == record::EventKind::kTaskEnd) &&
           e.fields.contains("time") && e.fields["time"].is_string()) {
         int64_t round = 0;
-        std::string step;
+        workflow::Step step{};
         if (SplitTask(e.fields.value("task", ""), &round, &step)) {
           auto& span = spans[round][step];
           (e.kind == record::EventKind::kTaskStart ? span.first : span.second) =
@@ -152,7 +157,7 @@ void ReadJournalFigures(const std::string& jpath, RunFigures* out) {
       }
       if (e.kind != record::EventKind::kTaskEnd || e.fields.value("status", "") != "ok") continue;
       int64_t round = 0;
-      std::string step;
+      workflow::Step step{};
       if (!SplitTask(e.fields.value("task", ""), &round, &step) || round < 1 ||
           round > static_cast<int64_t>(out->rounds.size()))
         continue;
@@ -170,8 +175,8 @@ void ReadJournalFigures(const std::string& jpath, RunFigures* out) {
         if (const auto t = static_cast<int64_t>(Num(rk, "threads")); t > 0) s.threads = s.threads ? std::min(s.threads, t) : t;
       }
       for (const auto& [host, n] : per_host) s.per_node = std::max(s.per_node, n);
-      s.size = step == "evaluate" && s.nam_in_bytes > 0 ? s.nam_in_bytes : static_cast<double>(s.items);
-      if (step == "train") {
+      s.size = step == workflow::Step::kEvaluate && s.nam_in_bytes > 0 ? s.nam_in_bytes : static_cast<double>(s.items);
+      if (step == workflow::Step::kTrain) {
         double bytes = 0, n = 0;
         for (const auto& o : e.fields.value("outputs", json::array()))
           if (o.value("name", "").rfind("staging/", 0) == 0) bytes += Num(o, "size"), n += 1;
@@ -233,9 +238,10 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool
   c.cores = std::max(1u, std::thread::hardware_concurrency());
   // A fine-tuning round's train step is fitted apart: an update there costs a tail's passes, a
   // hundred times a head's.
-  auto fit_key = [](const StepModel& s) { return s.finetunes ? s.step + "/finetune" : s.step; };
-  std::map<std::string, std::vector<std::pair<double, double>>> points;  // fit_key -> (size, core-seconds)
-  std::map<std::tuple<size_t, std::string, bool>, std::vector<double>> serial;
+  auto fit_key = [](const StepModel& s) { return std::make_pair(s.step, s.finetunes); };
+  using FitKey = std::pair<workflow::Step, bool>;                   // (step, fine-tunes)
+  std::map<FitKey, std::vector<std::pair<double, double>>> points;  // fit_key -> (size, core-seconds)
+  std::map<std::tuple<size_t, workflow::Step, bool>, std::vector<double>> serial;
   for (const auto& r : runs)
     for (size_t k = 0; k < r.rounds.size(); ++k)
       for (const auto& [step, s] : r.rounds[k]) {
@@ -246,7 +252,7 @@ Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool
         if (s.size > 0) points[fit_key(s)].push_back({s.size, s.per_item_s * threads * static_cast<double>(s.items)});
         serial[{k, step, s.ranks > 1}].push_back(s.serial_s);
       }
-  std::map<std::string, std::pair<double, double>> fit;  // fit_key -> (fixed, per unit of size)
+  std::map<FitKey, std::pair<double, double>> fit;  // fit_key -> (fixed, per unit of size)
   for (const auto& [key, pts] : points) {
     double sx = 0, sy = 0, sxx = 0, sxy = 0, lo = pts[0].first, hi = pts[0].first;
     for (const auto& [x, y] : pts) sx += x, sy += y, sxx += x * x, sxy += x * y, lo = std::min(lo, x), hi = std::max(hi, x);

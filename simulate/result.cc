@@ -12,8 +12,12 @@ json ToJson(const Result& r) {
   for (const auto& rr : r.rounds) {
     json steps = json::array();
     for (const auto& s : rr.steps) {
-      json j = {{"step", s.step},   {"module", s.module},   {"ranks", s.ranks},
-                {"nodes", s.nodes}, {"start_s", s.start_s}, {"seconds", s.seconds}};
+      json j = {{"step", workflow::StepName(s.step)},
+                {"module", s.module},
+                {"ranks", s.ranks},
+                {"nodes", s.nodes},
+                {"start_s", s.start_s},
+                {"seconds", s.seconds}};
       if (s.measured_s > 0) j["measured_s"] = s.measured_s;
       steps.push_back(j);
     }
@@ -37,8 +41,8 @@ std::string Table(const Result& r) {
   for (const auto& rr : r.rounds) {
     out += fmt::format("round {}: {:.1f} s (from {:.1f} s)\n", rr.round, rr.seconds, rr.start_s);
     for (const auto& s : rr.steps)
-      out += fmt::format("  {:<9} {:<4} {:>4} rank{} on {:>4} node{}  {:>9.2f} s{}\n", s.step, s.module, s.ranks,
-                         s.ranks == 1 ? " " : "s", s.nodes, s.nodes == 1 ? " " : "s", s.seconds,
+      out += fmt::format("  {:<9} {:<4} {:>4} rank{} on {:>4} node{}  {:>9.2f} s{}\n", workflow::StepName(s.step),
+                         s.module, s.ranks, s.ranks == 1 ? " " : "s", s.nodes, s.nodes == 1 ? " " : "s", s.seconds,
                          s.measured_s > 0 ? fmt::format("  (measured {:.2f} s)", s.measured_s) : "");
   }
   out += fmt::format("makespan {:.1f} s\n", r.makespan_s);

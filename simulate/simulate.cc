@@ -73,11 +73,12 @@ void RankBody(const StepWork& w, int64_t i, const std::vector<sg4::Host*>& hosts
   const double r = static_cast<double>(w.ranks);
   sg4::this_actor::exec_init(Serial(w, w.ranks) * kSpeed)->set_host(cpu)->wait();
   Transfer(nam, me, w.m.nam_in_bytes * w.scale / r);
-  const std::string step = w.m.step;
-  if (step == "evaluate") {  // the farm hands out (model x shard) tasks: some ranks get one more
+  const workflow::Step step = w.m.step;
+  if (step == workflow::Step::kEvaluate) {  // the farm hands out (model x shard) tasks: some ranks get one more
     const int64_t items = w.m.items, mine = items / w.ranks + (i < items % w.ranks ? 1 : 0);
     Compute(cpu, w, items > 0 ? Work(w) * static_cast<double>(mine) / static_cast<double>(items) : Work(w) / r);
-  } else if (step == "train" && w.ranks > 1 && workflow::RanksShareModels(w.mode) && w.m.model_bytes > 0) {
+  } else if (step == workflow::Step::kTrain && w.ranks > 1 && workflow::RanksShareModels(w.mode) &&
+             w.m.model_bytes > 0) {
     const bool grouped = workflow::HasGroups(w.mode);
     const int64_t g = grouped ? std::max<int64_t>(1, std::min(w.groups, w.ranks)) : 1;
     const int64_t group_size = std::max<int64_t>(1, w.ranks / g), group = std::min(i / group_size, g - 1),
@@ -143,9 +144,9 @@ int64_t Ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
 double Analytic(const StepWork& w, int64_t ranks, int64_t threads, double link, double latency) {
   const double r = static_cast<double>(ranks), th = static_cast<double>(threads);
   double t = Serial(w, ranks) + Work(w) / r / th + (w.m.nam_in_bytes + w.m.nam_out_bytes) * w.scale / r / link;
-  if (w.m.step == "evaluate" && w.m.items > 0)
+  if (w.m.step == workflow::Step::kEvaluate && w.m.items > 0)
     t = Serial(w, ranks) + Work(w) * std::ceil(static_cast<double>(w.m.items) / r) / static_cast<double>(w.m.items) / th;
-  if (w.m.step == "train" && ranks > 1 && workflow::RanksInLockstep(w.mode))
+  if (w.m.step == workflow::Step::kTrain && ranks > 1 && workflow::RanksInLockstep(w.mode))
     t += static_cast<double>(w.m.items) * w.scale * (2 * (r - 1) / r * w.m.model_bytes / link + 2 * (r - 1) * latency);
   return t;
 }
@@ -191,12 +192,10 @@ class Model {
   void Check() {
     if (c_.rounds.empty()) Throw(ErrorKind::kInvalidInput, "simulate: the calibration has no rounds");
     if (o_.data_scale <= 0) Throw(ErrorKind::kInvalidInput, "--data-scale must be above 0");
-    for (const auto& [step, r] : o_.ranks) {
-      if (!workflow::StepFromName(step))
-        Throw(ErrorKind::kInvalidInput,
-              "--ranks " + step + "=" + std::to_string(r) + ": not a step (load, prepare, train, store, evaluate, select)");
-      if (r < 1) Throw(ErrorKind::kInvalidInput, "--ranks " + step + "=" + std::to_string(r) + ": ranks must be at least 1");
-    }
+    for (const auto& [step, r] : o_.ranks)
+      if (r < 1)
+        Throw(ErrorKind::kInvalidInput, std::string("--ranks ") + workflow::StepName(step) + "=" + std::to_string(r) +
+                                            ": ranks must be at least 1");
     for (const auto& [name, mod] : m_.modules) nodes_[name] = std::max<int64_t>(1, mod.nodes);
     for (const auto& [name, n] : o_.nodes) {
       if (!m_.modules.count(name)) (void)m_.Module(name, "--nodes");  // throws, naming the modules there are
@@ -228,21 +227,21 @@ class Model {
       std::vector<StepWork> steps;
       for (const workflow::Step s : workflow::kSteps) {
         const std::string name = workflow::StepName(s);
-        auto it = cal.find(name);
-        const workflow::StepSpec* spec = p_.FindStep(name);
+        auto it = cal.find(s);
+        const workflow::StepSpec* spec = p_.FindStep(s);
         if (it == cal.end() || !spec) continue;
         StepWork w;
         w.m = it->second;
         w.module = spec->module;
         const workflow::ModuleSpec& mod = m_.Module(spec->module, "steps/" + name + "/module");
-        w.ranks = o_.ranks.count(name) ? o_.ranks.at(name) : spec->ranks;
+        w.ranks = o_.ranks.count(s) ? o_.ranks.at(s) : spec->ranks;
         w.nodes = std::min(nodes_[mod.name], w.ranks);
         w.per_node = Ceil(w.ranks, w.nodes);
         w.nodes = Ceil(w.ranks, w.per_node);
         // Nodes sharing one machine's cores: the step's ranks share them all.
         w.threads = std::max<int64_t>(1, NodeCores(mod.name) / (shared_ ? w.ranks : w.per_node));
-        w.scale = (name == "prepare" || name == "train" || name == "evaluate") ? o_.data_scale : 1;
-        if (name == "train") {
+        w.scale = workflow::Divisible(s) ? o_.data_scale : 1;
+        if (s == workflow::Step::kTrain) {
           w.mode = workflow::ResolveAuto(spec->parallel.mode, p_.rounds.candidates, w.ranks);
           w.groups = spec->parallel.groups;
         }
@@ -335,10 +334,9 @@ class Model {
     const double latency = o_.latency_s;
     sg4::Host *nam = nam_, *cpu = shared_cpu_;
     for (int64_t i = 0; i < w.ranks; ++i) {
-      ranks.push_back(sg4::Actor::create(fmt::format("r{}-{}-{}", k + 1, w.m.step, i), where[static_cast<size_t>(i)],
-                                         [&w, i, &where, cpu, nam, barrier, latency] {
-                                           RankBody(w, i, where, cpu, nam, barrier, latency);
-                                         }));
+      ranks.push_back(sg4::Actor::create(
+          fmt::format("r{}-{}-{}", k + 1, workflow::StepName(w.m.step), i), where[static_cast<size_t>(i)],
+          [&w, i, &where, cpu, nam, barrier, latency] { RankBody(w, i, where, cpu, nam, barrier, latency); }));
       ++res_.actors;
     }
     for (auto& a : ranks) a->join();
@@ -355,9 +353,10 @@ class Model {
     json steps = json::object(), favour = json::object();
     for (size_t k = 0; k < plan_.size(); ++k)
       for (const auto& w : plan_[k]) {
-        steps[w.m.step] = {{"module", w.module}, {"ranks", w.ranks}, {"nodes", slurm_ ? w.nodes : 1}};
-        if (w.m.step != "prepare" && w.m.step != "train" && w.m.step != "evaluate") continue;
-        if (w.m.step == "train" && workflow::UsesParameterServers(w.mode)) continue;
+        const char* name = workflow::StepName(w.m.step);
+        steps[name] = {{"module", w.module}, {"ranks", w.ranks}, {"nodes", slurm_ ? w.nodes : 1}};
+        if (!workflow::Divisible(w.m.step)) continue;
+        if (w.m.step == workflow::Step::kTrain && workflow::UsesParameterServers(w.mode)) continue;
         const workflow::ModuleSpec& mod = m_.Module(w.module, "steps");
         const int64_t cores = NodeCores(w.module), nodes = slurm_ ? nodes_[w.module] : 1;
         const int64_t limit = std::max<int64_t>(1, slurm_ ? std::max(mod.max_ranks, nodes) : std::min(mod.max_ranks, cores));
@@ -377,10 +376,10 @@ class Model {
           table[std::to_string(r)] = t;
           if (r == 1 || t < best_s * 0.95) best = r, best_s = t;
         }
-        if (!favour.contains(w.m.step) || favour[w.m.step]["work_s"].get<double>() < Work(w))
-          favour[w.m.step] = {{"ranks", best},         {"seconds", best_s},          {"seconds_by_ranks", table},
-                              {"work_s", Work(w)},      {"serial_s", Serial(w, 1)},   {"round", k + 1},
-                              {"limit", limit}};
+        if (!favour.contains(name) || favour[name]["work_s"].get<double>() < Work(w))
+          favour[name] = {{"ranks", best},     {"seconds", best_s},        {"seconds_by_ranks", table},
+                          {"work_s", Work(w)}, {"serial_s", Serial(w, 1)}, {"round", k + 1},
+                          {"limit", limit}};
       }
     res_.placement = {
         {"mode", mode_ ? workflow::SlurmModeName(*mode_) : "local"}, {"steps", steps}, {"favoured_ranks", favour}};

@@ -18,7 +18,7 @@ namespace msaflow::simulate {
 
 // One step of one round as measured: its divisible work and what does not divide.
 struct StepModel {
-  std::string step;
+  workflow::Step step = workflow::Step::kLoad;
   int64_t ranks = 1;        // the ranks it ran with
   double per_item_s = 0;    // divisible work per item (image pass, training update, task) in
                             // rank-seconds as measured; once calibrated, core-seconds per unit of size
@@ -42,7 +42,7 @@ struct StepModel {
 // are the latest run's.
 struct Calibration {
   std::vector<std::string> runs;                         // the run directories used
-  std::vector<std::map<std::string, StepModel>> rounds;  // per round, by step
+  std::vector<std::map<workflow::Step, StepModel>> rounds;  // per round, by step
   std::vector<double> measured_round_s;                  // the latest run's rounds as they ran
   std::string launcher;                                  // the latest run's: "local" or "slurm"
   double queue_wait_s = 0;                               // Slurm: a round's wait in the queue (median)
@@ -59,7 +59,7 @@ struct Calibration {
 Calibration Calibrate(const std::string& from, const workflow::Pipeline& p, bool nodes_share_cores = false);
 
 struct Options {
-  std::map<std::string, int64_t> ranks;  // step -> ranks; default: the pipeline's
+  std::map<workflow::Step, int64_t> ranks;  // step -> ranks; default: the pipeline's
   std::map<std::string, int64_t> nodes;  // module -> nodes; default: the machine's
   double data_scale = 1;                 // images x this (prepare and train work, NAM bytes)
   int64_t rounds = 0;                    // 0: as many as the latest calibrating run had
@@ -70,7 +70,8 @@ struct Options {
 };
 
 struct StepResult {
-  std::string step, module;
+  workflow::Step step = workflow::Step::kLoad;
+  std::string module;
   int64_t ranks = 1, nodes = 1;
   double start_s = 0, seconds = 0;
   double measured_s = 0;  // the calibrating run's, where the ranks and data are the same

@@ -65,6 +65,24 @@ bool SingleWriter(Step s) {
   return false;
 }
 
+bool Divisible(Step s) { return *WorkUnit(s) != '\0'; }
+
+const char* WorkUnit(Step s) {
+  switch (s) {
+    case Step::kPrepare:
+      return "image pass";
+    case Step::kTrain:
+      return "training step";
+    case Step::kEvaluate:
+      return "(model x shard) task";
+    case Step::kLoad:
+    case Step::kStore:
+    case Step::kSelect:
+      return "";
+  }
+  return "";
+}
+
 const char* TrainModeName(TrainMode m) {
   switch (m) {
     case TrainMode::kAuto: return "auto";

@@ -31,6 +31,14 @@ bool UsesFpga(Step s);
 bool HasCandidates(Step s);
 // The steps that always run on one rank: they write the NAM alone (load, store).
 bool SingleWriter(Step s);
+// The steps whose work divides among their ranks (prepare's image passes, train's updates,
+// evaluate's (model x shard) tasks): the ones placement, `msaflow scaling` and the simulator give
+// more ranks. The others run on one rank or do work that more ranks do not shorten.
+bool Divisible(Step s);
+inline constexpr std::array<Step, 3> kDivisibleSteps = {Step::kPrepare, Step::kTrain, Step::kEvaluate};
+// The unit of a divisible step's work ("image pass", "training step", "(model x shard) task");
+// "" for the others.
+const char* WorkUnit(Step s);
 
 // How the train step uses its ranks (docs/parallel.md). kAuto exists only in a pipeline; the
 // planner resolves it to independent or sync before a task is written.

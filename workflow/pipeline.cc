@@ -594,8 +594,7 @@ const BackboneSpec& Pipeline::Backbone(const std::string& n) const {
 
 const StepSpec* Pipeline::FindStep(std::string_view n) const {
   const auto kind = StepFromName(n);
-  auto it = kind ? steps.find(*kind) : steps.end();
-  return it == steps.end() ? nullptr : &it->second;
+  return kind ? FindStep(*kind) : nullptr;
 }
 
 StepSpec* Pipeline::FindStep(std::string_view n) {

@@ -162,6 +162,15 @@ struct Pipeline {
   // The step named `name` as a record spells it ("train"), or null for a name that is no step.
   const StepSpec* FindStep(std::string_view name) const;
   StepSpec* FindStep(std::string_view name);
+  // The step, or null where the pipeline has none.
+  const StepSpec* FindStep(Step s) const {
+    auto it = steps.find(s);
+    return it == steps.end() ? nullptr : &it->second;
+  }
+  StepSpec* FindStep(Step s) {
+    auto it = steps.find(s);
+    return it == steps.end() ? nullptr : &it->second;
+  }
 };
 
 // Parses and validates. `origin` names the file in errors; relative paths resolve against

@@ -338,6 +338,11 @@ class Mpi(unittest.TestCase):
         r = self.msaflow("scaling", path, "--ranks", "1,x", "--runs", runs, ok=False)
         self.assertEqual(r.returncode, 3)
         self.assertIn('--ranks: "x" is not a rank count', r.stderr)
+        # Only the steps whose work divides among ranks scale; a step that does not, or no step, is refused.
+        for bad in ("load", "trian"):
+            r = self.msaflow("scaling", path, "--steps", "prepare," + bad, "--runs", runs, ok=False)
+            self.assertEqual(r.returncode, 3)
+            self.assertIn(f'--steps: "{bad}" is not one of prepare, train, evaluate', r.stderr)
 
     def test_a_failing_rank_ends_the_step_with_its_message(self):
         # Every rank refuses a malformed knob; mpirun ends the step and the run names the rank's error.

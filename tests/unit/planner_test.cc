@@ -132,34 +132,34 @@ nlohmann::json MeasuredRound() {
 
 TEST(Placement, MeasuresSharedWorkPerItemAndWhatDoesNotDivide) {
   auto costs = MeasureRound(MeasuredRound(), TwoBackbones());
-  const StepCost& prep = costs.at("prepare");
+  const StepCost& prep = costs.at(workflow::Step::kPrepare);
   EXPECT_DOUBLE_EQ(prep.work_s, 8.0);
   EXPECT_EQ(prep.items, 6000);
   EXPECT_EQ(prep.ranks, 2);
   EXPECT_NEAR(prep.PerItem(), 8.0 / 6000, 1e-12);
   EXPECT_DOUBLE_EQ(prep.serial_s, 6.0 - 8.0 / 2);
-  EXPECT_DOUBLE_EQ(costs.at("train").work_s, 12.0);  // independent: one rank per candidate
-  EXPECT_EQ(costs.at("train").items, 2400);
-  EXPECT_DOUBLE_EQ(costs.at("evaluate").work_s, 0.3);
-  EXPECT_DOUBLE_EQ(costs.at("load").work_s, 0.0);
+  EXPECT_DOUBLE_EQ(costs.at(workflow::Step::kTrain).work_s, 12.0);  // independent: one rank per candidate
+  EXPECT_EQ(costs.at(workflow::Step::kTrain).items, 2400);
+  EXPECT_DOUBLE_EQ(costs.at(workflow::Step::kEvaluate).work_s, 0.3);
+  EXPECT_DOUBLE_EQ(costs.at(workflow::Step::kLoad).work_s, 0.0);
   // Heads trained together report the group's seconds each: counted once. Two pairs of 3 s
   // on one rank each are 6 rank-seconds, not 12.
   nlohmann::json paired = MeasuredRound();
   for (auto& e : paired["training"]["candidates"]) e["together"] = 2;
-  EXPECT_DOUBLE_EQ(MeasureRound(paired, TwoBackbones()).at("train").work_s, 6.0);
+  EXPECT_DOUBLE_EQ(MeasureRound(paired, TwoBackbones()).at(workflow::Step::kTrain).work_s, 6.0);
   // So do two cuts of one model prepared in one pass: each entry carries the pass's seconds.
   nlohmann::json one_pass = MeasuredRound();
   one_pass["features"]["computed"][1]["per_rank"] = one_pass["features"]["computed"][0]["per_rank"];
   one_pass["features"]["computed"][0]["one_pass_with"] = {"b"};
   one_pass["features"]["computed"][1]["one_pass_with"] = {"a"};
-  EXPECT_DOUBLE_EQ(MeasureRound(one_pass, TwoBackbones()).at("prepare").work_s, 5.0);
+  EXPECT_DOUBLE_EQ(MeasureRound(one_pass, TwoBackbones()).at(workflow::Step::kPrepare).work_s, 5.0);
   // Fine-tuning's maps divide over the ranks too (the entry has the wall time of them all); maps
   // found in the NAM cost nothing.
   nlohmann::json maps = MeasuredRound();
   maps["features"]["maps"] = nlohmann::json::parse(R"([
     {"computed": true, "rows": 3000, "ranks": 2, "seconds": 1.5},
     {"computed": false, "object": "maps/x"}])");
-  const StepCost with_maps = MeasureRound(maps, TwoBackbones()).at("prepare");
+  const StepCost with_maps = MeasureRound(maps, TwoBackbones()).at(workflow::Step::kPrepare);
   EXPECT_DOUBLE_EQ(with_maps.work_s, 8.0 + 3.0);
   EXPECT_EQ(with_maps.items, 9000);
   // Round-trips through results.json.
@@ -184,9 +184,9 @@ TEST(Placement, RanksFromTheModelWithinTheLimits) {
       {"evaluate", step({{"1", 0.6}, {"2", 0.59}}, 1)}};
   Placement pl = PlaceFromModel(p, m, favoured, "run r", 16);
   EXPECT_EQ(pl.source, "run r");
-  EXPECT_EQ(pl.ranks.at("prepare"), 8);  // 16 would save 2.5 %
-  EXPECT_EQ(pl.ranks.at("train"), 4);    // 5 independent candidates: 8 would pass them
-  EXPECT_EQ(pl.ranks.at("evaluate"), 1);
+  EXPECT_EQ(pl.ranks.at(workflow::Step::kPrepare), 8);  // 16 would save 2.5 %
+  EXPECT_EQ(pl.ranks.at(workflow::Step::kTrain), 4);    // 5 independent candidates: 8 would pass them
+  EXPECT_EQ(pl.ranks.at(workflow::Step::kEvaluate), 1);
   ASSERT_EQ(pl.why.size(), 3u);
   EXPECT_NE(pl.why[0].find("16 ranks would save under 5 % in the model"), std::string::npos) << pl.why[0];
   EXPECT_NE(pl.why[0].find("predicted 2.00 s (10.00 s on one rank)"), std::string::npos) << pl.why[0];
@@ -194,11 +194,11 @@ TEST(Placement, RanksFromTheModelWithinTheLimits) {
   EXPECT_NE(pl.why[2].find("2 ranks would save under 5 %"), std::string::npos) << pl.why[2];
   // 2 cores: the local launcher does not oversubscribe them.
   pl = PlaceFromModel(p, m, favoured, "run r", 2);
-  EXPECT_EQ(pl.ranks.at("prepare"), 2);
+  EXPECT_EQ(pl.ranks.at(workflow::Step::kPrepare), 2);
   EXPECT_NE(pl.why[0].find("capped by the 2 cores of this machine"), std::string::npos) << pl.why[0];
   // A step the runs measured no shared work for gets one rank.
   pl = PlaceFromModel(p, m, {{"prepare", favoured["prepare"]}}, "run r", 16);
-  EXPECT_EQ(pl.ranks.at("train"), 1);
+  EXPECT_EQ(pl.ranks.at(workflow::Step::kTrain), 1);
   EXPECT_NE(pl.why[1].find("measured no work to share"), std::string::npos) << pl.why[1];
   // The placement reaches the plan.
   pl = PlaceFromModel(p, m, favoured, "run r", 2);
@@ -209,9 +209,9 @@ TEST(Placement, RanksFromTheModelWithinTheLimits) {
 
 TEST(Placement, WithoutAnEarlierRunTheModuleLimitIsUsed) {
   Placement pl = PlaceWithoutCosts(TwoBackbones(), LoadMachine("local"), 4);
-  EXPECT_EQ(pl.ranks.at("prepare"), 4);
-  EXPECT_EQ(pl.ranks.at("evaluate"), 4);
-  EXPECT_EQ(pl.ranks.at("train"), 4);
+  EXPECT_EQ(pl.ranks.at(workflow::Step::kPrepare), 4);
+  EXPECT_EQ(pl.ranks.at(workflow::Step::kEvaluate), 4);
+  EXPECT_EQ(pl.ranks.at(workflow::Step::kTrain), 4);
   EXPECT_EQ(pl.source, "no earlier run");
 }
 
