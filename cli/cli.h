@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "common/error.h"
-#include "workflow/rank.h"
 #include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/scaling.h"
-#include "service/server.h"
+#include "service/http_server.h"
 #include "simulate/simulate.h"
+#include "workflow/rank.h"
 
 namespace msaflow::cli {
 

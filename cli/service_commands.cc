@@ -1,5 +1,5 @@
 // The service: `msaflow serve` and `msaflow users add|remove|list` (its users file). The
-// service itself is service/server.h; this file binds options to it and prints.
+// service itself is service/http_server.h; this file binds options to it and prints.
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -8,7 +8,7 @@
 
 #include "cli/cli.h"
 #include "common/files.h"
-#include "service/server.h"
+#include "service/http_server.h"
 #include "service/users.h"
 
 namespace msaflow::cli {

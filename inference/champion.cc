@@ -8,7 +8,7 @@
 #include "common/files.h"
 #include "common/strings.h"
 #include "kernels/onnx_graph.h"
-#include "modules/calibration.h"
+#include "modules/int8_calibration.h"
 #include "modules/model_object.h"
 #include "nam/store.h"
 #include "record/run_dir.h"

@@ -1,24 +1,24 @@
 // The service's parts without a socket: the routes against the OpenAPI document, the users
 // file and its tokens, the folders a pipeline may name, and how a validation message splits
 // into pointer, message and hint. tests/integration/service_test.py drives the real process.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
-#include <thread>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "common/error.h"
 #include "common/files.h"
 #include "service/admission.h"
 #include "service/deadlines.h"
 #include "service/events.h"
-#include "service/server.h"
+#include "service/http_server.h"
 #include "service/users.h"
 
 namespace msaflow::service {

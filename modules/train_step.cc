@@ -16,7 +16,7 @@
 
 #include "common/error.h"
 #include "modules/features.h"
-#include "modules/finetune.h"
+#include "modules/finetune_maps.h"
 #include "modules/model_object.h"
 #include "modules/straggler.h"
 #include "workflow/objects.h"

@@ -7,7 +7,7 @@
 #include "common/files.h"
 #include "kernels/executor.h"
 #include "kernels/onnx_graph.h"
-#include "modules/calibration.h"
+#include "modules/int8_calibration.h"
 #include "modules/step_context.h"
 #include "workflow/backbones.h"
 #include "workflow/objects.h"

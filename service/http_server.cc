@@ -1,4 +1,4 @@
-#include "service/server.h"
+#include "service/http_server.h"
 
 #include <arpa/inet.h>
 #include <fmt/core.h>

@@ -1,4 +1,4 @@
-#include "modules/finetune.h"
+#include "modules/finetune_maps.h"
 
 #include <fmt/core.h>
 

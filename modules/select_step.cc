@@ -13,7 +13,7 @@
 #include "common/error.h"
 #include "kernels/fpga/select.h"
 #include "kernels/metrics.h"
-#include "modules/evaluate.h"
+#include "modules/evaluate_step.h"
 #include "modules/step_context.h"
 #include "workflow/datasets.h"
 #include "workflow/objects.h"

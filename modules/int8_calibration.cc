@@ -1,4 +1,4 @@
-#include "modules/calibration.h"
+#include "modules/int8_calibration.h"
 
 #include <cmath>
 #include <vector>

@@ -4,7 +4,7 @@
 // busy time per rank, utilisation, overhead per task) go to evaluated/<run>/<round>. The
 // metrics' JSON form is shared with select. A shard is evaluated on the split the pipeline
 // selects on (validation) and, kept apart for the run's reported result, on the test split.
-#include "modules/evaluate.h"
+#include "modules/evaluate_step.h"
 
 #include <fmt/core.h>
 
@@ -17,7 +17,7 @@
 #include "kernels/head.h"
 #include "kernels/metrics.h"
 #include "modules/features.h"
-#include "modules/finetune.h"
+#include "modules/finetune_maps.h"
 #include "modules/model_object.h"
 #include "modules/straggler.h"
 #include "parallel/task_farm.h"
