@@ -12,9 +12,9 @@
 #include "nam/server.h"
 #include "nam/store.h"
 #include "orchestrator/scaling.h"
+#include "ranking/rank.h"
 #include "service/http_server.h"
 #include "simulate/simulate.h"
-#include "workflow/rank.h"
 
 namespace msaflow::cli {
 
@@ -41,7 +41,7 @@ struct Options {
   bool with_preprocessing = false;
   std::vector<std::string> images;
   int64_t top = 3, limit = 0, predict_batch = 64;
-  workflow::RankOptions rank;  // rank
+  ranking::RankOptions rank;   // rank
   simulate::Options sim;       // simulate
   std::string sim_from;
   std::vector<std::string> sim_ranks, sim_nodes;

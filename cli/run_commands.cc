@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "common/files.h"
+#include "common/signals.h"
 #include "launch/launcher.h"
 #include "modules/steps.h"
 #include "nam/fabric.h"
@@ -45,7 +46,7 @@ void HandleStopSignals() {
     nam::fabric::LoadLibrary();
   } catch (const Error&) {
   }
-  launch::InstallInterruptHandlers();
+  InstallInterruptHandlers();
 }
 
 // The run library as this process's commands use it: the runs directory, and this binary for
@@ -163,7 +164,7 @@ int Rank(Options& o) {
   const workflow::Pipeline p = workflow::LoadPipeline(o.pipeline_path);
   const workflow::Machine m = MachineOf(o, p);
   orchestrator::CheckPipeline(p, m, o.pipeline_path, o.runs_dir);  // what run would refuse, refused here
-  const workflow::Ranking r = workflow::RankBackbones(p, o.rank, [&](const std::string& line) {
+  const ranking::Ranking r = ranking::RankBackbones(p, o.rank, [&](const std::string& line) {
     if (!o.as_json) std::fprintf(stderr, "%s\n", line.c_str());
   });
   if (o.as_json) {
@@ -292,13 +293,13 @@ int Submit(Options& o) {
   if (!o.wait) return 0;
   // Ctrl-C stops the following, not the run: the coordinator is a Slurm job of its own. Say so,
   // and how to stop it, instead of leaving the user to guess whether it died with us.
-  launch::InstallInterruptHandlers();
+  InstallInterruptHandlers();
   record::JournalFollower journal = runs.Observe(rd);
   std::string end;
   report::ProgressBar bar(stdout);  // on a terminal; plain lines otherwise
   int round = 0;
   for (;;) {
-    if (const int sig = launch::InterruptSignal()) {
+    if (const int sig = InterruptSignal()) {
       bar.Clear();
       std::printf("stopped following run %s (signal %d); it goes on as Slurm job %s\n  follow it: msaflow status %s\n"
                   "  stop it:   msaflow cancel %s\n",
@@ -332,7 +333,7 @@ int Submit(Options& o) {
     try {
       end = runs.SubmittedEnd(p, m, job);
     } catch (const Error&) {
-      if (launch::InterruptSignal()) continue;  // squeue got the terminal's Ctrl-C too
+      if (InterruptSignal()) continue;  // squeue got the terminal's Ctrl-C too
       throw;
     }
     if (!end.empty()) break;

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/files.h"
+#include "common/signals.h"
 
 namespace msaflow::launch {
 

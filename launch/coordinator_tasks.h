@@ -13,8 +13,9 @@
 #include <string>
 
 #include "common/clock.h"
-#include "nam/store.h"
+#include "common/signals.h"
 #include "launch/launcher.h"
+#include "nam/store.h"
 #include "workflow/kinds.h"
 
 namespace msaflow::launch {

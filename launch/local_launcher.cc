@@ -1,20 +1,20 @@
 #include "launch/local_launcher.h"
 
 #include <fcntl.h>
+#include <fmt/core.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
-#include <fmt/core.h>
-
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 
 #include "common/child_process.h"
 #include "common/error.h"
+#include "common/signals.h"
 
 namespace msaflow::launch {
 

@@ -1,6 +1,9 @@
 // The Slurm launcher: submitting a round (in the machine's mode, falling back when Slurm refuses
 // it), following its jobs, describing how it failed, retrying; re-attaching to a dead
 // coordinator's jobs; node-seconds; the plan script; `submit`.
+#include "launch/slurm_launcher.h"
+
+#include <fmt/core.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,13 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fmt/core.h>
 #include <set>
 #include <sstream>
 
 #include "common/child_process.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/signals.h"
 #include "common/strings.h"
 #include "launch/node_seconds.h"
 #include "launch/slurm.h"

@@ -32,7 +32,7 @@
 #include "workflow/backbones.h"
 #include "workflow/datasets.h"
 #include "workflow/objects.h"
-#include "workflow/rank.h"
+#include "workflow/rung0_features.h"
 
 namespace msaflow::modules {
 namespace {

@@ -10,8 +10,10 @@
 #include "common/checksum.h"
 #include "common/error.h"
 #include "common/files.h"
+#include "common/signals.h"
 #include "kernels/onnx_graph.h"
 #include "launch/launcher.h"
+#include "ranking/rank.h"
 #include "record/run_dir.h"
 #include "workflow/backbones.h"
 #include "workflow/candidates.h"
@@ -32,15 +34,15 @@ const char* EstimateName(const std::string& by) { return by == "knn" ? "kNN" : "
 // (those that are what prepare computes) go to `handed`.
 json Decide(const workflow::Pipeline& p, std::vector<workflow::SubsetFeatures>* handed) {
   const auto t0 = std::chrono::steady_clock::now();
-  workflow::RankOptions o;
+  ranking::RankOptions o;
   o.fraction = p.rounds.rank_fraction;
   o.seed = p.rounds.seed;
   o.keep_features = true;
   // A signal (a cancel, Ctrl-C) is looked for as each backbone is ranked: rung 0 is the
   // coordinator's own work, which no launcher waits on. It is held back from the computing threads
-  // meanwhile (launch::InterruptsHeld says why).
-  const launch::InterruptsHeld held;
-  workflow::Ranking r = workflow::RankBackbones(
+  // meanwhile (InterruptsHeld says why).
+  const InterruptsHeld held;
+  ranking::Ranking r = ranking::RankBackbones(
       p, o, [&](const std::string&) { held.ThrowIfInterrupted("during rung 0 (ranking the backbones)"); });
   const std::string by = p.rounds.rank_by;
   json list = json::array();

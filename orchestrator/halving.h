@@ -1,6 +1,6 @@
 // Rung 0 of the halving strategy (rounds.strategy "halving"; docs/search.md): before round 1 the
 // coordinator ranks the pipeline's backbones on a stratified subset of the training split
-// (workflow/rank.h: leave-one-out kNN and LogME), keeps the best ceil(B / eta) by rounds.rank_by,
+// (ranking/rank.h: leave-one-out kNN and LogME), keeps the best ceil(B / eta) by rounds.rank_by,
 // and the run's rounds see only those. Decided once per run: kept in RUN_DIR/rung0.json (a resumed
 // run reads the decision back rather than ranking again), journalled as "rung0", shown as lines,
 // and explained by `msaflow why RUN BACKBONE`.
@@ -11,11 +11,10 @@
 #include <vector>
 
 #include "nam/store.h"
-
 #include "orchestrator/run_observer.h"
 #include "record/journal.h"
 #include "workflow/pipeline.h"
-#include "workflow/rank.h"
+#include "workflow/rung0_features.h"
 
 namespace msaflow::orchestrator {
 

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/signals.h"
 #include "common/strings.h"
 #include "launch/nam_process.h"
 #include "launch/shared_nam.h"
@@ -58,7 +59,7 @@ namespace {
 void JournalFailure(const JournalWriter& journal, const std::string& dir, int round, const Error& e) {
   try {
     json failed = {{"round", round}, {"error", e.what()}};
-    if (const int sig = launch::InterruptSignal()) failed["signal"] = sig;
+    if (const int sig = InterruptSignal()) failed["signal"] = sig;
     if (PathExists(dir + "/" + kCancelRequest)) {
       json req = json::parse(ReadFile(dir + "/" + kCancelRequest), nullptr, false);
       failed["cancelled"] = true;
@@ -76,7 +77,7 @@ void JournalFailure(const JournalWriter& journal, const std::string& dir, int ro
 Rung0 RoundsPipeline(const Pipeline& p, const std::string& dir, const JournalWriter& journal, RunObserver& obs,
                      int next) {
   try {
-    launch::ThrowIfInterrupted("before round " + std::to_string(next));
+    ThrowIfInterrupted("before round " + std::to_string(next));
     return HalvingRung0(p, dir, journal, obs);
   } catch (const Error& e) {
     JournalFailure(journal, dir, next - 1, e);
@@ -113,7 +114,7 @@ EarlyNam StartSharedNamEarly(const Pipeline& p, const Machine& m, const RunOptio
   if (p.rounds.strategy != workflow::Strategy::kHalving || opt.make_launcher || opt.msaflow_exe.empty() ||
       !m.OnThisHost() || NamFor(p, m, opt.runs_dir) != "serve" || !launch::NamOnLoopback(m))
     return {};
-  const launch::InterruptsHeld held;  // the new thread starts with SIGINT and SIGTERM blocked
+  const InterruptsHeld held;  // the new thread starts with SIGINT and SIGTERM blocked
   return std::async(std::launch::async, [exe = opt.msaflow_exe, spec = m.nam, runs = opt.runs_dir] {
     return std::make_unique<SharedNamServer>(exe, spec, runs, launch::kNamLockWaitHereS);
   });

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The folders' dependency direction, checked: every `#include "folder/..."` in a folder's
+"""The folders' dependency direction, checked. ALLOWED below is the one map: docs/design-notes.md's
+table ("uses") must say the same, and meson.build must link each folder's library with every folder
+it may include (its dependencies' closure). Then every `#include "folder/..."` in a folder's
 sources must name the folder itself or one it may use (docs/design-notes.md has the map). And
 record/ owns a run's directory (record/run_dir.h) and journal: no other folder compares an event's name
 as a string or spells the name of a run's
@@ -18,16 +20,17 @@ ALLOWED = {
     "nam": {"common"},
     "kernels": {"common"},
     "workflow": {"common", "nam", "kernels"},
+    "ranking": {"common", "kernels", "workflow"},
     "parallel": {"common", "kernels", "workflow"},
     "modules": {"common", "nam", "kernels", "workflow", "parallel"},
     "inference": {"common", "nam", "kernels", "workflow", "modules", "record"},
     "launch": {"common", "nam", "workflow"},
     "record": {"common", "workflow", "launch"},
-    "orchestrator": {"common", "nam", "kernels", "workflow", "launch", "record"},
+    "orchestrator": {"common", "nam", "kernels", "workflow", "ranking", "launch", "record"},
     "report": {"common", "workflow", "record", "orchestrator"},
     "simulate": {"common", "workflow", "record"},
     "service": {"common", "kernels", "workflow", "launch", "record", "orchestrator", "report", "inference"},
-    "cli": {"common", "nam", "kernels", "workflow", "parallel", "modules", "launch", "record", "orchestrator",
+    "cli": {"common", "nam", "kernels", "workflow", "ranking", "parallel", "modules", "launch", "record", "orchestrator",
             "report", "service", "inference", "simulate"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
@@ -94,6 +97,72 @@ RULES = [
 ]
 
 
+def meson_links(root: pathlib.Path) -> dict:
+    """folder -> the folders its library links with in meson.build (through dependencies, transitively)."""
+    text = (root / "meson.build").read_text()
+    direct = {}
+    for folder in ALLOWED:
+        deps = set()
+        for pattern in (rf"^{folder}_lib = static_library\((.*?\n\)[^\n]*)", rf"^{folder}_dep = declare_dependency\((.*?)\)\n"):
+            m = re.search(pattern, text, re.M | re.S)
+            if m:
+                body = m.group(1)
+                for lst in re.findall(r"\b(\w+_deps)\b", body):  # a list variable: its own items
+                    d = re.search(rf"^{lst} = \[([^\]]*)\]", text, re.M)
+                    body += d.group(1) if d else ""
+                deps |= {f for f in re.findall(r"\b(\w+)_dep\b", body) if f in ALLOWED and f != folder}
+        direct[folder] = deps
+    closure = {}
+    for folder in ALLOWED:
+        seen, todo = set(), list(direct[folder])
+        while todo:
+            f = todo.pop()
+            if f not in seen:
+                seen.add(f)
+                todo += direct.get(f, [])
+        closure[folder] = seen
+    return closure
+
+
+def docs_uses(root: pathlib.Path) -> dict:
+    """folder -> the folders docs/design-notes.md's map says it uses."""
+    out = {}
+    for line in (root / "docs/design-notes.md").read_text().splitlines():
+        m = re.match(r"^\| `([a-z_]+)/` \|.*\| ([^|]*) \|$", line)
+        if not m:
+            continue
+        cell = re.sub(r"\([^)]*\)", "", m.group(2)).strip()
+        if cell == "everything below":
+            out[m.group(1)] = set(ALLOWED) - {m.group(1)}
+        else:
+            out[m.group(1)] = {w.strip() for w in cell.split(",") if w.strip() not in ("", "—")}
+    return out
+
+
+def check_map(root: pathlib.Path) -> list:
+    bad = []
+    if (root / "meson.build").exists():
+        links = meson_links(root)
+        for folder, allowed in ALLOWED.items():
+            if folder == "cli":
+                continue  # the executable, linked with core_dep: everything
+            missing = allowed - links[folder]
+            if missing:
+                bad.append(f"meson.build: msaflow_{folder} may include {', '.join(sorted(missing))} (ALLOWED) but does "
+                           "not link with it: add the dependency, or take it out of ALLOWED")
+    if (root / "docs/design-notes.md").exists():
+        uses = docs_uses(root)
+        for folder, allowed in ALLOWED.items():
+            if folder not in uses:
+                bad.append(f"docs/design-notes.md: the map has no row for {folder}/")
+            elif uses[folder] != allowed:
+                bad.append(f"docs/design-notes.md: the map says {folder}/ uses {', '.join(sorted(uses[folder])) or 'nothing'}; "
+                           f"scripts/check_layers.py's ALLOWED says {', '.join(sorted(allowed)) or 'nothing'}")
+        for folder in sorted(set(uses) - set(ALLOWED)):
+            bad.append(f"docs/design-notes.md: the map has a row for {folder}/, which ALLOWED does not place")
+    return bad
+
+
 def main() -> int:
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     bad = []
@@ -119,9 +188,11 @@ def main() -> int:
                      and p.name not in ("tests", "bench", "fuzz"))
     for u in unknown:
         bad.append(f"{u}/: a folder of C++ sources that scripts/check_layers.py does not place; add it to ALLOWED")
+    bad += check_map(root)
     for b in bad:
         print(b)
-    print(f"layers: {len(bad)} finding(s)" if bad else "layers: every include follows the direction; only record/ names a run's files; no training "
+    print(f"layers: {len(bad)} finding(s)" if bad else "layers: every include follows the direction, which meson.build links and "
+          "docs/design-notes.md's map states; only record/ names a run's files; no training "
           "mode or launcher kind compared; no NAM backend in service/ or inference/; no process the service "
           "starts itself")
     return 1 if bad else 0

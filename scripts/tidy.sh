@@ -12,7 +12,7 @@ source scripts/packages.sh
 ensure_packages clang-tidy libomp-14-dev
 build=${1:-build-test}
 [[ -f $build/compile_commands.json ]] || { echo "tidy: no $build/compile_commands.json (run scripts/setup.sh)" >&2; exit 2; }
-folders="common|nam|kernels|workflow|parallel|modules|launch|record|orchestrator|report|simulate|service|inference|cli"
+folders="common|nam|kernels|workflow|ranking|parallel|modules|launch|record|orchestrator|report|simulate|service|inference|cli"
 files=${2:-"^$PWD/($folders)/.*\\.cc\$"}
 /usr/bin/python3 scripts/tidy_units.py "$build" "$files" >/dev/null
 log=$(mktemp)

@@ -23,6 +23,7 @@
 
 #include "common/error.h"
 #include "common/files.h"
+#include "common/signals.h"
 #include "common/version.h"
 #include "launch/launcher.h"
 #include "record/run_dir.h"
@@ -653,9 +654,9 @@ int Service::Run() {
               static_cast<long long>(o_.max_running));
   std::fflush(stdout);
   // SIGINT/SIGTERM are held back in every thread (Serve blocks them before any starts) and taken
-  // here: none lands in a thread running inference in oneDNN (see launch::InterruptsHeld).
+  // here: none lands in a thread running inference in oneDNN (see InterruptsHeld).
   std::thread watcher([&] {
-    const sigset_t stop = launch::StopSignals();
+    const sigset_t stop = StopSignals();
     const timespec tick{0, 100'000'000};
     while (!stopping_) {
       if (const int sig = ::sigtimedwait(&stop, nullptr, &tick); sig > 0) {
@@ -693,7 +694,7 @@ const char* OpenApiDocument() { return kOpenapiJson; }
 int Serve(const ServeOptions& o) {
   // Before any thread starts, so that all of them, and OpenMP's pool, inherit the mask; the
   // runs' coordinators start with a clean one (ChildProcess).
-  const sigset_t stop = launch::StopSignals();
+  const sigset_t stop = StopSignals();
   ::pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   Service s(o);
   return s.Run();

@@ -64,8 +64,8 @@ class CliTable(unittest.TestCase):
             self.assertFalse(missing, f"docs/cli.md's row for `{key}` lacks {sorted(missing)}")
 
 
-PATH = re.compile(r"(?<![\w./-])((?:cli|common|nam|kernels|workflow|parallel|modules|launch|record|orchestrator|"
-                  r"report|service|configs|pipelines|scripts|tests|bench|fuzz|docs)/[\w./-]*\w\.(?:h|cc|py|sh|md|json|cl|build))")
+PATH = re.compile(r"(?<![\w./-])((?:cli|common|nam|kernels|workflow|ranking|parallel|modules|launch|record|orchestrator|"
+                  r"report|service|simulate|inference|configs|pipelines|scripts|tests|bench|fuzz|docs)/[\w./-]*\w\.(?:h|cc|py|sh|md|json|cl|build))")
 
 
 class Paths(unittest.TestCase):

@@ -26,6 +26,7 @@
 #include "nam/store.h"
 #include "orchestrator/planner.h"
 #include "parallel/comm.h"
+#include "ranking/rank.h"
 #include "tests/unit/tiny_images.h"
 #include "workflow/backbones.h"
 #include "workflow/candidates.h"
@@ -33,7 +34,7 @@
 #include "workflow/machine.h"
 #include "workflow/objects.h"
 #include "workflow/pipeline.h"
-#include "workflow/rank.h"
+#include "workflow/rung0_features.h"
 #include "workflow/task.h"
 
 namespace msaflow {
@@ -429,10 +430,10 @@ TEST_F(TinyRound, Rung0sFeaturesAreNotComputedAgainAndChangeNoBit) {
   ASSERT_EQ(plain.size(), 2u + 1 + 1);  // train in 2 parts, validation and test in 1
 
   // Rung 0's subset, computed as `msaflow rank` does.
-  workflow::RankOptions o;
+  ranking::RankOptions o;
   o.fraction = 0.3;
   o.keep_features = true;
-  workflow::Ranking r = workflow::RankBackbones(pipeline_, o);
+  ranking::Ranking r = ranking::RankBackbones(pipeline_, o);
   ASSERT_EQ(r.backbones.size(), 1u);
   ASSERT_TRUE(r.backbones[0].as_prepared);
   workflow::SubsetFeatures s;

@@ -1,4 +1,6 @@
 // Slurm script generation and state handling against a fake Slurm (the JobRunner interface).
+#include "launch/slurm.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,9 +10,9 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/files.h"
-#include "workflow/machine.h"
 #include "launch/local_launcher.h"
-#include "launch/slurm.h"
+#include "launch/slurm_launcher.h"
+#include "workflow/machine.h"
 
 namespace msaflow::launch {
 using namespace msaflow::workflow;

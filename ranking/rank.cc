@@ -1,4 +1,4 @@
-#include "workflow/rank.h"
+#include "ranking/rank.h"
 
 #include <fmt/core.h>
 
@@ -17,8 +17,13 @@
 #include "workflow/backbones.h"
 #include "workflow/datasets.h"
 
-namespace msaflow::workflow {
+namespace msaflow::ranking {
 namespace {
+
+using workflow::BackboneKind;
+using workflow::BackboneSpec;
+using workflow::Pass;
+using workflow::SplitSource;
 
 // Raw pixels as read: the bytes / 255, row-major [images, dim].
 std::vector<float> RawPixels(const BackboneSpec& bb, const kernels::ImageSet& ds, int64_t* dim) {
@@ -86,8 +91,7 @@ std::vector<std::vector<float>> GroupFeatures(const std::vector<const BackboneSp
 
 }  // namespace
 
-Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
-                      const std::function<void(const std::string&)>& say) {
+Ranking RankBackbones(const Pipeline& p, const RankOptions& o, const std::function<void(const std::string&)>& say) {
   const SplitSource train = OpenSplit(p, "train");
   Ranking r;
   r.train_images = train.count();
@@ -115,7 +119,8 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
       b.features_s = features_s / static_cast<double>(bbs.size());  // the pass, shared by its cuts
       if (bb.precision == kernels::Precision::kInt8) b.note = "int8 ranked in f32";
       if (bbs.size() > 1)
-        b.note = fmt::format("one pass for {} cuts of {}", bbs.size(), std::filesystem::path(bb.onnx).filename().string());
+        b.note =
+            fmt::format("one pass for {} cuts of {}", bbs.size(), std::filesystem::path(bb.onnx).filename().string());
       const auto t0 = SteadyClock::now();
       b.knn = kernels::KnnLooAccuracy(f[k].data(), ds.count, b.dim, ds.labels.data());
       b.logme = kernels::LogMe(f[k].data(), ds.count, b.dim, ds.labels.data(), r.classes);
@@ -152,49 +157,4 @@ Ranking RankBackbones(const Pipeline& p, const RankOptions& o,
   return r;
 }
 
-}  // namespace msaflow::workflow
-
-namespace msaflow::workflow {
-
-std::string SubsetFeaturesBody(const SubsetFeatures& s) {
-  std::string body(s.rows.size() * sizeof(int64_t) + s.values.size() * sizeof(float), '\0');
-  std::memcpy(body.data(), s.rows.data(), s.rows.size() * sizeof(int64_t));
-  std::memcpy(body.data() + s.rows.size() * sizeof(int64_t), s.values.data(), s.values.size() * sizeof(float));
-  return body;
-}
-
-nlohmann::json SubsetFeaturesMeta(const SubsetFeatures& s) {
-  return {{"kind", "rung0-features"}, {"format", kSubsetFeaturesFormat}, {"backbone", s.backbone},
-          {"backbone_digest", s.backbone_digest}, {"split", "train"}, {"split_stamp", s.split_stamp},
-          {"rows", static_cast<int64_t>(s.rows.size())}, {"dim", s.dim}};
-}
-
-SubsetFeatures ParseSubsetFeatures(const std::string& body, const nlohmann::json& meta, int64_t split_rows,
-                                   const std::string& where) {
-  auto bad = [&](const std::string& what) { Throw(ErrorKind::kCorrupt, where + ": " + what); };
-  if (!meta.is_object() || meta.value("format", "") != kSubsetFeaturesFormat)
-    bad(std::string("metadata is not ") + kSubsetFeaturesFormat);
-  SubsetFeatures s;
-  try {
-    s.backbone = meta.at("backbone").get<std::string>();
-    s.backbone_digest = meta.at("backbone_digest").get<std::string>();
-    s.split_stamp = meta.at("split_stamp").get<std::string>();
-    s.dim = meta.at("dim").get<int64_t>();
-    const int64_t n = meta.at("rows").get<int64_t>();
-    if (n < 0 || s.dim <= 0 || n > split_rows) bad(fmt::format("{} rows of {} values (a split of {} rows)", n, s.dim, split_rows));
-    s.rows.resize(static_cast<size_t>(n));
-    s.values.resize(static_cast<size_t>(n * s.dim));
-  } catch (const nlohmann::json::exception& e) {
-    bad(std::string("metadata: ") + e.what());
-  }
-  const size_t want = s.rows.size() * sizeof(int64_t) + s.values.size() * sizeof(float);
-  if (body.size() != want) bad(fmt::format("{} bytes; {} rows of {} values take {}", body.size(), s.rows.size(), s.dim, want));
-  std::memcpy(s.rows.data(), body.data(), s.rows.size() * sizeof(int64_t));
-  std::memcpy(s.values.data(), body.data() + s.rows.size() * sizeof(int64_t), s.values.size() * sizeof(float));
-  for (size_t i = 0; i < s.rows.size(); ++i)
-    if (s.rows[i] < 0 || s.rows[i] >= split_rows || (i > 0 && s.rows[i] <= s.rows[i - 1]))
-      bad(fmt::format("row {} of the list is {}: rows must ascend within [0, {})", i, s.rows[i], split_rows));
-  return s;
-}
-
-}  // namespace msaflow::workflow
+}  // namespace msaflow::ranking
