@@ -56,7 +56,7 @@ struct Graph {
 // The largest model file msaflow reads: protobuf's own bound on a message (2 GiB).
 inline constexpr uint64_t kMaxOnnxBytes = uint64_t{2} << 30;
 
-// Operators the executor implements (kernels/executor.cc).
+// Operators the executor implements (kernels/executor_ops.cc makes their ops).
 bool IsSupportedOp(const std::string& op);
 
 // Parses ONNX bytes (`origin` names the file in errors) and keeps only the nodes the tensor
