@@ -337,7 +337,7 @@ int Submit(Options& o) {
       throw;
     }
     if (!end.empty()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    SystemClock().SleepSeconds(0.5);  // Ctrl-C ends the wait at once
   }
   bar.Clear();
   std::printf("coordinator job %s ended %s\n", job.c_str(), launch::DescribeState(end).c_str());

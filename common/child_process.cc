@@ -199,12 +199,12 @@ ExitStatus ChildProcess::Wait() {
   return *status_;
 }
 
-std::optional<ExitStatus> ChildProcess::WaitFor(double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+std::optional<ExitStatus> ChildProcess::WaitFor(double seconds, Clock& clock) {
+  const Clock::TimePoint start = clock.Now();
   for (;;) {
     if (auto s = Poll()) return s;
-    if (std::chrono::steady_clock::now() >= until) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (clock.SecondsSince(start) >= seconds) return std::nullopt;
+    clock.SleepSeconds(0.005);
   }
 }
 

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
+
 namespace msaflow {
 
 // How a child ended.
@@ -56,8 +58,8 @@ class ChildProcess {
   // The exit status once the child has ended (reaped here), else nothing. Never blocks.
   std::optional<ExitStatus> Poll();
   ExitStatus Wait();  // blocks until it ends
-  // Waits up to `seconds`; the status when it ended in time.
-  std::optional<ExitStatus> WaitFor(double seconds);
+  // Waits up to `seconds` of `clock`; the status when it ended in time.
+  std::optional<ExitStatus> WaitFor(double seconds, Clock& clock = SystemClock());
   void Signal(int sig);  // nothing once it has been reaped
   // Sends `sig`, waits up to `grace_s`, then SIGKILL; returns how it ended.
   ExitStatus Stop(int sig, double grace_s);

@@ -1,6 +1,9 @@
-// Time as the coordinator sees it: a monotonic now and a sleep, behind one interface so that the
-// run driver, the launchers, the progress bar and the NAM server process can be driven by a
-// test's ManualClock (no real waiting, exact durations) and by SystemClock everywhere else.
+// Time as msaflow's waits see it: a monotonic now and a sleep, behind one interface so that
+// what a test may want to control can be driven by a test's ManualClock (no real waiting, exact
+// durations) and by SystemClock everywhere else: the run driver, the launchers, the progress
+// bar, the NAM server process and the NAM server's sessions' leases, a child process's wait,
+// the service's request deadlines and event streams. Waits on a condition variable (the
+// registry's tick, the batcher's delay) stay on std::chrono: they must wake when notified.
 // Wall-clock timestamps (the journal's "time") are not this clock's business.
 #pragma once
 
@@ -20,6 +23,8 @@ class Clock {
   virtual void Sleep(Duration d) = 0;
   void SleepSeconds(double s) { Sleep(std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s))); }
   double SecondsSince(TimePoint t) { return std::chrono::duration<double>(Now() - t).count(); }
+  // Now, in seconds on this clock's own scale: for differences only.
+  double NowSeconds() { return SecondsSince(TimePoint{}); }
 };
 
 // std::chrono::steady_clock and a real sleep.

@@ -120,6 +120,7 @@ struct Server::Impl {
   enum Kind { kRecv = 1, kSend = 2 };
 
   ServerOptions opt;
+  Clock& clock() const { return opt.clock ? *opt.clock : SystemClock(); }
   std::string host, port, token, boot_id;
   std::string host_name;  // gethostname: with boot_id, which clients share this host (and may map the pool)
   std::unique_ptr<fabric::Endpoint> ep;
@@ -224,12 +225,12 @@ struct Server::Impl {
     std::string lock = dir + "/.server.lock";
     persist_lock_fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (persist_lock_fd < 0) ThrowErrno("open " + lock);
-    const auto give_up = SteadyClock::now() + std::chrono::duration<double>(opt.lock_wait_s);
+    const auto give_up = clock().Now() + std::chrono::duration<double>(opt.lock_wait_s);
     while (::flock(persist_lock_fd, LOCK_EX | LOCK_NB) != 0) {
-      if (SteadyClock::now() >= give_up)
+      if (clock().Now() >= give_up)
         Throw(ErrorKind::kIo, "--persist " + dir + ": another NAM server persists to this directory (" + lock +
                                   " is locked)");
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      clock().SleepSeconds(0.05);
     }
     // A server killed mid-write leaves temporary files: they were never committed.
     size_t leftovers = 0, loaded = 0, bad = 0;
@@ -353,7 +354,7 @@ struct Server::Impl {
   }
 
   void ExpireSessions() {
-    auto now = SteadyClock::now();
+    auto now = clock().Now();
     std::vector<uint64_t> old;
     for (const auto& [id, s] : sessions)
       if (Seconds(now - s.last_seen) > opt.lease_s) old.push_back(id);
@@ -507,7 +508,7 @@ struct Server::Impl {
     Session s;
     s.raw_addr = raw_addr;
     s.addr = AddrOf(raw_addr);
-    s.last_seen = SteadyClock::now();
+    s.last_seen = clock().Now();
     sessions[id] = std::move(s);
     *session_out = id;
     json r = {{"session", Hex64(id)}, {"server_pid", ::getpid()}, {"capacity", pool->capacity()},
@@ -746,7 +747,7 @@ struct Server::Impl {
       if (it == sessions.end() || it->second.raw_addr != raw_addr)
         Fail(Status::kStaleSession, "unknown or expired session (the server may have restarted); say hello again");
       Session& sess = it->second;
-      sess.last_seen = SteadyClock::now();
+      sess.last_seen = clock().Now();
       json r = Handle(op, sid, sess, body, m.payload, &reply_payload);
       Send(reply_to, h.op, sid, h.request, Status::kOk, r, reply_payload);
       if (op == Op::kBye) DropSession(sid, "bye");
@@ -774,7 +775,7 @@ struct Server::Impl {
     }
     Log("serving " + Uri() + " (provider " + ep->provider() + ", capacity " + HumanBytes(static_cast<double>(pool->capacity())) +
         (persist ? ", persist " + persist->dir() : ", memory only") + (token.empty() ? "" : ", token required") + ")");
-    auto last_sweep = SteadyClock::now(), last_users_check = SteadyClock::now();
+    auto last_sweep = clock().Now(), last_users_check = clock().Now();
     while (!stop.load()) {
       if (backlog.empty()) Progress(100);
       while (!backlog.empty()) {
@@ -790,13 +791,13 @@ struct Server::Impl {
         }
         PostRecv(*r);
       }
-      if (Seconds(SteadyClock::now() - last_sweep) > 1) {
+      if (Seconds(clock().Now() - last_sweep) > 1) {
         ExpireSessions();
-        last_sweep = SteadyClock::now();
+        last_sweep = clock().Now();
       }
-      if (Seconds(SteadyClock::now() - last_users_check) > 0.25) {
+      if (Seconds(clock().Now() - last_users_check) > 0.25) {
         if (NoUsersLeft()) break;
-        last_users_check = SteadyClock::now();
+        last_users_check = clock().Now();
       }
     }
     Log("stopping: " + std::to_string(index.size()) + " objects, " + HumanBytes(static_cast<double>(pool->used())) + " in memory" +

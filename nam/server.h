@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "common/clock.h"
+
 namespace msaflow::nam {
 
 struct ServerOptions {
@@ -28,6 +30,9 @@ struct ServerOptions {
   double lease_s = 60;      // a session silent this long is dropped with its pins and puts
   bool allow_map = true;    // offer same-node clients the pool mapping
   bool verbose = false;     // one log line per request
+  // Time for the sessions' leases, the sweeps and the persist lock's wait; null: the real clock
+  // (a test may give a ManualClock and move it past a lease).
+  Clock* clock = nullptr;
   std::FILE* log = stderr;
 };
 

@@ -16,8 +16,6 @@
 namespace msaflow::service {
 namespace {
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 // The address (as cpp-httplib writes a request's remote_addr) and port of `sa`; port -1 when it
 // is not an internet address.
 std::pair<std::string, int> AddressOf(const sockaddr_storage& sa) {
@@ -72,6 +70,11 @@ void Deadlines::Set(const std::string& addr, int port, Phase phase) {
   Conn& c = conns_[{addr, port}];
   c.since = Now();
   c.phase = phase;
+}
+
+void Deadlines::ScanOnce(int listen_fd) {
+  const int port = LocalPortOf(listen_fd);
+  if (port >= 0) Scan(static_cast<uint16_t>(port));
 }
 
 void Deadlines::Loop(int listen_fd) {

@@ -18,11 +18,16 @@
 #include <thread>
 #include <utility>
 
+#include "common/clock.h"
+
 namespace msaflow::service {
 
 class Deadlines {
  public:
-  Deadlines(double headers_s, double body_s) : headers_s_(headers_s), body_s_(body_s) {}
+  // Deadlines are read on `clock` (a test's ManualClock: exact, without waiting); the watchdog's
+  // looks come every 0.5 s of real time.
+  Deadlines(double headers_s, double body_s, Clock& clock = SystemClock())
+      : headers_s_(headers_s), body_s_(body_s), clock_(clock) {}
   ~Deadlines() { Stop(); }
   Deadlines(const Deadlines&) = delete;
   Deadlines& operator=(const Deadlines&) = delete;
@@ -41,6 +46,10 @@ class Deadlines {
   // Connections shut down so far, for the service's own log and tests.
   int64_t cut() const { return cut_; }
 
+  // One look at the connections accepted on `listen_fd`, as the watchdog takes twice a second:
+  // for a test that moves the clock itself instead of Start().
+  void ScanOnce(int listen_fd);
+
  private:
   enum class Phase { kHeaders, kBody, kHandler };
   struct Conn {
@@ -53,7 +62,10 @@ class Deadlines {
   void Scan(uint16_t local_port);
   void Loop(int listen_fd);
 
+  double Now() { return clock_.NowSeconds(); }
+
   const double headers_s_, body_s_;
+  Clock& clock_;
   std::mutex mu_;
   std::map<std::pair<std::string, int>, Conn> conns_;  // by peer address and port
   std::condition_variable wake_;

@@ -200,7 +200,8 @@ class Service {
                                    }
                                  }}),
         models_(registry_, o.models, inference::BatchOptions{o.max_batch, o.max_delay_ms, o.max_queue}),
-        deadlines_(o.read_timeout_s, o.request_timeout_s) {}
+        clock_(o.clock ? *o.clock : SystemClock()),
+        deadlines_(o.read_timeout_s, o.request_timeout_s, clock_) {}
 
   static std::vector<Handler> Handlers(Service* self);
   static void InferenceHandlers(Service* self, std::vector<Handler>& h);
@@ -226,6 +227,7 @@ class Service {
   std::atomic<size_t> streams_{0};
   std::atomic<bool> stopping_{false};
   int listen_fd_ = -1;
+  Clock& clock_;
   Deadlines deadlines_;  // whole-request deadlines: headers, then body
 };
 
@@ -264,10 +266,9 @@ void Service::Events(const httplib::Request& req, httplib::Response& res) {
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, dir, id, after, users_keep, who, last_state = std::string(), last_check = 0.0,
-       last_beat = 0.0](size_t, httplib::DataSink& sink) mutable {
-        using clock = std::chrono::steady_clock;
-        auto now = [] { return std::chrono::duration<double>(clock::now().time_since_epoch()).count(); };
+      [this, dir, id, after, users_keep, who, last_state = std::string(), last_check = 0.0, last_beat = 0.0](
+          size_t, httplib::DataSink& sink) mutable {
+        auto now = [this] { return clock_.NowSeconds(); };
         if (last_beat == 0) {
           last_beat = now();
           if (!sink.write("retry: 1000\n\n", 13)) return false;
@@ -302,7 +303,7 @@ void Service::Events(const httplib::Request& req, httplib::Response& res) {
             if (!sink.write(": keep-alive\n\n", 14)) return false;
             last_beat = now();
           }
-          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          clock_.SleepSeconds(0.1);
         }
       },
       [this](bool) { streams_.fetch_sub(1); });
@@ -317,7 +318,8 @@ void Service::RunsEvents(const httplib::Request&, httplib::Response& res) {
   res.set_header("Cache-Control", "no-store");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, users_keep, who, last = std::string(), beat = 0](size_t, httplib::DataSink& sink) mutable {
+      [this, users_keep, who, last = std::string(), last_beat = -1.0](size_t, httplib::DataSink& sink) mutable {
+        if (last_beat < 0) last_beat = clock_.NowSeconds();
         for (;;) {
           if (stopping_ || !sink.is_writable()) return false;
           const std::string now = registry_.List(*who, 0, 100).dump();
@@ -325,12 +327,12 @@ void Service::RunsEvents(const httplib::Request&, httplib::Response& res) {
             const std::string msg = "event: runs\ndata: " + now + "\n\n";
             if (!sink.write(msg.data(), msg.size())) return false;
             last = now;
-            beat = 0;
-          } else if (++beat >= 30) {
+            last_beat = clock_.NowSeconds();
+          } else if (clock_.NowSeconds() - last_beat >= 15) {
             if (!sink.write(": keep-alive\n\n", 14)) return false;
-            beat = 0;
+            last_beat = clock_.NowSeconds();
           }
-          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          clock_.SleepSeconds(0.5);
         }
       },
       [this](bool) { streams_.fetch_sub(1); });

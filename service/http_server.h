@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
+
 namespace msaflow::service {
 
 struct ServeOptions {
@@ -35,6 +37,9 @@ struct ServeOptions {
   double max_delay_ms = 2;
   int64_t max_queue = 1024;
   size_t max_infer_body = size_t{64} << 20;
+  // Time for the requests' deadlines and the event streams' polls and keep-alives; null: the
+  // real clock (a test may give a ManualClock).
+  Clock* clock = nullptr;
 };
 
 // Serves until SIGTERM or SIGINT; returns the exit code. Throws Error on a bad option (a

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/checksum.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "nam/fabric.h"
@@ -535,6 +536,36 @@ TEST(NamServer, HostileMessagesGetErrorsAndTheServerServesOthers) {
   EXPECT_EQ(good.Get("keep/me").bytes, "precious");
   good.Put("keep/more", std::string(2 << 20, 'm'), nullptr);
   EXPECT_GE(good.Capacity()["rejected"].get<int>(), 3);
+}
+
+// A session silent past its lease is dropped with what it held: an allocation of the whole pool,
+// never committed, is free again. On a clock the test moves: the 60 s lease takes no waiting.
+TEST(NamServer, ASilentSessionIsDroppedAfterItsLeaseWithItsAllocations) {
+  ManualClock clock;
+  ServerOptions o = Opts("tcp", 16ull << 20);
+  o.lease_s = 60;
+  o.clock = &clock;
+  TestServer srv(o);
+  FabricStore good(srv.Uri());
+  RawClient raw(srv.Uri());
+  using wire::Op;
+  ASSERT_EQ(raw.Send(raw.Message(Op::kHello, "{}", 0)).status, 0);
+  const uint64_t sid = raw.session();
+  ASSERT_EQ(raw.Send(raw.Message(Op::kAlloc, json({{"name", "x/hog"}, {"size", 15ull << 20}}).dump(), sid)).status, 0);
+  EXPECT_EQ(good.Capacity()["uncommitted"], 1);
+  clock.AdvanceSeconds(59);  // within the lease (the other client's requests are its own session's)
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the server's loop sweeps in real time
+  EXPECT_EQ(good.Capacity()["uncommitted"], 1);
+  clock.AdvanceSeconds(2);  // 61 s without a word
+  int64_t left = 1;
+  for (int i = 0; i < 50 && left != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    left = good.Capacity()["uncommitted"].get<int64_t>();
+  }
+  EXPECT_EQ(left, 0);
+  EXPECT_EQ(raw.Send(raw.Message(Op::kStat, json({{"name", "x/hog"}}).dump(), sid)).status,
+            static_cast<int>(wire::Status::kStaleSession));
+  good.Put("x/after", std::string(15 << 20, 'a'), nullptr);  // the pool is whole again
 }
 
 // Each operation's handler against a real server process, as another client would abuse it:

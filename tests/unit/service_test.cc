@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/files.h"
 #include "service/admission.h"
@@ -202,40 +204,72 @@ Pair Connect(int listener) {
   return p;
 }
 
-// Whether the service's end of `p` was shut down: the client reads the end of the stream.
-bool Cut(const Pair& p) {
+// Whether the service's end of `p` was shut down: the client reads the end of the stream (a
+// shutdown on loopback reaches it at once; a second is left for a loaded machine).
+bool Cut(const Pair& p, int wait_ms = 1000) {
+  pollfd f{p.client, POLLIN, 0};
+  if (::poll(&f, 1, wait_ms) <= 0) return false;
   char b;
   return ::recv(p.client, &b, 1, MSG_DONTWAIT) == 0;
 }
+bool NotCut(const Pair& p) { return !Cut(p, 0); }
 
-// The watchdog behind `msaflow serve`'s whole-request deadlines, on real sockets: a connection
-// silent past the headers' deadline is shut down, one whose body is late past the body's, one
-// whose handler runs never; the process's other connections (another port) are not its business.
+// The watchdog behind `msaflow serve`'s whole-request deadlines, on real sockets and a clock the
+// test moves: a connection silent past the headers' deadline is shut down, one whose body is late
+// past the body's, one whose handler runs never; the process's other connections (another port)
+// are not its business.
 TEST(Deadlines, ConnectionsLateWithTheirRequestAreShutDownAndNoOther) {
   const int service = Listener(), other = Listener();
-  // The watchdog looks every 0.5 s: a connection is first seen by 0.5 s and cut by the first
-  // look past its deadline; the checks below leave it 0.7 s or more beyond that.
-  Deadlines d(1.0, 4.0);
-  d.Start(service);
+  ManualClock clock;
+  Deadlines d(1.0, 4.0, clock);
   const Pair silent = Connect(service), body = Connect(service), handled = Connect(service), elsewhere = Connect(other);
   d.HeadersIn("127.0.0.1", body.port);
   d.Handling("127.0.0.1", handled.port);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2800));
+  d.ScanOnce(service);  // at 0 s: each connection seen; the silent one's headers are due by 1 s
+  clock.AdvanceSeconds(0.9);
+  d.ScanOnce(service);
+  EXPECT_TRUE(NotCut(silent));
+  clock.AdvanceSeconds(0.2);  // 1.1 s
+  d.ScanOnce(service);
   EXPECT_TRUE(Cut(silent));
-  EXPECT_FALSE(Cut(body));
-  std::this_thread::sleep_for(std::chrono::milliseconds(2400));
+  EXPECT_TRUE(NotCut(body));
+  clock.AdvanceSeconds(2.8);  // 3.9 s: the body is due by 4 s
+  d.ScanOnce(service);
+  EXPECT_TRUE(NotCut(body));
+  clock.AdvanceSeconds(0.2);
+  d.ScanOnce(service);
   EXPECT_TRUE(Cut(body));
-  EXPECT_FALSE(Cut(handled));
-  EXPECT_FALSE(Cut(elsewhere));
+  EXPECT_TRUE(NotCut(handled));
+  EXPECT_TRUE(NotCut(elsewhere));
   EXPECT_EQ(d.cut(), 2);
   // Answered, a connection is given the headers' deadline again for its next request.
   d.Answered("127.0.0.1", handled.port);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2200));
+  clock.AdvanceSeconds(0.9);
+  d.ScanOnce(service);
+  EXPECT_TRUE(NotCut(handled));
+  clock.AdvanceSeconds(0.2);
+  d.ScanOnce(service);
   EXPECT_TRUE(Cut(handled));
-  d.Stop();
+  EXPECT_TRUE(NotCut(elsewhere));
+  EXPECT_EQ(d.cut(), 3);
   for (const Pair& p : {silent, body, handled, elsewhere}) ::close(p.client), ::close(p.served);
   ::close(service);
   ::close(other);
+}
+
+// The watchdog's own thread on the real clock: it looks twice a second, so a connection silent
+// past a 0.2 s deadline is cut within a second or so.
+TEST(Deadlines, TheWatchdogThreadCutsOnTheRealClock) {
+  const int service = Listener();
+  Deadlines d(0.2, 4.0);
+  d.Start(service);
+  const Pair silent = Connect(service), handled = Connect(service);
+  d.Handling("127.0.0.1", handled.port);
+  EXPECT_TRUE(Cut(silent, 3000));
+  EXPECT_TRUE(NotCut(handled));
+  d.Stop();
+  for (const Pair& p : {silent, handled}) ::close(p.client), ::close(p.served);
+  ::close(service);
 }
 
 }  // namespace
