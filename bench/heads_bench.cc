@@ -41,7 +41,7 @@
 namespace {
 
 using namespace msaflow;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;
 
 struct Split {
   int64_t n = 0;
@@ -78,7 +78,7 @@ Trained TrainHeads(const std::vector<kernels::HeadConfig>& cfgs, const Split& tr
                    bool together) {
   Trained t;
   parallel::SelfComm self;
-  const auto t0 = Clock::now();
+  const auto t0 = Steady::now();
   for (const auto& cfg : cfgs) t.heads.push_back(kernels::InitHead(cfg, tr.x.data(), tr.y.data(), tr.n, dim, classes));
   // As the train step does it: raw rows, standardised as the batches are gathered.
   const parallel::TrainData data{tr.x.data(), tr.y.data(), tr.n, t.heads[0].mean.data(), t.heads[0].inv_std.data()};
@@ -89,7 +89,7 @@ Trained TrainHeads(const std::vector<kernels::HeadConfig>& cfgs, const Split& tr
   } else {
     for (auto& h : t.heads) parallel::TrainSync(self, data, &h);
   }
-  t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  t.seconds = std::chrono::duration<double>(Steady::now() - t0).count();
   return t;
 }
 

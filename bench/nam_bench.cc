@@ -35,7 +35,7 @@
 namespace {
 
 using namespace msaflow;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;
 using bench::Child;
 using bench::Median;
 using bench::WaitReady;
@@ -45,9 +45,9 @@ double Measure(size_t bytes, int reps, const std::function<void()>& op) {
   op();
   std::vector<double> rates;
   for (int i = 0; i < reps; ++i) {
-    auto t0 = Clock::now();
+    auto t0 = Steady::now();
     op();
-    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    double s = std::chrono::duration<double>(Steady::now() - t0).count();
     rates.push_back(static_cast<double>(bytes) / s / (1024.0 * 1024 * 1024));
   }
   return Median(rates);

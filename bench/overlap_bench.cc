@@ -42,11 +42,11 @@
 namespace {
 
 using namespace msaflow;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;
 
 constexpr int64_t kRows = 448, kDim = 576, kClasses = 10;
 
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double Since(Steady::time_point t0) { return std::chrono::duration<double>(Steady::now() - t0).count(); }
 
 struct Workload {
   nam::Store* store;
@@ -61,7 +61,7 @@ struct Workload {
   double Run(OverlapChoice& choice, int64_t* correct) {
     std::string buf[2];
     *correct = 0;
-    auto t0 = Clock::now();
+    auto t0 = Steady::now();
     Overlap(
         parts, [&](int64_t p) { store->GetInto("features/bench.p" + std::to_string(p), buf[p % 2]); },
         [&](int64_t p) {
@@ -106,11 +106,11 @@ Row Measure(const std::string& what, nam::Store& store, const kernels::Head& hea
   std::string buf;
   std::vector<double> reads, heads;
   for (int i = 0; i < 3; ++i) {
-    auto t0 = Clock::now();
+    auto t0 = Steady::now();
     for (int64_t p = 0; p < parts; ++p) store.GetInto("features/bench.p" + std::to_string(p), buf);
     reads.push_back(Since(t0) / static_cast<double>(parts));
     const auto* x = reinterpret_cast<const float*>(buf.data());
-    t0 = Clock::now();
+    t0 = Steady::now();
     for (int k = 0; k < 5; ++k) head.Logits(x, kRows);
     heads.push_back(Since(t0) / 5);
   }

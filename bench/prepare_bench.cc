@@ -24,7 +24,7 @@ namespace {
 
 using namespace msaflow;
 using namespace msaflow::kernels;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;
 
 constexpr int64_t kBatch = 64;
 
@@ -48,7 +48,7 @@ InputSpec Spec(int64_t h, int64_t w, int64_t c) {
 double Rate(fpga::Device& d, const Case& c, const std::vector<uint8_t>& px, int64_t images, bool int8,
             std::vector<float>& out, std::vector<int8_t>& qout) {
   const int64_t per = c.rows * c.cols * c.cin;
-  auto t0 = Clock::now();
+  auto t0 = Steady::now();
   for (int64_t s = 0; s < images; s += kBatch) {
     ImageBatch b{px.data() + s * per, std::min(kBatch, images - s), c.rows, c.cols, c.cin};
     if (int8) {
@@ -57,7 +57,7 @@ double Rate(fpga::Device& d, const Case& c, const std::vector<uint8_t>& px, int6
       d.Prepare(b, c.spec, out.data());
     }
   }
-  return static_cast<double>(images) / std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(images) / std::chrono::duration<double>(Steady::now() - t0).count();
 }
 
 }  // namespace

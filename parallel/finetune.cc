@@ -185,7 +185,7 @@ TrainStats FinetuneSync(Comm& comm, const FinetuneData& data, kernels::Tail* tai
   const int N = comm.size(), r = comm.rank();
   const int64_t n = data.n, B = cfg.batch, per_epoch = (n + B - 1) / B;
   const size_t H = h->params.size(), T = TailSize(*tail);
-  Clock clock;
+  Stopwatch watch;
   std::vector<kernels::Optimizer> head_opts;
   for (const kernels::ParamBlock& blk : kernels::ParamLayout(cfg, h->in_dim, h->classes))
     head_opts.emplace_back(cfg, std::vector<kernels::ParamBlock>{blk}, blk.offset, blk.offset + blk.size);
@@ -228,7 +228,7 @@ TrainStats FinetuneSync(Comm& comm, const FinetuneData& data, kernels::Tail* tai
       tail_avg.Add(updates, tail_w.data(), T);
     }
     comm.AllreduceSum(sums, 2);
-    h->curve.push_back({updates, clock.Seconds(), sums[0] / static_cast<double>(n), sums[1] / static_cast<double>(n)});
+    h->curve.push_back({updates, watch.Seconds(), sums[0] / static_cast<double>(n), sums[1] / static_cast<double>(n)});
   }
   head_avg.Finish(h->params.data(), H);
   tail_avg.Finish(tail_w.data(), T);
@@ -237,7 +237,7 @@ TrainStats FinetuneSync(Comm& comm, const FinetuneData& data, kernels::Tail* tai
   st.mode = workflow::TrainMode::kSync;
   st.ranks = N;
   st.updates = updates;
-  st.seconds = clock.Seconds();
+  st.seconds = watch.Seconds();
   st.buckets = static_cast<int64_t>(buckets.count()) + 1;
   st.wait_seconds = waited;
   return st;

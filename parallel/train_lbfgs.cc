@@ -17,7 +17,7 @@ TrainStats TrainLbfgs(Comm& comm, const TrainData& data, kernels::Head* h) {
   const int N = comm.size(), r = comm.rank();
   const int64_t lo = n * r / N, hi = n * (r + 1) / N;
   constexpr int64_t kChunk = 1024;  // rows per gradient pass; the kernel's buffers are this big
-  Clock clock;
+  Stopwatch watch;
   kernels::GradientKernel kernel(*h, std::max<int64_t>(1, std::min(kChunk, hi - lo)));
   const auto layout = kernels::ParamLayout(cfg, dim, h->classes);
   std::vector<float> grad(h->params.size());
@@ -58,15 +58,15 @@ TrainStats TrainLbfgs(Comm& comm, const TrainData& data, kernels::Head* h) {
   kernels::LbfgsOptions opt;
   opt.max_iterations = static_cast<int>(std::min<int64_t>(cfg.epochs, 1 << 20));
   const auto res = kernels::MinimizeLbfgs(w, objective, opt, [&](int k, double) {
-    h->curve.push_back({k, clock.Seconds(), last[0], last[1]});
+    h->curve.push_back({k, watch.Seconds(), last[0], last[1]});
   });
   for (size_t i = 0; i < w.size(); ++i) h->params[i] = static_cast<float>(w[i]);
-  if (h->curve.empty()) h->curve.push_back({0, clock.Seconds(), last[0], last[1]});  // converged at the start
+  if (h->curve.empty()) h->curve.push_back({0, watch.Seconds(), last[0], last[1]});  // converged at the start
   TrainStats st;
   st.mode = workflow::TrainMode::kSync;
   st.ranks = N;
   st.updates = res.iterations;
-  st.seconds = clock.Seconds();
+  st.seconds = watch.Seconds();
   st.solver = {{"name", "lbfgs"}, {"iterations", res.iterations}, {"evaluations", res.evaluations},
                {"objective", res.f}, {"max_gradient", res.max_gradient}, {"stop", res.stop}};
   return st;

@@ -109,7 +109,7 @@ TrainStats Serve(Comm& world, const Layout& L, PsModel& m, const PsOptions& opt,
   int active = L.U;
   std::string msg;
   world.Barrier();  // the workers' start line (Work): no gradient comes before every worker has one
-  Clock clock;
+  Stopwatch watch;
   while (active > 0) {
     int tag = 0;
     // Server 0 decides when training ends and never sees DONE; the others serve until every
@@ -147,7 +147,7 @@ TrainStats Serve(Comm& world, const Layout& L, PsModel& m, const PsOptions& opt,
       win_correct += static_cast<double>(g.correct);
       win_rows += static_cast<double>(g.rows);
       if (s == 0 && accepted % steps_per_epoch == 0) {
-        h->curve.push_back({accepted, clock.Seconds(), win_loss / win_rows, win_correct / win_rows});
+        h->curve.push_back({accepted, watch.Seconds(), win_loss / win_rows, win_correct / win_rows});
         win_loss = win_correct = win_rows = 0;
       }
       if (s == 0 && accepted >= budget) rep.stop = 1;
@@ -178,7 +178,7 @@ TrainStats Serve(Comm& world, const Layout& L, PsModel& m, const PsOptions& opt,
     st.refused += f.refused;
   }
   st.staleness_mean = count ? sum / static_cast<double>(count) : 0;
-  st.seconds = clock.Seconds();
+  st.seconds = watch.Seconds();
   return st;
 }
 

@@ -140,7 +140,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
   const int64_t n = data.n, dim = heads[0]->in_dim, B = cfg.batch;
   const size_t K = heads.size();
   const int N = comm.size(), r = comm.rank();
-  Clock clock;
+  Stopwatch watch;
   SyncBatches batches(data, dim, B, cfg.epochs, cfg.data_seed, r, N);
   const int64_t max_rows = batches.max_rows();
   const int64_t per_epoch = batches.per_epoch();
@@ -214,8 +214,8 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
     }
     comm.AllreduceSum(sums.data(), sums.size());
     for (size_t k = 0; k < K; ++k)
-      heads[k]->curve.push_back({updates, clock.Seconds(), sums[2 * k] / static_cast<double>(n),
-                                 sums[2 * k + 1] / static_cast<double>(n)});
+      heads[k]->curve.push_back(
+          {updates, watch.Seconds(), sums[2 * k] / static_cast<double>(n), sums[2 * k + 1] / static_cast<double>(n)});
   }
   FinishParts(parts, heads);
   std::vector<TrainStats> out(K);
@@ -223,7 +223,7 @@ std::vector<TrainStats> TrainSyncTogether(Comm& comm, const TrainData& data, con
     st.mode = workflow::TrainMode::kSync;
     st.ranks = N;
     st.updates = updates;
-    st.seconds = clock.Seconds();
+    st.seconds = watch.Seconds();
     st.together = static_cast<int64_t>(K);
   }
   return out;

@@ -12,7 +12,9 @@
 
 namespace msaflow::parallel {
 
-struct Clock {
+// Seconds since it was made: a training mode's own wall time (a measurement, not a wait: see
+// common/clock.h).
+struct Stopwatch {
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   double Seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 };
