@@ -4,7 +4,10 @@
     /usr/bin/python3 bench/simulate_check.py [--exe build-test/msaflow] [--keep DIR] [--hosts]
 
 --hosts adds the same check on the multi-host test cluster (Slurm runs, hetjob and chained, its
-fabric measured by bench_comm first) and the verdict over both together.
+fabric measured by bench_comm first) and the verdict over both together. --finetune-hosts checks
+fine-tuning rounds there (issue 46: median error <= 15 %): the fine-tuning tests' pipeline
+(round 1 heads on frozen MobileNetV2 features, round 2 fine-tuning blocks 11-13 with the head)
+calibrated by three runs and predicted in other layouts, data sizes and Slurm modes.
 
 Two calibrating runs of the tiny pipeline (2 training ranks in sync, 2 evaluation ranks, 2
 preparation ranks, 1x data; and 1 rank for each, 2x data), then configurations that differ from it in training ranks and mode (independent, sync, async,
@@ -27,7 +30,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 import cpu  # noqa: E402
-from small_pipeline import tiny_pipeline  # noqa: E402
+from small_pipeline import finetune_pipeline, tiny_pipeline  # noqa: E402
 from workdir import work_directory  # noqa: E402
 
 # (name, train ranks, train mode, evaluate ranks, prepare ranks, data scale)
@@ -111,6 +114,21 @@ def hosts_machine(work, mode):
     return path
 
 
+def round_walls(run_dir):
+    """{round: seconds from its start to its end in the journal} (queue waits included)."""
+    import datetime
+    starts, walls = {}, {}
+    with open(os.path.join(run_dir, "journal.jsonl")) as f:
+        for line in f:
+            e = json.loads(line)
+            t = datetime.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+            if e.get("event") == "round-start":
+                starts[e["round"]] = t
+            elif e.get("event") == "round-end" and e["round"] in starts:
+                walls[e["round"]] = t - starts.pop(e["round"])
+    return walls
+
+
 def rounds_wall(run_dir):
     """Seconds from each round's start to its end in the journal (queue waits included), summed."""
     import datetime
@@ -190,6 +208,78 @@ def hosts_check(exe, work):
         cluster.down()
 
 
+# Fine-tuning on the multi-host cluster: (name, train ranks, train mode, data scale, Slurm mode).
+FINETUNE_CONFIGS = [
+    ("hetjob: sync 2", 2, "sync", 1, "hetjob"),
+    ("chained: sync 2", 2, "sync", 1, "chained"),
+    ("hetjob: sync 1, 2x", 1, "sync", 2, "hetjob"),
+    ("hetjob: sync 2, 2x", 2, "sync", 2, "hetjob"),
+    ("hetjob: independent 2", 2, "independent", 1, "hetjob"),
+]
+
+
+def finetune_doc(name, train_ranks, mode, scale):
+    doc = finetune_pipeline(ROOT, "simft")
+    for split in ("train", "test"):
+        doc["datasets"][split]["limit"] = int(doc["datasets"][split]["limit"] * scale)
+    doc["steps"]["train"] = {"module": "dam", "ranks": train_ranks, "mode": mode}
+    return doc
+
+
+def finetune_hosts_check(exe, work):
+    """--finetune-hosts: fine-tuning rounds on the multi-host cluster, predicted from three
+    calibrating runs there (sync 2 ranks, hetjob and chained; 1 rank at 2x data)."""
+    from slurm_clusters import TestCluster
+    cluster = TestCluster(ROOT, HOSTS_MACHINE, hosts=True)
+    cluster.up()
+    try:
+        comm = subprocess.run([CLUSTER, "login", "--hosts", "--", "srun", "-N", "2", "-n", "2", "-p", "dam",
+                               "--mpi=pmix", os.path.join(os.path.dirname(exe), "bench", "bench_comm")],
+                              capture_output=True, text=True, timeout=300)
+        if comm.returncode != 0:
+            sys.exit(f"bench_comm failed: {comm.stderr[-2000:]}")
+        fabric = json.loads(comm.stdout.strip().splitlines()[-1])["simulate"]
+        link = ["--latency", f"{fabric['latency']:.6g}", "--link-bandwidth", f"{fabric['link_bandwidth']:.6g}"]
+        print(f"fabric (bench_comm, dam01-dam02): {' '.join(link)}")
+        calib = os.path.join(work, "runs-ft-calibration")
+        os.makedirs(calib, exist_ok=True)
+        measured_cal = []
+        # The 1x runs last: the latest run's items are what --data-scale multiplies.
+        for tag, ranks, scale, mode in (("ftcal-b", 1, 2, "hetjob"), ("ftcal-a0", 2, 1, "chained"),
+                                        ("ftcal-a1", 2, 1, "hetjob")):
+            runs = os.path.join(work, "runs-" + tag)
+            measured_cal.append(run_on_hosts(exe, work, tag, finetune_doc(tag, ranks, "sync", scale), mode, runs)[1])
+            os.rename(os.path.join(runs, tag), os.path.join(calib, tag))
+        print("calibration (fine-tuning, rounds' wall): sync 1 rank 2x hetjob {:.2f} s; sync 2 ranks chained "
+              "{:.2f} s, hetjob {:.2f} s".format(*measured_cal))
+        print(f"{'configuration':<26} {'predicted':>10} {'measured':>10} {'error':>8}   "
+              f"{'round 2 (fine-tuning) predicted':>31} {'measured':>9} {'error':>7}")
+        errors, ft_errors = [], []
+        for i, (name, tr, mode, scale, slurm) in enumerate(FINETUNE_CONFIGS):
+            tag = f"ft{i}"
+            runs = os.path.join(work, f"runs-{tag}")
+            path, measured = run_on_hosts(exe, work, tag, finetune_doc(name, tr, mode, scale), slurm, runs)
+            sim = subprocess.run([exe, "simulate", path, "--json", "--machine", hosts_machine(work, slurm), "--from-runs",
+                                  calib, "--ranks", f"train={tr}", "--data-scale", str(scale), "--slurm-mode", slurm,
+                                  *link], capture_output=True, text=True)
+            if sim.returncode != 0:
+                sys.exit(f"simulate {name} failed: {sim.stderr}")
+            j = json.loads(sim.stdout)
+            predicted, ft_predicted = j["makespan_s"], j["rounds"][1]["seconds"]
+            ft_measured = round_walls(os.path.join(runs, tag))[2]
+            errors.append(abs(predicted - measured) / measured)
+            ft_errors.append(abs(ft_predicted - ft_measured) / ft_measured)
+            print(f"{name:<26} {predicted:>9.2f}s {measured:>9.2f}s {100 * errors[-1]:>7.1f}%   "
+                  f"{ft_predicted:>30.2f}s {ft_measured:>8.2f}s {100 * ft_errors[-1]:>6.1f}%")
+        for what, errs in (("whole runs", errors), ("fine-tuning rounds (round 2)", ft_errors)):
+            med = statistics.median(errs)
+            print(f"{what} on the cluster: median error {100 * med:.1f} % (goal <= 15 %): "
+                  f"{'met' if med <= 0.15 else 'NOT met'}; largest {100 * max(errs):.1f} %")
+        return errors
+    finally:
+        cluster.down()
+
+
 def verdict(errors, what=""):
     med, worst = statistics.median(errors), max(errors)
     print(f"{what}median error {100 * med:.1f} % (goal <= 10 %): {'met' if med <= 0.10 else 'NOT met'}; "
@@ -202,8 +292,14 @@ def main():
     ap.add_argument("--keep", metavar="DIR", help="keep the runs in DIR")
     ap.add_argument("--hosts", action="store_true",
                     help="then the same on the multi-host test cluster (Slurm, hetjob and chained), and both together")
+    ap.add_argument("--finetune-hosts", action="store_true",
+                    help="only fine-tuning rounds on the multi-host test cluster, predicted against measured")
     a = ap.parse_args()
     print(cpu.describe())
+    if a.finetune_hosts:
+        with work_directory(a.keep, "simcheck-ft") as work:
+            finetune_hosts_check(os.path.abspath(a.exe), work)
+        return
     with work_directory(a.keep, "simcheck") as work:
         # Two calibrating runs, as docs/simulate.md advises: every divisible step on one rank and
         # on several (one rank starts without mpirun, or in the coordinator; several start through
