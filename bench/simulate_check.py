@@ -155,6 +155,20 @@ def run_on_hosts(exe, work, tag, doc, mode, runs):
     return path, rounds_wall(os.path.join(runs, tag))
 
 
+def fabric_link(exe):
+    """The fabric between two of the cluster's hosts, measured (bench_comm): the simulate options
+    every prediction on the cluster gets."""
+    comm = subprocess.run([CLUSTER, "login", "--hosts", "--", "srun", "-N", "2", "-n", "2", "-p", "dam",
+                           "--mpi=pmix", os.path.join(os.path.dirname(exe), "bench", "bench_comm")],
+                          capture_output=True, text=True, timeout=300)
+    if comm.returncode != 0:
+        sys.exit(f"bench_comm failed: {comm.stderr[-2000:]}")
+    fabric = json.loads(comm.stdout.strip().splitlines()[-1])["simulate"]
+    link = ["--latency", f"{fabric['latency']:.6g}", "--link-bandwidth", f"{fabric['link_bandwidth']:.6g}"]
+    print(f"fabric (bench_comm, dam01-dam02): {' '.join(link)}")
+    return link
+
+
 def hosts_check(exe, work):
     """--hosts: the same check on the multi-host test cluster, as Slurm runs (hetjob, chained),
     calibrated by two configurations run twice each there (one of the four runs chained), each
@@ -163,15 +177,7 @@ def hosts_check(exe, work):
     cluster = TestCluster(ROOT, HOSTS_MACHINE, hosts=True)
     cluster.up()
     try:
-        # The fabric between two of its hosts, measured (bench_comm) and given to every prediction.
-        comm = subprocess.run([CLUSTER, "login", "--hosts", "--", "srun", "-N", "2", "-n", "2", "-p", "dam",
-                               "--mpi=pmix", os.path.join(os.path.dirname(exe), "bench", "bench_comm")],
-                              capture_output=True, text=True, timeout=300)
-        if comm.returncode != 0:
-            sys.exit(f"bench_comm failed: {comm.stderr[-2000:]}")
-        fabric = json.loads(comm.stdout.strip().splitlines()[-1])["simulate"]
-        link = ["--latency", f"{fabric['latency']:.6g}", "--link-bandwidth", f"{fabric['link_bandwidth']:.6g}"]
-        print(f"fabric (bench_comm, dam01-dam02): {' '.join(link)}")
+        link = fabric_link(exe)
         # Each calibrating configuration twice: one Slurm run here moves by up to 2x from the next
         # (a queue wait, a slow first launch), and the calibration pools medians over its runs.
         # Each run in a runs directory (a NAM) of its own, moved into the calibration directory
@@ -233,14 +239,7 @@ def finetune_hosts_check(exe, work):
     cluster = TestCluster(ROOT, HOSTS_MACHINE, hosts=True)
     cluster.up()
     try:
-        comm = subprocess.run([CLUSTER, "login", "--hosts", "--", "srun", "-N", "2", "-n", "2", "-p", "dam",
-                               "--mpi=pmix", os.path.join(os.path.dirname(exe), "bench", "bench_comm")],
-                              capture_output=True, text=True, timeout=300)
-        if comm.returncode != 0:
-            sys.exit(f"bench_comm failed: {comm.stderr[-2000:]}")
-        fabric = json.loads(comm.stdout.strip().splitlines()[-1])["simulate"]
-        link = ["--latency", f"{fabric['latency']:.6g}", "--link-bandwidth", f"{fabric['link_bandwidth']:.6g}"]
-        print(f"fabric (bench_comm, dam01-dam02): {' '.join(link)}")
+        link = fabric_link(exe)
         calib = os.path.join(work, "runs-ft-calibration")
         os.makedirs(calib, exist_ok=True)
         measured_cal = []
