@@ -131,17 +131,7 @@ def round_walls(run_dir):
 
 def rounds_wall(run_dir):
     """Seconds from each round's start to its end in the journal (queue waits included), summed."""
-    import datetime
-    starts, total = {}, 0.0
-    with open(os.path.join(run_dir, "journal.jsonl")) as f:
-        for line in f:
-            e = json.loads(line)
-            t = datetime.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
-            if e.get("event") == "round-start":
-                starts[e["round"]] = t
-            elif e.get("event") == "round-end" and e["round"] in starts:
-                total += t - starts.pop(e["round"])
-    return total
+    return sum(round_walls(run_dir).values())
 
 
 def run_on_hosts(exe, work, tag, doc, mode, runs):
