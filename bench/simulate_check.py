@@ -19,6 +19,7 @@ simulation's speed: the quickstart, run once here, simulated on the 1,000-node m
 several widths and data sizes, in seconds of wall time per simulated hour (goal: under 1 s).
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -159,15 +160,23 @@ def fabric_link(exe):
     return link
 
 
-def hosts_check(exe, work):
-    """--hosts: the same check on the multi-host test cluster, as Slurm runs (hetjob, chained),
-    calibrated by two configurations run twice each there (one of the four runs chained), each
-    round measured from its start to its end (the queue wait included, as the model has it)."""
+@contextlib.contextmanager
+def on_cluster(exe):
+    """The multi-host test cluster up, its fabric measured (fabric_link's options); down after."""
     from slurm_clusters import TestCluster
     cluster = TestCluster(ROOT, HOSTS_MACHINE, hosts=True)
     cluster.up()
     try:
-        link = fabric_link(exe)
+        yield fabric_link(exe)
+    finally:
+        cluster.down()
+
+
+def hosts_check(exe, work):
+    """--hosts: the same check on the multi-host test cluster, as Slurm runs (hetjob, chained),
+    calibrated by two configurations run twice each there (one of the four runs chained), each
+    round measured from its start to its end (the queue wait included, as the model has it)."""
+    with on_cluster(exe) as link:
         # Each calibrating configuration twice: one Slurm run here moves by up to 2x from the next
         # (a queue wait, a slow first launch), and the calibration pools medians over its runs.
         # Each run in a runs directory (a NAM) of its own, moved into the calibration directory
@@ -200,8 +209,6 @@ def hosts_check(exe, work):
                                    "--slurm-mode", slurm, *link], 40))
         verdict(errors)
         return errors
-    finally:
-        cluster.down()
 
 
 # Fine-tuning on the multi-host cluster: (name, train ranks, train mode, data scale, Slurm mode).
@@ -225,11 +232,7 @@ def finetune_doc(name, train_ranks, mode, scale):
 def finetune_hosts_check(exe, work):
     """--finetune-hosts: fine-tuning rounds on the multi-host cluster, predicted from three
     calibrating runs there (sync 2 ranks, hetjob and chained; 1 rank at 2x data)."""
-    from slurm_clusters import TestCluster
-    cluster = TestCluster(ROOT, HOSTS_MACHINE, hosts=True)
-    cluster.up()
-    try:
-        link = fabric_link(exe)
+    with on_cluster(exe) as link:
         calib = os.path.join(work, "runs-ft-calibration")
         os.makedirs(calib, exist_ok=True)
         measured_cal = []
@@ -265,8 +268,6 @@ def finetune_hosts_check(exe, work):
             print(f"{what} on the cluster: median error {100 * med:.1f} % (goal <= 15 %): "
                   f"{'met' if med <= 0.15 else 'NOT met'}; largest {100 * max(errs):.1f} %")
         return errors
-    finally:
-        cluster.down()
 
 
 def verdict(errors, what=""):
