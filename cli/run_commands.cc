@@ -265,8 +265,8 @@ int Scaling(Options& o) {
   }
   o.scaling_opt.steps.clear();
   for (const auto& name : SplitList(o.scaling_steps, "--steps")) {
-    const std::optional<workflow::Step> step = workflow::StepFromName(name);
-    if (!step || !workflow::Divisible(*step))
+    const std::optional<workflow::Step> step = workflow::StepFromName(name);  // a step that does not divide:
+    if (!step)                                                                // RunScaling says the same
       Throw(ErrorKind::kInvalidInput, "scaling: --steps: \"" + name + "\" is not one of prepare, train, evaluate");
     o.scaling_opt.steps.push_back(*step);
   }

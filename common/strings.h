@@ -1,6 +1,7 @@
 // Small string helpers shared by error messages.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,6 +32,12 @@ std::string HumanBytes(double bytes);
 // set's exhaustive switch of names is the one place it is spelled).
 template <typename E, size_t N>
 std::optional<E> ByName(std::string_view word, const char* (*name)(E), const E (&values)[N]) {
+  for (E v : values)
+    if (word == name(v)) return v;
+  return std::nullopt;
+}
+template <typename E, size_t N>
+std::optional<E> ByName(std::string_view word, const char* (*name)(E), const std::array<E, N>& values) {
   for (E v : values)
     if (word == name(v)) return v;
   return std::nullopt;

@@ -149,7 +149,7 @@ Placement PlaceFromModel(const workflow::Pipeline& p, const Machine& m, const js
                          unsigned cores) {
   Placement pl;
   pl.source = source;
-  for (const workflow::Step step : workflow::kDivisibleSteps) {
+  for (const workflow::Step step : workflow::DivisibleSteps()) {
     const char* name = workflow::StepName(step);
     std::string limit_why;
     const std::optional<int64_t> cap = StepLimit(p, m, step, cores, &limit_why, &pl);
@@ -196,7 +196,7 @@ Placement PlaceFromModel(const workflow::Pipeline& p, const Machine& m, const js
 Placement PlaceWithoutCosts(const workflow::Pipeline& p, const Machine& m, unsigned cores) {
   Placement pl;
   pl.source = "no earlier run";
-  for (const workflow::Step step : workflow::kDivisibleSteps) {
+  for (const workflow::Step step : workflow::DivisibleSteps()) {
     std::string why;
     const std::optional<int64_t> cap = StepLimit(p, m, step, cores, &why, &pl);
     if (!cap) continue;

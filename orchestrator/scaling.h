@@ -19,7 +19,7 @@ namespace msaflow::orchestrator {
 struct ScalingOptions {
   std::vector<int64_t> ranks = {1, 2};
   bool weak = false;  // weak: the datasets' limits grow with the ranks
-  std::vector<workflow::Step> steps = {workflow::kDivisibleSteps.begin(), workflow::kDivisibleSteps.end()};
+  std::vector<workflow::Step> steps = workflow::DivisibleSteps();
   std::vector<std::string> modes;  // train modes; empty: the pipeline's
   std::string runs_dir = "runs";
   std::string msaflow_exe;

@@ -17,11 +17,7 @@ const char* StepName(Step s) {
   return "?";
 }
 
-std::optional<Step> StepFromName(std::string_view name) {
-  for (Step s : kSteps)
-    if (name == StepName(s)) return s;
-  return std::nullopt;
-}
+std::optional<Step> StepFromName(std::string_view name) { return ByName(name, StepName, kSteps); }
 
 Step ParseStep(std::string_view name, const std::string& where) {
   if (auto s = StepFromName(name)) return *s;
@@ -66,6 +62,13 @@ bool SingleWriter(Step s) {
 }
 
 bool Divisible(Step s) { return *WorkUnit(s) != '\0'; }
+
+std::vector<Step> DivisibleSteps() {
+  std::vector<Step> out;
+  for (Step s : kSteps)
+    if (Divisible(s)) out.push_back(s);
+  return out;
+}
 
 const char* WorkUnit(Step s) {
   switch (s) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace msaflow::workflow {
 
@@ -35,7 +36,8 @@ bool SingleWriter(Step s);
 // evaluate's (model x shard) tasks): the ones placement, `msaflow scaling` and the simulator give
 // more ranks. The others run on one rank or do work that more ranks do not shorten.
 bool Divisible(Step s);
-inline constexpr std::array<Step, 3> kDivisibleSteps = {Step::kPrepare, Step::kTrain, Step::kEvaluate};
+// Those steps, in the order they run (kSteps filtered by Divisible).
+std::vector<Step> DivisibleSteps();
 // The unit of a divisible step's work ("image pass", "training step", "(model x shard) task");
 // "" for the others.
 const char* WorkUnit(Step s);
