@@ -295,12 +295,15 @@ std::unique_ptr<Classifier> Classifier::FromOnnx(const std::string& path) {
     Throw(ErrorKind::kInvalidInput, path + ": its msaflow metadata_props are damaged (" + e.what() + ")");
   }
   ReadHead(m.graph(), path, static_cast<int64_t>(c->class_names_.size()), &c->head_);
-  if (const std::string run_precision = bb.value("precision", "f32");
-      kernels::ParsePrecision(run_precision) != kernels::Precision::kF32)
+  const json precision = bb.value("precision", json("f32"));  // bb is an object: its kind was read above
+  const std::optional<kernels::Precision> run_precision =
+      precision.is_string() ? kernels::PrecisionFromName(precision.get<std::string>()) : std::nullopt;
+  if (!run_precision) Throw(ErrorKind::kInvalidInput, path + ": msaflow.backbone's precision is not f32, bf16 or int8");
+  if (*run_precision != kernels::Precision::kF32)
     c->note_ = fmt::format(
         "{}: the exported model computes in float32, as every ONNX runtime does; the run computed "
         "its backbone in {} (predict on the run directory computes as the run did)",
-        path, run_precision);
+        path, kernels::PrecisionName(*run_precision));
   c->CheckResizedPixels(path);
   if (c->kind_ != workflow::BackboneKind::kPixels) {
     c->graph_ = kernels::ImportOnnx(BackboneOnly(m, path, c->input_), path, bb.value("feature_layer", ""));

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/strings.h"
 #include "kernels/executor_parts.h"
 #include "kernels/fold.h"
 #include "kernels/tensor_ops.h"
@@ -19,10 +20,12 @@
 
 namespace msaflow::kernels {
 
+std::optional<Precision> PrecisionFromName(std::string_view name) {
+  return ByName(name, PrecisionName, {Precision::kF32, Precision::kBF16, Precision::kInt8});
+}
+
 Precision ParsePrecision(const std::string& name) {
-  if (name == "f32") return Precision::kF32;
-  if (name == "bf16") return Precision::kBF16;
-  if (name == "int8") return Precision::kInt8;
+  if (const auto p = PrecisionFromName(name)) return *p;
   Throw(ErrorKind::kInvalidInput, "precision '" + name + "': expected \"f32\", \"bf16\" or \"int8\"");
 }
 

@@ -250,6 +250,19 @@ class Export(unittest.TestCase):
             [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
             [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])), not_ours)
         cases.append((["predict", not_ours, bad_png], 3, "not a model `msaflow export` wrote"))
+        # An export whose metadata names no precision there is: refused naming the file and the field.
+        exported = os.path.join(WORK.name, "to-damage.onnx")
+        msaflow("export", run_dir, "-o", exported)
+        model = onnx.load(exported)
+        for p in model.metadata_props:
+            if p.key == "msaflow.backbone":
+                bb = json.loads(p.value)
+                bb["precision"] = "fp8"
+                p.value = json.dumps(bb)
+        damaged = os.path.join(WORK.name, "damaged-precision.onnx")
+        onnx.save(model, damaged)
+        cases.append((["predict", damaged, bad_png], 3, "damaged-precision.onnx: msaflow.backbone's precision is not "
+                                                        "f32, bf16 or int8"))
         for args, code, text in cases:
             with self.subTest(args=args[:2]):
                 r = msaflow(*args, check=False)
