@@ -132,6 +132,29 @@ Tail::Tail(const Graph& graph, const std::string& from) : graph_(graph), split_(
     }
     ops_.push_back(MakeTailOp(graph_, n, weights));
   }
+  // A convolution whose output only an activation reads takes the activation over: the tail
+  // keeps neither the convolution's output nor a second pass over it (docs/finetune.md).
+  std::map<std::string, int> readers;
+  for (const Node& n : graph_.nodes)
+    for (const auto& t : n.inputs) ++readers[t];
+  std::map<std::string, size_t> position_of;
+  for (size_t pos = 0; pos < split_.nodes.size(); ++pos)
+    for (const auto& t : graph_.nodes[split_.nodes[pos]].outputs) position_of[t] = pos;
+  writes_.resize(split_.nodes.size());
+  taken_over_.assign(split_.nodes.size(), false);
+  for (size_t pos = 0; pos < split_.nodes.size(); ++pos) writes_[pos] = graph_.nodes[split_.nodes[pos]].outputs[0];
+  for (size_t pos = 0; pos < split_.nodes.size(); ++pos) {
+    const Node& act = graph_.nodes[split_.nodes[pos]];
+    if (act.inputs.empty() || act.outputs.size() != 1) continue;
+    const auto from = position_of.find(act.inputs[0]);
+    if (from == position_of.end() || readers[act.inputs[0]] != 1 || act.inputs[0] == graph_.output) continue;
+    const Node& conv = graph_.nodes[split_.nodes[from->second]];
+    if (conv.op != "Conv" || conv.outputs.size() != 1 || taken_over_[from->second]) continue;
+    const std::optional<Activation> a = FusableActivation(graph_, act);
+    if (!a || !ops_[from->second]->Fuse(*a)) continue;
+    writes_[from->second] = act.outputs[0];
+    taken_over_[pos] = true;
+  }
 }
 
 Tail::~Tail() = default;
@@ -166,6 +189,7 @@ const std::vector<float>& Tail::Forward(const std::vector<const float*>& xs, con
     }
   }
   for (size_t k = 0; k < split_.nodes.size(); ++k) {
+    if (taken_over_[k]) continue;  // its convolution wrote its output
     const Node& n = graph_.nodes[split_.nodes[k]];
     std::vector<const Act*> in(n.inputs.size(), nullptr);
     for (size_t j = 0; j < n.inputs.size(); ++j) {
@@ -175,7 +199,7 @@ const std::vector<float>& Tail::Forward(const std::vector<const float*>& xs, con
         in[j] = &c->second;
       }
     }
-    ops_[k]->Forward(in, &acts_[n.outputs[0]]);
+    ops_[k]->Forward(in, &acts_[writes_[k]]);
   }
   const Act& out = acts_.at(graph_.output);
   out_dims_ = out.dims;
@@ -224,11 +248,11 @@ void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_g
   };
   for (size_t k = split_.nodes.size(); k-- > 0;) {
     const Node& n = graph_.nodes[split_.nodes[k]];
-    if (!written.count(n.outputs[0])) {  // nothing after it reaches the cut
+    if (taken_over_[k] || !written.count(writes_[k])) {  // its convolution's, or nothing after it reaches the cut
       done_with(k);
       continue;
     }
-    auto dout = grads.find(n.outputs[0]);
+    auto dout = grads.find(writes_[k]);
     std::vector<const Act*> in(n.inputs.size(), nullptr);
     std::vector<GradOut> din(n.inputs.size());
     for (size_t j = 0; j < n.inputs.size(); ++j) {
@@ -241,7 +265,7 @@ void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_g
       din[j] = {&grads[t], written.count(t) != 0};
       written.insert(t);
     }
-    ops_[k]->Backward(in, acts_.at(n.outputs[0]), dout->second, din);
+    ops_[k]->Backward(in, acts_.at(writes_[k]), dout->second, din);
     done_with(k);
   }
   if (!input_grads) return;

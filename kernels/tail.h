@@ -93,6 +93,8 @@ class Tail {
   std::vector<TailParam> params_;
   std::vector<size_t> first_reader_;          // per param: the position in split_.nodes of its first reader
   std::vector<std::unique_ptr<TailOp>> ops_;  // one per split_.nodes
+  std::vector<std::string> writes_;           // per node: the tensor its op writes (a fused activation's output)
+  std::vector<bool> taken_over_;              // per node: an activation its convolution applies (TailOp::Fuse)
   std::map<std::string, Act> consts_;         // the frozen constants the tail's ops read as data
   std::map<std::string, Act> acts_;           // this batch's tensors (inputs included)
   std::map<std::string, Act> grads_;          // this batch's gradients of them

@@ -6,7 +6,10 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <exception>
+#include <limits>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <set>
 #include <type_traits>
 
@@ -135,6 +138,12 @@ class ConvOp : public TailOp {
     zero_bias_.assign(static_cast<size_t>(w_.dims[0]), 0.f);
   }
 
+  bool Fuse(const Activation& a) override {
+    act_ = a;
+    in_dims_.clear();  // the forward primitive is made again, with the activation
+    return true;
+  }
+
   void Forward(const std::vector<const Act*>& in, Act* out) override {
     NeedChannelsLast(node_, *in[0]);
     const TensorDims& x = in[0]->dims;
@@ -156,15 +165,22 @@ class ConvOp : public TailOp {
         Ctx().strm, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_BIAS, b}, {DNNL_ARG_DST, dst}});
     if (dst != dst_user) dnnl::reorder(dst, dst_user).execute(Ctx().strm, dst, dst_user);
     Ctx().strm.wait();
+    if (act_ && !post_op_) Activate(out->v.data(), static_cast<int64_t>(out->v.size()));
   }
 
-  void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
+  void Backward(const std::vector<const Act*>& in, const Act& out, const Act& dout,
                 const std::vector<GradOut>& din) override {
     if (pointwise_) {
-      PointwiseBackward(*in[0], dout, din[0]);
+      PointwiseBackward(*in[0], out, dout, din[0]);
       return;
     }
-    memory dd_user = Mem(out_dims_, dout.v.data(), true);
+    const float* dy = dout.v.data();
+    if (act_) {  // the gradient before the activation
+      dz_.resize(dout.v.size());
+      ActivationGrad(out.v.data(), dy, dz_.data(), static_cast<int64_t>(dz_.size()));
+      dy = dz_.data();
+    }
+    memory dd_user = Mem(out_dims_, dy, true);
     memory dd_data;  // dout in the data pass's layout, when that pass runs
     if (din[0].t) {
       memory dd = dd_data = As(dd_user, bwd_data_.diff_dst_desc(), &dd_blk_);
@@ -200,23 +216,71 @@ class ConvOp : public TailOp {
   // product over the pixels: Y [pixels x O] = X [pixels x I] W^T (W is O x I), and its backward
   // passes are two more, on oneDNN's sgemm (kernels/gemm.h): measured faster than oneDNN's
   // 1 x 1 convolution primitives on these shapes, its backward_weights above all.
+  // With an activation, the pixels go in blocks of about 256 KiB of output, the threads taking
+  // blocks (each block's product on one thread): a block is activated, and in the backward pass
+  // its gradient masked and multiplied on, while it is in the core's cache.
   void PointwiseForward(const Act& x, Act* out) const {
     const int64_t m = NumElements(x.dims) / x.dims[1], i = w_.dims[1], o = w_.dims[0];
-    const float* b = b_.value ? b_.value->data() : zero_bias_.data();
-    for (int64_t r = 0; r < m; ++r)
-      std::memcpy(&out->v[static_cast<size_t>(r * o)], b, static_cast<size_t>(o) * sizeof(float));
-    Gemm(false, true, m, o, i, 1.f, x.v.data(), i, w_.value->data(), i, 1.f, out->v.data(), o);
+    const float *b = b_.value ? b_.value->data() : zero_bias_.data(), *w = w_.value->data();
+    if (!act_) {
+      for (int64_t r = 0; r < m; ++r)
+        std::memcpy(&out->v[static_cast<size_t>(r * o)], b, static_cast<size_t>(o) * sizeof(float));
+      Gemm(false, true, m, o, i, 1.f, x.v.data(), i, w, i, 1.f, out->v.data(), o);
+      return;
+    }
+    InBlocks(m, o, [&](int64_t r0, int64_t rows) {
+      float* y = &out->v[static_cast<size_t>(r0 * o)];
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * o, b, static_cast<size_t>(o) * sizeof(float));
+      Gemm(false, true, rows, o, i, 1.f, x.v.data() + r0 * i, i, w, i, 1.f, y, o);
+      Activate(y, rows * o);
+    });
   }
-  void PointwiseBackward(const Act& x, const Act& dout, const GradOut& dx) const {
+  void PointwiseBackward(const Act& x, const Act& out, const Act& dout, const GradOut& dx) {
     const int64_t m = NumElements(x.dims) / x.dims[1], i = w_.dims[1], o = w_.dims[0];
     const float* dy = dout.v.data();
-    if (dx.t) {
-      const bool add = dx.add;
-      float* g = Prepare(dx, x);
-      Gemm(false, false, m, i, o, 1.f, dy, o, w_.value->data(), i, add ? 1.f : 0.f, g, i);
+    float* g = dx.t ? Prepare(dx, x) : nullptr;
+    const float beta = dx.add ? 1.f : 0.f;
+    if (act_) {
+      dz_.resize(dout.v.size());
+      InBlocks(m, o, [&](int64_t r0, int64_t rows) {
+        ActivationGrad(out.v.data() + r0 * o, dy + r0 * o, dz_.data() + r0 * o, rows * o);
+      });
+      dy = dz_.data();
     }
+    if (g) Gemm(false, false, m, i, o, 1.f, dy, o, w_.value->data(), i, beta, g, i);
     if (w_.grad) Gemm(true, false, o, i, m, 1.f, dy, o, x.v.data(), i, 1.f, w_.grad->data(), i);
     if (b_.grad) AddColumnSums(dy, m, o, o, b_.grad->data());
+  }
+
+  // f(first row, rows) over blocks of the m x o output's rows, in parallel. Each block's Gemm
+  // runs on its thread alone (oneDNN's sgemm does not start threads inside a parallel region),
+  // and the blocks do not depend on the thread count: the results neither.
+  template <class F>
+  static void InBlocks(int64_t m, int64_t o, F f) {
+    const int64_t rows = std::max<int64_t>(16, (int64_t{256} << 10) / (o * static_cast<int64_t>(sizeof(float))));
+    const int64_t blocks = (m + rows - 1) / rows;
+    std::exception_ptr error;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < blocks; ++k) {
+      try {
+        f(k * rows, std::min(rows, m - k * rows));
+      } catch (...) {
+#pragma omp critical(msaflow_tail_blocks)
+        error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  }
+
+  void Activate(float* y, int64_t n) const {
+    const float lo = act_->lo, hi = act_->hi;
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) y[k] = std::min(std::max(y[k], lo), hi);
+  }
+  void ActivationGrad(const float* y, const float* dy, float* dz, int64_t n) const {
+    const float lo = act_->lo, hi = act_->hi;
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) dz[k] = static_cast<float>((y[k] > lo) & (y[k] < hi)) * dy[k];  // no branch
   }
 
   TensorDims WeightDims() const {
@@ -262,7 +326,24 @@ class ConvOp : public TailOp {
     const auto alg = algorithm::convolution_direct;
     dnnl::convolution_forward::desc fd(prop_kind::forward_training, alg, src_any, w_any, b_md, dst_any, st, dil, pl,
                                        pr);
-    fwd_ = dnnl::convolution_forward::primitive_desc(fd, Ctx().eng);
+    // The activation as oneDNN's post-op where its kernels take one, else a pass after.
+    post_op_ = false;
+    if (act_) {
+      dnnl::post_ops ops;
+      if (act_->lo == 0.f && std::isinf(act_->hi))
+        ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+      else
+        ops.append_eltwise(1.f, algorithm::eltwise_clip, act_->lo, act_->hi);
+      dnnl::primitive_attr attr;
+      attr.set_post_ops(ops);
+      try {
+        fwd_ = dnnl::convolution_forward::primitive_desc(fd, attr, Ctx().eng);
+        post_op_ = true;
+      } catch (const dnnl::error&) {
+        post_op_ = false;
+      }
+    }
+    if (!post_op_) fwd_ = dnnl::convolution_forward::primitive_desc(fd, Ctx().eng);
     dnnl::convolution_backward_data::desc bd(alg, src_any, w_any, dst_any, st, dil, pl, pr);
     bwd_data_ = dnnl::convolution_backward_data::primitive_desc(bd, Ctx().eng, fwd_);
     dnnl::convolution_backward_weights::desc wd(alg, src_any, w_any, b_md, dst_any, st, dil, pl, pr);
@@ -273,6 +354,9 @@ class ConvOp : public TailOp {
 
   Node node_;
   bool pointwise_ = false;
+  std::optional<Activation> act_;  // fused (Fuse)
+  bool post_op_ = false;           // ... and applied by oneDNN's kernel
+  std::vector<float> dz_;          // the gradient before the activation
   WeightRef w_, b_;
   int64_t group_ = 1;
   TensorDims strides_{1, 1}, dilations_{1, 1}, pads_{0, 0, 0, 0};
@@ -412,14 +496,14 @@ void MaskForward(const float* x, float* y, uint8_t* mask, int64_t n, float a, fl
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     y[i] = UnaryF<K>(x[i], a, b);
-    mask[i] = UnaryD<K>(x[i], 0.f, a, b) != 0.f;
+    mask[i] = static_cast<uint8_t>(UnaryD<K>(x[i], 0.f, a, b));
   }
 }
 template <bool kAdd>
 void MaskBackward(const uint8_t* mask, const float* dy, float* dx, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float g = mask[i] ? dy[i] : 0.f;
+    const float g = dy[i] * static_cast<float>(mask[i]);
     dx[i] = kAdd ? dx[i] + g : g;
   }
 }
@@ -508,6 +592,15 @@ float ScalarOr(const Graph& g, const Node& n, size_t i, float dflt) {
   if (it == g.consts.end() || it->second.numel() != 1)
     Fail(n, ErrorKind::kUnsupported, "min and max must be scalar constants");
   return it->second.data[0];
+}
+
+std::optional<Activation> Fusable(const Graph& g, const Node& n) {
+  if (n.op == "Relu") return Activation{0.f, std::numeric_limits<float>::infinity()};
+  if (n.op != "Clip") return std::nullopt;
+  const float lo = ScalarOr(g, n, 1, n.Float("min", -std::numeric_limits<float>::max()));
+  const float hi = ScalarOr(g, n, 2, n.Float("max", std::numeric_limits<float>::max()));
+  if (!(lo < hi)) return std::nullopt;
+  return Activation{lo, hi};
 }
 
 std::unique_ptr<TailOp> MakeUnary(const Graph& g, const Node& n) {
@@ -1029,6 +1122,8 @@ const std::set<std::string>& BackwardOps() {
 }  // namespace
 
 bool HasBackward(const std::string& op) { return BackwardOps().count(op) != 0; }
+
+std::optional<Activation> FusableActivation(const Graph& g, const Node& n) { return Fusable(g, n); }
 
 TensorDims MemoryDims(const Act& a) {
   if (!a.cl) return a.dims;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,9 +47,23 @@ struct GradOut {
   bool add = false;
 };
 
+// An activation a convolution can apply to its own output: y = min(max(x, lo), hi) (ReLU: lo 0,
+// hi infinite). Its gradient passes where lo < y < hi, read from the activated output: the
+// convention of PyTorch's relu and hardtanh (none at the bounds), the same as from the input.
+struct Activation {
+  float lo = 0, hi = 0;
+};
+// The activation node `n` computes, where it is one a convolution can take over (Relu; Clip with
+// constant bounds lo < hi); std::nullopt otherwise.
+std::optional<Activation> FusableActivation(const Graph& g, const Node& n);
+
 class TailOp {
  public:
   virtual ~TailOp() = default;
+  // Takes over the activation that alone reads this operator's output (kernels/tail.h): Forward
+  // then writes the activated values, and Backward receives them as `out`, with the gradient
+  // with respect to them as `dout`. False where the operator cannot.
+  virtual bool Fuse(const Activation&) { return false; }
   // Computes out (dims and values) from the inputs, keeping what Backward needs. Throws
   // kInvalidInput naming the node for inputs whose shapes the operator does not take.
   virtual void Forward(const std::vector<const Act*>& in, Act* out) = 0;

@@ -112,18 +112,70 @@ void PadCopy(const float* src, const TensorDims& in, const TensorDims& pads, Pad
   });
 }
 
-void BroadcastBinary(BinaryOp op, const float* a, const TensorDims& a_dims, const float* b, const TensorDims& b_dims,
-                     const TensorDims& out, float* dst) {
-  const TensorDims sa = BroadcastStrides(a_dims, out), sb = BroadcastStrides(b_dims, out);
-  ForEachIndex(out, [&](int64_t i, const TensorDims& idx) {
+namespace {
+
+// dst[k] = a[k * ia] op b[k * ib] for k < n (ia, ib: 1, or 0 for a broadcast value); one loop per
+// operator and stride pattern, so that each vectorises.
+template <class F>
+void BinaryRow(F f, const float* a, int64_t ia, const float* b, int64_t ib, int64_t n, float* dst) {
+  if (ia == 1 && ib == 1) {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) dst[k] = f(a[k], b[k]);
+  } else if (ia == 1 && ib == 0) {
+    const float y = b[0];
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) dst[k] = f(a[k], y);
+  } else if (ia == 0 && ib == 1) {
+    const float x = a[0];
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) dst[k] = f(x, b[k]);
+  } else {
+    for (int64_t k = 0; k < n; ++k) dst[k] = f(a[k * ia], b[k * ib]);
+  }
+}
+
+template <class F>
+void Broadcast(F f, const float* a, const TensorDims& sa, const float* b, const TensorDims& sb, const TensorDims& out,
+               float* dst) {
+  if (out.empty()) {
+    dst[0] = f(a[0], b[0]);
+    return;
+  }
+  // Rows of the last axis at a time: the odometer runs over the leading axes only.
+  const int64_t inner = out.back();
+  const TensorDims lead(out.begin(), out.end() - 1);
+  int64_t row = 0;
+  ForEachIndex(lead, [&](int64_t, const TensorDims& idx) {
     int64_t ia = 0, ib = 0;
     for (size_t k = 0; k < idx.size(); ++k) {
       ia += idx[k] * sa[k];
       ib += idx[k] * sb[k];
     }
-    const float x = a[ia], y = b[ib];
-    dst[i] = op == BinaryOp::kAdd ? x + y : op == BinaryOp::kSub ? x - y : op == BinaryOp::kMul ? x * y : x / y;
+    BinaryRow(f, a + ia, sa.back(), b + ib, sb.back(), inner, dst + row * inner);
+    ++row;
   });
+}
+
+}  // namespace
+
+void BroadcastBinary(BinaryOp op, const float* a, const TensorDims& a_dims, const float* b, const TensorDims& b_dims,
+                     const TensorDims& out, float* dst) {
+  TensorDims sa = BroadcastStrides(a_dims, out), sb = BroadcastStrides(b_dims, out);
+  TensorDims shape = out;
+  if (a_dims == out && b_dims == out) {  // one row: no odometer
+    shape = {NumElements(out)};
+    sa = sb = {1};
+  }
+  switch (op) {
+    case BinaryOp::kAdd:
+      return Broadcast([](float x, float y) { return x + y; }, a, sa, b, sb, shape, dst);
+    case BinaryOp::kSub:
+      return Broadcast([](float x, float y) { return x - y; }, a, sa, b, sb, shape, dst);
+    case BinaryOp::kMul:
+      return Broadcast([](float x, float y) { return x * y; }, a, sa, b, sb, shape, dst);
+    case BinaryOp::kDiv:
+      return Broadcast([](float x, float y) { return x / y; }, a, sa, b, sb, shape, dst);
+  }
 }
 
 }  // namespace msaflow::kernels

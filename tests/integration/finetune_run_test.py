@@ -314,9 +314,9 @@ class Finetune(unittest.TestCase):
         r = msaflow("plan", write(pipeline("planned"), "planned"))
         self.assertIn("fine-tuning mobilenetv2: from round 2, its 14 layers from block_11_expand to "
                       "block_13_expand_relu (289920 weights) train with the heads on module dam, 2 ranks (sync), at "
-                      "the head's learning rate x 0.3; the trunk's maps at block_10_project_BN (96 x 4 x 4) cached in "
-                      "the NAM: 1536 values an image, 3.7 MB for the 600 images of the splits; each training rank "
-                      "holds 14.9 MB (2.2 MB of maps, 12.7 MB of activations for 16 images)", r.stdout)
+                      "the head's learning rate x 0.3; the trunk's maps at block_10_project_BN (96 x 4 x "
+                      "4) cached in the NAM: 1536 values an image, 3.7 MB for the 600 images of the splits; each "
+                      "training rank holds 9.0 MB (2.2 MB of maps, 6.8 MB of activations for 16 images)", r.stdout)
 
     def refused(self, doc, kind, *needles):
         r = msaflow("validate", write(doc, "bad"), check=False)
@@ -346,12 +346,12 @@ class Finetune(unittest.TestCase):
         machine["nam"]["capacity"] = "1MiB"
         d["machine"] = write(machine, "small-nam")
         self.refused(d, 3, "fine-tuning: the maps of every split take 3.7 MB", "capacity of 1MiB")
-        d = copy.deepcopy(doc)  # 2 ranks of 14.9 MB each on a module whose nodes have 16 MiB
+        d = copy.deepcopy(doc)  # 2 ranks of 9.0 MB each on a module whose nodes have 16 MiB
         machine["nam"]["capacity"] = "2GiB"
         machine["modules"]["dam"]["memory"] = "16MiB"
         d["machine"] = write(machine, "small-dam")
         self.refused(d, 3, "fine-tuning mobilenetv2: each training rank holds the training maps (2.2 MB)",
-                     "activations for 16 images (12.7 MB); 2 ranks on a node of module dam need 29.8 MB",
+                     "activations for 16 images (6.8 MB); 2 ranks on a node of module dam need 18.0 MB",
                      "modules.dam.memory")
         machine["modules"]["dam"]["memory"] = "32MiB"  # fits
         d["machine"] = write(machine, "enough-dam")

@@ -51,8 +51,10 @@ def input_dims(model_path, names, fixed):
 
 
 def rel_err(mine, ref):
-    ref = np.asarray(ref, dtype=np.float64)
-    return float(np.abs(np.asarray(mine, np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+    ref, mine = np.asarray(ref, dtype=np.float64), np.asarray(mine, np.float64)
+    if not np.isfinite(mine).all():  # a NaN would compare as no error at all
+        return float("inf")
+    return float(np.abs(mine - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
 class Case(unittest.TestCase):
@@ -141,6 +143,24 @@ class Operators(Case):
         lo = helper.make_node("Constant", [], ["lo"], value=numpy_helper.from_array(np.array(0, np.float32)))
         hi = helper.make_node("Constant", [], ["hi"], value=numpy_helper.from_array(np.array(0.5, np.float32)))
         self.with_op([lo, hi, helper.make_node("Clip", ["c1", "lo", "hi"], ["out"], name="clip")])
+
+    def test_relu_and_clip_on_tensors_read_twice(self):
+        # Above, the convolution applies the activation itself (TailOp::Fuse); here its output is
+        # read twice and the activations are operators of their own.
+        lo = helper.make_node("Constant", [], ["lo"], value=numpy_helper.from_array(np.array(-0.2, np.float32)))
+        hi = helper.make_node("Constant", [], ["hi"], value=numpy_helper.from_array(np.array(0.4, np.float32)))
+        self.with_op([helper.make_node("Relu", ["c1"], ["r"], name="r"),
+                      helper.make_node("Add", ["r", "c1"], ["sum"], name="sum"), lo, hi,
+                      helper.make_node("Clip", ["sum", "lo", "hi"], ["out"], name="clip")])
+
+    def test_clip_after_1x1_convolution_in_blocks(self):
+        # A 1 x 1 convolution with its activation goes through its pixels in blocks (288 pixels,
+        # 128 a block at 512 channels: three blocks, the last one short).
+        c1, i1 = conv("c1", "x", 4, 512, 1)
+        lo = helper.make_node("Constant", [], ["lo"], value=numpy_helper.from_array(np.array(0, np.float32)))
+        hi = helper.make_node("Constant", [], ["hi"], value=numpy_helper.from_array(np.array(0.5, np.float32)))
+        self.run_graph([c1, lo, hi, helper.make_node("Clip", ["c1", "lo", "hi"], ["out"], name="clip")], i1,
+                       in_dims=(2, 4, 12, 12))
 
     def test_hardswish(self):
         self.with_op([helper.make_node("Mul", ["c1", "k"], ["big"], name="big"),
