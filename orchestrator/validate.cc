@@ -162,14 +162,18 @@ std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workfl
     const RankMemory mem = FinetuneRankMemory(t, train_images, p.head.batch, layout);
     std::string scales;
     for (double s : p.head.backbone_lr_scale) scales += fmt::format("{}{:g}", scales.empty() ? "" : ", ", s);
+    std::string epochs;
+    for (int64_t e : p.head.finetune_epochs.empty() ? p.head.epochs : p.head.finetune_epochs)
+      epochs += fmt::format("{}{}", epochs.empty() ? "" : ", ", e);
     lines.push_back(fmt::format(
         "fine-tuning {}: from round {}, its {} layers from {} to {} ({} weights) train with the heads on module {}, {} "
-        "rank{} ({}), at the head's learning rate x {}; the trunk's maps at {} cached in the NAM: {} values an "
+        "rank{} ({}), at the head's learning rate x {}, for {} epochs; the trunk's maps at {} cached in the NAM: {} "
+        "values an "
         "image, {:.1f} MB for the {} images of the splits; each training rank holds {:.1f} MB ({:.1f} MB of maps, "
         "{:.1f} MB of activations for {} images)",
         bb.name, p.rounds.finetune_from_round, t.layers.size(), t.layers.front(), t.layers.back(), t.weights,
-        train.module, layout.ranks, layout.ranks == 1 ? "" : "s", workflow::TrainModeName(layout.mode), scales, maps,
-        t.values, bytes / 1e6, images, mem.total() / 1e6, mem.maps / 1e6, mem.activations / 1e6, mem.rows));
+        train.module, layout.ranks, layout.ranks == 1 ? "" : "s", workflow::TrainModeName(layout.mode), scales, epochs,
+        maps, t.values, bytes / 1e6, images, mem.total() / 1e6, mem.maps / 1e6, mem.activations / 1e6, mem.rows));
     CheckRankMemory(m, train, layout, bb.name, mem);
   }
   if (p.nam.empty() && m.nam.serve) {

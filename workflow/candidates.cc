@@ -54,10 +54,12 @@ std::vector<std::vector<Candidate>> Grid(const Pipeline& p) {
   return per_bb;
 }
 
-// Which of round r's candidates fine-tune (Pipeline::FinetunesIn), and at what backbone learning
-// rate: a fine-tuned parent's, else the head space's values in turn.
+// Which of round r's candidates fine-tune (Pipeline::FinetunesIn), at what backbone learning
+// rate (a fine-tuned parent's, else the head space's values in turn) and for how many epochs
+// (finetune_epochs' values in turn, where the pipeline gives them).
 void MarkFinetuning(const Pipeline& p, int round, std::vector<Candidate>& out) {
   const auto& scales = p.head.backbone_lr_scale;
+  const auto& epochs = p.head.finetune_epochs;
   for (size_t i = 0; i < out.size(); ++i) {
     Candidate& c = out[i];
     if (!p.FinetunesIn(p.Backbone(c.backbone), round)) {
@@ -65,6 +67,7 @@ void MarkFinetuning(const Pipeline& p, int round, std::vector<Candidate>& out) {
       continue;
     }
     if (!c.finetune || c.backbone_lr_scale <= 0) c.backbone_lr_scale = scales[i % scales.size()];
+    if (!epochs.empty()) c.head.epochs = epochs[i % epochs.size()];
     c.finetune = true;
   }
 }

@@ -449,7 +449,8 @@ void ReadBackbones(const Reader& r, const json& bbs, Pipeline& p) {
 }
 
 void ReadHead(const Reader& r, const json& h, HeadSpace& head) {
-  r.Object(h, "/head", {"type", "hidden", "optimizer", "lr", "l2", "epochs", "batch", "backbone_lr_scale"}, {});
+  r.Object(h, "/head",
+           {"type", "hidden", "optimizer", "lr", "l2", "epochs", "batch", "backbone_lr_scale", "finetune_epochs"}, {});
   auto str = [&](const std::vector<std::string>& allowed) {
     return [&r, allowed](const json& v, const std::string& ptr) { return r.Enum(v, ptr, allowed); };
   };
@@ -468,6 +469,8 @@ void ReadHead(const Reader& r, const json& h, HeadSpace& head) {
   if (h.contains("batch")) head.batch = r.Int(h["batch"], "/head/batch", 1, 65536);
   if (h.contains("backbone_lr_scale"))
     head.backbone_lr_scale = r.List(h["backbone_lr_scale"], "/head/backbone_lr_scale", number(1e-6, 10));
+  if (h.contains("finetune_epochs"))
+    head.finetune_epochs = r.List(h["finetune_epochs"], "/head/finetune_epochs", integer(1, 10000));
 }
 
 // Every step gets its default module (docs/pipeline.md); "steps" overrides them.

@@ -81,6 +81,9 @@ struct HeadSpace {
   int64_t batch = 64;
   // A fine-tuning candidate's backbone learning rate, as a multiple of its head's (searched).
   std::vector<double> backbone_lr_scale{0.1};
+  // A fine-tuning candidate's epochs (searched; the recipe's second phase is short); empty: as
+  // `epochs`.
+  std::vector<int64_t> finetune_epochs;
 };
 
 // How the train step uses its ranks (docs/parallel.md).

@@ -314,7 +314,7 @@ class Finetune(unittest.TestCase):
         r = msaflow("plan", write(pipeline("planned"), "planned"))
         self.assertIn("fine-tuning mobilenetv2: from round 2, its 14 layers from block_11_expand to "
                       "block_13_expand_relu (289920 weights) train with the heads on module dam, 2 ranks (sync), at "
-                      "the head's learning rate x 0.3; the trunk's maps at block_10_project_BN (96 x 4 x "
+                      "the head's learning rate x 0.3, for 3 epochs; the trunk's maps at block_10_project_BN (96 x 4 x "
                       "4) cached in the NAM: 1536 values an image, 3.7 MB for the 600 images of the splits; each "
                       "training rank holds 9.0 MB (2.2 MB of maps, 6.8 MB of activations for 16 images)", r.stdout)
 

@@ -371,6 +371,44 @@ TEST(Candidates, HalvingContinuesIntoFineTuning) {
   EXPECT_EQ(third[0].warm_start, "model/r/2/r2-c00");  // the fine-tuned parent: its head and tail
 }
 
+// finetune_epochs: the fine-tuning round's candidates train for its values in turn, the frozen
+// round's for `epochs`; a value outside 1..10000 is refused where it is.
+TEST(Candidates, FineTuningCandidatesTrainForFinetuneEpochs) {
+  const std::string doc = R"({"name": "t",
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                 "validation": {"from": "train", "fraction": 0.1}},
+    "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": "x", "train_from": "w",
+                   "input": {"height": 32, "width": 32}}],
+    "head": {"epochs": 12, "finetune_epochs": FT},
+    "rounds": {"max": 2, "candidates": 4, "top_k": 2, "finetune_from_round": 2}})";
+  auto with = [&](const std::string& ft) {
+    std::string s = doc;
+    return s.replace(s.find("FT"), 2, ft);
+  };
+  const Pipeline p = ParsePipeline(with("[3, 5]"), "p.json", "/b");
+  const auto first = FirstRound(p);
+  for (const auto& c : first) EXPECT_EQ(c.head.epochs, 12) << c.id;
+  std::vector<Ranked> ranking;
+  for (size_t i = 0; i < first.size(); ++i)
+    ranking.push_back({first[i], 0.9 - 0.1 * static_cast<double>(i), "model/r/1/" + first[i].id, {}, {}});
+  const auto second = NextRound(p, 2, ranking);
+  ASSERT_EQ(second.size(), 4u);
+  for (size_t i = 0; i < second.size(); ++i) {
+    EXPECT_TRUE(second[i].finetune) << second[i].id;
+    EXPECT_EQ(second[i].head.epochs, i % 2 == 0 ? 3 : 5) << second[i].id;
+  }
+  // Without it, as the heads' epochs.
+  std::string plain = with("1");
+  plain.erase(plain.find(", \"finetune_epochs\": 1"), std::string(", \"finetune_epochs\": 1").size());
+  for (const auto& c : NextRound(ParsePipeline(plain, "p.json", "/b"), 2, ranking)) EXPECT_EQ(c.head.epochs, 12);
+  try {
+    ParsePipeline(with("[4, 0]"), "p.json", "/b");
+    ADD_FAILURE() << "finetune_epochs 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/head/finetune_epochs/1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Candidates, PerturbDerivesFromTheBest) {
   Pipeline p = TwoBackbones();
   auto first = FirstRound(p);
