@@ -6,14 +6,15 @@ at 96 x 96, run by `msaflow run` twice in one go:
   - fine-tuned: the same round 1, then round 2 fine-tunes blocks 11 to 13 ("train_from":
     "block_11_expand", rounds.finetune_from_round 2) from the kept heads, the backbone at
     backbone_lr_scale times the head's learning rate.
-Both rounds train softmax heads with Adam (lr 1e-3, `--epochs` each round). Prints the CPU line,
+Both rounds train softmax heads with Adam (lr 1e-3, `--epochs` each round; with `--finetune-epochs`
+the fine-tuning round's candidates train that many instead: head.finetune_epochs). Prints the CPU line,
 then each run's champion (validation and test accuracy) and its wall time, and the difference.
 Each run gets its own runs directory, so neither reuses the other's features or maps.
 
 The same on the MNIST digits and on a colour image folder written from them (bench/search.py's),
 with --datasets.
 
-usage: bench/finetune_accuracy.py [--msaflow build/msaflow] [--epochs 12] [--scale 0.3] [--ranks 1]
+usage: bench/finetune_accuracy.py [--msaflow build/msaflow] [--epochs 12] [--finetune-epochs N] [--scale 0.3] [--ranks 1]
                                   [--mode sync|independent|async|hybrid]
                                   [--datasets fashion-mnist,mnist-digits,colour-folder]"""
 import argparse
@@ -65,6 +66,8 @@ def pipeline(name, finetune, args, train=None, test=None):
         bb["train_from"] = "block_11_expand"
     doc["head"] = {"type": "softmax", "optimizer": "adam", "lr": [1e-3], "l2": [1e-4], "epochs": [args.epochs],
                    "batch": 64, "backbone_lr_scale": [args.scale]}
+    if finetune and args.finetune_epochs:
+        doc["head"]["finetune_epochs"] = [args.finetune_epochs]
     doc["steps"]["train"] = {"module": "dam", "ranks": args.ranks, "mode": args.mode}
     doc["rounds"] = {"max": 2, "candidates": 2, "top_k": 1, "strategy": "perturb", "seed": 7, "min_delta": 0,
                      "patience": 5}
@@ -92,6 +95,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"))
     ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--finetune-epochs", type=int, default=0, help="the fine-tuning round's epochs (default: --epochs)")
     ap.add_argument("--scale", type=float, default=0.3)
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--mode", default="sync", help="the train step's mode (docs/parallel.md)")
@@ -99,7 +103,7 @@ def main():
     args = ap.parse_args()
     print(cpu.describe())
     print(f"quickstart's layout (4,000 training rows, 400 of them for validation, 2,000 test), MobileNetV2 96 x 96, softmax heads, Adam lr 1e-3, {args.epochs} epochs a round, "
-          f"2 rounds; fine-tuned: round 2 trains block_11_expand..block_13_expand_relu at lr x {args.scale}, "
+          f"2 rounds; fine-tuned: round 2 ({args.finetune_epochs or args.epochs} epochs) trains block_11_expand..block_13_expand_relu at lr x {args.scale}, "
           f"{args.ranks} {args.mode} rank(s)")
     print(f"{'dataset':<14} {'run':<10} {'champion':<8} {'fine-tuned':<10} {'validation':>10} {'test':>8} {'wall s':>8}")
     verdicts = []

@@ -67,6 +67,24 @@ memory As(const memory& user, const memory::desc& want, memory* buf) {
   return *buf;
 }
 
+// A buffer of at least n floats, kept from call to call (a fresh one faults its pages in: for
+// the tensors of a batch, that cost more than the arithmetic). One per thread; its contents are
+// the caller's until its next call.
+std::vector<float>& Scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf;
+}
+
+// grad[i] += part[i] for the first n values (all of part's by default).
+void AddInto(std::vector<float>* grad, const std::vector<float>& part, size_t n = SIZE_MAX) {
+  n = std::min(n, part.size());
+  float* g = grad->data();
+  const float* p = part.data();
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) g[i] += p[i];
+}
+
 // Writes `from` (layout of its own) into the gradient g (dims d, channels-last with `cl`):
 // directly, or through a scratch added to it when `add`.
 void Deliver(const memory& from, const TensorDims& d, bool cl, const GradOut& g) {
@@ -84,13 +102,11 @@ void Deliver(const memory& from, const TensorDims& d, bool cl, const GradOut& g)
     }
     return;
   }
-  std::vector<float> tmp(n);
+  std::vector<float>& tmp = Scratch(n);
   memory to = Mem(d, tmp.data(), cl);
   dnnl::reorder(from, to).execute(Ctx().strm, const_cast<memory&>(from), to);
   Ctx().strm.wait();
-  float* dst = g.t->v.data();
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) dst[i] += tmp[i];
+  AddInto(&g.t->v, tmp, n);
 }
 
 // Writes or adds (GradOut::add) one gradient value.
@@ -110,10 +126,6 @@ float* Prepare(const GradOut& g, const Act& x) {
 void NeedChannelsLast(const Node& n, const Act& a) {
   if (a.dims.size() != 4 || !a.cl)
     Fail(n, ErrorKind::kInvalidInput, "expected an NCHW image tensor, got " + BracketedDims(a.dims));
-}
-
-void AddInto(std::vector<float>* grad, const std::vector<float>& part) {
-  for (size_t i = 0; i < part.size(); ++i) (*grad)[i] += part[i];
 }
 
 // ---- Convolution --------------------------------------------------------------------------
@@ -406,14 +418,14 @@ class PoolOp : public TailOp {
   void Backward(const std::vector<const Act*>& in, const Act&, const Act& dout,
                 const std::vector<GradOut>& din) override {
     if (!din[0].t) return;
-    std::vector<float> tmp;
-    float* dst = din[0].add ? (tmp.resize(in[0]->v.size()), tmp.data()) : Prepare(din[0], *in[0]);
+    const size_t n = in[0]->v.size();
+    float* dst = din[0].add ? Scratch(n).data() : Prepare(din[0], *in[0]);
     memory dd = Mem(out_dims_, dout.v.data(), true), ds = Mem(in[0]->dims, dst, true);
     std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_SRC, ds}};
     if (alg_ == algorithm::pooling_max) args[DNNL_ARG_WORKSPACE] = ws_;
     dnnl::pooling_v2_backward(bwd_).execute(Ctx().strm, args);
     Ctx().strm.wait();
-    if (din[0].add) AddInto(&din[0].t->v, tmp);
+    if (din[0].add) AddInto(&din[0].t->v, Scratch(n), n);
   }
 
  private:
@@ -855,13 +867,18 @@ class ConcatOp : public TailOp {
     mem_axis_ = out->cl ? std::array<size_t, 4>{0, 3, 1, 2}[axis] : axis;
     out->v.resize(static_cast<size_t>(NumElements(out->dims)));
     const int64_t outer = Outer(*out), row = NumElements(out->dims) / outer;
-    int64_t at = 0;
-    for (const Act* a : in) {
-      const int64_t len = NumElements(a->dims) / outer;
-      for (int64_t o = 0; o < outer; ++o)
-        std::memcpy(&out->v[static_cast<size_t>(o * row + at)], &a->v[static_cast<size_t>(o * len)],
-                    static_cast<size_t>(len) * sizeof(float));
-      at += len;
+    std::vector<std::pair<const float*, int64_t>> parts;  // each input's values and run length
+    for (const Act* a : in) parts.emplace_back(a->v.data(), NumElements(a->dims) / outer);
+    float* dst = out->v.data();
+    // Channels-last along the channels: a short run of each input per pixel, so the pixels are
+    // shared among the threads and each run copied inline.
+#pragma omp parallel for schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      float* d = dst + o * row;
+      for (const auto& [v, len] : parts) {
+        std::copy_n(v + o * len, len, d);
+        d += len;
+      }
     }
   }
 
@@ -874,9 +891,18 @@ class ConcatOp : public TailOp {
       if (din[k].t) {
         const bool add = din[k].add;
         float* dx = Prepare(din[k], *in[k]);
-        for (int64_t o = 0; o < outer; ++o)
-          for (int64_t j = 0; j < len; ++j)
-            Put(dx, static_cast<size_t>(o * len + j), dout.v[static_cast<size_t>(o * row + at + j)], add);
+        const float* dy = dout.v.data() + at;
+#pragma omp parallel for schedule(static)
+        for (int64_t o = 0; o < outer; ++o) {
+          float* x = dx + o * len;
+          const float* y = dy + o * row;
+          if (add) {
+#pragma omp simd
+            for (int64_t j = 0; j < len; ++j) x[j] += y[j];
+          } else {
+            std::copy_n(y, len, x);
+          }
+        }
       }
       at += len;
     }
