@@ -868,6 +868,7 @@ class ConcatOp : public TailOp {
     out->v.resize(static_cast<size_t>(NumElements(out->dims)));
     const int64_t outer = Outer(*out), row = NumElements(out->dims) / outer;
     std::vector<std::pair<const float*, int64_t>> parts;  // each input's values and run length
+    parts.reserve(in.size());
     for (const Act* a : in) parts.emplace_back(a->v.data(), NumElements(a->dims) / outer);
     float* dst = out->v.data();
     // Channels-last along the channels: a short run of each input per pixel, so the pixels are
