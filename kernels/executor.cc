@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <set>
@@ -130,6 +131,18 @@ std::vector<std::vector<float>> Executor::Maps(const float* x, int64_t n, int64_
     dims->push_back(m.dims);
   }
   return out;
+}
+
+std::vector<float> Executor::FeaturesAndMaps(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                                             std::vector<std::vector<float>>* maps,
+                                             std::vector<std::vector<int64_t>>* dims) {
+  std::vector<std::vector<float>> all = Maps(x, n, c, h, w, dims);  // the maps plan pools the first cut too
+  const Plan& plan = PlanFor({n, c, h, w}, PlanKind::kMaps);
+  std::vector<float> features(static_cast<size_t>(n * plan.channels));
+  std::memcpy(features.data(), plan.output.get_data_handle(), features.size() * sizeof(float));
+  maps->assign(std::make_move_iterator(all.begin() + 1), std::make_move_iterator(all.end()));
+  dims->erase(dims->begin());
+  return features;
 }
 
 std::vector<std::vector<float>> Executor::FeaturesOfCuts(const float* x, int64_t n, int64_t c, int64_t h, int64_t w) {

@@ -67,6 +67,11 @@ class Executor {
   // dims in *dims. Same precision rules as Features.
   std::vector<std::vector<float>> Maps(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
                                        std::vector<std::vector<int64_t>>* dims);
+  // Both in one pass: the first cut's features (as Features gives them) and every further cut's
+  // tensor plain (as Maps gives them, in *maps and *dims): a backbone's features and its
+  // fine-tuning tail's inputs from one run of the trunk.
+  std::vector<float> FeaturesAndMaps(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                                     std::vector<std::vector<float>>* maps, std::vector<std::vector<int64_t>>* dims);
 
   // Checks, without compiling anything, that the graph runs on n images of c x h x w: shape
   // arithmetic folds, every shape fits its operator, the feature layer is NCHW or N x features.

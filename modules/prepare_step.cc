@@ -64,6 +64,10 @@ struct Member {
   const workflow::BackboneSpec* bb = nullptr;
   FeaturesIndex idx;                            // all members of a pass share n, part_rows and parts
   const workflow::SubsetFeatures* known = nullptr;  // known features of some rows (KnownTrainRows), or null
+  // A fine-tuning backbone's maps (modules/finetune_maps.h) computed in its features' pass: its
+  // rows are every tail input's values for one image (idx.dim of them), its object a maps object.
+  bool maps = false;
+  nlohmann::json map_inputs;  // [{name, dims}], as the maps object's metadata lists them
 };
 
 // Whether two runs of floats hold the same bits; the first index that differs goes to `first`.
@@ -197,7 +201,10 @@ class PartWriter {
       for (size_t j = 0; j < data.size(); ++j) {
         const FeaturesIndex& idx = members_[j].idx;
         c_.store->Put(workflow::FeaturesPartObject(idx.object, p), data[j],
-                      {{"kind", "features-part"}, {"part", p}, {"rows", idx.PartHi(p) - idx.PartLo(p)}, {"dim", idx.dim}});
+                      {{"kind", members_[j].maps ? "maps-part" : "features-part"},
+                       {"part", p},
+                       {"rows", idx.PartHi(p) - idx.PartLo(p)},
+                       {"dim", idx.dim}});
       }
       w_.put_s += SecondsSince(t0);
     };
@@ -281,10 +288,26 @@ PartWork ComputeParts(StepContext& c, const std::vector<Member>& members, kernel
       },
       [&](int64_t i) {
         const int64_t s = i * B, b = std::min(B, m - s);
-        std::vector<std::vector<float>> f;
-        if (ex) f = ex->FeaturesOfCuts(batch[i % 2].data(), in.batch > 0 ? B : b, in.channels, in.height, in.width);
+        std::vector<std::vector<float>> f, maps;
+        std::vector<std::vector<int64_t>> map_dims;
+        const int64_t n = in.batch > 0 ? B : b;
+        if (ex && members.back().maps)  // one backbone and its maps: the trunk once for both
+          f = {ex->FeaturesAndMaps(batch[i % 2].data(), n, in.channels, in.height, in.width, &maps, &map_dims)};
+        else if (ex)
+          f = ex->FeaturesOfCuts(batch[i % 2].data(), n, in.channels, in.height, in.width);
         for (size_t j = 0; j < members.size(); ++j) {
           const int64_t dim = members[j].idx.dim;
+          if (members[j].maps) {  // a row: each input's values for the image, one input after another
+            for (int64_t k = s; k < s + b; ++k) {
+              const int64_t r = row_of(k), p = r / at.part_rows;
+              float* o = parts.Buffer(p, j) + (r - at.PartLo(p)) * dim;
+              for (size_t t = 0; t < maps.size(); ++t) {
+                const int64_t size = kernels::NumElements(map_dims[t]) / n;
+                o = std::copy_n(maps[t].begin() + (k - s) * size, size, o);
+              }
+            }
+            continue;
+          }
           const float* v = ex ? f[j].data() : batch[i % 2].data();  // resized raw pixels: the prepared images are the features
           for (int64_t k = s; k < s + b; ++k, v += dim) {
             if (reuse && k == 0) {  // the spot check
@@ -578,6 +601,12 @@ struct PrepareRun {
   // The summary's entries by (backbone, split), listed at the end in the pipeline's order.
   std::map<std::pair<std::string, std::string>, std::pair<bool, nlohmann::json>> entries;  // computed?, entry
   std::map<std::string, std::unique_ptr<kernels::Executor>> own;  // a backbone's own executor, across splits
+  // A fine-tuning backbone's executor cut at its feature layer and its tail's inputs (MapsMember),
+  // null where one pass would not compute the features as the backbone alone does; its tail's
+  // inputs with one image's dims.
+  std::map<std::string, std::unique_ptr<kernels::Executor>> with_maps;
+  std::map<std::string, nlohmann::json> map_inputs;
+  nlohmann::json maps = nlohmann::json::array();                   // the summary's entries of the maps computed here
   std::map<std::string, std::vector<workflow::Pass>> passes;       // by the backbones they compute
   // The whole training split's stamp (WholeTrainStamp), once per step, where known features or a
   // subset need it (halving; datasets.train.subset): an image folder is listed to make it.
@@ -629,6 +658,98 @@ void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const M
   entry["parts"] = idx.parts;
 }
 
+// Rank 0 puts the maps object of member `m` (MapsMember) once every rank's parts are in, as
+// PrepareMaps would have (modules/finetune_maps.h), and says so.
+void CommitMaps(StepContext& c, PrepareRun& run, const Member& m, const workflow::SplitSource& src,
+                SteadyClock::time_point t0) {
+  const workflow::BackboneSpec& bb = *m.bb;
+  const FeaturesIndex& idx = m.idx;
+  const int size = c.comm->size();
+  const double bytes = static_cast<double>(idx.n * idx.dim) * sizeof(float);
+  if (c.root()) {
+    nlohmann::json meta = FeaturesMeta(idx.n, idx.dim, run.classes, idx.part_rows, false);
+    meta.update({{"kind", "maps"},
+                 {"inputs", m.map_inputs},
+                 {"backbone", bb.name},
+                 {"train_from", bb.train_from},
+                 {"split", src.name()}});
+    if (!src.class_names().empty()) meta["class_names"] = src.class_names();
+    const auto& labels = src.labels();
+    c.store->Put(idx.object, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
+    c.Say(
+        fmt::format("maps {}/{} at {}: {} images x {} values ({:.1f} MB) in {} part{} on {} rank{}, in the "
+                    "features' pass -> {}",
+                    bb.name, src.name(), bb.train_from, idx.n, idx.dim, bytes / 1e6, idx.parts,
+                    idx.parts == 1 ? "" : "s", size, size == 1 ? "" : "s", idx.object));
+  }
+  run.maps.push_back({{"backbone", bb.name},
+                      {"split", src.name()},
+                      {"object", idx.object},
+                      {"computed", true},
+                      {"rows", idx.n},
+                      {"bytes", bytes},
+                      {"seconds", SecondsSince(t0)},
+                      {"ranks", size},
+                      {"with_features", true}});
+}
+
+// The maps of a fine-tuning backbone (one with "train_from", in any round), computed in its
+// features' pass where that gives the same numbers as the two passes would: the pass is of that
+// backbone alone, on a whole split (no subset, no features known from before), the maps not in
+// the NAM yet, and its features computed by the executor cut at the tail's inputs too exactly
+// as by the backbone alone (Executor::CutsAsAlone). The trunk then runs once per image for both.
+// Returns the member to add (with `ex` set to the executor to run), or nothing.
+std::optional<Member> MapsMember(StepContext& c, PrepareRun& run, const workflow::Pass& pass,
+                                 const workflow::SplitSource& src, const Member& features, bool known,
+                                 kernels::Executor** ex) {
+  const workflow::BackboneSpec& bb = *pass.bbs[0];
+  if (pass.bbs.size() != 1 || !bb.finetunes() || !bb.prepared() || known || c.pipeline().train.subset() ||
+      bb.precision != kernels::Precision::kF32 || bb.input.batch > 0)
+    return std::nullopt;
+  const std::string key = MapsKey(c, bb, src.name());
+  int have = c.root() && c.store->Stat(key) ? 1 : 0;  // rank 0 decides for all
+  c.comm->Bcast(&have, sizeof have, 0);
+  if (have) return std::nullopt;
+  const auto& in = bb.input;
+  if (!run.with_maps.count(bb.name)) {  // every rank builds the same from the same NAM object
+    std::unique_ptr<kernels::Executor>& e = run.with_maps[bb.name];
+    BackboneTails tails(c);
+    const std::unique_ptr<kernels::Tail> tail = tails.Make(bb);
+    std::vector<std::string> cuts{bb.feature_layer};
+    cuts.insert(cuts.end(), tail->inputs().begin(), tail->inputs().end());
+    const nam::Object o = c.store->Get(workflow::BackboneObject(bb.name));
+    try {
+      e = std::make_unique<kernels::Executor>(kernels::ImportOnnxCuts(o.bytes, "NAM " + o.info.name, cuts));
+    } catch (const Error&) {
+      e = nullptr;  // the cut model cannot be cut so (a tail input past its feature layer): two passes
+    }
+    if (e && !e->CutsAsAlone(in.channels, in.height, in.width)[0]) e = nullptr;
+    if (e) {
+      const std::vector<float> one(static_cast<size_t>(in.channels * in.height * in.width), 0.f);
+      std::vector<std::vector<float>> maps;
+      std::vector<std::vector<int64_t>> dims;
+      e->FeaturesAndMaps(one.data(), 1, in.channels, in.height, in.width, &maps, &dims);
+      nlohmann::json inputs = nlohmann::json::array();
+      for (size_t i = 0; i < dims.size(); ++i)
+        inputs.push_back(
+            {{"name", tail->inputs()[i]}, {"dims", kernels::TensorDims(dims[i].begin() + 1, dims[i].end())}});
+      run.map_inputs[bb.name] = inputs;
+    }
+  }
+  if (!run.with_maps.at(bb.name)) return std::nullopt;
+  Member m;
+  m.bb = &bb;
+  m.maps = true;
+  m.map_inputs = run.map_inputs.at(bb.name);
+  m.idx = features.idx;  // the same rows, parts and part boundaries: written with the features'
+  m.idx.object = key;
+  m.idx.half = false;
+  m.idx.dim = 0;
+  for (const auto& i : m.map_inputs) m.idx.dim += kernels::NumElements(i.at("dims").get<kernels::TensorDims>());
+  *ex = run.with_maps.at(bb.name).get();
+  return m;
+}
+
 // One pass over split `src` for the backbones of `pass`: this rank's parts computed and written,
 // then (rank 0) each features object and its summary entry.
 void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const workflow::SplitSource& src) {
@@ -662,8 +783,11 @@ void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, co
     members[j].bb = &bb;
     members[j].known = known_rows[j] ? &*known_rows[j] : nullptr;
   }
-  const FeaturesIndex& at = members[0].idx;
   kernels::Executor* ex = pass.ex ? pass.ex.get() : run.own[first.name].get();
+  const bool any_known = std::any_of(members.begin(), members.end(), [](const Member& m) { return m.known; });
+  if (std::optional<Member> maps = MapsMember(c, run, pass, src, members[0], any_known, &ex))
+    members.push_back(std::move(*maps));
+  const FeaturesIndex& at = members[0].idx;
   std::string names;
   for (const auto* bb : pass.bbs) names += (names.empty() ? "" : ", ") + bb->name;
   const std::string label = (pass.bbs.size() > 1 ? "{" + names + "}" : names) + "/" + split;
@@ -702,7 +826,11 @@ void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, co
   }
   if (first.prepared()) mine["overlap"] = c.OverlapReport()["image batches " + first.name];
   const std::vector<std::string> stats = c.comm->Gather(mine.dump(), 0);  // after every rank's parts are in the NAM
-  for (const Member& m : members) Commit(c, run, pass, m, src, ds, stats, known, t0);
+  for (const Member& m : members)
+    if (m.maps)
+      CommitMaps(c, run, m, src, t0);
+    else
+      Commit(c, run, pass, m, src, ds, stats, known, t0);
 }
 
 // The backbones of `group` whose features of `src` are not in the NAM yet (rank 0 decides for
@@ -787,7 +915,8 @@ void Prepare(StepContext& c) {
       auto& [computed, entry] = run.entries.at({bb.name, src.name()});
       summary[computed ? "computed" : "reused"].push_back(std::move(entry));
     }
-  summary["maps"] = PrepareMaps(c);
+  summary["maps"] = run.maps;  // computed in the features' passes, then those PrepareMaps computes or finds
+  for (auto& e : PrepareMaps(c)) summary["maps"].push_back(std::move(e));
   summary["fpga"] = c.FpgaReport();
   if (c.root())
     c.store->Put(workflow::PreparedObject(c.task.run, c.task.round), summary.dump(), {{"kind", "prepare-summary"}});

@@ -111,8 +111,9 @@ std::map<workflow::Step, StepCost> MeasureRound(const json& round, const workflo
     }
     // Fine-tuning's maps (the trunk to the freeze point over every image) divide over the ranks
     // too: each rank computes its run of parts; the entry's seconds are the wall time of them all.
+    // Maps computed in their features' pass are in that pass's seconds and rows already.
     for (const auto& e : round["features"].value("maps", json::array())) {
-      if (!e.value("computed", false)) continue;
+      if (!e.value("computed", false) || e.value("with_features", false)) continue;
       c.items += e.value("rows", int64_t{0});
       c.work_s += Num(e, "seconds") * static_cast<double>(e.value("ranks", int64_t{1}));
     }

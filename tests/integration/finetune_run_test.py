@@ -129,6 +129,58 @@ class Finetune(unittest.TestCase):
         self.assertTrue(any(k.startswith("block_11") for k in moved), moved)
         self.assertTrue(all(not k.startswith(("block_10", "block_9", "Conv1")) for k in moved), moved)
 
+    def test_maps_in_the_features_pass_are_those_of_their_own_pass(self):
+        # A round that computes a fine-tuning backbone's features computes its maps in the same
+        # pass (the trunk once per image). They must be the very bytes the maps' own pass gives
+        # (round 2's prepare, when round 1's features were there already), and the features those
+        # of the backbone alone.
+        def one_round(name, nam, finetune=True):
+            doc = pipeline(name, 1)
+            doc["nam"] = "file://" + nam
+            doc["rounds"].update({"max": 1, "candidates": 1, "finetune_from_round": 1})
+            doc["head"]["epochs"] = [1]
+            if not finetune:
+                del doc["backbones"][0]["train_from"]
+                del doc["rounds"]["finetune_from_round"]
+            return msaflow("run", write(doc, name), "--runs", os.path.join(WORK.name, "runs-" + name),
+                           "--run-id", name).stdout
+
+        one, two = os.path.join(WORK.name, "nam-one-pass"), os.path.join(WORK.name, "nam-two-passes")
+        out = one_round("mp-one", one)
+        self.assertRegex(out, rf"maps mobilenetv2/train at {TRAIN_FROM}: 360 images x 1536 values .* in the features' pass")
+        one_round("mp-frozen", two, finetune=False)
+        out = one_round("mp-two", two)
+        self.assertRegex(out, rf"maps mobilenetv2/train at {TRAIN_FROM}: 360 images x 1536 values")
+        self.assertNotIn("in the features' pass", out)  # the features were there: the maps' own pass
+
+        def objects(nam):
+            r = msaflow("nam", "ls", "--json", "--nam", "file://" + nam)  # one object a line
+            listed = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+            return {o["name"]: o for o in listed if o["name"].startswith(("maps/", "features/"))}
+
+        def content(nam, listed, obj):
+            """The object's bytes (its labels) and its parts' bytes end to end: the rows in order.
+            (Maps written in the features' pass come in the features' parts, larger than the
+            maps' own.)"""
+            out = []
+            for name in [obj] + sorted(k for k in listed if k.startswith(obj + ".p")):
+                path = os.path.join(WORK.name, "object.bin")
+                msaflow("nam", "get", name, "-o", path, "--nam", "file://" + nam)
+                with open(path, "rb") as f:
+                    out.append(f.read())
+            return out[0], b"".join(out[1:])
+
+        a, b = objects(one), objects(two)
+        wholes = sorted(k for k in a if ".p" not in k)
+        self.assertEqual(wholes, sorted(k for k in b if ".p" not in k))
+        self.assertEqual(len([k for k in wholes if k.startswith("maps/")]), 3, wholes)  # train, validation, test
+        for obj in wholes:
+            labels_a, rows_a = content(one, a, obj)
+            labels_b, rows_b = content(two, b, obj)
+            self.assertEqual(labels_a, labels_b, obj)
+            self.assertGreater(len(rows_a), 0, obj)
+            self.assertTrue(rows_a == rows_b, f"{obj}: its rows differ between one pass and two")
+
     def frozen_export(self, run_dir, res):
         cand = res["rounds"][0]["candidates"][0]["candidate"]["id"]
         path = os.path.join(WORK.name, "ft2-frozen.onnx")
