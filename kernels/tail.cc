@@ -282,10 +282,14 @@ void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_g
 }
 
 int64_t Tail::KeptValues() const {
-  int64_t n = 0;
+  int64_t n = 0, grad = 0, add = 0;
   for (const auto* m : {&acts_, &grads_})
     for (const auto& [_, a] : *m) n += static_cast<int64_t>(a.v.size());
-  return n;
+  for (const auto& op : ops_) {
+    grad = std::max(grad, op->Scratches().grad);
+    add = std::max(add, op->Scratches().add);
+  }
+  return n + grad + add;
 }
 
 void Tail::WriteWeights(Graph* g) const {

@@ -80,8 +80,9 @@ class Tail {
                 const FinalFrom& final_from = nullptr);
 
   // The floats the last Forward and Backward keep for their batch: every intermediate tensor
-  // (the inputs' channels-last copies among them) and every gradient of one. A training step's
-  // activation memory is about this times 4 bytes (oneDNN's workspaces come on top).
+  // (the inputs' channels-last copies among them), every gradient of one, and the largest
+  // scratch the ops used (TailOp::Scratches). A training step's activation memory is about
+  // this times 4 bytes (oneDNN's workspaces come on top).
   int64_t KeptValues() const;
 
   // `g` with the params' current values as its initializers (the fine-tuned model).

@@ -76,6 +76,15 @@ std::vector<float>& Scratch(size_t n) {
   return buf;
 }
 
+// Where a convolution puts the gradient before its fused activation during its backward pass
+// (TailOp::Scratches): one buffer a thread for every tail's ops, which run one at a time.
+// Apart from Scratch, which the same pass uses for other things.
+std::vector<float>& GradScratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf;
+}
+
 // grad[i] += part[i] for the first n values (all of part's by default).
 void AddInto(std::vector<float>* grad, const std::vector<float>& part, size_t n = SIZE_MAX) {
   n = std::min(n, part.size());
@@ -150,6 +159,10 @@ class ConvOp : public TailOp {
     zero_bias_.assign(static_cast<size_t>(w_.dims[0]), 0.f);
   }
 
+  // The gradient before a fused activation (GradScratch); the input's gradient added through
+  // Scratch (a 1 x 1 convolution's product adds it in place).
+  ScratchUse Scratches() const override { return {act_ ? NumElements(out_dims_) : 0, added_}; }
+
   bool Fuse(const Activation& a) override {
     act_ = a;
     in_dims_.clear();  // the forward primitive is made again, with the activation
@@ -188,9 +201,9 @@ class ConvOp : public TailOp {
     }
     const float* dy = dout.v.data();
     if (act_) {  // the gradient before the activation
-      dz_.resize(dout.v.size());
-      ActivationGrad(out.v.data(), dy, dz_.data(), static_cast<int64_t>(dz_.size()));
-      dy = dz_.data();
+      float* dz = GradScratch(dout.v.size()).data();
+      ActivationGrad(out.v.data(), dy, dz, static_cast<int64_t>(dout.v.size()));
+      dy = dz;
     }
     memory dd_user = Mem(out_dims_, dy, true);
     memory dd_data;  // dout in the data pass's layout, when that pass runs
@@ -202,6 +215,7 @@ class ConvOp : public TailOp {
           Ctx().strm, {{DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, ds}});
       Ctx().strm.wait();
       Deliver(ds, in[0]->dims, true, din[0]);
+      added_ = din[0].add ? NumElements(in[0]->dims) : 0;
     }
     if (!w_.grad && !b_.grad) return;
     memory src = src_.get_desc() == bwd_w_.src_desc() ? src_ : As(src_user_, bwd_w_.src_desc(), &src_blk_w_);
@@ -253,11 +267,11 @@ class ConvOp : public TailOp {
     float* g = dx.t ? Prepare(dx, x) : nullptr;
     const float beta = dx.add ? 1.f : 0.f;
     if (act_) {
-      dz_.resize(dout.v.size());
+      float* dz = GradScratch(dout.v.size()).data();  // this thread's, taken before the threads start
       InBlocks(m, o, [&](int64_t r0, int64_t rows) {
-        ActivationGrad(out.v.data() + r0 * o, dy + r0 * o, dz_.data() + r0 * o, rows * o);
+        ActivationGrad(out.v.data() + r0 * o, dy + r0 * o, dz + r0 * o, rows * o);
       });
-      dy = dz_.data();
+      dy = dz;
     }
     if (g) Gemm(false, false, m, i, o, 1.f, dy, o, w_.value->data(), i, beta, g, i);
     if (w_.grad) Gemm(true, false, o, i, m, 1.f, dy, o, x.v.data(), i, 1.f, w_.grad->data(), i);
@@ -367,8 +381,8 @@ class ConvOp : public TailOp {
   Node node_;
   bool pointwise_ = false;
   std::optional<Activation> act_;  // fused (Fuse)
+  int64_t added_ = 0;              // the last Backward's Scratch
   bool post_op_ = false;           // ... and applied by oneDNN's kernel
-  std::vector<float> dz_;          // the gradient before the activation
   WeightRef w_, b_;
   int64_t group_ = 1;
   TensorDims strides_{1, 1}, dilations_{1, 1}, pads_{0, 0, 0, 0};
@@ -426,7 +440,10 @@ class PoolOp : public TailOp {
     dnnl::pooling_v2_backward(bwd_).execute(Ctx().strm, args);
     Ctx().strm.wait();
     if (din[0].add) AddInto(&din[0].t->v, Scratch(n), n);
+    added_ = din[0].add ? static_cast<int64_t>(n) : 0;
   }
+
+  ScratchUse Scratches() const override { return {0, added_}; }
 
  private:
   void Compile(const TensorDims& x) {
@@ -464,6 +481,7 @@ class PoolOp : public TailOp {
   dnnl::pooling_v2_forward::primitive_desc fwd_;
   dnnl::pooling_v2_backward::primitive_desc bwd_;
   memory ws_;
+  int64_t added_ = 0;  // the last Backward's Scratch
 };
 
 // ---- Elementwise ----------------------------------------------------------------------------

@@ -64,6 +64,13 @@ class TailOp {
   // then writes the activated values, and Backward receives them as `out`, with the gradient
   // with respect to them as `dout`. False where the operator cannot.
   virtual bool Fuse(const Activation&) { return false; }
+  // Floats the last Backward needed beside the tail's tensors, in the two buffers the ops of a
+  // thread share (they run one at a time): the gradient before a fused activation, and a
+  // gradient to add into one already written. The largest of each counts once (Tail::KeptValues).
+  struct ScratchUse {
+    int64_t grad = 0, add = 0;
+  };
+  virtual ScratchUse Scratches() const { return {}; }
   // Computes out (dims and values) from the inputs, keeping what Backward needs. Throws
   // kInvalidInput naming the node for inputs whose shapes the operator does not take.
   virtual void Forward(const std::vector<const Act*>& in, Act* out) = 0;

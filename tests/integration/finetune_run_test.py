@@ -368,7 +368,7 @@ class Finetune(unittest.TestCase):
                       "block_13_expand_relu (289920 weights) train with the heads on module dam, 2 ranks (sync), at "
                       "the head's learning rate x 0.3, for 3 epochs; the trunk's maps at block_10_project_BN (96 x 4 x "
                       "4) cached in the NAM: 1536 values an image, 3.7 MB for the 600 images of the splits; each "
-                      "training rank holds 9.0 MB (2.2 MB of maps, 6.8 MB of activations for 16 images)", r.stdout)
+                      "training rank holds 9.6 MB (2.2 MB of maps, 7.4 MB of activations for 16 images)", r.stdout)
 
     def refused(self, doc, kind, *needles):
         r = msaflow("validate", write(doc, "bad"), check=False)
@@ -398,12 +398,12 @@ class Finetune(unittest.TestCase):
         machine["nam"]["capacity"] = "1MiB"
         d["machine"] = write(machine, "small-nam")
         self.refused(d, 3, "fine-tuning: the maps of every split take 3.7 MB", "capacity of 1MiB")
-        d = copy.deepcopy(doc)  # 2 ranks of 9.0 MB each on a module whose nodes have 16 MiB
+        d = copy.deepcopy(doc)  # 2 ranks of 9.6 MB each on a module whose nodes have 16 MiB
         machine["nam"]["capacity"] = "2GiB"
         machine["modules"]["dam"]["memory"] = "16MiB"
         d["machine"] = write(machine, "small-dam")
         self.refused(d, 3, "fine-tuning mobilenetv2: each training rank holds the training maps (2.2 MB)",
-                     "activations for 16 images (6.8 MB); 2 ranks on a node of module dam need 18.0 MB",
+                     "activations for 16 images (7.4 MB); 2 ranks on a node of module dam need 19.2 MB",
                      "modules.dam.memory")
         machine["modules"]["dam"]["memory"] = "32MiB"  # fits
         d["machine"] = write(machine, "enough-dam")
