@@ -12,6 +12,7 @@
 #include "kernels/fpga/device.h"
 #include "kernels/onnx_graph.h"
 #include "modules/features.h"
+#include "workflow/backbones.h"
 #include "workflow/datasets.h"
 #include "workflow/objects.h"
 
@@ -62,6 +63,7 @@ void ComputeMapsParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
   const int64_t per = in.channels * in.height * in.width;
   std::vector<float> batch(static_cast<size_t>(kMapBatch * per));
   std::vector<float> part;
+  std::vector<uint16_t> halves;  // a part narrowed to float16 (MapsInHalf)
   int64_t p = p0;
   for (int64_t s = 0; s < hi - lo; s += kMapBatch) {
     const int64_t b = std::min(kMapBatch, hi - lo - s);
@@ -75,9 +77,12 @@ void ComputeMapsParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
       }
       const int64_t row = lo + s + k + 1;  // rows below this one are done
       if (row == idx.PartHi(p)) {
-        c.store->Put(workflow::FeaturesPartObject(idx.object, p),
-                     std::string_view(reinterpret_cast<const char*>(part.data()), part.size() * sizeof(float)),
-                     {{"kind", "maps-part"}});
+        std::string_view data(reinterpret_cast<const char*>(part.data()), part.size() * sizeof(float));
+        if (idx.half) {
+          NarrowFeatures(bb.name, part.data(), part.size(), halves);
+          data = std::string_view(reinterpret_cast<const char*>(halves.data()), halves.size() * sizeof(uint16_t));
+        }
+        c.store->Put(workflow::FeaturesPartObject(idx.object, p), data, {{"kind", "maps-part"}});
         part.clear();
         ++p;
       }
@@ -108,12 +113,13 @@ nlohmann::json ComputeMaps(StepContext& c, const workflow::BackboneSpec& bb, con
   idx.dim = row;
   idx.part_rows = FeaturesPartRows(row, kMapBatch, FeaturesPartBytes());
   idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
+  idx.half = workflow::MapsInHalf(bb, src.name());
   const int rank = c.comm->rank(), size = c.comm->size();
   ComputeMapsParts(c, bb, trunk, src, idx, idx.parts * rank / size, idx.parts * (rank + 1) / size);
   c.comm->Barrier();  // every rank's parts are in before the object that says they are
-  const double bytes = static_cast<double>(idx.n * row) * sizeof(float);
+  const double bytes = static_cast<double>(idx.n * row * (idx.half ? 2 : 4));  // float16 or float32 values
   if (c.root()) {
-    nlohmann::json meta = FeaturesMeta(idx.n, row, classes, idx.part_rows, false);
+    nlohmann::json meta = FeaturesMeta(idx.n, row, classes, idx.part_rows, idx.half);
     meta.update({{"kind", "maps"},
                  {"inputs", inputs},
                  {"backbone", bb.name},

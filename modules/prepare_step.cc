@@ -665,9 +665,9 @@ void CommitMaps(StepContext& c, PrepareRun& run, const Member& m, const workflow
   const workflow::BackboneSpec& bb = *m.bb;
   const FeaturesIndex& idx = m.idx;
   const int size = c.comm->size();
-  const double bytes = static_cast<double>(idx.n * idx.dim) * sizeof(float);
+  const double bytes = static_cast<double>(idx.n * idx.dim * (idx.half ? 2 : 4));  // float16 or float32 values
   if (c.root()) {
-    nlohmann::json meta = FeaturesMeta(idx.n, idx.dim, run.classes, idx.part_rows, false);
+    nlohmann::json meta = FeaturesMeta(idx.n, idx.dim, run.classes, idx.part_rows, idx.half);
     meta.update({{"kind", "maps"},
                  {"inputs", m.map_inputs},
                  {"backbone", bb.name},
@@ -743,7 +743,7 @@ std::optional<Member> MapsMember(StepContext& c, PrepareRun& run, const workflow
   m.map_inputs = run.map_inputs.at(bb.name);
   m.idx = features.idx;  // the same rows, parts and part boundaries: written with the features'
   m.idx.object = key;
-  m.idx.half = false;
+  m.idx.half = workflow::MapsInHalf(bb, src.name());
   m.idx.dim = 0;
   for (const auto& i : m.map_inputs) m.idx.dim += kernels::NumElements(i.at("dims").get<kernels::TensorDims>());
   *ex = run.with_maps.at(bb.name).get();

@@ -213,4 +213,8 @@ void CheckBackbones(const Pipeline& p) {
   }
 }
 
+bool MapsInHalf(const BackboneSpec& bb, const std::string& split) {
+  return bb.feature_dtype == "f16" && split == "train";
+}
+
 }  // namespace msaflow::workflow

@@ -63,4 +63,11 @@ std::vector<Pass> PlanPasses(std::vector<const BackboneSpec*> group, const CutsE
 // the halving strategy names the subset features it hands to prepare by it (docs/search.md).
 std::string BackboneDigestOf(const BackboneSpec& bb, const std::string& model, const std::string& calibration);
 
+// Whether `split`'s fine-tuning maps (modules/finetune_maps.h) are stored as float16: the
+// training split's, where the backbone's feature_dtype is "f16" (half the NAM bytes and transfer;
+// readers widen them). The selection and test maps stay float32, so that evaluation computes what
+// the exported network computes from the images (the trunk and the tail in float32), and the
+// run's accuracy is the export's exactly.
+bool MapsInHalf(const BackboneSpec& bb, const std::string& split);
+
 }  // namespace msaflow::workflow

@@ -304,6 +304,33 @@ class Finetune(unittest.TestCase):
         reported = sum(c["correct"] for c in res["champion"]["test"]["per_class"])
         self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
 
+    def test_training_maps_in_float16(self):
+        # feature_dtype f16: the training split's maps are stored as float16 (half the NAM bytes),
+        # the selection and test maps as float32, so that predict on the run (the whole network
+        # in float32) still counts the reported test accuracy.
+        doc = pipeline("maps-f16", 1)
+        doc["backbones"][0]["feature_dtype"] = "f16"
+        doc["nam"] = "file://" + os.path.join(WORK.name, "nam-f16")
+        doc["rounds"].update({"max": 1, "candidates": 1, "finetune_from_round": 1})
+        runs = os.path.join(WORK.name, "runs-maps-f16")
+        msaflow("run", write(doc, "maps-f16"), "--runs", runs, "--run-id", "maps-f16")
+        with open(os.path.join(runs, "maps-f16", "results.json")) as f:
+            res = json.load(f)
+        self.assertIn("finetune", res["champion"]["candidate"])
+        r = msaflow("nam", "ls", "maps/", "--json", "--nam", doc["nam"])
+        listed = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+        wholes = {o["meta"]["split"]: o for o in listed if ".p" not in o["name"]}
+        self.assertEqual(sorted(wholes), ["test", "train", "validation"])
+        for split, o in wholes.items():
+            parts = [p for p in listed if p["name"].startswith(o["name"] + ".p")]
+            value = 2 if split == "train" else 4
+            self.assertEqual(o["meta"].get("dtype", "f32"), "f16" if split == "train" else "f32", split)
+            self.assertEqual(sum(p["size"] for p in parts), o["meta"]["rows"] * 1536 * value, split)
+        self.assertPredictCounts(doc, os.path.join(runs, "maps-f16"), res)
+        # plan counts the training maps at two bytes a value: 360 x 1536 x 2 + 240 x 1536 x 4 bytes.
+        plan = msaflow("plan", write(doc, "maps-f16-plan")).stdout
+        self.assertIn("1536 values an image, 2.6 MB for the 600 images of the splits", plan)
+
     def test_async_fine_tunes_with_a_parameter_server(self):
         doc, out, run_dir, res = self.one_round("ftasync", {"module": "dam", "ranks": 2, "mode": "async"}, 1)
         self.assertRegex(out, r"trained r1-c00 .*\[async on 2 ranks \+ 1 server\(s\), staleness mean [0-9.]+ max \d+, "
