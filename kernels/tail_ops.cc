@@ -68,19 +68,14 @@ memory As(const memory& user, const memory::desc& want, memory* buf) {
 }
 
 // A buffer of at least n floats, kept from call to call (a fresh one faults its pages in: for
-// the tensors of a batch, that cost more than the arithmetic). One per thread; its contents are
-// the caller's until its next call.
-std::vector<float>& Scratch(size_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf;
-}
-
-// Where a convolution puts the gradient before its fused activation during its backward pass
-// (TailOp::Scratches): one buffer a thread for every tail's ops, which run one at a time.
-// Apart from Scratch, which the same pass uses for other things.
-std::vector<float>& GradScratch(size_t n) {
-  thread_local std::vector<float> buf;
+// the tensors of a batch, that cost more than the arithmetic), one per thread and use, shared by
+// every tail's ops on the thread (they run one at a time; TailOp::Scratches): kAdd for a gradient
+// to add into one already written, kGrad for the gradient before a fused activation (a backward
+// pass may need both at once). Its contents are the caller's until the next call for that use.
+enum ScratchFor { kAdd, kGrad };
+std::vector<float>& ScratchFloats(size_t n, ScratchFor use = kAdd) {
+  thread_local std::array<std::vector<float>, 2> bufs;
+  std::vector<float>& buf = bufs[use];
   if (buf.size() < n) buf.resize(n);
   return buf;
 }
@@ -111,7 +106,7 @@ void Deliver(const memory& from, const TensorDims& d, bool cl, const GradOut& g)
     }
     return;
   }
-  std::vector<float>& tmp = Scratch(n);
+  std::vector<float>& tmp = ScratchFloats(n);
   memory to = Mem(d, tmp.data(), cl);
   dnnl::reorder(from, to).execute(Ctx().strm, const_cast<memory&>(from), to);
   Ctx().strm.wait();
@@ -159,8 +154,8 @@ class ConvOp : public TailOp {
     zero_bias_.assign(static_cast<size_t>(w_.dims[0]), 0.f);
   }
 
-  // The gradient before a fused activation (GradScratch); the input's gradient added through
-  // Scratch (a 1 x 1 convolution's product adds it in place).
+  // The gradient before a fused activation (ScratchFloats kGrad); the input's gradient added through
+  // ScratchFloats kAdd (a 1 x 1 convolution's product adds it in place).
   ScratchUse Scratches() const override { return {act_ ? NumElements(out_dims_) : 0, added_}; }
 
   bool Fuse(const Activation& a) override {
@@ -201,7 +196,7 @@ class ConvOp : public TailOp {
     }
     const float* dy = dout.v.data();
     if (act_) {  // the gradient before the activation
-      float* dz = GradScratch(dout.v.size()).data();
+      float* dz = ScratchFloats(dout.v.size(), kGrad).data();
       ActivationGrad(out.v.data(), dy, dz, static_cast<int64_t>(dout.v.size()));
       dy = dz;
     }
@@ -267,7 +262,7 @@ class ConvOp : public TailOp {
     float* g = dx.t ? Prepare(dx, x) : nullptr;
     const float beta = dx.add ? 1.f : 0.f;
     if (act_) {
-      float* dz = GradScratch(dout.v.size()).data();  // this thread's, taken before the threads start
+      float* dz = ScratchFloats(dout.v.size(), kGrad).data();  // this thread's, taken before the threads start
       InBlocks(m, o, [&](int64_t r0, int64_t rows) {
         ActivationGrad(out.v.data() + r0 * o, dy + r0 * o, dz + r0 * o, rows * o);
       });
@@ -381,7 +376,7 @@ class ConvOp : public TailOp {
   Node node_;
   bool pointwise_ = false;
   std::optional<Activation> act_;  // fused (Fuse)
-  int64_t added_ = 0;              // the last Backward's Scratch
+  int64_t added_ = 0;              // the last Backward's ScratchFloats kAdd
   bool post_op_ = false;           // ... and applied by oneDNN's kernel
   WeightRef w_, b_;
   int64_t group_ = 1;
@@ -433,13 +428,13 @@ class PoolOp : public TailOp {
                 const std::vector<GradOut>& din) override {
     if (!din[0].t) return;
     const size_t n = in[0]->v.size();
-    float* dst = din[0].add ? Scratch(n).data() : Prepare(din[0], *in[0]);
+    float* dst = din[0].add ? ScratchFloats(n).data() : Prepare(din[0], *in[0]);
     memory dd = Mem(out_dims_, dout.v.data(), true), ds = Mem(in[0]->dims, dst, true);
     std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_SRC, ds}};
     if (alg_ == algorithm::pooling_max) args[DNNL_ARG_WORKSPACE] = ws_;
     dnnl::pooling_v2_backward(bwd_).execute(Ctx().strm, args);
     Ctx().strm.wait();
-    if (din[0].add) AddInto(&din[0].t->v, Scratch(n), n);
+    if (din[0].add) AddInto(&din[0].t->v, ScratchFloats(n), n);
     added_ = din[0].add ? static_cast<int64_t>(n) : 0;
   }
 
@@ -481,7 +476,7 @@ class PoolOp : public TailOp {
   dnnl::pooling_v2_forward::primitive_desc fwd_;
   dnnl::pooling_v2_backward::primitive_desc bwd_;
   memory ws_;
-  int64_t added_ = 0;  // the last Backward's Scratch
+  int64_t added_ = 0;  // the last Backward's ScratchFloats kAdd
 };
 
 // ---- Elementwise ----------------------------------------------------------------------------
@@ -624,13 +619,10 @@ float ScalarOr(const Graph& g, const Node& n, size_t i, float dflt) {
   return it->second.data[0];
 }
 
-std::optional<Activation> Fusable(const Graph& g, const Node& n) {
-  if (n.op == "Relu") return Activation{0.f, std::numeric_limits<float>::infinity()};
-  if (n.op != "Clip") return std::nullopt;
-  const float lo = ScalarOr(g, n, 1, n.Float("min", -std::numeric_limits<float>::max()));
-  const float hi = ScalarOr(g, n, 2, n.Float("max", std::numeric_limits<float>::max()));
-  if (!(lo < hi)) return std::nullopt;
-  return Activation{lo, hi};
+// Clip's bounds: attributes (opset < 11) or scalar constant inputs, unbounded where absent.
+Activation ClipBounds(const Graph& g, const Node& n) {
+  return {ScalarOr(g, n, 1, n.Float("min", -std::numeric_limits<float>::max())),
+          ScalarOr(g, n, 2, n.Float("max", std::numeric_limits<float>::max()))};
 }
 
 std::unique_ptr<TailOp> MakeUnary(const Graph& g, const Node& n) {
@@ -644,10 +636,8 @@ std::unique_ptr<TailOp> MakeUnary(const Graph& g, const Node& n) {
     if (n.outputs.size() > 1 && !n.outputs[1].empty()) Fail(n, ErrorKind::kUnsupported, "Dropout's mask output");
     return std::make_unique<UnaryOp>(Unary::kIdentity, 0.f, 0.f);
   }
-  // Clip: bounds as attributes (opset < 11) or scalar constant inputs.
-  const float lo = ScalarOr(g, n, 1, n.Float("min", -std::numeric_limits<float>::max()));
-  const float hi = ScalarOr(g, n, 2, n.Float("max", std::numeric_limits<float>::max()));
-  return std::make_unique<UnaryOp>(Unary::kClip, lo, hi);
+  const Activation clip = ClipBounds(g, n);
+  return std::make_unique<UnaryOp>(Unary::kClip, clip.lo, clip.hi);
 }
 
 // ---- BatchNormalization (inference statistics; scale and shift train) ---------------------
@@ -1168,7 +1158,13 @@ const std::set<std::string>& BackwardOps() {
 
 bool HasBackward(const std::string& op) { return BackwardOps().count(op) != 0; }
 
-std::optional<Activation> FusableActivation(const Graph& g, const Node& n) { return Fusable(g, n); }
+std::optional<Activation> FusableActivation(const Graph& g, const Node& n) {
+  if (n.op == "Relu") return Activation{0.f, std::numeric_limits<float>::infinity()};
+  if (n.op != "Clip") return std::nullopt;
+  const Activation clip = ClipBounds(g, n);
+  if (!(clip.lo < clip.hi)) return std::nullopt;
+  return clip;
+}
 
 TensorDims MemoryDims(const Act& a) {
   if (!a.cl) return a.dims;

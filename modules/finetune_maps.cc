@@ -117,26 +117,29 @@ nlohmann::json ComputeMaps(StepContext& c, const workflow::BackboneSpec& bb, con
   const int rank = c.comm->rank(), size = c.comm->size();
   ComputeMapsParts(c, bb, trunk, src, idx, idx.parts * rank / size, idx.parts * (rank + 1) / size);
   c.comm->Barrier();  // every rank's parts are in before the object that says they are
-  const double bytes = static_cast<double>(idx.n * row * (idx.half ? 2 : 4));  // float16 or float32 values
-  if (c.root()) {
-    nlohmann::json meta = FeaturesMeta(idx.n, row, classes, idx.part_rows, idx.half);
-    meta.update({{"kind", "maps"},
-                 {"inputs", inputs},
-                 {"backbone", bb.name},
-                 {"train_from", bb.train_from},
-                 {"split", src.name()}});
-    if (!src.class_names().empty()) meta["class_names"] = src.class_names();
-    const auto& labels = src.labels();
-    c.store->Put(key, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
-    c.Say(fmt::format("maps {}/{} at {}: {} images x {} values ({:.1f} MB) in {} part{} on {} rank{} in {:.1f} s -> {}",
-                      bb.name, src.name(), bb.train_from, idx.n, row, bytes / 1e6, idx.parts, idx.parts == 1 ? "" : "s",
-                      size, size == 1 ? "" : "s", SecondsSince(t0), key));
-  }
+  const double bytes = PutMapsObject(c, bb, src, idx, classes, inputs, fmt::format(" in {:.1f} s", SecondsSince(t0)));
   entry.update({{"computed", true}, {"rows", idx.n}, {"bytes", bytes}, {"seconds", SecondsSince(t0)}, {"ranks", size}});
   return entry;
 }
 
 }  // namespace
+
+double PutMapsObject(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
+                     const FeaturesIndex& idx, int64_t classes, const nlohmann::json& inputs, const std::string& how) {
+  const double bytes = static_cast<double>(idx.n * idx.dim * (idx.half ? 2 : 4));  // float16 or float32 values
+  if (!c.root()) return bytes;
+  nlohmann::json meta = FeaturesMeta(idx.n, idx.dim, classes, idx.part_rows, idx.half);
+  meta.update(
+      {{"kind", "maps"}, {"inputs", inputs}, {"backbone", bb.name}, {"train_from", bb.train_from}, {"split", src.name()}});
+  if (!src.class_names().empty()) meta["class_names"] = src.class_names();
+  const auto& labels = src.labels();
+  c.store->Put(idx.object, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
+  const int size = c.comm->size();
+  c.Say(fmt::format("maps {}/{} at {}: {} images x {} values ({:.1f} MB) in {} part{} on {} rank{}{} -> {}", bb.name,
+                    src.name(), bb.train_from, idx.n, idx.dim, bytes / 1e6, idx.parts, idx.parts == 1 ? "" : "s", size,
+                    size == 1 ? "" : "s", how, idx.object));
+  return bytes;
+}
 
 parallel::FinetuneData Maps::Data() const {
   parallel::FinetuneData d;

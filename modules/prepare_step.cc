@@ -658,30 +658,14 @@ void Commit(StepContext& c, PrepareRun& run, const workflow::Pass& pass, const M
   entry["parts"] = idx.parts;
 }
 
-// Rank 0 puts the maps object of member `m` (MapsMember) once every rank's parts are in, as
-// PrepareMaps would have (modules/finetune_maps.h), and says so.
+// Rank 0 puts the maps object of member `m` (MapsMember) once every rank's parts are in
+// (PutMapsObject, as PrepareMaps does), and every rank notes the summary's entry.
 void CommitMaps(StepContext& c, PrepareRun& run, const Member& m, const workflow::SplitSource& src,
                 SteadyClock::time_point t0) {
   const workflow::BackboneSpec& bb = *m.bb;
   const FeaturesIndex& idx = m.idx;
   const int size = c.comm->size();
-  const double bytes = static_cast<double>(idx.n * idx.dim * (idx.half ? 2 : 4));  // float16 or float32 values
-  if (c.root()) {
-    nlohmann::json meta = FeaturesMeta(idx.n, idx.dim, run.classes, idx.part_rows, idx.half);
-    meta.update({{"kind", "maps"},
-                 {"inputs", m.map_inputs},
-                 {"backbone", bb.name},
-                 {"train_from", bb.train_from},
-                 {"split", src.name()}});
-    if (!src.class_names().empty()) meta["class_names"] = src.class_names();
-    const auto& labels = src.labels();
-    c.store->Put(idx.object, std::string_view(reinterpret_cast<const char*>(labels.data()), labels.size()), meta);
-    c.Say(
-        fmt::format("maps {}/{} at {}: {} images x {} values ({:.1f} MB) in {} part{} on {} rank{}, in the "
-                    "features' pass -> {}",
-                    bb.name, src.name(), bb.train_from, idx.n, idx.dim, bytes / 1e6, idx.parts,
-                    idx.parts == 1 ? "" : "s", size, size == 1 ? "" : "s", idx.object));
-  }
+  const double bytes = PutMapsObject(c, bb, src, idx, run.classes, m.map_inputs, ", in the features' pass");
   run.maps.push_back({{"backbone", bb.name},
                       {"split", src.name()},
                       {"object", idx.object},
