@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     }
     const int64_t n = batch * steps;
     std::vector<std::vector<float>> rows(maps.size());
-    parallel::FinetuneData data;
+    parallel::FinetuneArrays data;
     for (size_t i = 0; i < maps.size(); ++i) {
       for (int64_t k = 0; k < steps; ++k) rows[i].insert(rows[i].end(), maps[i].begin(), maps[i].end());
       data.maps.push_back(rows[i].data());

@@ -281,6 +281,21 @@ void Tail::Backward(const float* dfeat, std::vector<std::vector<float>>* input_g
   }
 }
 
+int64_t Tail::KeptValuesPerImage(const std::vector<TensorDims>& image_dims) {
+  std::vector<std::vector<float>> zeros;
+  std::vector<const float*> xs;
+  std::vector<TensorDims> dims;
+  for (const TensorDims& d : image_dims) {
+    zeros.emplace_back(static_cast<size_t>(NumElements(d)), 0.f);
+    xs.push_back(zeros.back().data());
+    dims.push_back(d);
+    dims.back().insert(dims.back().begin(), 1);
+  }
+  const std::vector<float> dfeat(Forward(xs, dims).size(), 0.f);
+  Backward(dfeat.data());
+  return KeptValues();
+}
+
 int64_t Tail::KeptValues() const {
   int64_t n = 0, grad = 0, add = 0;
   for (const auto* m : {&acts_, &grads_})

@@ -84,6 +84,9 @@ class Tail {
   // scratch the ops used (TailOp::Scratches). A training step's activation memory is about
   // this times 4 bytes (oneDNN's workspaces come on top).
   int64_t KeptValues() const;
+  // KeptValues of a step on one image whose inputs have `image_dims` (C, H, W each): what a
+  // training step keeps per image. Runs one image of zeros forward and backward.
+  int64_t KeptValuesPerImage(const std::vector<TensorDims>& image_dims);
 
   // `g` with the params' current values as its initializers (the fine-tuned model).
   void WriteWeights(Graph* g) const;

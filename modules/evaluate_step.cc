@@ -177,12 +177,13 @@ struct FinetunedModel {
 struct Finetuned {
   explicit Finetuned(StepContext& c) : backbones(c) {}
   std::map<std::string, FinetunedModel> models;  // by candidate id
-  std::map<std::string, Maps> maps;              // by backbone + "/" + split
+  std::map<std::string, std::unique_ptr<MapsSource>> maps;  // by backbone + "/" + split, held whole
   BackboneTails backbones;
 };
 
 // One shard of `split` for a fine-tuned candidate: its rows' maps through the candidate's tail
-// (the maps and the model read once per rank), pooled, then through its head.
+// (the model read once per rank, and each part of the maps that its shards use), pooled, then
+// through its head.
 nlohmann::json FinetunedShard(StepContext& c, const workflow::Candidate& cand, int64_t shard, const std::string& split,
                               Finetuned& ft) {
   const workflow::BackboneSpec& bb = c.pipeline().Backbone(cand.backbone);
@@ -197,15 +198,15 @@ nlohmann::json FinetunedShard(StepContext& c, const workflow::Candidate& cand, i
   }
   FinetunedModel& model = ft.models.at(cand.id);
   const std::string key = bb.name + "/" + split;
-  if (!ft.maps.count(key)) ft.maps.emplace(key, LoadMaps(c, bb, split));
-  const Maps& m = ft.maps.at(key);
+  if (!ft.maps.count(key)) ft.maps.emplace(key, OpenMaps(c, bb, split, 0));
+  MapsSource& m = *ft.maps.at(key);
   const int64_t shards = c.task.shards, lo = m.n * shard / shards, hi = m.n * (shard + 1) / shards;
   const int64_t classes = std::max(model.head.classes, m.classes);
   kernels::Metrics met;
   met.classes = classes;
   met.confusion.assign(static_cast<size_t>(classes * classes), 0);
   if (hi > lo) {
-    const std::vector<float> feats = TailFeaturesOf(model.tail.get(), m, lo, hi, 64);
+    const std::vector<float> feats = parallel::TailFeatures(model.tail.get(), m, 64, lo, hi);
     const std::vector<float> logits = model.head.Logits(feats.data(), hi - lo);
     met.Merge(kernels::Evaluate(logits.data(), m.labels.data() + lo, hi - lo, classes));
   }

@@ -15,8 +15,6 @@
 namespace msaflow::modules {
 namespace {
 
-constexpr int64_t kPartBytes = 1 << 20;
-
 [[noreturn]] void Malformed(const std::string& object, const std::string& what) {
   Throw(ErrorKind::kCorrupt, "NAM object '" + object + "': " + what);
 }
@@ -53,22 +51,6 @@ FeaturesIndex IndexFromMeta(const std::string& object, const nlohmann::json& m) 
 }
 
 }  // namespace
-
-int64_t FeaturesPartRows(int64_t dim, int64_t batch, int64_t part_bytes) {
-  const int64_t rows = part_bytes / std::max<int64_t>(1, dim * static_cast<int64_t>(sizeof(float)));
-  return std::max<int64_t>(1, rows / batch) * batch;
-}
-
-int64_t FeaturesPartBytes() {
-  const char* v = std::getenv("MSAFLOW_PART_BYTES");
-  if (!v || !*v) return kPartBytes;
-  char* end = nullptr;
-  errno = 0;
-  const long long bytes = std::strtoll(v, &end, 10);
-  if (errno || end == v || *end || bytes < 1)
-    Throw(ErrorKind::kInvalidInput, std::string("MSAFLOW_PART_BYTES='") + v + "': expected a positive number of bytes");
-  return bytes;
-}
 
 nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t part_rows, bool half) {
   nlohmann::json m = {{"rows", n}, {"dim", dim}, {"classes", classes}, {"part_rows", part_rows},

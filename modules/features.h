@@ -41,11 +41,6 @@ struct Features {
   std::vector<float> x;
 };
 
-// Rows per part for features of `dim`: whole batches of `batch` rows, about `part_bytes` a
-// part (at least one batch).
-int64_t FeaturesPartRows(int64_t dim, int64_t batch, int64_t part_bytes);
-// The part size prepare aims at: MSAFLOW_PART_BYTES, default 1 MiB; kInvalidInput if malformed.
-int64_t FeaturesPartBytes();
 // The metadata of a features object (checked by OpenFeatures).
 nlohmann::json FeaturesMeta(int64_t n, int64_t dim, int64_t classes, int64_t part_rows, bool half);
 

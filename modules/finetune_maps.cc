@@ -5,11 +5,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
 
 #include "common/clock.h"
 #include "common/error.h"
 #include "kernels/executor.h"
 #include "kernels/fpga/device.h"
+#include "kernels/half.h"
 #include "kernels/onnx_graph.h"
 #include "modules/features.h"
 #include "workflow/backbones.h"
@@ -18,8 +23,6 @@
 
 namespace msaflow::modules {
 namespace {
-
-constexpr int64_t kMapBatch = 64;
 
 // The backbone as the load step stored it: its model cut at feature_layer.
 kernels::Graph BackboneGraph(StepContext& c, const workflow::BackboneSpec& bb, std::string* bytes) {
@@ -61,12 +64,12 @@ void ComputeMapsParts(StepContext& c, const workflow::BackboneSpec& bb, kernels:
   const auto& in = bb.input;
   kernels::fpga::Device& fpga = c.Fpga();
   const int64_t per = in.channels * in.height * in.width;
-  std::vector<float> batch(static_cast<size_t>(kMapBatch * per));
+  std::vector<float> batch(static_cast<size_t>(workflow::kMapsBatch * per));
   std::vector<float> part;
   std::vector<uint16_t> halves;  // a part narrowed to float16 (MapsInHalf)
   int64_t p = p0;
-  for (int64_t s = 0; s < hi - lo; s += kMapBatch) {
-    const int64_t b = std::min(kMapBatch, hi - lo - s);
+  for (int64_t s = 0; s < hi - lo; s += workflow::kMapsBatch) {
+    const int64_t b = std::min(workflow::kMapsBatch, hi - lo - s);
     kernels::fpga::PrepareImages(fpga, ds, 0, s, b, in, batch.data());
     std::vector<std::vector<int64_t>> dims;
     const std::vector<std::vector<float>> m = trunk.Maps(batch.data(), b, in.channels, in.height, in.width, &dims);
@@ -111,7 +114,7 @@ nlohmann::json ComputeMaps(StepContext& c, const workflow::BackboneSpec& bb, con
   idx.object = key;
   idx.n = src.count();
   idx.dim = row;
-  idx.part_rows = FeaturesPartRows(row, kMapBatch, FeaturesPartBytes());
+  idx.part_rows = workflow::FeaturesPartRows(row, workflow::kMapsBatch, workflow::FeaturesPartBytes());
   idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
   idx.half = workflow::MapsInHalf(bb, src.name());
   const int rank = c.comm->rank(), size = c.comm->size();
@@ -139,15 +142,6 @@ double PutMapsObject(StepContext& c, const workflow::BackboneSpec& bb, const wor
                     src.name(), bb.train_from, idx.n, idx.dim, bytes / 1e6, idx.parts, idx.parts == 1 ? "" : "s", size,
                     size == 1 ? "" : "s", how, idx.object));
   return bytes;
-}
-
-parallel::FinetuneData Maps::Data() const {
-  parallel::FinetuneData d;
-  for (const auto& v : values) d.maps.push_back(v.data());
-  d.dims = dims;
-  d.y = labels.data();
-  d.n = n;
-  return d;
 }
 
 std::string MapsKey(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split) {
@@ -202,56 +196,215 @@ nlohmann::json PrepareMaps(StepContext& c) {
   return entries;
 }
 
-Maps LoadMaps(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split) {
+std::unique_ptr<MapsSource> OpenMaps(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split,
+                                     int64_t limit) {
   const std::string key = MapsKey(c, bb, split);
-  const auto info = c.store->Stat(key);
-  if (!info)
+  if (!c.store->Stat(key))
     Throw(ErrorKind::kNotFound, "NAM: no maps object '" + key + "' for backbone '" + bb.name + "' on " + split +
                                     " (the prepare step of a round that fine-tunes makes it)");
-  const FeaturesIndex idx = OpenFeaturesObject(*c.store, key);
-  const MapsLayout layout = LayoutFromMeta(key, info->meta);
-  Maps m;
-  m.inputs = layout.inputs;
-  m.dims = layout.dims;
-  m.n = idx.n;
-  m.classes = idx.classes;
-  m.labels = idx.labels;
-  m.class_names = idx.class_names;
-  m.values.resize(m.dims.size());
-  for (size_t i = 0; i < m.dims.size(); ++i)
-    m.values[i].resize(static_cast<size_t>(m.n * kernels::NumElements(m.dims[i])));
-  std::string bytes;
-  for (int64_t p = 0; p < idx.parts; ++p) {
-    ReadFeaturesPart(*c.store, idx, p, bytes);
-    const auto* x = reinterpret_cast<const float*>(bytes.data());
-    for (int64_t r = idx.PartLo(p); r < idx.PartHi(p); ++r)
-      for (size_t i = 0; i < m.dims.size(); ++i) {
-        const int64_t size = kernels::NumElements(m.dims[i]);
-        std::memcpy(m.values[i].data() + r * size, x, static_cast<size_t>(size) * sizeof(float));
-        x += size;
-      }
-  }
-  return m;
+  return std::make_unique<MapsSource>(*c.store, key, limit);
 }
 
-std::vector<float> TailFeaturesOf(kernels::Tail* tail, const Maps& maps, int64_t lo, int64_t hi, int64_t batch) {
-  const parallel::FinetuneData data = maps.Data();
-  std::vector<float> out;
-  out.reserve(static_cast<size_t>((hi - lo) * tail->FeatureDim()));
-  std::vector<int64_t> rows;
-  std::vector<std::vector<float>> xs;
-  std::vector<kernels::TensorDims> dims;
-  for (int64_t s = lo; s < hi; s += batch) {
-    const int64_t b = std::min(batch, hi - s);
-    rows.resize(static_cast<size_t>(b));
-    for (int64_t k = 0; k < b; ++k) rows[static_cast<size_t>(k)] = s + k;
-    data.Batch(rows.data(), b, &xs, &dims);
-    std::vector<const float*> ptrs(xs.size());
-    for (size_t i = 0; i < xs.size(); ++i) ptrs[i] = xs[i].data();
-    const std::vector<float>& f = tail->Forward(ptrs, dims);
-    out.insert(out.end(), f.begin(), f.end());
+MapsSource::MapsSource(nam::Store& store, const std::string& key, int64_t limit)
+    : store_(store),
+      idx_(OpenFeaturesObject(store, key)),
+      keep_(workflow::MapsKeepBytes(idx_.n * idx_.dim * (idx_.half ? 2 : 4), limit)) {
+  const auto info = store.Stat(key);
+  if (!info) Throw(ErrorKind::kNotFound, "NAM: no maps object '" + key + "'");
+  const MapsLayout layout = LayoutFromMeta(key, info->meta);
+  inputs = layout.inputs;
+  dims = layout.dims;
+  for (const auto& d : dims) sizes_.push_back(kernels::NumElements(d));
+  labels = idx_.labels;
+  class_names = idx_.class_names;
+  classes = idx_.classes;
+  y = labels.data();
+  n = idx_.n;
+  held_.resize(static_cast<size_t>(idx_.parts));
+  state_.assign(static_cast<size_t>(idx_.parts), 0);
+  pending_.assign(static_cast<size_t>(idx_.parts), 0);
+  thread_ = std::thread([this] { Fetch(); });
+}
+
+MapsSource::~MapsSource() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
   }
-  return out;
+  fetch_cv_.notify_all();
+  thread_.join();
+}
+
+int64_t MapsSource::part_bytes() const {
+  return idx_.part_rows * idx_.dim * static_cast<int64_t>(idx_.half ? sizeof(uint16_t) : sizeof(float));
+}
+
+int64_t MapsSource::window_parts() const {
+  return streamed() ? std::max<int64_t>(1, keep_ / (2 * std::max<int64_t>(1, part_bytes()))) : idx_.parts;
+}
+
+MapsSource::Stats MapsSource::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void MapsSource::Shuffle(std::vector<int64_t>& rows, std::mt19937_64& rng) const {
+  if (!streamed()) {
+    std::shuffle(rows.begin(), rows.end(), rng);
+    return;
+  }
+  // The rows by part, the parts in a shuffled order, then each window's rows shuffled.
+  std::map<int64_t, std::vector<int64_t>> by_part;
+  for (int64_t r : rows) by_part[PartOf(r)].push_back(r);
+  std::vector<int64_t> parts;
+  parts.reserve(by_part.size());
+  for (const auto& [p, _] : by_part) parts.push_back(p);
+  std::shuffle(parts.begin(), parts.end(), rng);
+  const auto w = static_cast<size_t>(window_parts());
+  auto out = rows.begin();
+  for (size_t lo = 0; lo < parts.size(); lo += w) {
+    const auto first = out;
+    for (size_t k = lo; k < std::min(parts.size(), lo + w); ++k) {
+      const std::vector<int64_t>& mine = by_part[parts[k]];
+      out = std::copy(mine.begin(), mine.end(), out);
+    }
+    std::shuffle(first, out, rng);
+  }
+}
+
+void MapsSource::Expect(const int64_t* rows, int64_t count) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t k = 0; k < count; ++k) {
+      if (rows[k] < 0 || rows[k] >= n)
+        Throw(ErrorKind::kInternal, fmt::format("maps {}: row {} expected of {}", idx_.object, rows[k], n));
+      ++pending_[static_cast<size_t>(PartOf(rows[k]))];
+    }
+    queue_.insert(queue_.end(), rows, rows + count);
+  }
+  fetch_cv_.notify_all();
+}
+
+void MapsSource::Drop(int64_t p) {
+  const auto i = static_cast<size_t>(p);
+  held_bytes_ -= static_cast<int64_t>(held_[i].size());
+  std::string().swap(held_[i]);
+  state_[i] = 0;
+}
+
+void MapsSource::Fetch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::string bytes;
+  for (;;) {
+    scan_ = std::max(scan_, head_);  // a row read already needs nothing fetched
+    while (scan_ < queue_.size() && state_[static_cast<size_t>(PartOf(queue_[scan_]))] != 0) ++scan_;
+    if (stop_) return;
+    const bool work = scan_ < queue_.size() && !error_;
+    const int64_t p = work ? PartOf(queue_[scan_]) : 0;
+    const int64_t want = work ? (idx_.PartHi(p) - idx_.PartLo(p)) * idx_.dim * (idx_.half ? 2 : 4) : 0;
+    // Ahead only within keep_bytes; what the batch being read needs, and a first part, always.
+    if (!work || (streamed() && held_bytes_ > 0 && held_bytes_ + want > keep_ && scan_ >= need_end_)) {
+      fetch_cv_.wait(lock);
+      continue;
+    }
+    state_[static_cast<size_t>(p)] = 1;
+    held_bytes_ += want;
+    stats_.peak_bytes = std::max(stats_.peak_bytes, held_bytes_);
+    lock.unlock();
+    std::exception_ptr failed;
+    const std::string name = workflow::FeaturesPartObject(idx_.object, p);
+    try {
+      store_.GetInto(name, bytes);
+      if (static_cast<int64_t>(bytes.size()) != want)
+        Throw(ErrorKind::kCorrupt,
+              fmt::format("NAM object '{}': {} bytes, expected {} ({} rows x {} {})", name, bytes.size(), want,
+                          idx_.PartHi(p) - idx_.PartLo(p), idx_.dim, idx_.half ? "float16" : "float32"));
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    lock.lock();
+    held_bytes_ -= want;
+    if (failed) {
+      state_[static_cast<size_t>(p)] = 0;
+      error_ = failed;
+    } else {
+      held_[static_cast<size_t>(p)].swap(bytes);
+      held_bytes_ += static_cast<int64_t>(held_[static_cast<size_t>(p)].size());
+      state_[static_cast<size_t>(p)] = 2;
+      ++stats_.parts_read;
+      stats_.bytes_read += want;
+      if (streamed() && pending_[static_cast<size_t>(p)] == 0) Drop(p);  // its rows' expectations dropped meanwhile
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+void MapsSource::Batch(const int64_t* rows, int64_t count, std::vector<std::vector<float>>* out,
+                       std::vector<kernels::TensorDims>* batch_dims) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Rows read out of the expected order: the expectations are dropped and these rows expected.
+  if (queue_.size() - head_ < static_cast<size_t>(count) ||
+      !std::equal(rows, rows + count, queue_.begin() + static_cast<ptrdiff_t>(head_))) {
+    for (size_t k = head_; k < queue_.size(); ++k) --pending_[static_cast<size_t>(PartOf(queue_[k]))];
+    queue_.clear();
+    head_ = scan_ = 0;
+    for (int64_t p = 0; p < idx_.parts; ++p)
+      if (streamed() && state_[static_cast<size_t>(p)] == 2 && pending_[static_cast<size_t>(p)] == 0) Drop(p);
+    lock.unlock();
+    Expect(rows, count);
+    lock.lock();
+  }
+  need_end_ = head_ + static_cast<size_t>(count);
+  fetch_cv_.notify_all();
+  auto held = [&] {
+    for (int64_t k = 0; k < count; ++k)
+      if (state_[static_cast<size_t>(PartOf(rows[k]))] != 2) return false;
+    return true;
+  };
+  if (!held() && !error_) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ready_cv_.wait(lock, [&] { return error_ || held(); });
+    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (error_) std::rethrow_exception(error_);
+  out->resize(dims.size());
+  batch_dims->resize(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) {
+    (*out)[i].resize(static_cast<size_t>(count * sizes_[i]));
+    (*batch_dims)[i] = dims[i];
+    (*batch_dims)[i].insert((*batch_dims)[i].begin(), count);
+  }
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t p = PartOf(rows[k]);
+    const int64_t at = (rows[k] - idx_.PartLo(p)) * idx_.dim;  // the row's first value in its part
+    const std::string& part = held_[static_cast<size_t>(p)];
+    int64_t off = 0;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      float* o = (*out)[i].data() + k * sizes_[i];
+      const auto m = static_cast<size_t>(sizes_[i]);
+      if (idx_.half)
+        kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(part.data()) + at + off, o, m);
+      else
+        std::memcpy(o, reinterpret_cast<const float*>(part.data()) + at + off, m * sizeof(float));
+      off += sizes_[i];
+    }
+    --pending_[static_cast<size_t>(p)];
+  }
+  head_ += static_cast<size_t>(count);
+  need_end_ = head_;
+  if (streamed())
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t p = PartOf(rows[k]);
+      if (state_[static_cast<size_t>(p)] == 2 && pending_[static_cast<size_t>(p)] == 0) Drop(p);
+    }
+  if (head_ == queue_.size() || head_ > (size_t{1} << 16)) {  // the rows read go
+    queue_.erase(queue_.begin(), queue_.begin() + static_cast<ptrdiff_t>(head_));
+    scan_ -= std::min(scan_, head_);
+    head_ = 0;
+    need_end_ = 0;
+  }
+  lock.unlock();
+  fetch_cv_.notify_all();
 }
 
 }  // namespace msaflow::modules

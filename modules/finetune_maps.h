@@ -11,32 +11,95 @@
 // after another, float32.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/tail.h"
 #include "modules/features.h"
 #include "modules/step_context.h"
+#include "nam/store.h"
 #include "parallel/finetune.h"
 #include "workflow/datasets.h"
 #include "workflow/pipeline.h"
 
 namespace msaflow::modules {
 
-// A split's maps in memory, one array per tail input.
-struct Maps {
-  std::vector<std::string> inputs;
-  std::vector<kernels::TensorDims> dims;   // one image's dims per input (C, H, W)
-  std::vector<std::vector<float>> values;  // per input: n x the product of its dims
-  std::vector<uint8_t> labels;
-  std::vector<std::string> class_names;
-  int64_t n = 0, classes = 0;
-  // The view training and evaluation read.
-  parallel::FinetuneData Data() const;
+// A split's maps, read from their NAM object a part at a time as training or evaluation reads
+// their rows (parallel::FinetuneData): a thread fetches the parts of the rows expected, in the
+// order they are first read, while the rows before them are computed. Parts stay as stored
+// (float16 maps are widened a batch at a time).
+//
+// Held whole where the maps take at most `limit` bytes as stored (or limit is 0): a part, once
+// read, is kept, so a rank reads each part it uses once (an evaluation rank only its shards');
+// an epoch's rows are shuffled whole.
+// Streamed where they take more (workflow::MapsKeepBytes): a part is dropped once the rows
+// expected of it are read, and the thread fetches ahead only while the parts held stay within
+// `limit` (it always fetches what the batch being read needs). An epoch's order keeps the rows
+// of windows of parts together: the parts in a shuffled order, limit over twice a part's bytes
+// of them a window, the window's rows shuffled. Each part is then read once an epoch, the next
+// window while the rows of one are trained on. The order depends on the seed, not on the ranks.
+class MapsSource : public parallel::FinetuneData {
+ public:
+  // Reads the object's metadata and labels; kNotFound, kCorrupt as LoadFeatures.
+  MapsSource(nam::Store& store, const std::string& key, int64_t limit);
+  ~MapsSource() override;
+  MapsSource(const MapsSource&) = delete;
+  MapsSource& operator=(const MapsSource&) = delete;
+
+  std::vector<std::string> inputs;       // the tail's inputs, in dims' order
+  std::vector<uint8_t> labels;           // every row's (y points here)
+  std::vector<std::string> class_names;  // an image folder's
+  int64_t classes = 0;
+
+  bool streamed() const { return keep_ > 0; }
+  int64_t bytes() const { return idx_.n * idx_.dim * (idx_.half ? 2 : 4); }  // the whole split's, as stored
+  // Bytes of a whole part as stored, and the parts of a window when streamed.
+  int64_t part_bytes() const;
+  int64_t window_parts() const;
+
+  void Shuffle(std::vector<int64_t>& rows, std::mt19937_64& rng) const override;
+  // Throws, in the reading thread, what reading a part threw (kNotFound, kCorrupt, kIo).
+  void Expect(const int64_t* rows, int64_t count) override;
+  void Batch(const int64_t* rows, int64_t count, std::vector<std::vector<float>>* out,
+             std::vector<kernels::TensorDims>* batch_dims) override;
+
+  struct Stats {
+    int64_t parts_read = 0;   // fetches from the NAM (a part read again counts again)
+    int64_t bytes_read = 0;   // their bytes as stored
+    int64_t peak_bytes = 0;   // the most the parts held (and being fetched) took at once
+    double wait_seconds = 0;  // Batch waiting for parts not fetched yet
+  };
+  Stats stats() const;
+
+ private:
+  void Fetch();  // the fetching thread
+  int64_t PartOf(int64_t row) const { return row / idx_.part_rows; }
+  void Drop(int64_t p);  // under mu_
+
+  nam::Store& store_;
+  FeaturesIndex idx_;
+  int64_t keep_;                // streamed: the bytes to hold at most; 0: held whole
+  std::vector<int64_t> sizes_;  // floats of each input in a row
+  mutable std::mutex mu_;
+  std::condition_variable fetch_cv_, ready_cv_;
+  std::vector<std::string> held_;              // by part: its bytes as stored while held
+  std::vector<uint8_t> state_;                 // by part: 0 absent, 1 being fetched, 2 held
+  std::vector<int64_t> pending_;               // by part: rows expected and not read yet
+  std::vector<int64_t> queue_;                 // rows expected, in order; [head_, end) not read yet
+  size_t head_ = 0, scan_ = 0, need_end_ = 0;  // scan_: rows before it have their parts fetched
+  int64_t held_bytes_ = 0;
+  Stats stats_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 // The maps object of backbone `bb` (which has train_from) on `split`.
@@ -53,8 +116,10 @@ nlohmann::json PrepareMaps(StepContext& c);
 double PutMapsObject(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
                      const FeaturesIndex& idx, int64_t classes, const nlohmann::json& inputs, const std::string& how);
 
-// A split's whole maps. kNotFound before prepare made them, kCorrupt for a malformed object.
-Maps LoadMaps(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split);
+// The maps of backbone `bb` on `split`, as a MapsSource (limit as it says). kNotFound before
+// prepare made them (naming the backbone and the split), kCorrupt for a malformed object.
+std::unique_ptr<MapsSource> OpenMaps(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split,
+                                     int64_t limit);
 
 // Backbones' tails (train_from to feature_layer) with their pretrained weights, from the models
 // the load step stored, each model fetched and imported once however many candidates need it.
@@ -68,8 +133,5 @@ class BackboneTails {
   StepContext& c_;
   std::map<std::string, kernels::Graph> graphs_;  // by backbone name
 };
-
-// The pooled features of rows [lo, hi) of `maps` through `tail`, `batch` rows at a time.
-std::vector<float> TailFeaturesOf(kernels::Tail* tail, const Maps& maps, int64_t lo, int64_t hi, int64_t batch);
 
 }  // namespace msaflow::modules

@@ -200,11 +200,18 @@ class PartWriter {
       auto t0 = SteadyClock::now();
       for (size_t j = 0; j < data.size(); ++j) {
         const FeaturesIndex& idx = members_[j].idx;
-        c_.store->Put(workflow::FeaturesPartObject(idx.object, p), data[j],
-                      {{"kind", members_[j].maps ? "maps-part" : "features-part"},
-                       {"part", p},
-                       {"rows", idx.PartHi(p) - idx.PartLo(p)},
-                       {"dim", idx.dim}});
+        // Maps come in parts of their own size, a whole number of them to the features' part.
+        const int64_t per = at_.part_rows / idx.part_rows, value = idx.half ? 2 : 4;
+        for (int64_t q = p * per; q < (p + 1) * per && idx.PartLo(q) < idx.n; ++q) {
+          const std::string_view bytes =
+              data[j].substr(static_cast<size_t>((idx.PartLo(q) - at_.PartLo(p)) * idx.dim * value),
+                             static_cast<size_t>((idx.PartHi(q) - idx.PartLo(q)) * idx.dim * value));
+          c_.store->Put(workflow::FeaturesPartObject(idx.object, q), bytes,
+                        {{"kind", members_[j].maps ? "maps-part" : "features-part"},
+                         {"part", q},
+                         {"rows", idx.PartHi(q) - idx.PartLo(q)},
+                         {"dim", idx.dim}});
+        }
       }
       w_.put_s += SecondsSince(t0);
     };
@@ -725,11 +732,20 @@ std::optional<Member> MapsMember(StepContext& c, PrepareRun& run, const workflow
   m.bb = &bb;
   m.maps = true;
   m.map_inputs = run.map_inputs.at(bb.name);
-  m.idx = features.idx;  // the same rows, parts and part boundaries: written with the features'
+  m.idx = features.idx;  // the same rows, written with the features' parts
   m.idx.object = key;
   m.idx.half = workflow::MapsInHalf(bb, src.name());
   m.idx.dim = 0;
   for (const auto& i : m.map_inputs) m.idx.dim += kernels::NumElements(i.at("dims").get<kernels::TensorDims>());
+  // Parts of about the part size, as the maps' own pass writes them (a rank streaming the maps
+  // holds a few parts), a whole number of them to a features part: each written with the
+  // features' part that holds its rows.
+  const int64_t rows = features.idx.part_rows;
+  int64_t k = 1;
+  while (k < rows && (rows % k != 0 || rows / k * m.idx.dim * static_cast<int64_t>(sizeof(float)) > run.part_bytes))
+    ++k;
+  m.idx.part_rows = rows / k;
+  m.idx.parts = (m.idx.n + m.idx.part_rows - 1) / m.idx.part_rows;
   *ex = run.with_maps.at(bb.name).get();
   return m;
 }
@@ -761,7 +777,7 @@ void ComputePass(StepContext& c, PrepareRun& run, const workflow::Pass& pass, co
     idx.object = run.entries[{bb.name, split}].second["object"];
     idx.n = src.count();
     idx.dim = dims[j];
-    idx.part_rows = FeaturesPartRows(widest, BatchOf(bb), run.part_bytes);  // parts of the same rows for all
+    idx.part_rows = workflow::FeaturesPartRows(widest, BatchOf(bb), run.part_bytes);  // parts of the same rows for all
     idx.parts = (idx.n + idx.part_rows - 1) / idx.part_rows;
     idx.half = bb.feature_dtype == "f16";
     members[j].bb = &bb;
@@ -872,7 +888,7 @@ void Prepare(StepContext& c) {
   }
   c.WorkAhead();
   PrepareRun run;
-  run.part_bytes = FeaturesPartBytes();
+  run.part_bytes = workflow::FeaturesPartBytes();
   if (c.pipeline().rounds.strategy == workflow::Strategy::kHalving || c.pipeline().train.subset())
     run.whole_train_stamp = WholeTrainStamp(c.pipeline());
   // Every split's labels, checked before anything is computed; the pixels are read per rank.

@@ -2,8 +2,6 @@
 // for the store step. How the ranks share the work is the task's train layout
 // (docs/parallel.md): independent ranks deal the candidates out and train alone; sync, async
 // and hybrid train each candidate in turn with all ranks, and rank 0 stages it.
-#include "parallel/train.h"
-
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -19,6 +17,8 @@
 #include "modules/finetune_maps.h"
 #include "modules/model_object.h"
 #include "modules/straggler.h"
+#include "parallel/train.h"
+#include "workflow/backbones.h"
 #include "workflow/objects.h"
 
 namespace msaflow::modules {
@@ -245,7 +245,7 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
               const Stager& staged, const Reuser& reused) {
   parallel::Comm& world = *c.comm;
   const bool alone = !workflow::RanksShareModels(c.task.train.mode);
-  std::map<std::string, Maps> maps;  // the training maps, by backbone
+  std::map<std::string, std::unique_ptr<MapsSource>> maps;  // the training maps, by backbone
   BackboneTails tails(c);
   if (alone && world.size() > 1 && !cands.empty()) {
     std::string dealt;
@@ -268,9 +268,34 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
       continue;
     }
     const workflow::BackboneSpec& bb = c.pipeline().Backbone(cand.backbone);
-    if (!maps.count(bb.name)) maps.emplace(bb.name, LoadMaps(c, bb, "train"));
-    const Maps& m = maps.at(bb.name);
     std::unique_ptr<kernels::Tail> tail = tails.Make(bb);
+    if (!maps.count(bb.name)) {
+      // Held whole where they fit beside the tail's activations in the rank's memory, else streamed.
+      const auto open = [&](int64_t limit) { return OpenMaps(c, bb, "train", limit); };
+      std::unique_ptr<MapsSource> whole = open(0);
+      int64_t batch = 1;  // the largest of the backbone's candidates
+      for (const auto& other : cands)
+        if (other.backbone == bb.name) batch = std::max(batch, other.head.batch);
+      const int64_t activations =
+          tail->KeptValuesPerImage(whole->dims) * c.task.train.BatchShare(batch) * static_cast<int64_t>(sizeof(float));
+      const int64_t limit = c.task.train.MapsLimit(activations);
+      if (workflow::MapsKeepBytes(whole->bytes(), limit) > 0) {
+        whole.reset();
+        maps.emplace(bb.name, open(limit));
+        const MapsSource& s = *maps.at(bb.name);
+        if (c.root() || alone)
+          c.Say(
+              fmt::format("fine-tuning {}: the training maps ({:.1f} MB) streamed from the NAM, at most {:.1f} MB a "
+                          "rank ({} part{} of {:.1f} MB a window; the rank's memory {:.1f} MB less {:.1f} MB of "
+                          "activations)",
+                          bb.name, static_cast<double>(s.bytes()) / 1e6, static_cast<double>(limit) / 1e6,
+                          s.window_parts(), s.window_parts() == 1 ? "" : "s", static_cast<double>(s.part_bytes()) / 1e6,
+                          static_cast<double>(c.task.train.rank_memory) / 1e6, static_cast<double>(activations) / 1e6));
+      } else {
+        maps.emplace(bb.name, std::move(whole));
+      }
+    }
+    MapsSource& m = *maps.at(bb.name);
     std::unique_ptr<kernels::Head> init;
     if (!cand.warm_start.empty()) {
       const nam::Object w = c.store->Get(cand.warm_start);
@@ -283,7 +308,8 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
       const TailWeights tw = TailOfModel(w);
       if (!tw.empty()) ApplyTail(tw, tail.get(), "NAM object '" + w.info.name + "'");
     }
-    const parallel::FinetuneData data = m.Data();
+    parallel::FinetuneData& data = m;
+    const MapsSource::Stats read_before = m.stats();
     const std::vector<float> feats = parallel::TailFeatures(tail.get(), data, 64);
     kernels::Head h =
         kernels::InitHead(cand.head, feats.data(), m.labels.data(), m.n, tail->FeatureDim(), m.classes, init.get());
@@ -306,6 +332,15 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
         break;
       case TrainMode::kAuto:
         Throw(ErrorKind::kInternal, "train: mode auto in a task (the planner resolves it)");
+    }
+    if (m.streamed()) {
+      const MapsSource::Stats ms = m.stats();
+      c.Say(
+          fmt::format("fine-tuning {}: rank {} read {} maps parts ({:.1f} MB), held at most {:.1f} MB, waited "
+                      "{:.2f} s for them",
+                      cand.id, world.rank(), ms.parts_read - read_before.parts_read,
+                      static_cast<double>(ms.bytes_read - read_before.bytes_read) / 1e6,
+                      static_cast<double>(ms.peak_bytes) / 1e6, ms.wait_seconds - read_before.wait_seconds));
     }
     if (!alone && world.rank() != 0) continue;
     Features shape;

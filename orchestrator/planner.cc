@@ -48,6 +48,15 @@ TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, c
   return t;
 }
 
+int64_t PerNode(const Machine& m, const ModuleSpec& mod, const TrainLayout& layout) {
+  return m.OnThisHost() ? layout.processes()
+                        : (layout.processes() + std::max<int64_t>(1, mod.nodes) - 1) / std::max<int64_t>(1, mod.nodes);
+}
+
+int64_t RankMemoryOf(const Machine& m, const ModuleSpec& mod, const TrainLayout& layout) {
+  return mod.memory > 0 ? static_cast<int64_t>(mod.memory) / std::max<int64_t>(1, PerNode(m, mod, layout)) : 0;
+}
+
 RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_id, const std::string& nam_uri,
                     int round, const std::vector<Candidate>& fresh, const std::vector<KeptCandidate>& kept, bool test) {
   RoundPlan plan;
@@ -82,6 +91,10 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
     switch (step) {
       case Step::kTrain: {
         TrainLayout layout = ResolveTrainLayout(p, s, mod, fresh.size());
+        // Only where it matters (a fine-tuning round): every other train task's body, and so its
+        // key, is as it was before rank_memory was written.
+        if (std::any_of(fresh.begin(), fresh.end(), [](const Candidate& c) { return c.finetune; }))
+          layout.rank_memory = RankMemoryOf(m, mod, layout);
         t.ranks = layout.processes();
         t.body["train"] = layout.ToJson();
         break;

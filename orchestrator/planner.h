@@ -52,6 +52,13 @@ struct KeptCandidate {
 TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, const ModuleSpec& mod,
                                size_t candidates);
 
+// Processes of the train step on one node of its module: every one on this host (a local
+// machine), else the step's processes spread over the module's nodes.
+int64_t PerNode(const Machine& m, const ModuleSpec& mod, const TrainLayout& layout);
+// The bytes each of them may take: the node's memory shared among them (0 where the machine
+// file gives no memory). PlanRound puts it in the train task (TrainLayout::rank_memory).
+int64_t RankMemoryOf(const Machine& m, const ModuleSpec& mod, const TrainLayout& layout);
+
 // `test` false: the round holds the test split back (workflow::TaskSpec::test; a halving round
 // that cannot be the run's last, RoundLoop::TestsInRound).
 RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_id, const std::string& nam_uri,

@@ -14,6 +14,7 @@
 #include "workflow/backbones.h"
 #include "workflow/candidates.h"
 #include "workflow/datasets.h"
+#include "workflow/objects.h"
 
 namespace msaflow::orchestrator {
 
@@ -89,53 +90,51 @@ std::vector<std::string> CheckPipeline(const workflow::Pipeline& p, const workfl
 
 namespace {
 
-// What one training rank of a fine-tuning step holds: every training image's maps (each rank
-// reads them all), and what the tail keeps for its share of a batch.
+// What one training rank of a fine-tuning step holds: the training maps (whole, or streamed
+// from the NAM within what its memory leaves them: modules::MapsSource) and what the tail keeps
+// for its share of a batch.
 struct RankMemory {
-  double maps = 0, activations = 0;
-  int64_t rows = 0;  // a rank's share of a batch
+  double maps = 0, activations = 0;  // maps: whole, or at most this much when streamed
+  double whole = 0;                  // every training image's maps, as stored
+  double part = 0;                   // a part of them, as prepare writes them in their own pass
+  int64_t rows = 0;                  // a rank's share of a batch
+  bool streamed = false;
   double total() const { return maps + activations; }
 };
 
-RankMemory FinetuneRankMemory(const workflow::TailShape& t, int64_t train_images, int64_t batch,
-                              const workflow::TrainLayout& layout) {
+RankMemory FinetuneRankMemory(const workflow::BackboneSpec& bb, const workflow::TailShape& t, int64_t train_images,
+                              int64_t batch, const workflow::TrainLayout& layout) {
   RankMemory r;
-  r.maps = static_cast<double>(t.values * train_images) * sizeof(float);
-  int64_t share = 1;  // the ranks one batch is split over
-  switch (layout.mode) {
-    case workflow::TrainMode::kSync:
-      share = layout.ranks;
-      break;
-    case workflow::TrainMode::kHybrid:
-      share = layout.ranks / std::max<int64_t>(1, layout.groups);
-      break;
-    case workflow::TrainMode::kAuto:
-    case workflow::TrainMode::kIndependent:
-    case workflow::TrainMode::kAsync:
-      share = 1;
-      break;
-  }
-  r.rows = (batch + share - 1) / std::max<int64_t>(1, share);
-  r.activations = static_cast<double>(t.kept_values * r.rows) * sizeof(float);
+  const int64_t value = workflow::MapsInHalf(bb, "train") ? 2 : 4;  // bytes, as stored
+  r.whole = static_cast<double>(t.values * train_images * value);
+  r.part = static_cast<double>(
+      workflow::FeaturesPartRows(t.values, workflow::kMapsBatch, workflow::FeaturesPartBytes()) * t.values * value);
+  r.rows = layout.BatchShare(batch);
+  const int64_t activations = t.kept_values * r.rows * static_cast<int64_t>(sizeof(float));
+  r.activations = static_cast<double>(activations);
+  const int64_t keep = workflow::MapsKeepBytes(static_cast<int64_t>(r.whole), layout.MapsLimit(activations));
+  r.streamed = keep > 0;
+  r.maps = r.streamed ? static_cast<double>(keep) : r.whole;
   return r;
 }
 
-// Refuses a layout whose training ranks on one node need more memory than the module's node has.
+// Refuses a layout whose training ranks cannot fit a node of the module: the tail's activations
+// with at least two parts of streamed maps (one being read, the next fetched).
 void CheckRankMemory(const workflow::Machine& m, const workflow::StepSpec& train, const workflow::TrainLayout& layout,
                      const std::string& backbone, const RankMemory& r) {
+  if (layout.rank_memory == 0) return;
+  const double need = r.activations + std::min(r.whole, 2 * r.part);
+  if (need <= static_cast<double>(layout.rank_memory)) return;
   const workflow::ModuleSpec& mod = m.Module(train.module, "/steps/train/module");
-  if (mod.memory == 0) return;
-  // Local: every process on this host; Slurm: the step's processes spread over the module's nodes.
-  const int64_t per_node = m.OnThisHost() ? layout.processes() : (layout.processes() + mod.nodes - 1) / mod.nodes;
-  const double need = r.total() * static_cast<double>(per_node);
-  if (need <= static_cast<double>(mod.memory)) return;
+  const int64_t per_node = PerNode(m, mod, layout);
   Throw(ErrorKind::kInvalidInput,
-        fmt::format("fine-tuning {}: each training rank holds the training maps ({:.1f} MB) and the tail's "
-                    "activations for {} images ({:.1f} MB); {} rank{} on a node of module {} need {:.1f} MB, more "
-                    "than its memory of {:.1f} MB (machine '{}', modules.{}.memory): train from a later layer, use "
-                    "fewer images, a smaller batch or more nodes",
-                    backbone, r.maps / 1e6, r.rows, r.activations / 1e6, per_node, per_node == 1 ? "" : "s", mod.name,
-                    need / 1e6, static_cast<double>(mod.memory) / 1e6, m.name, mod.name));
+        fmt::format("fine-tuning {}: each training rank needs {:.1f} MB: the tail's activations for {} images ({:.1f} "
+                    "MB) and at least two parts of the training maps streamed from the NAM ({:.1f} MB; all of them "
+                    "take {:.1f} MB); a node of module {} has {:.1f} MB for {} rank{}, {:.1f} MB each (machine '{}', "
+                    "modules.{}.memory): train from a later layer, use a smaller batch or more nodes",
+                    backbone, need / 1e6, r.rows, r.activations / 1e6, std::min(r.whole, 2 * r.part) / 1e6,
+                    r.whole / 1e6, mod.name, static_cast<double>(mod.memory) / 1e6, per_node, per_node == 1 ? "" : "s",
+                    static_cast<double>(layout.rank_memory) / 1e6, m.name, mod.name));
 }
 
 }  // namespace
@@ -148,8 +147,9 @@ std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workfl
   for (const auto& [_, n] : splits) images += n;
   const int64_t train_images = splits.count("train") ? splits.at("train") : 0;
   const auto& train = p.steps.at(workflow::Step::kTrain);
-  const auto layout = ResolveTrainLayout(p, train, m.Module(train.module, "/steps/train/module"),
-                                         static_cast<size_t>(p.rounds.candidates));
+  const workflow::ModuleSpec& mod = m.Module(train.module, "/steps/train/module");
+  workflow::TrainLayout layout = ResolveTrainLayout(p, train, mod, static_cast<size_t>(p.rounds.candidates));
+  layout.rank_memory = RankMemoryOf(m, mod, layout);
   double total = 0;
   for (const auto& bb : p.backbones) {
     if (!bb.finetunes()) continue;
@@ -162,7 +162,7 @@ std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workfl
     const double bytes = static_cast<double>(t.values) * (static_cast<double>(images - train_images) * sizeof(float) +
                                                           static_cast<double>(train_images) * train_value);
     total += bytes;
-    const RankMemory mem = FinetuneRankMemory(t, train_images, p.head.batch, layout);
+    const RankMemory mem = FinetuneRankMemory(bb, t, train_images, p.head.batch, layout);
     std::string scales;
     for (double s : p.head.backbone_lr_scale) scales += fmt::format("{}{:g}", scales.empty() ? "" : ", ", s);
     std::string epochs;
@@ -172,11 +172,16 @@ std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workfl
         "fine-tuning {}: from round {}, its {} layers from {} to {} ({} weights) train with the heads on module {}, {} "
         "rank{} ({}), at the head's learning rate x {}, for {} epochs; the trunk's maps at {} cached in the NAM: {} "
         "values an "
-        "image, {:.1f} MB for the {} images of the splits; each training rank holds {:.1f} MB ({:.1f} MB of maps, "
-        "{:.1f} MB of activations for {} images)",
+        "image, {:.1f} MB for the {} images of the splits; each training rank holds {:.1f} MB ({}, {:.1f} MB of "
+        "activations for {} images)",
         bb.name, p.rounds.finetune_from_round, t.layers.size(), t.layers.front(), t.layers.back(), t.weights,
         train.module, layout.ranks, layout.ranks == 1 ? "" : "s", workflow::TrainModeName(layout.mode), scales, epochs,
-        maps, t.values, bytes / 1e6, images, mem.total() / 1e6, mem.maps / 1e6, mem.activations / 1e6, mem.rows));
+        maps, t.values, bytes / 1e6, images, mem.total() / 1e6,
+        mem.streamed ? fmt::format("at most {:.1f} MB of maps streamed from the NAM, of {:.1f} MB, as its memory of "
+                                   "{:.1f} MB allows",
+                                   mem.maps / 1e6, mem.whole / 1e6, static_cast<double>(layout.rank_memory) / 1e6)
+                     : fmt::format("{:.1f} MB of maps", mem.maps / 1e6),
+        mem.activations / 1e6, mem.rows));
     CheckRankMemory(m, train, layout, bb.name, mem);
   }
   if (p.nam.empty() && m.nam.serve) {

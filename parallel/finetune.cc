@@ -12,8 +12,14 @@
 
 namespace msaflow::parallel {
 
-void FinetuneData::Batch(const int64_t* rows, int64_t count, std::vector<std::vector<float>>* out,
-                         std::vector<kernels::TensorDims>* batch_dims) const {
+void FinetuneData::Shuffle(std::vector<int64_t>& rows, std::mt19937_64& rng) const {
+  std::shuffle(rows.begin(), rows.end(), rng);
+}
+
+void FinetuneData::Expect(const int64_t* /*rows*/, int64_t /*count*/) {}
+
+void FinetuneArrays::Batch(const int64_t* rows, int64_t count, std::vector<std::vector<float>>* out,
+                           std::vector<kernels::TensorDims>* batch_dims) {
   out->resize(maps.size());
   batch_dims->resize(maps.size());
   for (size_t i = 0; i < maps.size(); ++i) {
@@ -116,7 +122,7 @@ class StepGradient {
         xs_(static_cast<size_t>(max_rows * h.in_dim)),
         dx_(xs_.size()),
         labels_(static_cast<size_t>(max_rows)) {}
-  void Run(const FinetuneData& data, const int64_t* order, int64_t rows, int64_t batch, kernels::Tail* tail,
+  void Run(FinetuneData& data, const int64_t* order, int64_t rows, int64_t batch, kernels::Tail* tail,
            const kernels::Head& h, float* grad, double* sums, const std::function<void()>& head_done,
            const kernels::Tail::FinalFrom& tail_final) {
     if (rows <= 0) {
@@ -162,23 +168,24 @@ void CheckOptions(const kernels::Head& hd, const FinetuneData& data, const Finet
 
 }  // namespace
 
-std::vector<float> TailFeatures(kernels::Tail* tail, const FinetuneData& data, int64_t batch) {
+std::vector<float> TailFeatures(kernels::Tail* tail, FinetuneData& data, int64_t batch, int64_t lo, int64_t hi) {
   std::vector<float> out;
+  out.reserve(static_cast<size_t>(std::max<int64_t>(0, hi - lo) * tail->FeatureDim()));
   std::vector<std::vector<float>> bufs;
   std::vector<kernels::TensorDims> dims;
-  std::vector<int64_t> rows;
-  for (int64_t lo = 0; lo < data.n; lo += batch) {
-    const int64_t hi = std::min(data.n, lo + batch);
-    rows.resize(static_cast<size_t>(hi - lo));
-    std::iota(rows.begin(), rows.end(), lo);
-    data.Batch(rows.data(), hi - lo, &bufs, &dims);
+  std::vector<int64_t> rows(static_cast<size_t>(std::max<int64_t>(0, hi - lo)));
+  std::iota(rows.begin(), rows.end(), lo);
+  data.Expect(rows.data(), static_cast<int64_t>(rows.size()));
+  for (int64_t s = lo; s < hi; s += batch) {
+    const int64_t e = std::min(hi, s + batch);
+    data.Batch(rows.data() + (s - lo), e - s, &bufs, &dims);
     const std::vector<float>& f = tail->Forward(Pointers(bufs), dims);
     out.insert(out.end(), f.begin(), f.end());
   }
   return out;
 }
 
-TrainStats FinetuneSync(Comm& comm, const FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
+TrainStats FinetuneSync(Comm& comm, FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
                         const FinetuneOptions& opt) {
   CheckOptions(*h, data, opt);
   const kernels::HeadConfig& cfg = h->config;
@@ -202,8 +209,15 @@ TrainStats FinetuneSync(Comm& comm, const FinetuneData& data, kernels::Tail* tai
   const bool slow = opt.straggler.rank == r && opt.straggler.factor > 1;
   int64_t updates = 0;
   double waited = 0;
+  std::vector<int64_t> mine;  // this rank's rows of an epoch's batches, in the order it reads them
   for (int64_t e = 0; e < cfg.epochs; ++e) {
-    std::shuffle(order.begin(), order.end(), rng);
+    data.Shuffle(order, rng);
+    mine.clear();
+    for (int64_t t = 0; t < per_epoch; ++t) {
+      const int64_t s = t * B, b = std::min(B, n - s);
+      mine.insert(mine.end(), order.begin() + s + b * r / N, order.begin() + s + b * (r + 1) / N);
+    }
+    data.Expect(mine.data(), static_cast<int64_t>(mine.size()));
     double sums[2] = {0, 0};  // loss, correct
     for (int64_t t = 0; t < per_epoch; ++t) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -243,7 +257,7 @@ TrainStats FinetuneSync(Comm& comm, const FinetuneData& data, kernels::Tail* tai
   return st;
 }
 
-TrainStats FinetuneParameterServer(Comm& world, const FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
+TrainStats FinetuneParameterServer(Comm& world, FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
                                    const FinetuneOptions& opt, const PsOptions& ps) {
   CheckOptions(*h, data, opt);
   const size_t H = h->params.size(), T = TailSize(*tail);
@@ -258,6 +272,8 @@ TrainStats FinetuneParameterServer(Comm& world, const FinetuneData& data, kernel
   m.P = H + T;
   m.head_size = H;
   m.tail_lr_scale = opt.backbone_lr_scale;
+  m.shuffle = [&](std::vector<int64_t>& rows, std::mt19937_64& rng) { data.Shuffle(rows, rng); };
+  m.expect = [&](const int64_t* rows, int64_t count) { data.Expect(rows, count); };
   m.gradient = [&](const int64_t* rows, int64_t count, int64_t batch, float* grad, int64_t* correct) {
     std::copy(flat.begin(), flat.begin() + static_cast<ptrdiff_t>(H), h->params.begin());  // a reply's fresh weights
     ScatterTail(flat.data() + H, tail);

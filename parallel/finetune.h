@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "kernels/head.h"
@@ -23,21 +24,43 @@
 
 namespace msaflow::parallel {
 
-// The cached maps at the freeze point: for each tail input, n rows of that input's one-image
-// dims (C x H x W), row-major and contiguous; and the labels.
-struct FinetuneData {
-  std::vector<const float*> maps;
-  std::vector<kernels::TensorDims> dims;
-  const uint8_t* y = nullptr;
+// Where fine-tuning reads the maps cached at the freeze point: n rows, each every tail input's
+// values for one image, and their labels. A source may fetch rows ahead: Expect says which rows
+// the next Batch calls read, in order (modules/finetune_maps.h streams them from the NAM so, a
+// part at a time); FinetuneArrays holds them in memory. One thread reads a source.
+class FinetuneData {
+ public:
+  virtual ~FinetuneData() = default;
+  std::vector<kernels::TensorDims> dims;  // one image's dims per tail input (C x H x W)
+  const uint8_t* y = nullptr;             // every row's label
   int64_t n = 0;
-  // Rows [lo, hi) of every input, as the tail's batch inputs (dims with the batch first).
-  void Batch(const int64_t* rows, int64_t count, std::vector<std::vector<float>>* out,
-             std::vector<kernels::TensorDims>* batch_dims) const;
+  // `rows` in an epoch's order, drawn from rng: std::shuffle here; a streaming source keeps the
+  // rows of a few of its parts together (and draws from rng all the same).
+  virtual void Shuffle(std::vector<int64_t>& rows, std::mt19937_64& rng) const;
+  // The rows the next Batch calls read, in that order, after those expected before. Rows read
+  // without being expected are read all the same (fetched then).
+  virtual void Expect(const int64_t* rows, int64_t count);
+  // The rows as the tail's batch inputs (dims with the batch first).
+  virtual void Batch(const int64_t* rows, int64_t count, std::vector<std::vector<float>>* out,
+                     std::vector<kernels::TensorDims>* batch_dims) = 0;
 };
 
-// The tail's pooled features of every row (n x tail.FeatureDim()), with the tail's current
-// weights, `batch` rows at a time: the frozen features a head is initialised on (InitHead).
-std::vector<float> TailFeatures(kernels::Tail* tail, const FinetuneData& data, int64_t batch);
+// Maps in memory: for each tail input, n rows of that input's one-image dims, row-major and
+// contiguous.
+class FinetuneArrays : public FinetuneData {
+ public:
+  std::vector<const float*> maps;
+  void Batch(const int64_t* rows, int64_t count, std::vector<std::vector<float>>* out,
+             std::vector<kernels::TensorDims>* batch_dims) override;
+};
+
+// The tail's pooled features of rows [lo, hi) ((hi - lo) x tail.FeatureDim()), with the tail's
+// current weights, `batch` rows at a time: of every row, the frozen features a head is
+// initialised on (InitHead); of a shard, what evaluation scores.
+std::vector<float> TailFeatures(kernels::Tail* tail, FinetuneData& data, int64_t batch, int64_t lo, int64_t hi);
+inline std::vector<float> TailFeatures(kernels::Tail* tail, FinetuneData& data, int64_t batch) {
+  return TailFeatures(tail, data, batch, 0, data.n);
+}
 
 struct FinetuneOptions {
   double backbone_lr_scale = 0.1;
@@ -52,7 +75,7 @@ struct FinetuneOptions {
 // tail's weights; on return every rank holds the trained head and tail. h->curve gets a point
 // per epoch. Throws kInvalidInput for an L-BFGS head (full-batch: not for a tail) or a learning
 // rate scale that is not positive.
-TrainStats FinetuneSync(Comm& comm, const FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
+TrainStats FinetuneSync(Comm& comm, FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
                         const FinetuneOptions& opt);
 
 // Async (ps.groups 0) or hybrid fine-tuning over `world`, as TrainParameterServer trains heads
@@ -63,7 +86,7 @@ TrainStats FinetuneSync(Comm& comm, const FinetuneData& data, kernels::Tail* tai
 // On return rank 0 (a server) holds the trained head and tail; the other ranks' are stale.
 // opt.straggler is not read (ps.straggler is). Throws as FinetuneSync, and as
 // TrainParameterServer when the ranks do not fit.
-TrainStats FinetuneParameterServer(Comm& world, const FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
+TrainStats FinetuneParameterServer(Comm& world, FinetuneData& data, kernels::Tail* tail, kernels::Head* h,
                                    const FinetuneOptions& opt, const PsOptions& ps);
 
 }  // namespace msaflow::parallel

@@ -2,6 +2,7 @@
 // docs/parallel.md).
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <numeric>
 #include <random>
 
@@ -193,12 +194,37 @@ void Work(Comm& world, Comm& team, const Layout& L, PsModel& m, const PsOptions&
     Throw(ErrorKind::kInvalidInput,
           "train: " + std::to_string(m.n) + " rows cannot be shared by " + std::to_string(L.U) + " workers or groups");
   const int64_t b = std::min(cfg.batch, shard);
-  std::vector<int64_t> rows(static_cast<size_t>(shard)), batch_rows(static_cast<size_t>(b));
+  std::vector<int64_t> rows(static_cast<size_t>(shard));
   std::iota(rows.begin(), rows.end(), first);
   std::mt19937_64 rng(ShuffleSeed(cfg.data_seed, static_cast<uint64_t>(unit) + 1));
-  std::shuffle(rows.begin(), rows.end(), rng);
+  auto shuffle = [&] {
+    if (m.shuffle)
+      m.shuffle(rows, rng);
+    else
+      std::shuffle(rows.begin(), rows.end(), rng);
+  };
+  shuffle();
   size_t pos = 0;
   const int64_t part_lo = b * member / team.size(), part_hi = b * (member + 1) / team.size();
+  // The unit's batches drawn ahead, a pass over its shard at a time (the same draws as one at a
+  // time), so that m.expect learns this member's rows of them before they are computed.
+  std::deque<std::vector<int64_t>> ahead;
+  auto draw_pass = [&] {
+    bool reshuffled = false;
+    do {
+      std::vector<int64_t> batch_rows(static_cast<size_t>(b));
+      for (int64_t i = 0; i < b; ++i) {  // the unit's next batch from its shard, reshuffled at each pass
+        if (pos == rows.size()) {
+          shuffle();
+          pos = 0;
+          reshuffled = true;
+        }
+        batch_rows[static_cast<size_t>(i)] = rows[pos++];
+      }
+      if (m.expect) m.expect(batch_rows.data() + part_lo, part_hi - part_lo);
+      ahead.push_back(std::move(batch_rows));
+    } while (pos < rows.size() && !reshuffled);
+  };
   // The gradient with the batch's loss and hits behind it, so a group sums them in one go
   // (an allreduce: Open MPI's nonblocking reduce to one rank was 1.7x slower here);
   // the weights with the stop flag behind them, so a group broadcasts them in one go.
@@ -208,13 +234,9 @@ void Work(Comm& world, Comm& team, const Layout& L, PsModel& m, const PsOptions&
   int64_t steps = 0;
   std::string msg;
   auto next_gradient = [&] {
-    for (int64_t i = 0; i < b; ++i) {  // the unit's next batch from its shard, reshuffled at each pass
-      if (pos == rows.size()) {
-        std::shuffle(rows.begin(), rows.end(), rng);
-        pos = 0;
-      }
-      batch_rows[static_cast<size_t>(i)] = rows[pos++];
-    }
+    if (ahead.empty()) draw_pass();
+    const std::vector<int64_t> batch_rows = std::move(ahead.front());
+    ahead.pop_front();
     std::fill(grad.begin(), grad.end(), 0.f);
     int64_t correct = 0;
     grad[L.P] =

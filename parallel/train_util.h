@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -72,6 +73,10 @@ struct PsModel {
   // The batch-mean share (1 / batch) of the gradient of `count` rows of a batch of `batch` at
   // the current params into grad (P floats, zeroed); returns the rows' summed loss.
   std::function<double(const int64_t* rows, int64_t count, int64_t batch, float* grad, int64_t* correct)> gradient;
+  // How a worker orders its shard for each pass over it (empty: std::shuffle), and whom it tells
+  // the rows it will pass to `gradient`, a pass ahead (may be empty): a fine-tuning's streamed maps.
+  std::function<void(std::vector<int64_t>& rows, std::mt19937_64& rng)> shuffle;
+  std::function<void(const int64_t* rows, int64_t count)> expect;
 };
 
 // A fine-tuned tail's optimiser settings: the head's algorithm at the head's learning rate x

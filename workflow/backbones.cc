@@ -170,17 +170,12 @@ TailShape DescribeTail(const BackboneSpec& bb) {
   const auto& in = bb.input;
   const std::vector<float> one(static_cast<size_t>(in.channels * in.height * in.width), 0.f);
   std::vector<std::vector<int64_t>> dims;
-  const std::vector<std::vector<float>> maps = trunk.Maps(one.data(), 1, in.channels, in.height, in.width, &dims);
-  std::vector<const float*> xs;
-  for (size_t i = 0; i < dims.size(); ++i) {
-    t.dims.emplace_back(dims[i].begin() + 1, dims[i].end());
+  trunk.Maps(one.data(), 1, in.channels, in.height, in.width, &dims);  // the maps' dims
+  for (const auto& d : dims) {
+    t.dims.emplace_back(d.begin() + 1, d.end());
     t.values += kernels::NumElements(t.dims.back());
-    xs.push_back(maps[i].data());
   }
-  // One image through the tail, forward and backward, to count what a step keeps per image.
-  const std::vector<float> dfeat(tail->Forward(xs, dims).size(), 0.f);
-  tail->Backward(dfeat.data());
-  t.kept_values = tail->KeptValues();
+  t.kept_values = tail->KeptValuesPerImage(t.dims);
   return t;
 }
 

@@ -2,6 +2,7 @@
 // size) against what the prepare step will feed it. The load step checks the same.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -69,5 +70,10 @@ std::string BackboneDigestOf(const BackboneSpec& bb, const std::string& model, c
 // the exported network computes from the images (the trunk and the tail in float32), and the
 // run's accuracy is the export's exactly.
 bool MapsInHalf(const BackboneSpec& bb, const std::string& split);
+
+// How a training rank holds a split's maps of `maps_bytes` (as stored) when it may take `limit`
+// bytes for them (0: no limit): 0, whole (each part kept once read); else streamed, holding at
+// most about the bytes returned (modules::MapsSource).
+inline int64_t MapsKeepBytes(int64_t maps_bytes, int64_t limit) { return limit > 0 && maps_bytes > limit ? limit : 0; }
 
 }  // namespace msaflow::workflow

@@ -1,6 +1,11 @@
 #include "workflow/objects.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+
 #include "common/checksum.h"
+#include "common/error.h"
 
 namespace msaflow::workflow {
 namespace {
@@ -15,6 +20,22 @@ std::string BackboneObject(const std::string& backbone) { return "backbone/" + b
 std::string FeaturesObject(const std::string& bb_digest, const std::string& ds_digest) {
   return "features/" + bb_digest + "-" + ds_digest;
 }
+int64_t FeaturesPartRows(int64_t dim, int64_t batch, int64_t part_bytes) {
+  const int64_t rows = part_bytes / std::max<int64_t>(1, dim * static_cast<int64_t>(sizeof(float)));
+  return std::max<int64_t>(1, rows / batch) * batch;
+}
+
+int64_t FeaturesPartBytes() {
+  const char* v = std::getenv("MSAFLOW_PART_BYTES");
+  if (!v || !*v) return int64_t{1} << 20;
+  char* end = nullptr;
+  errno = 0;
+  const long long bytes = std::strtoll(v, &end, 10);
+  if (errno || end == v || *end || bytes < 1)
+    Throw(ErrorKind::kInvalidInput, std::string("MSAFLOW_PART_BYTES='") + v + "': expected a positive number of bytes");
+  return bytes;
+}
+
 std::string MapsObject(const std::string& bb_digest, const std::string& ds_digest, const std::string& train_from) {
   return "maps/" + bb_digest + "-" + ds_digest + "-" + ChecksumHex(train_from).substr(0, 16);
 }

@@ -16,6 +16,13 @@ std::string BackboneObject(const std::string& backbone);  // backbone/<name>: th
 std::string FeaturesObject(const std::string& backbone_digest, const std::string& dataset_digest);
 // <features object>.p<part, 5+ digits>: rows [part x part_rows, ...) of it, written before it.
 std::string FeaturesPartObject(const std::string& features_object, int64_t part);
+// Rows per part for features (or maps) of `dim` values a row: whole batches of `batch` rows,
+// about `part_bytes` a part at float32 (at least one batch).
+int64_t FeaturesPartRows(int64_t dim, int64_t batch, int64_t part_bytes);
+// The part size prepare aims at: MSAFLOW_PART_BYTES, default 1 MiB; kInvalidInput if malformed.
+int64_t FeaturesPartBytes();
+// A maps object's parts (computed in a pass of their own) are whole batches of this many rows.
+inline constexpr int64_t kMapsBatch = 64;
 // maps/<backbone digest>-<dataset digest>-<train_from's checksum>: a fine-tuning backbone's
 // trunk activations at its tail's inputs on a dataset split (docs/finetune.md), in parts named
 // as a features object's (FeaturesPartObject), reused like features.

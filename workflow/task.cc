@@ -25,13 +25,32 @@ const json& Field(const json& j, const std::string& key, const std::string& orig
 
 }  // namespace
 
+int64_t TrainLayout::BatchShare(int64_t batch) const {
+  int64_t share = 1;  // the ranks one batch is split over
+  switch (mode) {
+    case TrainMode::kSync:
+      share = ranks;
+      break;
+    case TrainMode::kHybrid:
+      share = ranks / std::max<int64_t>(1, groups);
+      break;
+    case TrainMode::kAuto:
+    case TrainMode::kIndependent:
+    case TrainMode::kAsync:
+      break;
+  }
+  return (batch + share - 1) / std::max<int64_t>(1, share);
+}
+
 json TrainLayout::ToJson() const {
-  return {{"mode", TrainModeName(mode)},
-          {"ranks", ranks},
-          {"servers", servers},
-          {"groups", groups},
-          {"max_staleness", max_staleness},
-          {"straggler", {{"rank", straggler_rank}, {"factor", straggler_factor}}}};
+  json j = {{"mode", TrainModeName(mode)},
+            {"ranks", ranks},
+            {"servers", servers},
+            {"groups", groups},
+            {"max_staleness", max_staleness},
+            {"straggler", {{"rank", straggler_rank}, {"factor", straggler_factor}}}};
+  if (rank_memory > 0) j["rank_memory"] = rank_memory;  // absent when not said, as before it was written
+  return j;
 }
 
 TrainLayout TrainLayoutFromJson(const json& j, const std::string& where) {
@@ -49,8 +68,10 @@ TrainLayout TrainLayoutFromJson(const json& j, const std::string& where) {
   const json& st = Field(j, "straggler", where + ": train", json::value_t::object);
   t.straggler_rank = Field(st, "rank", where + ": train/straggler", json::value_t::number_integer).get<int64_t>();
   t.straggler_factor = Field(st, "factor", where + ": train/straggler", json::value_t::number_float).get<double>();
-  if (t.ranks < 1 || t.servers < 0 || t.groups < 1 || t.max_staleness < 0 || t.ranks % t.groups != 0 ||
-      !(t.straggler_factor >= 1))
+  if (j.contains("rank_memory"))  // tasks planned before it was written hold none
+    t.rank_memory = Field(j, "rank_memory", where + ": train", json::value_t::number_integer).get<int64_t>();
+  if (t.rank_memory < 0 || t.ranks < 1 || t.servers < 0 || t.groups < 1 || t.max_staleness < 0 ||
+      t.ranks % t.groups != 0 || !(t.straggler_factor >= 1))
     BadTask(where, "train", "inconsistent layout " + t.ToJson().dump());
   return t;
 }

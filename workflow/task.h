@@ -3,6 +3,7 @@
 // ParseTask, which checks every field so a bad file is one clear error, never a crash.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,7 +27,19 @@ struct TrainLayout {
   int64_t max_staleness = 0;
   int64_t straggler_rank = -1;       // experiment knob (docs/parallel.md)
   double straggler_factor = 1;
+  // Bytes each training process may take (the module's memory shared by its processes on a
+  // node; 0: the machine file gives no memory): a fine-tuning rank streams its training maps
+  // when they would not fit beside the tail's activations (workflow::MapsKeepBytes).
+  int64_t rank_memory = 0;
   int64_t processes() const { return ranks + servers; }
+  // The rows of a batch of `batch` that one rank computes: sync splits a batch over the ranks,
+  // hybrid over a group's, the others compute whole batches.
+  int64_t BatchShare(int64_t batch) const;
+  // What a fine-tuning rank may take for its training maps: rank_memory less `activations`
+  // bytes, at least 1; 0 (no limit) where rank_memory is 0.
+  int64_t MapsLimit(int64_t activations) const {
+    return rank_memory > 0 ? std::max<int64_t>(1, rank_memory - activations) : 0;
+  }
   nlohmann::json ToJson() const;
 };
 

@@ -1,18 +1,23 @@
 // Fine-tuning under a real MPI launcher, for tests/integration/finetune_test.py:
-//   [mpirun -n N] finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS [MODE [BUCKET_BYTES [BATCH]]]]
+//   [mpirun -n N] finetune_ranks MODEL.onnx CUT TRAIN_FROM OUT_DIR [EPOCHS [MODE [BUCKET_BYTES [BATCH
+//                                 [STREAM_PARTS]]]]]
 // MODE: sync (the default), async (rank 0 the server, the others workers), async2 (ranks 0 and 1
 // servers, each a slice of the head-and-tail vector) or hybrid (rank 0 the server, the workers in
 // groups of 2); BUCKET_BYTES: sync's bucket size (0: one sum after the
-// backward pass); BATCH: the global batch (default 32).
+// backward pass); BATCH: the global batch (default 32); STREAM_PARTS > 0: the maps are put in a
+// NAM (mem://, each rank its own) in parts of 16 rows and streamed through modules::MapsSource
+// within that many parts' bytes (0, the default: read from memory), its stats in result.json.
 // Every rank makes the same small image set (four classes of coloured patterns with noise), runs
 // the frozen trunk over it once (Executor::Maps at the freeze point), initialises a softmax head
 // on the tail's pooled features and fine-tunes tail and head together (parallel::FinetuneSync, or
 // parallel::FinetuneParameterServer).
 // Rank 0 writes OUT_DIR/weights.f32 (every tail weight, then the head's parameters, float32)
 // and OUT_DIR/result.json (the curve, the tail's size and the training stats).
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -20,8 +25,12 @@
 #include "common/files.h"
 #include "kernels/executor.h"
 #include "kernels/onnx_graph.h"
+#include "modules/features.h"
+#include "modules/finetune_maps.h"
+#include "nam/store.h"
 #include "parallel/finetune.h"
 #include "parallel/mpi_comm.h"
+#include "workflow/objects.h"
 
 using namespace msaflow;
 
@@ -52,6 +61,35 @@ std::vector<float> Images(std::vector<uint8_t>* labels) {
   return x;
 }
 
+int64_t RowFloats(const parallel::FinetuneArrays& a) {
+  int64_t row = 0;
+  for (const auto& d : a.dims) row += kernels::NumElements(d);
+  return row;
+}
+
+// The maps as prepare stores them (modules/finetune_maps.h), float32; returns the object's name.
+std::string PutMaps(nam::Store& store, const parallel::FinetuneArrays& a, const std::vector<std::string>& inputs,
+                    int64_t part_rows) {
+  const std::string key = "maps/test";
+  const int64_t row = RowFloats(a);
+  nlohmann::json meta = modules::FeaturesMeta(a.n, row, kClasses, part_rows, false);
+  meta["kind"] = "maps";
+  meta["inputs"] = nlohmann::json::array();
+  for (size_t i = 0; i < inputs.size(); ++i) meta["inputs"].push_back({{"name", inputs[i]}, {"dims", a.dims[i]}});
+  store.Put(key, std::string(reinterpret_cast<const char*>(a.y), static_cast<size_t>(a.n)), meta);
+  for (int64_t p = 0; p * part_rows < a.n; ++p) {
+    std::vector<float> v;
+    for (int64_t r = p * part_rows; r < std::min(a.n, (p + 1) * part_rows); ++r)
+      for (size_t i = 0; i < a.maps.size(); ++i) {
+        const int64_t size = kernels::NumElements(a.dims[i]);
+        v.insert(v.end(), a.maps[i] + r * size, a.maps[i] + (r + 1) * size);
+      }
+    store.Put(workflow::FeaturesPartObject(key, p),
+              std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)), {});
+  }
+  return key;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,11 +117,22 @@ int main(int argc, char** argv) {
       row_dims.clear();
       for (auto d : dims) row_dims.emplace_back(d.begin() + 1, d.end());
     }
-    parallel::FinetuneData data;
-    for (const auto& m : maps) data.maps.push_back(m.data());
-    data.dims = row_dims;
-    data.y = labels.data();
-    data.n = kImages;
+    parallel::FinetuneArrays arrays;
+    for (const auto& m : maps) arrays.maps.push_back(m.data());
+    arrays.dims = row_dims;
+    arrays.y = labels.data();
+    arrays.n = kImages;
+    const int64_t stream_parts = argc > 9 ? std::stoll(argv[9]) : 0;
+    std::unique_ptr<nam::Store> store;
+    std::unique_ptr<modules::MapsSource> streamed;
+    if (stream_parts > 0) {
+      store = nam::OpenStore("mem://finetune-ranks");
+      const int64_t part_rows = 16;
+      streamed = std::make_unique<modules::MapsSource>(*store, PutMaps(*store, arrays, tail.inputs(), part_rows),
+                                                       stream_parts * part_rows * RowFloats(arrays) * 4);
+      if (!streamed->streamed()) Throw(ErrorKind::kInternal, "the maps fit in STREAM_PARTS parts: not streamed");
+    }
+    parallel::FinetuneData& data = streamed ? static_cast<parallel::FinetuneData&>(*streamed) : arrays;
     const std::vector<float> feats = parallel::TailFeatures(&tail, data, 64);
     kernels::HeadConfig cfg;
     cfg.type = "softmax";
@@ -129,6 +178,13 @@ int main(int argc, char** argv) {
                             {"tail_weights", tail_size},
                             {"tail_moved", std::sqrt(moved / norm)},
                             {"training", st.ToJson()}};
+      if (streamed) {
+        const auto ms = streamed->stats();
+        out["maps"] = {{"parts_read", ms.parts_read},
+                       {"peak_bytes", ms.peak_bytes},
+                       {"part_bytes", streamed->part_bytes()},
+                       {"window_parts", streamed->window_parts()}};
+      }
       std::ofstream(std::string(argv[4]) + "/result.json") << out.dump() << "\n";
     }
     return 0;

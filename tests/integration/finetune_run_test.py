@@ -29,6 +29,7 @@ import copy
 import gzip
 import json
 import os
+import re
 import subprocess
 import signal
 import sys
@@ -160,8 +161,8 @@ class Finetune(unittest.TestCase):
 
         def content(nam, listed, obj):
             """The object's bytes (its labels) and its parts' bytes end to end: the rows in order.
-            (Maps written in the features' pass come in the features' parts, larger than the
-            maps' own.)"""
+            (Maps written in the features' pass come in parts that divide the features' parts, of
+            other sizes than the maps' own pass writes.)"""
             out = []
             for name in [obj] + sorted(k for k in listed if k.startswith(obj + ".p")):
                 path = os.path.join(WORK.name, "object.bin")
@@ -286,12 +287,18 @@ class Finetune(unittest.TestCase):
             self.assertEqual(c["candidate"]["warm_start"], "")
         self.assertPredictCounts(doc, run_dir, res)
 
-    def one_round(self, name, train, candidates):
-        """A one-round run of `name` that fine-tunes from round 1 with the train step `train`:
-        the pipeline, the run's output, its directory and its results."""
+    def one_round(self, name, train, candidates, dam_memory=None):
+        """A one-round run of `name` that fine-tunes from round 1 with the train step `train`
+        (on a local machine whose dam nodes have `dam_memory`, if given): the pipeline, the run's
+        output, its directory and its results."""
         doc = pipeline(name)
         doc["rounds"] = {"max": 1, "candidates": candidates, "top_k": 1, "strategy": "perturb", "seed": 3}
         doc["steps"]["train"] = train
+        if dam_memory:
+            with open(os.path.join(ROOT, "configs", "machines", "local.json")) as f:
+                machine = json.load(f)
+            machine["modules"]["dam"]["memory"] = dam_memory
+            doc["machine"] = write(machine, name + "-machine")
         runs = os.path.join(WORK.name, "runs-" + name)
         out = msaflow("run", write(doc, name), "--runs", runs, "--run-id", name).stdout
         with open(os.path.join(runs, name, "results.json")) as f:
@@ -332,9 +339,18 @@ class Finetune(unittest.TestCase):
         self.assertIn("1536 values an image, 2.6 MB for the 600 images of the splits", plan)
 
     def test_async_fine_tunes_with_a_parameter_server(self):
-        doc, out, run_dir, res = self.one_round("ftasync", {"module": "dam", "ranks": 2, "mode": "async"}, 1)
+        # The dam's nodes have 48 MiB for 3 processes: 16.8 MB a rank, 14.7 MB of them the tail's
+        # activations for a batch of 32, so the 2.2 MB of training maps are streamed within 2.0 MB.
+        doc, out, run_dir, res = self.one_round("ftasync", {"module": "dam", "ranks": 2, "mode": "async"}, 1,
+                                                dam_memory="48MiB")
         self.assertRegex(out, r"trained r1-c00 .*\[async on 2 ranks \+ 1 server\(s\), staleness mean [0-9.]+ max \d+, "
                               rf"\d+ refused\] \[fine-tuned from {TRAIN_FROM}: 289920 weights at lr x 0.3\]")
+        self.assertIn("fine-tuning mobilenetv2: the training maps (2.2 MB) streamed from the NAM, at most 2.0 MB a rank",
+                      out)
+        for rank in (1, 2):  # the workers, each streaming its shard's parts pass after pass
+            read = [int(x) for x in re.findall(rf"fine-tuning r1-c00: rank {rank} read (\d+) maps parts", out)]
+            self.assertTrue(read and read[0] >= 4, out[-3000:])
+        print("streamed: " + "; ".join(re.findall(r"fine-tuning r1-c00: rank \d read [^\n]*", out)))
         champion = res["champion"]
         self.assertEqual(champion["candidate"]["finetune"], {"backbone_lr_scale": 0.3})
         # 400 images, 3 epochs from a head initialised on the pretrained tail: it learns (10 classes).
@@ -425,16 +441,23 @@ class Finetune(unittest.TestCase):
         machine["nam"]["capacity"] = "1MiB"
         d["machine"] = write(machine, "small-nam")
         self.refused(d, 3, "fine-tuning: the maps of every split take 3.7 MB", "capacity of 1MiB")
-        d = copy.deepcopy(doc)  # 2 ranks of 9.6 MB each on a module whose nodes have 16 MiB
-        machine["nam"]["capacity"] = "2GiB"
+        d = copy.deepcopy(doc)  # 2 ranks of 9.6 MB each on a module whose nodes have 16 MiB: streamed
+        machine["nam"]["capacity"] = "2GiB"  # maps would fit in 1.0 MB a rank, but two parts take 1.6 MB
         machine["modules"]["dam"]["memory"] = "16MiB"
         d["machine"] = write(machine, "small-dam")
-        self.refused(d, 3, "fine-tuning mobilenetv2: each training rank holds the training maps (2.2 MB)",
-                     "activations for 16 images (7.4 MB); 2 ranks on a node of module dam need 19.2 MB",
+        self.refused(d, 3, "fine-tuning mobilenetv2: each training rank needs 8.9 MB: the tail's activations for 16 "
+                     "images (7.4 MB) and at least two parts of the training maps streamed from the NAM (1.6 MB; all "
+                     "of them take 2.2 MB); a node of module dam has 16.8 MB for 2 ranks, 8.4 MB each",
                      "modules.dam.memory")
-        machine["modules"]["dam"]["memory"] = "32MiB"  # fits
+        machine["modules"]["dam"]["memory"] = "18MiB"  # 9.4 MB a rank: the maps streamed within 2.1 MB
+        d["machine"] = write(machine, "streaming-dam")
+        r = msaflow("validate", write(d, "streaming"))
+        self.assertIn("each training rank holds 9.4 MB (at most 2.1 MB of maps streamed from the NAM, of 2.2 MB, as "
+                      "its memory of 9.4 MB allows, 7.4 MB of activations for 16 images)", r.stdout)
+        machine["modules"]["dam"]["memory"] = "32MiB"  # fits whole
         d["machine"] = write(machine, "enough-dam")
-        msaflow("validate", write(d, "enough"))
+        r = msaflow("validate", write(d, "enough"))
+        self.assertIn("each training rank holds 9.6 MB (2.2 MB of maps, 7.4 MB", r.stdout)
         d = copy.deepcopy(doc)
         d["backbones"][0]["train_from"] = "block_13_expand_relu"  # ReLU6 at the cut: no weights after it
         self.refused(d, 3, "train_from 'block_13_expand_relu'", "no weights")

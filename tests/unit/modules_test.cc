@@ -11,7 +11,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
+#include <set>
 
 #include "common/checksum.h"
 #include "common/clock.h"
@@ -20,6 +22,7 @@
 #include "kernels/dataset.h"
 #include "kernels/half.h"
 #include "modules/features.h"
+#include "modules/finetune_maps.h"
 #include "modules/int8_calibration.h"
 #include "modules/steps.h"
 #include "nam/fault_store.h"
@@ -605,6 +608,159 @@ TEST_F(TinyRound, CutsOfOneModelArePreparedInOnePassWithTheirOwnValues) {
     alone.insert(values.begin(), values.end());
   }
   EXPECT_EQ(both, alone);
+}
+
+// A maps object as prepare writes it (modules/finetune_maps.h): two tail inputs of 2x3x3 and
+// 4x1x1 values an image, `n` rows in parts of `part_rows`, float32 or float16. Row r's value j
+// is Value(r, j), narrowed through float16 where the parts are.
+constexpr int64_t kMapsDim = 2 * 3 * 3 + 4;
+float MapValue(int64_t r, int64_t j) { return static_cast<float>(r % 97) + static_cast<float>(j) / 32.f; }
+float StoredValue(int64_t r, int64_t j, bool half) {
+  const float v = MapValue(r, j);
+  return half ? kernels::HalfToFloatScalar(kernels::FloatToHalfScalar(v)) : v;
+}
+void PutMaps(nam::Store& store, const std::string& key, int64_t n, int64_t part_rows, bool half) {
+  json meta = modules::FeaturesMeta(n, kMapsDim, 5, part_rows, half);
+  meta["kind"] = "maps";
+  meta["inputs"] = {{{"name", "a"}, {"dims", {2, 3, 3}}}, {{"name", "b"}, {"dims", {4, 1, 1}}}};
+  std::string labels;
+  for (int64_t r = 0; r < n; ++r) labels.push_back(static_cast<char>(r % 5));
+  store.Put(key, labels, meta);
+  for (int64_t p = 0; p * part_rows < n; ++p) {
+    std::vector<float> v;
+    for (int64_t r = p * part_rows; r < std::min(n, (p + 1) * part_rows); ++r)
+      for (int64_t j = 0; j < kMapsDim; ++j) v.push_back(MapValue(r, j));
+    std::string bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    if (half) {
+      std::vector<uint16_t> h(v.size());
+      kernels::FloatToHalf(v.data(), h.data(), v.size());
+      bytes.assign(reinterpret_cast<const char*>(h.data()), h.size() * sizeof(uint16_t));
+    }
+    store.Put(workflow::FeaturesPartObject(key, p), bytes, {{"kind", "maps-part"}});
+  }
+}
+// The batch of `rows` read from `src` is every row's values, input a then input b.
+void ExpectRows(modules::MapsSource& src, const std::vector<int64_t>& rows, bool half) {
+  std::vector<std::vector<float>> out;
+  std::vector<kernels::TensorDims> dims;
+  src.Batch(rows.data(), static_cast<int64_t>(rows.size()), &out, &dims);
+  const auto k = static_cast<int64_t>(rows.size());
+  ASSERT_EQ(dims, (std::vector<kernels::TensorDims>{{k, 2, 3, 3}, {k, 4, 1, 1}}));
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < kMapsDim; ++j) {
+      const float got = j < 18 ? out[0][static_cast<size_t>(i * 18 + j)] : out[1][static_cast<size_t>(i * 4 + j - 18)];
+      ASSERT_EQ(got, StoredValue(rows[static_cast<size_t>(i)], j, half))
+          << "row " << rows[static_cast<size_t>(i)] << " value " << j;
+    }
+}
+
+// Held whole, a source reads each part once, the first time a row of it is read, whatever the
+// order of the rows and whether they were expected; float16 parts stay float16 until read.
+TEST(MapsSource, HeldWholeReadsEachPartOnceInAnyOrder) {
+  for (bool half : {false, true}) {
+    auto store = nam::OpenStore("mem://maps-whole-" + std::to_string(half));
+    PutMaps(*store, "maps/x", 103, 10, half);
+    modules::MapsSource src(*store, "maps/x", 0);
+    EXPECT_FALSE(src.streamed());
+    EXPECT_EQ(src.n, 103);
+    EXPECT_EQ(src.bytes(), 103 * kMapsDim * (half ? 2 : 4));
+    EXPECT_EQ(src.inputs, (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(src.y[102], 102 % 5);
+    ExpectRows(src, {5, 102, 5, 0}, half);  // not expected: read all the same
+    std::vector<int64_t> all(103);
+    std::iota(all.begin(), all.end(), 0);
+    std::mt19937_64 rng(7);
+    src.Shuffle(all, rng);
+    src.Expect(all.data(), 103);
+    for (size_t lo = 0; lo < all.size(); lo += 16)
+      ExpectRows(src,
+                 std::vector<int64_t>(all.begin() + static_cast<ptrdiff_t>(lo),
+                                      all.begin() + static_cast<ptrdiff_t>(std::min(all.size(), lo + 16))),
+                 half);
+    const auto st = src.stats();
+    EXPECT_EQ(st.parts_read, 11);
+    EXPECT_EQ(st.peak_bytes, src.bytes());
+  }
+}
+
+// Streamed within a limit of four parts: windows of two parts, an epoch's order a permutation
+// that keeps each window's rows together, each part read once an epoch, never more than the
+// limit held, every row's values as stored.
+TEST(MapsSource, StreamedReadsEachPartOnceAnEpochWithinItsLimit) {
+  for (bool half : {false, true}) {
+    auto store = nam::OpenStore("mem://maps-streamed-" + std::to_string(half));
+    PutMaps(*store, "maps/x", 200, 10, half);
+    const int64_t part = 10 * kMapsDim * (half ? 2 : 4);
+    modules::MapsSource src(*store, "maps/x", 4 * part);
+    ASSERT_TRUE(src.streamed());
+    EXPECT_EQ(src.part_bytes(), part);
+    EXPECT_EQ(src.window_parts(), 2);
+    modules::MapsSource twin(*store, "maps/x", 4 * part);  // another rank: the same order from the same seed
+    std::vector<int64_t> order(200), other(200);
+    std::iota(order.begin(), order.end(), 0);
+    std::iota(other.begin(), other.end(), 0);
+    std::mt19937_64 rng(3), rng2(3);
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      src.Shuffle(order, rng);
+      twin.Shuffle(other, rng2);
+      EXPECT_EQ(order, other);
+      std::vector<int64_t> sorted = order;
+      std::sort(sorted.begin(), sorted.end());
+      for (int64_t r = 0; r < 200; ++r) ASSERT_EQ(sorted[static_cast<size_t>(r)], r);
+      for (size_t w = 0; w < 200; w += 20) {  // a window: the 20 rows of two parts
+        std::set<int64_t> parts;
+        for (size_t k = w; k < w + 20; ++k) parts.insert(order[k] / 10);
+        EXPECT_EQ(parts.size(), 2u) << "epoch " << epoch << ", window at " << w;
+      }
+      src.Expect(order.data(), 200);
+      for (size_t lo = 0; lo < 200; lo += 7)
+        ExpectRows(src,
+                   std::vector<int64_t>(order.begin() + static_cast<ptrdiff_t>(lo),
+                                        order.begin() + static_cast<ptrdiff_t>(std::min<size_t>(200, lo + 7))),
+                   half);
+      const auto st = src.stats();
+      EXPECT_EQ(st.parts_read, 20 * (epoch + 1));
+      EXPECT_LE(st.peak_bytes, 4 * part);
+    }
+  }
+}
+
+// A part missing or of the wrong size is named by the read that needs it, never a crash or a
+// wrong value, and rows of the parts read before it were read as they are.
+TEST(MapsSource, AMissingOrDamagedPartIsNamedByTheReadThatNeedsIt) {
+  auto store = nam::OpenStore("mem://maps-damaged");
+  PutMaps(*store, "maps/x", 40, 10, false);
+  store->Remove(workflow::FeaturesPartObject("maps/x", 2));
+  store->Put(workflow::FeaturesPartObject("maps/x", 3), "short", {});
+  for (int64_t limit : {int64_t{0}, int64_t{1}}) {
+    modules::MapsSource src(*store, "maps/x", limit);
+    ExpectRows(src, {0, 15}, false);
+    std::vector<std::vector<float>> out;
+    std::vector<kernels::TensorDims> dims;
+    const int64_t missing[] = {25}, damaged[] = {35};
+    try {
+      src.Batch(missing, 1, &out, &dims);
+      ADD_FAILURE() << "a missing part was read";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+      EXPECT_NE(std::string(e.what()).find(workflow::FeaturesPartObject("maps/x", 2)), std::string::npos) << e.what();
+    }
+    modules::MapsSource again(*store, "maps/x", limit);
+    try {
+      again.Batch(damaged, 1, &out, &dims);
+      ADD_FAILURE() << "a damaged part was read";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+      EXPECT_NE(std::string(e.what()).find("5 bytes, expected 880 (10 rows x 22 float32)"), std::string::npos)
+          << e.what();
+    }
+  }
+  try {
+    modules::MapsSource absent(*store, "maps/none", 0);
+    ADD_FAILURE() << "an absent maps object was opened";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
+  }
 }
 
 // int8 ranges travel in the backbone object's metadata: they come back as they went, and a
