@@ -409,6 +409,46 @@ TEST(Candidates, FineTuningCandidatesTrainForFinetuneEpochs) {
   }
 }
 
+// A round that fine-tunes tells its train task what each process may take (its share of a dam
+// node's memory: all the processes on the local launcher share one), so that a rank streams its
+// maps where they would not fit; a round of heads alone keeps its task as it always was.
+TEST(Planner, AFineTuningRoundsTrainTaskCarriesEachRanksMemory) {
+  const Pipeline p = ParsePipeline(R"({"name": "t",
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                 "validation": {"from": "train", "fraction": 0.1}},
+    "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": "x", "train_from": "w",
+                   "input": {"height": 32, "width": 32}}],
+    "steps": {"train": {"module": "dam", "ranks": 2, "mode": "async"}},
+    "rounds": {"max": 2, "candidates": 2, "top_k": 1, "finetune_from_round": 2}})",
+                                   "p.json", "/b");
+  Machine m = LoadMachine("local");
+  m.modules.at("dam").memory = 48 << 20;
+  const auto first = FirstRound(p);
+  const auto train_of = [](const RoundPlan& plan) {
+    for (const auto& t : plan.tasks)
+      if (t.step == workflow::Step::kTrain) return t;
+    return Task{};
+  };
+  const Task heads = train_of(PlanRound(p, m, "run1", "mem://x", 1, first, {}));
+  EXPECT_FALSE(heads.body["train"].contains("rank_memory")) << heads.body["train"];
+  std::vector<Ranked> ranking = {{first[0], 0.9, "model/run1/1/" + first[0].id, {}, {}}};
+  const auto second = NextRound(p, 2, ranking);
+  ASSERT_TRUE(second[0].finetune);
+  const Task tunes = train_of(PlanRound(p, m, "run1", "mem://x", 2, second, {}));
+  EXPECT_EQ(tunes.ranks, 3);  // 2 workers and a server
+  EXPECT_EQ(tunes.body["train"]["rank_memory"], (48 << 20) / 3);
+  const workflow::TrainLayout back = workflow::TrainLayoutFromJson(tunes.body["train"], "task");
+  EXPECT_EQ(back.rank_memory, (48 << 20) / 3);
+  EXPECT_EQ(back.BatchShare(32), 32);  // async: a worker computes whole batches
+  EXPECT_EQ(back.MapsLimit(int64_t{14} << 20), (48 << 20) / 3 - (int64_t{14} << 20));
+  EXPECT_EQ(back.MapsLimit(int64_t{20} << 20), 1);  // never 0 (no limit) when memory is short
+  m.modules.at("dam").memory = 0;                   // not said: no limit
+  EXPECT_FALSE(train_of(PlanRound(p, m, "run1", "mem://x", 2, second, {})).body["train"].contains("rank_memory"));
+  nlohmann::json bad = tunes.body["train"];
+  bad["rank_memory"] = -1;
+  EXPECT_THROW(workflow::TrainLayoutFromJson(bad, "task"), Error);
+}
+
 TEST(Candidates, PerturbDerivesFromTheBest) {
   Pipeline p = TwoBackbones();
   auto first = FirstRound(p);
