@@ -8,10 +8,12 @@
 #include "common/files.h"
 #include "common/strings.h"
 #include "kernels/onnx_graph.h"
+#include "kernels/tail.h"
 #include "modules/int8_calibration.h"
 #include "modules/model_object.h"
 #include "nam/store.h"
 #include "record/run_dir.h"
+#include "workflow/backbones.h"
 #include "workflow/datasets.h"
 #include "workflow/kinds.h"
 #include "workflow/objects.h"
@@ -73,7 +75,12 @@ void LoadBackbone(nam::Store& store, const modules::TailWeights& tail, TrainedMo
     std::map<std::string, std::vector<float>> trained;
     for (size_t i = 0; i < tail.names.size(); ++i) trained[tail.names[i]] = tail.values[i];
     m.backbone_onnx = kernels::ReplaceInitializers(bb.bytes, "NAM " + bb.info.name, trained);
-    m.backbone.feature_dtype = "f32";
+    if (workflow::MapsInHalf(m.backbone, "test")) {  // the tail read maps stored as float16: so does this model
+      const kernels::Tail t(kernels::ImportOnnx(bb.bytes, "NAM " + bb.info.name, m.backbone.feature_layer),
+                            tail.train_from);
+      m.backbone_onnx = kernels::RoundThroughHalfAt(m.backbone_onnx, "NAM " + bb.info.name, t.inputs());
+    }
+    m.backbone.feature_dtype = "f32";  // its pooled features were never stored
     m.finetuned_from = tail.train_from;
   }
   if (m.backbone.precision == kernels::Precision::kInt8)

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "kernels/executor_parts.h"
 #include "kernels/fold.h"
+#include "kernels/half.h"
 #include "kernels/tensor_ops.h"
 #include "kernels/window.h"
 
@@ -124,6 +125,7 @@ class PlanBuilder {
           case Kind::kReshape:
           case Kind::kTranspose:
           case Kind::kSlice:
+          case Kind::kCast:
             EmitDataMove(op, src, out_dims, temps);
             break;
           case Kind::kBinary:
@@ -481,9 +483,12 @@ class PlanBuilder {
     if (op.kind == Kind::kPad) {
       const PadSpec p = op.pad;
       step.fn = [=] { PadCopy(from(), x, p.pads, p.mode, p.value, to()); };
-    } else if (op.kind == Kind::kReshape) {
+    } else if (op.kind == Kind::kReshape || (op.kind == Kind::kCast && op.node.Int("to", 0) == kOnnxFloat)) {
       const size_t bytes = static_cast<size_t>(NumElements(x)) * sizeof(float);
       step.fn = [=] { std::memcpy(to(), from(), bytes); };
+    } else if (op.kind == Kind::kCast) {  // to float16: rounded, kept as f32
+      const auto count = static_cast<size_t>(NumElements(x));
+      step.fn = [=] { RoundThroughHalf(from(), count, to()); };
     } else {
       const Dims st = PlainStrides(x);
       Dims strides(out_dims.size());

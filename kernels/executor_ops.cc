@@ -276,6 +276,10 @@ Executor::Op MakeOp(const Graph& g, const Node& n) {
   if (t == "Reshape" || t == "Flatten" || t == "Squeeze" || t == "Unsqueeze") return MakeDataMove(n, Kind::kReshape);
   if (t == "Transpose") return MakeDataMove(n, Kind::kTranspose);
   if (t == "Slice" || t == "Split") return MakeDataMove(n, Kind::kSlice);
+  // A Cast of a computed tensor to float16 and back (a rounding: what a tensor stored as float16
+  // holds) runs; any other Cast is shape arithmetic, folded.
+  if (t == "Cast" && (n.Int("to", 0) == kOnnxFloat16 || n.Int("to", 0) == kOnnxFloat))
+    return MakeDataMove(n, Kind::kCast);
   if (t == "Shape" || t == "Gather" || t == "Cast" || t == "ConstantOfShape") return MakeDataMove(n, Kind::kFold);
   Unsupported(n, "operator is not supported by the msaflow executor");
 }

@@ -40,7 +40,12 @@ bool IsLinear(const EltStep& s);
 void PushStep(std::vector<EltStep>& chain, const EltStep& s);
 
 // kPad, kReshape, kTranspose and kSlice move data on plain f32 tensors (kernels/tensor_ops.h);
-// kFold is shape arithmetic that must fold when the plan is compiled (kernels/fold.h).
+// kFold is shape arithmetic that must fold when the plan is compiled (kernels/fold.h). kCast
+// runs Cast on a computed tensor: to float16, the values rounded to float16 (round to nearest
+// even) and kept as f32, which only a Cast back to float may read; to float, a copy.
+// ONNX's TensorProto data types that Cast runs between.
+constexpr int64_t kOnnxFloat = 1, kOnnxFloat16 = 10;
+
 enum class Kind {
   kConv,
   kEltwise,
@@ -53,6 +58,7 @@ enum class Kind {
   kReshape,
   kTranspose,
   kSlice,
+  kCast,
   kFold
 };
 

@@ -169,6 +169,9 @@ Dims OpOutputDims(Executor::Op& op, const Dims& x, const std::function<Dims(cons
     case Kind::kSlice:
       out = DataMoveDims(op, x, known, is_identity);
       break;
+    case Kind::kCast:
+      out = x;
+      break;
     case Kind::kFold:
       break;  // refused above
   }
@@ -182,6 +185,7 @@ Resolved Resolve(std::vector<Executor::Op> ops, const Graph& g, const Dims& in_d
   Resolved r;
   r.shapes[g.input] = in_dims;
   std::map<std::string, std::string> rename;
+  std::set<std::string> halves;  // outputs of a Cast to float16
   auto renamed = [&](const std::string& t) {
     auto it = rename.find(t);
     return it == rename.end() ? t : it->second;
@@ -208,6 +212,13 @@ Resolved Resolve(std::vector<Executor::Op> ops, const Graph& g, const Dims& in_d
         continue;
       }
     }
+    const bool to_half = op.kind == Kind::kCast && n.Int("to", 0) == kOnnxFloat16;
+    for (const auto& in : op.inputs)
+      if (halves.count(in) && !(op.kind == Kind::kCast && !to_half))
+        fail(ErrorKind::kUnsupported, "input '" + in +
+                                          "' is float16: the executor computes in f32, and runs a Cast to float16 "
+                                          "only where a Cast back to float reads it (a rounding)");
+    if (to_half) halves.insert(n.outputs[0]);
     if (op.kind == Kind::kFold)
       fail(ErrorKind::kUnsupported,
            "runs on image tensors here; only shape arithmetic (folded once the input size is "

@@ -1,5 +1,6 @@
 #include "kernels/half.h"
 
+#include <algorithm>
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -104,6 +105,16 @@ void HalfToFloat(const uint16_t* in, float* out, size_t n) {
   if (HasF16C()) i = ToFloatF16C(in, out, n);
 #endif
   for (; i < n; ++i) out[i] = HalfToFloatScalar(in[i]);
+}
+
+void RoundThroughHalf(const float* in, size_t n, float* out) {
+  constexpr size_t kChunk = 4096;
+  uint16_t h[kChunk];
+  for (size_t lo = 0; lo < n; lo += kChunk) {
+    const size_t m = std::min(kChunk, n - lo);
+    FloatToHalf(in + lo, h, m);
+    HalfToFloat(h, out + lo, m);
+  }
 }
 
 }  // namespace msaflow::kernels

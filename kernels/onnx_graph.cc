@@ -376,4 +376,49 @@ std::string ReplaceInitializers(const std::string& bytes, const std::string& ori
   return out;
 }
 
+std::string RoundThroughHalfAt(const std::string& bytes, const std::string& origin,
+                               const std::vector<std::string>& tensors) {
+  onnx::ModelProto m = Parse(bytes, origin);
+  onnx::GraphProto& g = *m.mutable_graph();
+  for (const std::string& t : tensors) {
+    int producer = -1;
+    for (int i = 0; i < g.node_size() && producer < 0; ++i)
+      for (const auto& o : g.node(i).output())
+        if (o == t) producer = i;
+    if (producer < 0) Throw(ErrorKind::kInvalidInput, origin + ": no node computes tensor '" + t + "'");
+    // Not msaflow/: predict drops the nodes of that name from an export (its own preprocessing and head).
+    const std::string half = "msaflow.f16/" + t, rounded = "msaflow.f16/" + t + "/rounded";
+    for (auto& n : *g.mutable_node())
+      for (auto& in : *n.mutable_input())
+        if (in == t) in = rounded;
+    onnx::NodeProto down, up;
+    down.set_op_type("Cast");
+    down.set_name(half);
+    down.add_input(t);
+    down.add_output(half);
+    auto* a = down.add_attribute();
+    a->set_name("to");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(onnx::TensorProto::FLOAT16);
+    up = down;
+    up.set_name(rounded);
+    up.set_input(0, half);
+    up.set_output(0, rounded);
+    up.mutable_attribute(0)->set_i(onnx::TensorProto::FLOAT);
+    // Right after the producer: the graph's nodes stay sorted.
+    google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+    for (int i = 0; i < g.node_size(); ++i) {
+      *nodes.Add() = g.node(i);
+      if (i == producer) {
+        *nodes.Add() = down;
+        *nodes.Add() = up;
+      }
+    }
+    g.mutable_node()->Swap(&nodes);
+  }
+  std::string out;
+  if (!m.SerializeToString(&out)) Throw(ErrorKind::kIo, origin + ": the model could not be serialised");
+  return out;
+}
+
 }  // namespace msaflow::kernels

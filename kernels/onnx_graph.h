@@ -76,6 +76,13 @@ Graph ImportOnnxCuts(const std::string& bytes, const std::string& origin, const 
 std::string ReplaceInitializers(const std::string& bytes, const std::string& origin,
                                 const std::map<std::string, std::vector<float>>& values);
 
+// `bytes` with each tensor of `tensors` rounded through float16 for the nodes that read it: a
+// Cast to FLOAT16 and one back to FLOAT after its producer, the readers reading the second
+// (what a fine-tuned tail read from maps stored as float16). Throws kInvalidInput naming a
+// tensor that no node computes.
+std::string RoundThroughHalfAt(const std::string& bytes, const std::string& origin,
+                               const std::vector<std::string>& tensors);
+
 // A model's layers as a person picks a cut from them (the service's new-run form): each node,
 // in the model's order, whose output the executor can compute (every node it depends on
 // supported; constants, shape arithmetic and copies left out), with its first output (what

@@ -145,7 +145,10 @@ double PutMapsObject(StepContext& c, const workflow::BackboneSpec& bb, const wor
 }
 
 std::string MapsKey(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split) {
-  return workflow::MapsObject(BackboneDigest(*c.store, bb), c.DatasetDigest(split), bb.train_from);
+  // Float16 maps of every split under a key of their own: the selection and test maps of an f16
+  // backbone were float32 before they came in float16 too, and a NAM may still hold those.
+  return workflow::MapsObject(BackboneDigest(*c.store, bb), c.DatasetDigest(split),
+                              bb.train_from + (workflow::MapsInHalf(bb, split) ? "/f16" : ""));
 }
 
 std::unique_ptr<kernels::Tail> BackboneTails::Make(const workflow::BackboneSpec& bb) {

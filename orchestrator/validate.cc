@@ -157,10 +157,10 @@ std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workfl
     std::string maps;
     for (size_t i = 0; i < t.inputs.size(); ++i)
       maps += fmt::format("{}{} ({} x {} x {})", i ? ", " : "", t.inputs[i], t.dims[i][0], t.dims[i][1], t.dims[i][2]);
-    // The training split's maps in float16 where feature_dtype says so (workflow::MapsInHalf).
-    const double train_value = workflow::MapsInHalf(bb, "train") ? 2 : 4;
-    const double bytes = static_cast<double>(t.values) * (static_cast<double>(images - train_images) * sizeof(float) +
-                                                          static_cast<double>(train_images) * train_value);
+    // Each split's maps in float16 where feature_dtype says so (workflow::MapsInHalf).
+    double bytes = 0;
+    for (const auto& [split, n] : splits)
+      bytes += static_cast<double>(t.values * n) * (workflow::MapsInHalf(bb, split) ? 2 : 4);
     total += bytes;
     const RankMemory mem = FinetuneRankMemory(bb, t, train_images, p.head.batch, layout);
     std::string scales;

@@ -64,11 +64,11 @@ std::vector<Pass> PlanPasses(std::vector<const BackboneSpec*> group, const CutsE
 // the halving strategy names the subset features it hands to prepare by it (docs/search.md).
 std::string BackboneDigestOf(const BackboneSpec& bb, const std::string& model, const std::string& calibration);
 
-// Whether `split`'s fine-tuning maps (modules/finetune_maps.h) are stored as float16: the
-// training split's, where the backbone's feature_dtype is "f16" (half the NAM bytes and transfer;
-// readers widen them). The selection and test maps stay float32, so that evaluation computes what
-// the exported network computes from the images (the trunk and the tail in float32), and the
-// run's accuracy is the export's exactly.
+// Whether `split`'s fine-tuning maps (modules/finetune_maps.h) are stored as float16: every
+// split's, where the backbone's feature_dtype is "f16" (half the NAM bytes and transfer; readers
+// widen them). The fine-tuned model a run exports, predicts and serves with then rounds the
+// trunk's output through float16 where the tail reads it (kernels::RoundThroughHalfAt), so that
+// it computes what evaluation computed from the stored maps, and counts the run's accuracy.
 bool MapsInHalf(const BackboneSpec& bb, const std::string& split);
 
 // How a training rank holds a split's maps of `maps_bytes` (as stored) when it may take `limit`

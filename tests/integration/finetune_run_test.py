@@ -49,6 +49,7 @@ from small_pipeline import FINETUNE_FROM, finetune_pipeline  # noqa: E402
 WORK = tempfile.TemporaryDirectory(prefix="msaflow-finetune-test-")
 ORT = os.path.join(ROOT, ".cache", "ort", "node_modules")
 TRAIN_FROM = FINETUNE_FROM
+TRAIN_FROM_INPUT = "block_10_project_BN"  # the tensor the tail reads: its maps
 
 
 def msaflow(*args, check=True, env=None):
@@ -226,18 +227,24 @@ class Finetune(unittest.TestCase):
         r = msaflow("predict", plain, test["images"], "--labels", test["labels"], "--limit", str(limit), "--json")
         mine = np.array([e["probabilities"] for e in json.loads(r.stdout)], np.float64)
         np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-7)
+        self.assertOrtCounts(run_dir, "ft2", images, labels, ref, reported)
+
+    def assertOrtCounts(self, run_dir, name, images, labels, ref, reported):
+        """The run's export with preprocessing, in ONNX Runtime on the raw images, counts the
+        run's reported test accuracy and gives msaflow predict's probabilities `ref`."""
         if not os.path.isdir(os.path.join(ORT, "onnxruntime-node")):
             self.fail(f"ONNX Runtime is not installed in {ORT}: MSAFLOW_TESTS=1 scripts/setup.sh installs it")
-        pre = exported(run_dir, "ft2", pre=True)
-        raw = os.path.join(WORK.name, "images.u8")
+        pre = exported(run_dir, name, pre=True)
+        raw = os.path.join(WORK.name, name + "-images.u8")
         images[:, :, :, None].tofile(raw)
+        limit = len(labels)
         got = subprocess.run(["node", os.path.join(ROOT, "tests", "integration", "ort_run.js"), pre, raw, "uint8",
                               str(limit), "28", "28", "1"], capture_output=True, timeout=300,
                              env=dict(os.environ, NODE_PATH=ORT))
         self.assertEqual(got.returncode, 0, got.stderr.decode()[-2000:])
         probs = np.frombuffer(got.stdout, np.float32).reshape(limit, -1).astype(np.float64)
         diff = np.abs(probs - ref).max()
-        print(f"ONNX Runtime (with preprocessing) vs msaflow predict: max abs {diff:.2e}, "
+        print(f"{name}: ONNX Runtime (with preprocessing) vs msaflow predict: max abs {diff:.2e}, "
               f"correct {int((probs.argmax(1) == labels).sum())} of {limit}, the run reported {reported}")
         self.assertEqual(int((probs.argmax(1) == labels).sum()), reported)
         self.assertLess(diff, 1e-4)
@@ -311,17 +318,19 @@ class Finetune(unittest.TestCase):
         reported = sum(c["correct"] for c in res["champion"]["test"]["per_class"])
         self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
 
-    def test_training_maps_in_float16(self):
-        # feature_dtype f16: the training split's maps are stored as float16 (half the NAM bytes),
-        # the selection and test maps as float32, so that predict on the run (the whole network
-        # in float32) still counts the reported test accuracy.
+    def test_maps_in_float16(self):
+        # feature_dtype f16: every split's maps are stored as float16 (half the NAM bytes); the
+        # model the run exports, predicts and serves with rounds the trunk's output through float16
+        # where the tail reads it (a Cast to float16 and back), so that msaflow predict (whose
+        # executor runs the pair) and ONNX Runtime count the reported test accuracy.
         doc = pipeline("maps-f16", 1)
         doc["backbones"][0]["feature_dtype"] = "f16"
         doc["nam"] = "file://" + os.path.join(WORK.name, "nam-f16")
         doc["rounds"].update({"max": 1, "candidates": 1, "finetune_from_round": 1})
         runs = os.path.join(WORK.name, "runs-maps-f16")
+        run_dir = os.path.join(runs, "maps-f16")
         msaflow("run", write(doc, "maps-f16"), "--runs", runs, "--run-id", "maps-f16")
-        with open(os.path.join(runs, "maps-f16", "results.json")) as f:
+        with open(os.path.join(run_dir, "results.json")) as f:
             res = json.load(f)
         self.assertIn("finetune", res["champion"]["candidate"])
         r = msaflow("nam", "ls", "maps/", "--json", "--nam", doc["nam"])
@@ -330,13 +339,26 @@ class Finetune(unittest.TestCase):
         self.assertEqual(sorted(wholes), ["test", "train", "validation"])
         for split, o in wholes.items():
             parts = [p for p in listed if p["name"].startswith(o["name"] + ".p")]
-            value = 2 if split == "train" else 4
-            self.assertEqual(o["meta"].get("dtype", "f32"), "f16" if split == "train" else "f32", split)
-            self.assertEqual(sum(p["size"] for p in parts), o["meta"]["rows"] * 1536 * value, split)
-        self.assertPredictCounts(doc, os.path.join(runs, "maps-f16"), res)
-        # plan counts the training maps at two bytes a value: 360 x 1536 x 2 + 240 x 1536 x 4 bytes.
+            self.assertEqual(o["meta"].get("dtype", "f32"), "f16", split)
+            self.assertEqual(sum(p["size"] for p in parts), o["meta"]["rows"] * 1536 * 2, split)
+        plain = exported(run_dir, "maps-f16")
+        casts = [(n.input[0], n.attribute[0].i) for n in onnx.load(plain).graph.node if n.op_type == "Cast"]
+        self.assertEqual(casts, [(TRAIN_FROM_INPUT, onnx.TensorProto.FLOAT16),
+                                 (f"msaflow.f16/{TRAIN_FROM_INPUT}", onnx.TensorProto.FLOAT)], casts)
+        test = doc["datasets"]["test"]
+        limit = 200
+        images, labels = read_idx(test["images"], limit), read_idx(test["labels"], limit)
+        reported = sum(c["correct"] for c in res["champion"]["test"]["per_class"])
+        r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", str(limit), "--json")
+        ref = np.array([e["probabilities"] for e in json.loads(r.stdout)], np.float64)
+        self.assertEqual(int((ref.argmax(1) == labels).sum()), reported)
+        r = msaflow("predict", plain, test["images"], "--labels", test["labels"], "--limit", str(limit), "--json")
+        np.testing.assert_allclose(np.array([e["probabilities"] for e in json.loads(r.stdout)], np.float64), ref,
+                                   rtol=1e-5, atol=1e-7)
+        self.assertOrtCounts(run_dir, "maps-f16", images, labels, ref, reported)
+        # plan counts the maps at two bytes a value: 600 x 1536 x 2 bytes.
         plan = msaflow("plan", write(doc, "maps-f16-plan")).stdout
-        self.assertIn("1536 values an image, 2.6 MB for the 600 images of the splits", plan)
+        self.assertIn("1536 values an image, 1.8 MB for the 600 images of the splits", plan)
 
     def test_async_fine_tunes_with_a_parameter_server(self):
         # The dam's nodes have 48 MiB for 3 processes: 16.8 MB a rank, 14.7 MB of them the tail's

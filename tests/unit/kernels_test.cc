@@ -246,6 +246,68 @@ std::vector<float> NaiveFeatures(const std::string& bytes, const std::vector<flo
   return feat;
 }
 
+// A tensor rounded through float16 (kernels::RoundThroughHalfAt: a Cast to FLOAT16 and one back,
+// what a fine-tuned model reads where the run stored the maps as float16) is what the executor
+// computes: each value rounded to nearest even; a float16 tensor read by anything but a Cast back
+// is refused, naming it.
+TEST(Executor, RunsACastToFloat16AndBackAsARounding) {
+  onnx::ModelProto m;
+  auto* g = TwoChannelModel(m);
+  AddNode(g, "Relu", {"x"}, "r");
+  AddNode(g, "GlobalAveragePool", {"r"}, "out");
+  std::string plain;
+  ASSERT_TRUE(m.SerializeToString(&plain));
+  const std::string rounded = RoundThroughHalfAt(plain, "m", {"r"});
+  onnx::ModelProto back;
+  ASSERT_TRUE(back.ParseFromString(rounded));
+  std::vector<std::string> ops;
+  for (const auto& n : back.graph().node()) ops.push_back(n.op_type() + "(" + n.input(0) + ")");
+  EXPECT_EQ(ops, (std::vector<std::string>{"Relu(x)", "Cast(r)", "Cast(msaflow.f16/r)",
+                                           "GlobalAveragePool(msaflow.f16/r/rounded)"}));
+  const int64_t h = 5, w = 3;
+  std::vector<float> x(static_cast<size_t>(2 * h * w));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 3);
+  for (auto& v : x) v = u(rng);
+  Executor ex(ImportOnnx(rounded, "m", "out")), unrounded(ImportOnnx(plain, "m", "out"));
+  const std::vector<float> got = ex.Features(x.data(), 1, 2, h, w), raw = unrounded.Features(x.data(), 1, 2, h, w);
+  for (int64_t c = 0; c < 2; ++c) {
+    double want = 0, plain_mean = 0;
+    for (int64_t i = 0; i < h * w; ++i) {
+      const float r = std::max(x[static_cast<size_t>(c * h * w + i)], 0.f);
+      want += HalfToFloatScalar(FloatToHalfScalar(r));
+      plain_mean += r;
+    }
+    want /= static_cast<double>(h * w);
+    plain_mean /= static_cast<double>(h * w);
+    EXPECT_NEAR(got[static_cast<size_t>(c)], want, 1e-6) << c;
+    EXPECT_NEAR(raw[static_cast<size_t>(c)], plain_mean, 1e-6) << c;
+    EXPECT_GT(std::abs(want - plain_mean), 1e-5) << c;  // the rounding shows
+  }
+  // A float16 tensor computed on: refused, naming it.
+  onnx::ModelProto m2;
+  auto* g2 = TwoChannelModel(m2);
+  AddNode(g2, "Relu", {"x"}, "r");
+  auto* cast = AddNode(g2, "Cast", {"r"}, "h");
+  auto* to = cast->add_attribute();
+  to->set_name("to");
+  to->set_type(onnx::AttributeProto::INT);
+  to->set_i(onnx::TensorProto::FLOAT16);
+  AddNode(g2, "GlobalAveragePool", {"h"}, "out");
+  std::string bad;
+  ASSERT_TRUE(m2.SerializeToString(&bad));
+  ErrorKind kind;
+  const std::string why = ErrorOf(
+      [&] {
+        Executor e(ImportOnnx(bad, "m", "out"));
+        e.Features(x.data(), 1, 2, h, w);
+      },
+      &kind);
+  EXPECT_EQ(kind, ErrorKind::kUnsupported);
+  EXPECT_NE(why.find("input 'h' is float16"), std::string::npos) << why;
+  EXPECT_EQ(ErrorOf([&] { RoundThroughHalfAt(plain, "m", {"nope"}); }, &kind), "m: no node computes tensor 'nope'");
+}
+
 TEST(Executor, MatchesNaiveImplementationForAnyBatchAndSize) {
   std::string bytes = SmallModel();
   Executor ex(ImportOnnx(bytes, "m", "out"));
