@@ -199,6 +199,34 @@ nlohmann::json PrepareMaps(StepContext& c) {
   return entries;
 }
 
+int64_t PutMapsArrays(nam::Store& store, const std::string& key, const parallel::FinetuneArrays& a,
+                      const std::vector<std::string>& inputs, int64_t classes, int64_t part_rows) {
+  int64_t row = 0;
+  nlohmann::json meta_inputs = nlohmann::json::array();
+  for (size_t i = 0; i < a.dims.size(); ++i) {
+    row += kernels::NumElements(a.dims[i]);
+    meta_inputs.push_back({{"name", inputs.at(i)}, {"dims", a.dims[i]}});
+  }
+  int64_t bytes = 0;
+  std::vector<float> v;
+  for (int64_t p = 0; p * part_rows < a.n; ++p) {
+    v.clear();
+    for (int64_t r = p * part_rows; r < std::min(a.n, (p + 1) * part_rows); ++r)
+      for (size_t i = 0; i < a.maps.size(); ++i) {
+        const int64_t size = kernels::NumElements(a.dims[i]);
+        v.insert(v.end(), a.maps[i] + r * size, a.maps[i] + (r + 1) * size);
+      }
+    store.Put(workflow::FeaturesPartObject(key, p),
+              std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)),
+              {{"kind", "maps-part"}});
+    bytes += static_cast<int64_t>(v.size() * sizeof(float));
+  }
+  nlohmann::json meta = FeaturesMeta(a.n, row, classes, part_rows, false);
+  meta.update({{"kind", "maps"}, {"inputs", meta_inputs}});
+  store.Put(key, std::string_view(reinterpret_cast<const char*>(a.y), static_cast<size_t>(a.n)), meta);
+  return bytes;
+}
+
 std::unique_ptr<MapsSource> OpenMaps(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split,
                                      int64_t limit) {
   const std::string key = MapsKey(c, bb, split);

@@ -116,6 +116,12 @@ nlohmann::json PrepareMaps(StepContext& c);
 double PutMapsObject(StepContext& c, const workflow::BackboneSpec& bb, const workflow::SplitSource& src,
                      const FeaturesIndex& idx, int64_t classes, const nlohmann::json& inputs, const std::string& how);
 
+// Maps held in memory (`a`, the tail's `inputs` in its order) put in `store` as the maps object
+// `key`, float32, in parts of `part_rows` rows, as prepare writes maps it computes: for benches
+// and tests that stream maps they made (a MapsSource reads them). Returns the bytes put.
+int64_t PutMapsArrays(nam::Store& store, const std::string& key, const parallel::FinetuneArrays& a,
+                      const std::vector<std::string>& inputs, int64_t classes, int64_t part_rows);
+
 // The maps of backbone `bb` on `split`, as a MapsSource (limit as it says). kNotFound before
 // prepare made them (naming the backbone and the split), kCorrupt for a malformed object.
 std::unique_ptr<MapsSource> OpenMaps(StepContext& c, const workflow::BackboneSpec& bb, const std::string& split,

@@ -67,29 +67,6 @@ int64_t RowFloats(const parallel::FinetuneArrays& a) {
   return row;
 }
 
-// The maps as prepare stores them (modules/finetune_maps.h), float32; returns the object's name.
-std::string PutMaps(nam::Store& store, const parallel::FinetuneArrays& a, const std::vector<std::string>& inputs,
-                    int64_t part_rows) {
-  const std::string key = "maps/test";
-  const int64_t row = RowFloats(a);
-  nlohmann::json meta = modules::FeaturesMeta(a.n, row, kClasses, part_rows, false);
-  meta["kind"] = "maps";
-  meta["inputs"] = nlohmann::json::array();
-  for (size_t i = 0; i < inputs.size(); ++i) meta["inputs"].push_back({{"name", inputs[i]}, {"dims", a.dims[i]}});
-  store.Put(key, std::string(reinterpret_cast<const char*>(a.y), static_cast<size_t>(a.n)), meta);
-  for (int64_t p = 0; p * part_rows < a.n; ++p) {
-    std::vector<float> v;
-    for (int64_t r = p * part_rows; r < std::min(a.n, (p + 1) * part_rows); ++r)
-      for (size_t i = 0; i < a.maps.size(); ++i) {
-        const int64_t size = kernels::NumElements(a.dims[i]);
-        v.insert(v.end(), a.maps[i] + r * size, a.maps[i] + (r + 1) * size);
-      }
-    store.Put(workflow::FeaturesPartObject(key, p),
-              std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)), {});
-  }
-  return key;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -128,7 +105,8 @@ int main(int argc, char** argv) {
     if (stream_parts > 0) {
       store = nam::OpenStore("mem://finetune-ranks");
       const int64_t part_rows = 16;
-      streamed = std::make_unique<modules::MapsSource>(*store, PutMaps(*store, arrays, tail.inputs(), part_rows),
+      modules::PutMapsArrays(*store, "maps/test", arrays, tail.inputs(), kClasses, part_rows);
+      streamed = std::make_unique<modules::MapsSource>(*store, "maps/test",
                                                        stream_parts * part_rows * RowFloats(arrays) * 4);
       if (!streamed->streamed()) Throw(ErrorKind::kInternal, "the maps fit in STREAM_PARTS parts: not streamed");
     }
