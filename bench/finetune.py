@@ -11,7 +11,13 @@ With --scaling: the sync fine-tuning step's strong scaling instead, 2 ranks x 1 
 blocks 11-13 and a softmax head on 192 synthetic 64 x 64 images, global batch --batch, 30 epochs),
 with the gradient's sums in buckets during the backward pass and with one sum after it.
 
-usage: bench/finetune.py [--msaflow build/msaflow] [--threads 2] [--steps 20] [--repeat 3] [--scaling]"""
+With --streamed: the training maps streamed from a NAM server (msaflow nam serve, tcp on
+loopback) by modules::MapsSource within 4 parts, windows of 2 (docs/finetune.md), against the
+same training on the maps in memory, interleaved in one process (bench_finetune --stream-parts):
+MobileNetV2's blocks 11-13 at 96 x 96, --steps batches an epoch, 3 epochs.
+
+usage: bench/finetune.py [--msaflow build/msaflow] [--threads 2] [--steps 20] [--repeat 3]
+                         [--scaling | --streamed]"""
 import argparse
 import json
 import os
@@ -120,6 +126,29 @@ def scaling(msaflow, repeat, batch):
         print(f"{name:44} {t:>8.3f} {statistics.median(waits[name]):>19.3f} {one / t:>8.2f}x")
 
 
+def streamed(tool, args):
+    model, cut, start, size = TAILS[0]
+    cmd = [tool, "--model", str(ROOT / "models" / model), "--cut", cut, "--from", start, "--batch", str(args.batch),
+           "--steps", str(args.steps), "--size", str(size), "--stream-parts", "4", "--msaflow",
+           str(pathlib.Path(args.msaflow).resolve()), "--epochs", "3", "--reps", str(args.repeat)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+    if r.returncode != 0:
+        sys.exit(f"bench_finetune: {r.stderr.strip()}")
+    s = json.loads(r.stdout.strip().splitlines()[-1])["streamed"]
+    print(cpu.describe())
+    print(f"{model} {start} .. {cut} at {size}x{size}, batch {args.batch}, {args.steps} batches an epoch, "
+          f"{s['epochs']} epochs, {args.threads} threads, median of {args.repeat} interleaved")
+    print(f"maps {s['maps_bytes'] / 1e6:.1f} MB in parts of {s['part_rows']} rows; streamed within "
+          f"{s['limit_bytes'] / 1e6:.1f} MB (windows of {s['window_parts']} parts) from the NAM server, "
+          f"{s['nam']}")
+    print(f"{'maps':34} {'img/s':>9}")
+    print(f"{'in memory (held whole)':34} {s['whole_images_per_s']:>9.1f}")
+    print(f"{'streamed from the NAM':34} {s['streamed_images_per_s']:>9.1f}")
+    print(f"streamed vs in memory: {s['streamed_images_per_s'] / s['whole_images_per_s']:.3f}x; "
+          f"{s['parts_read']} parts read, at most {s['peak_bytes'] / 1e6:.1f} MB held, "
+          f"training waited {s['wait_seconds']:.3f} s for them")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--msaflow", default=str(ROOT / "build" / "msaflow"),
@@ -129,11 +158,15 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--scaling", action="store_true", help="2 sync ranks against 1 instead (see above)")
+    ap.add_argument("--streamed", action="store_true", help="maps streamed from a NAM server vs in memory (above)")
     args = ap.parse_args()
     if args.scaling:
         scaling(args.msaflow, args.repeat, args.batch)
         return
     tool = str(pathlib.Path(args.msaflow).resolve().parent / "bench" / "bench_finetune")
+    if args.streamed:
+        streamed(tool, args)
+        return
     import torch
     print(cpu.describe())
     print(f"PyTorch {torch.__version__}; {args.threads} threads each; batch {args.batch}, {args.steps} steps, "

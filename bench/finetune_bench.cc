@@ -4,20 +4,30 @@
 // update, the step's seconds, the tail's nodes, inputs and weights.
 //   bench_finetune --model M.onnx --cut LAYER --from LAYER [--batch 64] [--steps 20] [--size 96]
 //   bench_finetune ... --describe     the tail's nodes, inputs (with dims) and params only
+//   bench_finetune ... --stream-parts N --msaflow EXE [--epochs E] [--reps R]
+//       also the same training with the maps streamed from a NAM server (EXE nam serve, tcp on
+//       loopback) by modules::MapsSource within N parts (as prepare cuts them), interleaved with
+//       the maps in memory, R times each: both figures, the reads and the waits.
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <random>
 
 #include "bench/bench_util.h"
+#include "common/files.h"
 #include "kernels/executor.h"
 #include "kernels/onnx_graph.h"
+#include "modules/finetune_maps.h"
+#include "nam/store.h"
 #include "parallel/finetune.h"
+#include "workflow/objects.h"
 
 using namespace msaflow;
 
 int main(int argc, char** argv) {
   CLI::App app{"fine-tuning's training step on one rank"};
   std::string model, cut, from;
-  int64_t batch = 64, steps = 20, size = 96, classes = 10;
+  int64_t batch = 64, steps = 20, size = 96, classes = 10, stream_parts = 0, epochs = 1, reps = 3;
+  std::string exe;
   bool describe = false;
   app.add_option("--model", model)->required();
   app.add_option("--cut", cut)->required();
@@ -26,6 +36,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps);
   app.add_option("--size", size);
   app.add_flag("--describe", describe);
+  app.add_option("--stream-parts", stream_parts);
+  app.add_option("--msaflow", exe);
+  app.add_option("--epochs", epochs);
+  app.add_option("--reps", reps);
   CLI11_PARSE(app, argc, argv);
   return bench::ReportErrors("bench_finetune", [&] {
     const std::string bytes = ReadFile(model);
@@ -73,6 +87,51 @@ int main(int argc, char** argv) {
     out["step_seconds"] = st.seconds / static_cast<double>(steps);
     out["batch"] = batch;
     out["steps"] = steps;
+    if (stream_parts > 0) {
+      if (exe.empty()) Throw(ErrorKind::kInvalidInput, "--stream-parts needs --msaflow EXE (it starts the NAM server)");
+      const std::string dir =
+          std::filesystem::temp_directory_path() / ("msaflow-bench-finetune-" + std::to_string(getpid()));
+      MakeDirs(dir);
+      const std::string ready = dir + "/ready.json", log = dir + "/nam.log";
+      bench::Child server;
+      server.Start({exe, "nam", "serve", "--listen", "127.0.0.1:" + std::to_string(18000 + getpid() % 20000),
+                    "--provider", "tcp", "--capacity", "4GiB", "--ready-file", ready},
+                   log);
+      const std::unique_ptr<nam::Store> store = nam::OpenStore(bench::WaitReady(ready, server, log));
+      int64_t row = 0;
+      for (const auto& d : data.dims) row += kernels::NumElements(d);
+      const int64_t part_rows = workflow::FeaturesPartRows(row, workflow::kMapsBatch, workflow::FeaturesPartBytes());
+      const int64_t bytes = modules::PutMapsArrays(*store, "maps/bench", data, tail.inputs(), classes, part_rows);
+      const int64_t limit = stream_parts * part_rows * row * static_cast<int64_t>(sizeof(float));
+      cfg.epochs = h.config.epochs = epochs;
+      std::vector<double> whole_s, streamed_s, waited;
+      int64_t parts_read = 0, peak = 0, window = 0;
+      for (int64_t r = 0; r < reps; ++r) {  // interleaved: the machine's drift falls on both
+        whole_s.push_back(parallel::FinetuneSync(self, data, &tail, &h, {}).seconds);
+        modules::MapsSource streamed(*store, "maps/bench", limit);
+        if (!streamed.streamed()) Throw(ErrorKind::kInvalidInput, "--stream-parts: the maps fit, nothing streams");
+        streamed_s.push_back(parallel::FinetuneSync(self, streamed, &tail, &h, {}).seconds);
+        const auto st2 = streamed.stats();
+        waited.push_back(st2.wait_seconds);
+        parts_read = st2.parts_read;
+        peak = st2.peak_bytes;
+        window = streamed.window_parts();
+      }
+      const double images = static_cast<double>(n * epochs);
+      out["streamed"] = {{"nam", "tcp on loopback"},
+                         {"epochs", epochs},
+                         {"maps_bytes", bytes},
+                         {"part_rows", part_rows},
+                         {"limit_bytes", limit},
+                         {"window_parts", window},
+                         {"whole_images_per_s", images / bench::Median(whole_s)},
+                         {"streamed_images_per_s", images / bench::Median(streamed_s)},
+                         {"wait_seconds", bench::Median(waited)},
+                         {"parts_read", parts_read},
+                         {"peak_bytes", peak}};
+      server.Stop();
+      std::filesystem::remove_all(dir);
+    }
     bench::PrintJsonLine(out);
   });
 }

@@ -106,8 +106,8 @@ int main(int argc, char** argv) {
       store = nam::OpenStore("mem://finetune-ranks");
       const int64_t part_rows = 16;
       modules::PutMapsArrays(*store, "maps/test", arrays, tail.inputs(), kClasses, part_rows);
-      streamed = std::make_unique<modules::MapsSource>(*store, "maps/test",
-                                                       stream_parts * part_rows * RowFloats(arrays) * 4);
+      streamed =
+          std::make_unique<modules::MapsSource>(*store, "maps/test", stream_parts * part_rows * RowFloats(arrays) * 4);
       if (!streamed->streamed()) Throw(ErrorKind::kInternal, "the maps fit in STREAM_PARTS parts: not streamed");
     }
     parallel::FinetuneData& data = streamed ? static_cast<parallel::FinetuneData&>(*streamed) : arrays;
