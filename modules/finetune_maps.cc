@@ -305,12 +305,11 @@ void MapsSource::Shuffle(std::vector<int64_t>& rows, std::mt19937_64& rng) const
 
 void MapsSource::Expect(const int64_t* rows, int64_t count) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (int64_t k = 0; k < count; ++k) {
+    for (int64_t k = 0; k < count; ++k)  // all checked before any is counted
       if (rows[k] < 0 || rows[k] >= n)
         Throw(ErrorKind::kInternal, fmt::format("maps {}: row {} expected of {}", idx_.object, rows[k], n));
-      ++pending_[static_cast<size_t>(PartOf(rows[k]))];
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t k = 0; k < count; ++k) ++pending_[static_cast<size_t>(PartOf(rows[k]))];
     queue_.insert(queue_.end(), rows, rows + count);
   }
   fetch_cv_.notify_all();

@@ -215,6 +215,12 @@ class Finetune(unittest.TestCase):
 
     def test_predict_and_onnx_runtime_reproduce_the_accuracy(self):
         run_dir, res, _ = run("ft2", 2)
+        self.assertExportReproduces(run_dir, res, "ft2")
+
+    def assertExportReproduces(self, run_dir, res, name):
+        """msaflow predict on the run counts the reported test accuracy on 200 test images, on
+        the run's export gives the same probabilities, and ONNX Runtime on its export with
+        preprocessing counts it too. Returns the plain export's path."""
         with open(os.path.join(run_dir, "pipeline.json")) as f:
             test = json.load(f)["datasets"]["test"]
         limit = 200
@@ -223,11 +229,12 @@ class Finetune(unittest.TestCase):
         r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", str(limit), "--json")
         ref = np.array([e["probabilities"] for e in json.loads(r.stdout)], np.float64)
         self.assertEqual(int((ref.argmax(1) == labels).sum()), reported)
-        plain = exported(run_dir, "ft2")
+        plain = exported(run_dir, name)
         r = msaflow("predict", plain, test["images"], "--labels", test["labels"], "--limit", str(limit), "--json")
         mine = np.array([e["probabilities"] for e in json.loads(r.stdout)], np.float64)
         np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-7)
-        self.assertOrtCounts(run_dir, "ft2", images, labels, ref, reported)
+        self.assertOrtCounts(run_dir, name, images, labels, ref, reported)
+        return plain
 
     def assertOrtCounts(self, run_dir, name, images, labels, ref, reported):
         """The run's export with preprocessing, in ONNX Runtime on the raw images, counts the
@@ -341,21 +348,10 @@ class Finetune(unittest.TestCase):
             parts = [p for p in listed if p["name"].startswith(o["name"] + ".p")]
             self.assertEqual(o["meta"].get("dtype", "f32"), "f16", split)
             self.assertEqual(sum(p["size"] for p in parts), o["meta"]["rows"] * 1536 * 2, split)
-        plain = exported(run_dir, "maps-f16")
+        plain = self.assertExportReproduces(run_dir, res, "maps-f16")
         casts = [(n.input[0], n.attribute[0].i) for n in onnx.load(plain).graph.node if n.op_type == "Cast"]
         self.assertEqual(casts, [(TRAIN_FROM_INPUT, onnx.TensorProto.FLOAT16),
                                  (f"msaflow.f16/{TRAIN_FROM_INPUT}", onnx.TensorProto.FLOAT)], casts)
-        test = doc["datasets"]["test"]
-        limit = 200
-        images, labels = read_idx(test["images"], limit), read_idx(test["labels"], limit)
-        reported = sum(c["correct"] for c in res["champion"]["test"]["per_class"])
-        r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", str(limit), "--json")
-        ref = np.array([e["probabilities"] for e in json.loads(r.stdout)], np.float64)
-        self.assertEqual(int((ref.argmax(1) == labels).sum()), reported)
-        r = msaflow("predict", plain, test["images"], "--labels", test["labels"], "--limit", str(limit), "--json")
-        np.testing.assert_allclose(np.array([e["probabilities"] for e in json.loads(r.stdout)], np.float64), ref,
-                                   rtol=1e-5, atol=1e-7)
-        self.assertOrtCounts(run_dir, "maps-f16", images, labels, ref, reported)
         # plan counts the maps at two bytes a value: 600 x 1536 x 2 bytes.
         plan = msaflow("plan", write(doc, "maps-f16-plan")).stdout
         self.assertIn("1536 values an image, 1.8 MB for the 600 images of the splits", plan)

@@ -63,6 +63,18 @@ TEST(Planner, RoundBindsStepsToModules) {
   EXPECT_EQ(plan.tasks[0].body["format"], kTaskFormat);
 }
 
+// A pipeline of one backbone that fine-tunes from layer "w", with `rest` (its head, steps and
+// rounds, as JSON members).
+Pipeline FineTuning(const std::string& rest) {
+  return ParsePipeline(R"({"name": "t",
+    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
+                 "validation": {"from": "train", "fraction": 0.1}},
+    "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": "x", "train_from": "w",
+                   "input": {"height": 32, "width": 32}}],
+    )" + rest + "}",
+                       "p.json", "/b");
+}
+
 Pipeline WithTrain(const std::string& train, int64_t candidates) {
   return ParsePipeline(R"({"name": "t",
     "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
@@ -343,14 +355,8 @@ TEST(Candidates, HalvingGrowsTheDataAndNarrowsTheBackbonesRoundByRound) {
 // from its parent's model (its head, and its tail if it fine-tuned), at the head space's
 // backbone_lr_scale.
 TEST(Candidates, HalvingContinuesIntoFineTuning) {
-  const Pipeline p = ParsePipeline(R"({"name": "t",
-    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
-                 "validation": {"from": "train", "fraction": 0.1}},
-    "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": "x", "train_from": "w",
-                   "input": {"height": 32, "width": 32}}],
-    "head": {"lr": [0.001, 0.01], "backbone_lr_scale": [0.2]},
-    "rounds": {"max": 3, "candidates": 4, "seed": 4, "strategy": "halving", "eta": 2, "finetune_from_round": 2}})",
-                                   "p.json", "/b");
+  const Pipeline p = FineTuning(R"("head": {"lr": [0.001, 0.01], "backbone_lr_scale": [0.2]},
+    "rounds": {"max": 3, "candidates": 4, "seed": 4, "strategy": "halving", "eta": 2, "finetune_from_round": 2})");
   const auto first = FirstRound(p);
   for (const auto& c : first) EXPECT_FALSE(c.finetune) << c.id;
   std::vector<Ranked> ranking;
@@ -413,14 +419,8 @@ TEST(Candidates, FineTuningCandidatesTrainForFinetuneEpochs) {
 // node's memory: all the processes on the local launcher share one), so that a rank streams its
 // maps where they would not fit; a round of heads alone keeps its task as it always was.
 TEST(Planner, AFineTuningRoundsTrainTaskCarriesEachRanksMemory) {
-  const Pipeline p = ParsePipeline(R"({"name": "t",
-    "datasets": {"train": {"images": "a", "labels": "b"}, "test": {"images": "c", "labels": "d"},
-                 "validation": {"from": "train", "fraction": 0.1}},
-    "backbones": [{"name": "m", "onnx": "m.onnx", "feature_layer": "x", "train_from": "w",
-                   "input": {"height": 32, "width": 32}}],
-    "steps": {"train": {"module": "dam", "ranks": 2, "mode": "async"}},
-    "rounds": {"max": 2, "candidates": 2, "top_k": 1, "finetune_from_round": 2}})",
-                                   "p.json", "/b");
+  const Pipeline p = FineTuning(R"("steps": {"train": {"module": "dam", "ranks": 2, "mode": "async"}},
+    "rounds": {"max": 2, "candidates": 2, "top_k": 1, "finetune_from_round": 2})");
   Machine m = LoadMachine("local");
   m.modules.at("dam").memory = 48 << 20;
   const auto first = FirstRound(p);
