@@ -241,6 +241,31 @@ std::optional<nam::ObjectInfo> StagedBefore(StepContext& c, const workflow::Cand
   return info;
 }
 
+// The training maps of `bb`: held whole where they fit beside the tail's activations for the
+// largest batch of its candidates in the rank's memory (TrainLayout::rank_memory), else streamed.
+std::unique_ptr<MapsSource> TrainingMaps(StepContext& c, const workflow::BackboneSpec& bb, kernels::Tail& tail,
+                                         const std::vector<workflow::Candidate>& cands, bool alone) {
+  std::unique_ptr<MapsSource> whole = OpenMaps(c, bb, "train", 0);
+  int64_t batch = 1;
+  for (const auto& cand : cands)
+    if (cand.backbone == bb.name) batch = std::max(batch, cand.head.batch);
+  const int64_t activations =
+      tail.KeptValuesPerImage(whole->dims) * c.task.train.BatchShare(batch) * static_cast<int64_t>(sizeof(float));
+  const int64_t limit = c.task.train.MapsLimit(activations);
+  if (workflow::MapsKeepBytes(whole->bytes(), limit) == 0) return whole;
+  whole.reset();
+  std::unique_ptr<MapsSource> s = OpenMaps(c, bb, "train", limit);
+  if (c.root() || alone)
+    c.Say(
+        fmt::format("fine-tuning {}: the training maps ({:.1f} MB) streamed from the NAM, at most {:.1f} MB a "
+                    "rank ({} part{} of {:.1f} MB a window; the rank's memory {:.1f} MB less {:.1f} MB of "
+                    "activations)",
+                    bb.name, static_cast<double>(s->bytes()) / 1e6, static_cast<double>(limit) / 1e6, s->window_parts(),
+                    s->window_parts() == 1 ? "" : "s", static_cast<double>(s->part_bytes()) / 1e6,
+                    static_cast<double>(c.task.train.rank_memory) / 1e6, static_cast<double>(activations) / 1e6));
+  return s;
+}
+
 void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, const parallel::Straggler& straggler,
               const Stager& staged, const Reuser& reused) {
   parallel::Comm& world = *c.comm;
@@ -269,32 +294,7 @@ void Finetune(StepContext& c, const std::vector<workflow::Candidate>& cands, con
     }
     const workflow::BackboneSpec& bb = c.pipeline().Backbone(cand.backbone);
     std::unique_ptr<kernels::Tail> tail = tails.Make(bb);
-    if (!maps.count(bb.name)) {
-      // Held whole where they fit beside the tail's activations in the rank's memory, else streamed.
-      const auto open = [&](int64_t limit) { return OpenMaps(c, bb, "train", limit); };
-      std::unique_ptr<MapsSource> whole = open(0);
-      int64_t batch = 1;  // the largest of the backbone's candidates
-      for (const auto& other : cands)
-        if (other.backbone == bb.name) batch = std::max(batch, other.head.batch);
-      const int64_t activations =
-          tail->KeptValuesPerImage(whole->dims) * c.task.train.BatchShare(batch) * static_cast<int64_t>(sizeof(float));
-      const int64_t limit = c.task.train.MapsLimit(activations);
-      if (workflow::MapsKeepBytes(whole->bytes(), limit) > 0) {
-        whole.reset();
-        maps.emplace(bb.name, open(limit));
-        const MapsSource& s = *maps.at(bb.name);
-        if (c.root() || alone)
-          c.Say(
-              fmt::format("fine-tuning {}: the training maps ({:.1f} MB) streamed from the NAM, at most {:.1f} MB a "
-                          "rank ({} part{} of {:.1f} MB a window; the rank's memory {:.1f} MB less {:.1f} MB of "
-                          "activations)",
-                          bb.name, static_cast<double>(s.bytes()) / 1e6, static_cast<double>(limit) / 1e6,
-                          s.window_parts(), s.window_parts() == 1 ? "" : "s", static_cast<double>(s.part_bytes()) / 1e6,
-                          static_cast<double>(c.task.train.rank_memory) / 1e6, static_cast<double>(activations) / 1e6));
-      } else {
-        maps.emplace(bb.name, std::move(whole));
-      }
-    }
+    if (!maps.count(bb.name)) maps.emplace(bb.name, TrainingMaps(c, bb, *tail, cands, alone));
     MapsSource& m = *maps.at(bb.name);
     std::unique_ptr<kernels::Head> init;
     if (!cand.warm_start.empty()) {
