@@ -8,7 +8,7 @@
 // A maps object holds the labels (n bytes); its metadata gives rows, classes, the tail's inputs
 // with one image's dims each, part_rows and parts. Its parts (workflow::FeaturesPartObject of
 // its name) hold part_rows rows each, a row being every input's values for one image, one input
-// after another, float32.
+// after another, float32 (float16 where the metadata's dtype says f16: workflow::MapsInHalf).
 #pragma once
 
 #include <condition_variable>
