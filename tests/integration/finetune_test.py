@@ -7,7 +7,8 @@ The gradient's sums overlap the backward pass in buckets: 2 ranks with one sum a
 (bucket size 0) train what 2 ranks with buckets do. Async (1 server, 2 workers) and hybrid
 (1 server, 2 groups of 2) must learn too, every update applied by the server, and one async
 worker must train the same weights whether 1 or 2 servers hold the slices. The maps streamed from a
-NAM within a few parts (modules::MapsSource) train the same at 1 and 2 ranks, and async learns.
+NAM within a few parts (modules::MapsSource) train the same at 1 and 2 ranks; async and hybrid
+learn so too.
 
 usage: finetune_test.py FINETUNE_RANKS SOURCE_ROOT"""
 import json
@@ -126,12 +127,13 @@ with tempfile.TemporaryDirectory() as d:
     # Streamed maps (modules::MapsSource within 4 parts of 16 rows: windows of 2 parts): 1 and 2
     # sync ranks train the same weights (the epochs' orders depend on the seed, not the ranks),
     # every part is read once a pass (the head's features, then each epoch), never more than 4
-    # held; async streams each worker's shard and learns.
+    # held; async streams each worker's shard, hybrid each group member its share of its group's
+    # batches, and both learn.
     streamed = {}
-    for mode, ranks in (("sync", 1), ("sync", 2), ("async", 3)):
+    for mode, ranks in (("sync", 1), ("sync", 2), ("async", 3), ("hybrid", 5)):
         out = os.path.join(d, f"streamed-{mode}-{ranks}")
         os.mkdir(out)
-        streamed[ranks] = train(ranks, out, mode=mode, epochs=6 if mode == "async" else 3, stream=4)
+        streamed[ranks] = train(ranks, out, mode=mode, epochs=3 if mode == "sync" else 6, stream=4)
         w, r = streamed[ranks]
         m = r["maps"]
         losses = [p["loss"] for p in r["curve"]]
