@@ -3,9 +3,12 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <set>
+#include <string>
+#include <type_traits>
 
 namespace msaflow::workflow {
 namespace {
@@ -118,13 +121,39 @@ nlohmann::json ToJson(const Candidate& c) {
   return j;
 }
 
+namespace {
+
+// An integer of a candidate as an integer: nlohmann::json converts a float (1e24) to one by a
+// cast, undefined where it does not fit (the task fuzzer found it), so anything else is refused
+// as json's own type errors are.
+template <typename T>
+T Integer(const nlohmann::json& v, const char* key) {
+  if (!v.is_number_integer())
+    throw nlohmann::json::type_error::create(302, std::string(key) + ": expected an integer, got " + v.dump(), nullptr);
+  if (std::is_unsigned_v<T> && v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)
+    throw nlohmann::json::out_of_range::create(406, std::string(key) + ": expected 0 or more, got " + v.dump(),
+                                               nullptr);
+  if (!std::is_unsigned_v<T> && v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})
+    throw nlohmann::json::out_of_range::create(406, std::string(key) + ": too large, got " + v.dump(), nullptr);
+  return v.get<T>();
+}
+
+}  // namespace
+
 Candidate CandidateFromJson(const nlohmann::json& j) {
   Candidate c;
   c.id = j.at("id");
   c.backbone = j.at("backbone");
   const auto& h = j.at("head");
-  c.head = {h.at("type"), h.at("hidden"), h.at("optimizer"), h.at("lr"), h.at("l2"),
-            h.at("epochs"), h.at("batch"), h.at("seed"), h.value("data_seed", uint64_t{0})};
+  c.head = {h.at("type"),
+            Integer<int64_t>(h.at("hidden"), "head/hidden"),
+            h.at("optimizer"),
+            h.at("lr"),
+            h.at("l2"),
+            Integer<int64_t>(h.at("epochs"), "head/epochs"),
+            Integer<int64_t>(h.at("batch"), "head/batch"),
+            Integer<uint64_t>(h.at("seed"), "head/seed"),
+            h.contains("data_seed") ? Integer<uint64_t>(h.at("data_seed"), "head/data_seed") : uint64_t{0}};
   c.warm_start = j.value("warm_start", "");
   c.parent = j.value("parent", "");
   if (j.contains("finetune")) {

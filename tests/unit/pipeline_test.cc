@@ -261,5 +261,29 @@ TEST(Task, EveryFieldOfTheWrongTypeIsRefusedByName) {
   }
 }
 
+// Found by fuzz/task_fuzz.cc: a candidate's "epochs" of 1e24 (a float: past int64) reached
+// nlohmann's float-to-integer cast, undefined behaviour. A candidate's every integer that is a
+// float, negative where it cannot be, or past int64 is refused, naming the candidate and field.
+TEST(Task, ACandidatesIntegersMustBeIntegersThatFit) {
+  const nlohmann::json real =
+      nlohmann::json::parse(ReadFile(std::string(MSAFLOW_SOURCE_DIR) + "/fuzz/corpus/task/r1-train.json"));
+  ASSERT_NO_THROW(ParseTask(real, "t.json"));
+  const std::vector<std::pair<std::string, nlohmann::json>> bad = {
+      {"epochs", 1e24}, {"epochs", 2.5}, {"batch", nlohmann::json(uint64_t{1} << 63)},
+      {"hidden", "8"},  {"seed", -1},    {"data_seed", 0.5}};
+  for (const auto& [key, value] : bad) {
+    nlohmann::json t = real;
+    t["candidates"][0]["head"][key] = value;
+    try {
+      ParseTask(t, "t.json");
+      ADD_FAILURE() << key << " = " << value.dump() << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
+      EXPECT_NE(std::string(e.what()).find("candidates/0"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("head/" + key), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace msaflow::workflow
