@@ -160,12 +160,14 @@ void OnOneCore(const std::function<void()>& fn) {
 // every core busy nothing is ever fetched ahead: the choice costs nothing against reading in turn.
 TEST(Overlap, AFetchThatOnlyWaitsIsOverlappedAtOnce) {
   OverlapChoice choice;
-  // The fetch waits 16 ms, 4x the computing, so the core is free when it wakes and what a fetch
-  // costs besides its wait (waking, handing over; 2-3 ms under TSan, measured) stays well under
-  // kWaits of it. With both at 4 ms, that cost alone read as 30-53 % on a CPU under TSan.
+  // The fetch waits 64 ms, 16x the computing, so the core is free when it wakes and what a fetch
+  // costs besides its wait stays well under kWaits of it. That cost is waking and handing over
+  // (2-3 ms under TSan, measured), plus the time the woken fetch waits in the run queue while
+  // other tests run on the same core: CI's TSan pass measured 5 ms a fetch in all, 30 % of a
+  // 16 ms wait; with both at 4 ms, 30-53 %.
   OnOneCore([&] {
     Overlap(
-        12, [](int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(16)); },
+        12, [](int64_t) { std::this_thread::sleep_for(std::chrono::milliseconds(64)); },
         [](int64_t) { BurnCpu(0.004); }, choice);
   });
   EXPECT_EQ(choice.chosen(), "overlapped") << choice.Describe();
