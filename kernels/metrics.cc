@@ -19,11 +19,16 @@ void Metrics::Merge(const Metrics& o) {
   for (size_t i = 0; i < confusion.size(); ++i) confusion[i] += o.confusion[i];
 }
 
-Metrics Evaluate(const float* logits, const uint8_t* labels, int64_t n, int64_t classes) {
+Metrics Metrics::Empty(int64_t classes) {
   Metrics m;
   m.classes = classes;
-  m.count = n;
   m.confusion.assign(static_cast<size_t>(classes * classes), 0);
+  return m;
+}
+
+Metrics Evaluate(const float* logits, const uint8_t* labels, int64_t n, int64_t classes) {
+  Metrics m = Metrics::Empty(classes);
+  m.count = n;
   for (int64_t i = 0; i < n; ++i) {
     const float* z = logits + i * classes;
     int64_t pred = std::max_element(z, z + classes) - z;

@@ -16,6 +16,8 @@ struct Metrics {
   double loss() const { return count ? loss_sum / static_cast<double>(count) : 0; }
   // Adds another shard's counts (same classes).
   void Merge(const Metrics& other);
+  // No image counted yet, over `classes` classes (what shards' metrics merge into).
+  static Metrics Empty(int64_t classes);
 };
 
 // Metrics of logits (n x classes) against labels.

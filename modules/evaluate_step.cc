@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "common/error.h"
 #include "kernels/head.h"
@@ -22,6 +23,7 @@
 #include "modules/straggler.h"
 #include "parallel/task_farm.h"
 #include "parallel/train_util.h"
+#include "workflow/backbones.h"
 #include "workflow/datasets.h"
 #include "workflow/objects.h"
 
@@ -146,9 +148,7 @@ nlohmann::json EvaluateWhole(StepContext& c, const workflow::Candidate& cand, co
     Throw(ErrorKind::kInvalidInput, "model " + cand.id + " expects " + std::to_string(h.in_dim) + " features, " +
                                         split + " features have " + std::to_string(f.dim));
   const int64_t classes = std::max(h.classes, f.classes);
-  kernels::Metrics met;
-  met.classes = classes;
-  met.confusion.assign(static_cast<size_t>(classes * classes), 0);
+  kernels::Metrics met = kernels::Metrics::Empty(classes);
   std::string bytes;
   for (int64_t p = 0; p < f.parts; ++p) {
     ReadFeaturesPart(*c.store, f, p, bytes);
@@ -173,13 +173,46 @@ struct FinetunedModel {
   std::unique_ptr<kernels::Tail> tail;
 };
 
+// The maps sources a rank may open: each fine-tuning backbone's, on each split evaluated.
+int64_t MapsSources(const StepContext& c, int64_t splits) {
+  std::set<std::string> backbones;
+  for (const auto& cand : c.task.candidates)
+    if (cand.finetune) backbones.insert(cand.backbone);
+  return std::max<int64_t>(1, static_cast<int64_t>(backbones.size()) * splits);
+}
+
 // What a rank of the farm keeps of the fine-tuned candidates it evaluates.
 struct Finetuned {
-  explicit Finetuned(StepContext& c) : backbones(c) {}
+  Finetuned(StepContext& c, int64_t splits) : backbones(c), sources(MapsSources(c, splits)) {}
   std::map<std::string, FinetunedModel> models;  // by candidate id
-  std::map<std::string, std::unique_ptr<MapsSource>> maps;  // by backbone + "/" + split, held whole
+  // By backbone + "/" + split: held whole where they fit, else streamed (MapsForEvaluation).
+  std::map<std::string, std::unique_ptr<MapsSource>> maps;
   BackboneTails backbones;
+  int64_t sources;  // the (backbone, split) maps the rank may open, which share its memory
 };
+
+// The maps of `bb` on `split` for evaluation: held whole (each part the rank's shards use kept
+// once read) where the split's maps fit the rank's memory (TaskSpec::rank_memory) less the
+// tail's activations for a batch, shared by the maps sources the rank may open; else streamed
+// within that share, a shard's parts read again for each candidate.
+std::unique_ptr<MapsSource> MapsForEvaluation(StepContext& c, const workflow::BackboneSpec& bb,
+                                              const std::string& split, kernels::Tail& tail, const Finetuned& ft) {
+  std::unique_ptr<MapsSource> whole = OpenMaps(c, bb, split, 0);
+  if (c.task.rank_memory == 0) return whole;
+  const int64_t activations =
+      tail.KeptValuesPerImage(whole->dims) * workflow::kEvaluateBatch * static_cast<int64_t>(sizeof(float));
+  const int64_t limit = std::max<int64_t>(1, (c.task.rank_memory - activations) / ft.sources);
+  if (workflow::MapsKeepBytes(whole->bytes(), limit) == 0) return whole;
+  whole.reset();
+  std::unique_ptr<MapsSource> s = OpenMaps(c, bb, split, limit);
+  if (c.root())
+    c.Say(
+        fmt::format("fine-tuning {}: the {} maps ({:.1f} MB) streamed from the NAM for evaluation, at most {:.1f} MB "
+                    "a rank (the rank's memory {:.1f} MB less {:.1f} MB of activations, shared by {} maps)",
+                    bb.name, split, static_cast<double>(s->bytes()) / 1e6, static_cast<double>(limit) / 1e6,
+                    static_cast<double>(c.task.rank_memory) / 1e6, static_cast<double>(activations) / 1e6, ft.sources));
+  return s;
+}
 
 // One shard of `split` for a fine-tuned candidate: its rows' maps through the candidate's tail
 // (the model read once per rank, and each part of the maps that its shards use), pooled, then
@@ -198,19 +231,37 @@ nlohmann::json FinetunedShard(StepContext& c, const workflow::Candidate& cand, i
   }
   FinetunedModel& model = ft.models.at(cand.id);
   const std::string key = bb.name + "/" + split;
-  if (!ft.maps.count(key)) ft.maps.emplace(key, OpenMaps(c, bb, split, 0));
+  if (!ft.maps.count(key)) ft.maps.emplace(key, MapsForEvaluation(c, bb, split, *model.tail, ft));
   MapsSource& m = *ft.maps.at(key);
   const int64_t shards = c.task.shards, lo = m.n * shard / shards, hi = m.n * (shard + 1) / shards;
   const int64_t classes = std::max(model.head.classes, m.classes);
-  kernels::Metrics met;
-  met.classes = classes;
-  met.confusion.assign(static_cast<size_t>(classes * classes), 0);
+  kernels::Metrics met = kernels::Metrics::Empty(classes);
   if (hi > lo) {
-    const std::vector<float> feats = parallel::TailFeatures(model.tail.get(), m, 64, lo, hi);
+    const std::vector<float> feats = parallel::TailFeatures(model.tail.get(), m, workflow::kEvaluateBatch, lo, hi);
     const std::vector<float> logits = model.head.Logits(feats.data(), hi - lo);
     met.Merge(kernels::Evaluate(logits.data(), m.labels.data() + lo, hi - lo, classes));
   }
   return MetricsJson(met, m.class_names);
+}
+
+// What this rank read of the fine-tuned candidates' maps (every source's reads; the most held is
+// the sources' peaks added, an upper bound), put in its summary `mine` as maps_parts_read and
+// maps_peak_bytes, and said after its tasks (empty where it read none).
+std::string MapsReport(const Finetuned& ft, nlohmann::json* mine) {
+  if (ft.maps.empty()) return {};
+  MapsSource::Stats all;
+  for (const auto& [_, m] : ft.maps) {
+    const MapsSource::Stats s = m->stats();
+    all.parts_read += s.parts_read;
+    all.bytes_read += s.bytes_read;
+    all.peak_bytes += s.peak_bytes;
+    all.wait_seconds += s.wait_seconds;
+  }
+  (*mine)["maps_parts_read"] = all.parts_read;
+  (*mine)["maps_peak_bytes"] = all.peak_bytes;
+  return fmt::format("; {} maps parts read ({:.1f} MB), held at most {:.1f} MB, waited {:.2f} s", all.parts_read,
+                     static_cast<double>(all.bytes_read) / 1e6, static_cast<double>(all.peak_bytes) / 1e6,
+                     all.wait_seconds);
 }
 
 }  // namespace
@@ -227,7 +278,7 @@ void Evaluate(StepContext& c) {
   // finds the model in its cache. A rank reads only the features parts its shards need, once.
   std::map<std::string, Cached> features;  // by backbone + "/" + split
   std::map<std::string, kernels::Head> models;
-  Finetuned finetuned(c);  // the fine-tuned candidates' models and maps
+  Finetuned finetuned(c, AlsoOnTest(c, selection) ? 2 : 1);  // the fine-tuned candidates' models and maps
   std::vector<int64_t> done;
   double busy = 0;
   OverlapStats io;
@@ -262,9 +313,7 @@ void Evaluate(StepContext& c) {
       const int64_t lo = f.n * shard / shards, hi = f.n * (shard + 1) / shards;
       const int64_t pa = hi > lo ? lo / f.part_rows : 0, pb = hi > lo ? (hi - 1) / f.part_rows + 1 : 0;
       const int64_t classes = std::max(h.classes, f.classes);
-      kernels::Metrics met;
-      met.classes = classes;
-      met.confusion.assign(static_cast<size_t>(classes * classes), 0);
+      kernels::Metrics met = kernels::Metrics::Empty(classes);
       io.Add(Overlap(
           pb - pa,
           [&](int64_t j) {
@@ -299,10 +348,6 @@ void Evaluate(StepContext& c) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const bool works = farm->works();
   farm.reset();  // collective
-  if (works)
-    c.Say(fmt::format("rank {}/{}: evaluated {} (model x shard) tasks of {}, {} model(s) read, busy {:.3f} of {:.3f} s",
-                      comm.rank(), comm.size(), done.size(), n_tasks, models.size() + finetuned.models.size(), busy,
-                      wall));
   nlohmann::json mine = {{"rank", comm.rank()},
                          {"tasks", done.size()},
                          {"task_ids", done},
@@ -314,6 +359,11 @@ void Evaluate(StepContext& c) {
                          {"read_s", io.fetch_s},
                          {"read_wait_s", io.wait_s},
                          {"overlap", c.OverlapReport()}};
+  const std::string maps = MapsReport(finetuned, &mine);
+  if (works)
+    c.Say(fmt::format(
+        "rank {}/{}: evaluated {} (model x shard) tasks of {}, {} model(s) read, busy {:.3f} of {:.3f} s{}",
+        comm.rank(), comm.size(), done.size(), n_tasks, models.size() + finetuned.models.size(), busy, wall, maps));
   GatherFarmSummary(c, mine, n_tasks, shards);
 }
 

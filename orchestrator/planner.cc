@@ -48,13 +48,13 @@ TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, c
   return t;
 }
 
-int64_t PerNode(const Machine& m, const ModuleSpec& mod, const TrainLayout& layout) {
-  return m.OnThisHost() ? layout.processes()
-                        : (layout.processes() + std::max<int64_t>(1, mod.nodes) - 1) / std::max<int64_t>(1, mod.nodes);
+int64_t PerNode(const Machine& m, const ModuleSpec& mod, int64_t processes) {
+  return m.OnThisHost() ? processes
+                        : (processes + std::max<int64_t>(1, mod.nodes) - 1) / std::max<int64_t>(1, mod.nodes);
 }
 
-int64_t RankMemoryOf(const Machine& m, const ModuleSpec& mod, const TrainLayout& layout) {
-  return mod.memory > 0 ? static_cast<int64_t>(mod.memory) / std::max<int64_t>(1, PerNode(m, mod, layout)) : 0;
+int64_t RankMemoryOf(const Machine& m, const ModuleSpec& mod, int64_t processes) {
+  return mod.memory > 0 ? static_cast<int64_t>(mod.memory) / std::max<int64_t>(1, PerNode(m, mod, processes)) : 0;
 }
 
 RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_id, const std::string& nam_uri,
@@ -66,6 +66,7 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
   nlohmann::json kept_json = nlohmann::json::array();
   for (const auto& k : kept)
     kept_json.push_back({{"candidate", ToJson(k.candidate)}, {"model", k.model}, {"result", k.result}});
+  const bool finetunes = std::any_of(fresh.begin(), fresh.end(), [](const Candidate& c) { return c.finetune; });
   std::string prev;
   for (const Step step : workflow::kSteps) {
     const std::string name = workflow::StepName(step);
@@ -93,8 +94,7 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
         TrainLayout layout = ResolveTrainLayout(p, s, mod, fresh.size());
         // Only where it matters (a fine-tuning round): every other train task's body, and so its
         // key, is as it was before rank_memory was written.
-        if (std::any_of(fresh.begin(), fresh.end(), [](const Candidate& c) { return c.finetune; }))
-          layout.rank_memory = RankMemoryOf(m, mod, layout);
+        if (finetunes) layout.rank_memory = RankMemoryOf(m, mod, layout.processes());
         t.ranks = layout.processes();
         t.body["train"] = layout.ToJson();
         break;
@@ -102,6 +102,8 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
       case Step::kEvaluate:
         t.body["shards"] = s.shards > 0 ? s.shards : 2 * t.ranks;
         t.body["farm"] = s.farm;
+        // A fine-tuning round's evaluation ranks hold maps within it (as train's, only there).
+        if (finetunes && mod.memory > 0) t.body["rank_memory"] = RankMemoryOf(m, mod, t.ranks);
         break;
       case Step::kSelect:
         t.body["kept"] = kept_json;

@@ -52,12 +52,13 @@ struct KeptCandidate {
 TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, const ModuleSpec& mod,
                                size_t candidates);
 
-// Processes of the train step on one node of its module: every one on this host (a local
-// machine), else the step's processes spread over the module's nodes.
-int64_t PerNode(const Machine& m, const ModuleSpec& mod, const TrainLayout& layout);
+// Of a step's `processes` on module `mod`, those on one node: every one on this host (a local
+// machine), else the processes spread over the module's nodes.
+int64_t PerNode(const Machine& m, const ModuleSpec& mod, int64_t processes);
 // The bytes each of them may take: the node's memory shared among them (0 where the machine
-// file gives no memory). PlanRound puts it in the train task (TrainLayout::rank_memory).
-int64_t RankMemoryOf(const Machine& m, const ModuleSpec& mod, const TrainLayout& layout);
+// file gives no memory). PlanRound puts it in a fine-tuning round's train task
+// (TrainLayout::rank_memory) and evaluate task (TaskSpec::rank_memory).
+int64_t RankMemoryOf(const Machine& m, const ModuleSpec& mod, int64_t processes);
 
 // `test` false: the round holds the test split back (workflow::TaskSpec::test; a halving round
 // that cannot be the run's last, RoundLoop::TestsInRound).

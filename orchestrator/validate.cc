@@ -126,7 +126,7 @@ void CheckRankMemory(const workflow::Machine& m, const workflow::StepSpec& train
   const double need = r.activations + std::min(r.whole, 2 * r.part);
   if (need <= static_cast<double>(layout.rank_memory)) return;
   const workflow::ModuleSpec& mod = m.Module(train.module, "/steps/train/module");
-  const int64_t per_node = PerNode(m, mod, layout);
+  const int64_t per_node = PerNode(m, mod, layout.processes());
   Throw(ErrorKind::kInvalidInput,
         fmt::format("fine-tuning {}: each training rank needs {:.1f} MB: the tail's activations for {} images ({:.1f} "
                     "MB) and at least two parts of the training maps streamed from the NAM ({:.1f} MB; all of them "
@@ -135,6 +135,46 @@ void CheckRankMemory(const workflow::Machine& m, const workflow::StepSpec& train
                     backbone, need / 1e6, r.rows, r.activations / 1e6, std::min(r.whole, 2 * r.part) / 1e6,
                     r.whole / 1e6, mod.name, static_cast<double>(mod.memory) / 1e6, per_node, per_node == 1 ? "" : "s",
                     static_cast<double>(layout.rank_memory) / 1e6, m.name, mod.name));
+}
+
+// What one evaluation rank of a fine-tuning round holds: the tail's activations for a batch
+// and the maps of each split it evaluates, whole where they fit its share of the rank's memory,
+// else streamed within it (modules/evaluate_step.cc, MapsForEvaluation).
+struct EvalMemory {
+  int64_t rank_memory = 0, activations = 0, sources = 0, splits = 0;
+  double maps = 0;    // held at most: each split's, whole or its share
+  double needed = 0;  // the least that works: the activations and two parts of each split
+  bool streamed = false;
+};
+
+EvalMemory EvaluationMemory(const workflow::Pipeline& p, const workflow::Machine& m, const workflow::BackboneSpec& bb,
+                            const workflow::TailShape& t, const std::map<std::string, int64_t>& splits) {
+  EvalMemory e;
+  const workflow::StepSpec& s = p.steps.at(workflow::Step::kEvaluate);
+  const workflow::ModuleSpec& mod = m.Module(s.module, "/steps/evaluate/module");
+  e.rank_memory = RankMemoryOf(m, mod, std::min<int64_t>(s.ranks, mod.max_ranks));
+  if (e.rank_memory == 0) return e;
+  std::vector<std::string> evaluated = {workflow::SelectionSplit(p)};
+  if (evaluated[0] != "test") evaluated.emplace_back("test");
+  e.splits = static_cast<int64_t>(evaluated.size());
+  e.activations = t.kept_values * workflow::kEvaluateBatch * static_cast<int64_t>(sizeof(float));
+  // Every fine-tuning backbone's maps on each split share the rank (the step shares it among
+  // those of its round's candidates: at least as much each).
+  e.sources = static_cast<int64_t>(evaluated.size()) *
+              std::count_if(p.backbones.begin(), p.backbones.end(), [](const auto& b) { return b.finetunes(); });
+  e.needed = static_cast<double>(e.activations);
+  const int64_t share = std::max<int64_t>(1, (e.rank_memory - e.activations) / e.sources);
+  for (const std::string& split : evaluated) {
+    const int64_t value = workflow::MapsInHalf(bb, split) ? 2 : 4;
+    const int64_t n = splits.count(split) ? splits.at(split) : 0, whole = t.values * n * value;
+    const int64_t part =
+        workflow::FeaturesPartRows(t.values, workflow::kMapsBatch, workflow::FeaturesPartBytes()) * t.values * value;
+    const bool streams = workflow::MapsKeepBytes(whole, share) > 0;
+    e.streamed = e.streamed || streams;
+    e.maps += static_cast<double>(streams ? share : whole);
+    e.needed += static_cast<double>(std::min(whole, 2 * part));
+  }
+  return e;
 }
 
 }  // namespace
@@ -149,7 +189,7 @@ std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workfl
   const auto& train = p.steps.at(workflow::Step::kTrain);
   const workflow::ModuleSpec& mod = m.Module(train.module, "/steps/train/module");
   workflow::TrainLayout layout = ResolveTrainLayout(p, train, mod, static_cast<size_t>(p.rounds.candidates));
-  layout.rank_memory = RankMemoryOf(m, mod, layout);
+  layout.rank_memory = RankMemoryOf(m, mod, layout.processes());
   double total = 0;
   for (const auto& bb : p.backbones) {
     if (!bb.finetunes()) continue;
@@ -183,6 +223,23 @@ std::vector<std::string> FinetuneLines(const workflow::Pipeline& p, const workfl
                      : fmt::format("{:.1f} MB of maps", mem.maps / 1e6),
         mem.activations / 1e6, mem.rows));
     CheckRankMemory(m, train, layout, bb.name, mem);
+    const EvalMemory ev = EvaluationMemory(p, m, bb, t, splits);
+    if (ev.rank_memory == 0) continue;
+    const std::string& emod = p.steps.at(workflow::Step::kEvaluate).module;
+    if (ev.needed > static_cast<double>(ev.rank_memory))
+      Throw(ErrorKind::kInvalidInput,
+            fmt::format("fine-tuning {}: each evaluation rank needs {:.1f} MB: the tail's activations for {} images "
+                        "({:.1f} MB) and at least two parts of the maps of each split it evaluates; a rank of module "
+                        "{} has {:.1f} MB (machine '{}', modules.{}.memory): train from a later layer, or give the "
+                        "evaluation more nodes",
+                        bb.name, ev.needed / 1e6, workflow::kEvaluateBatch, static_cast<double>(ev.activations) / 1e6,
+                        emod, static_cast<double>(ev.rank_memory) / 1e6, m.name, emod));
+    lines.push_back(fmt::format(
+        "fine-tuning {}: each evaluation rank on module {} holds {:.1f} MB ({:.1f} MB of maps "
+        "of its {} evaluated split{}{}, {:.1f} MB of activations for {} images)",
+        bb.name, emod, (ev.maps + static_cast<double>(ev.activations)) / 1e6, ev.maps / 1e6, ev.splits,
+        ev.splits == 1 ? "" : "s", ev.streamed ? ", streamed from the NAM where they do not fit" : ", held whole",
+        static_cast<double>(ev.activations) / 1e6, workflow::kEvaluateBatch));
   }
   if (p.nam.empty() && m.nam.serve) {
     const double capacity = static_cast<double>(nam::ParseSize(m.nam.capacity, "the machine's nam.capacity"));

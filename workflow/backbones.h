@@ -76,4 +76,8 @@ bool MapsInHalf(const BackboneSpec& bb, const std::string& split);
 // most about the bytes returned (modules::MapsSource).
 inline int64_t MapsKeepBytes(int64_t maps_bytes, int64_t limit) { return limit > 0 && maps_bytes > limit ? limit : 0; }
 
+// The images of a batch that evaluation runs through a fine-tuned tail: an evaluation rank holds
+// the tail's activations for them beside its maps.
+inline constexpr int64_t kEvaluateBatch = 64;
+
 }  // namespace msaflow::workflow

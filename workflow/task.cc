@@ -118,6 +118,10 @@ TaskSpec ParseTask(const json& body, const std::string& origin) {
     t.shards = Field(body, "shards", origin, json::value_t::number_integer).get<int64_t>();
     if (t.shards < 1) BadTask(origin, "shards", "expected at least 1");
   }
+  if (body.contains("rank_memory")) {  // evaluate, in a fine-tuning round whose module has memory
+    t.rank_memory = Field(body, "rank_memory", origin, json::value_t::number_integer).get<int64_t>();
+    if (t.rank_memory < 1) BadTask(origin, "rank_memory", "expected a positive number of bytes");
+  }
   if (body.contains("farm")) {
     const auto farm = FarmKindFromName(Field(body, "farm", origin, json::value_t::string).get<std::string>());
     if (!farm) BadTask(origin, "farm", "expected \"counter\" or \"dispatcher\"");

@@ -57,6 +57,9 @@ struct TaskSpec {
   std::vector<KeptModel> kept;        // select
   int64_t shards = 1;                 // evaluate
   FarmKind farm = FarmKind::kCounter;  // evaluate
+  // evaluate: the bytes each rank may take (its module's memory shared by the ranks on a node;
+  // 0: no limit), written only in a fine-tuning round: the maps it holds stay within it.
+  int64_t rank_memory = 0;
   int64_t top_k = 1;                  // select
   std::string metric = "accuracy";    // select
   TrainLayout train;                  // train

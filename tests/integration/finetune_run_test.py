@@ -18,8 +18,10 @@ finetune_from_round 2), sync on 2 MPI ranks, then again on 1 rank. Checked:
     uninterrupted run's champion and accuracies;
   - the refusals, before anything runs: a layer the model lacks, an operator without backward,
     lbfgs, another precision, a finetune_from_round past the last round, maps beyond the NAM's
-    capacity, training ranks beyond their module's memory;
-  - mode async fine-tunes (2 workers and a parameter server), and its champion predicts as reported;
+    capacity, training or evaluation ranks beyond their module's memory;
+  - mode async fine-tunes (2 workers and a parameter server) streaming its training maps within
+    the dam's memory, its evaluation streams the test maps within the esb's, and its champion
+    predicts as reported;
   - the halving strategy continues its best candidates into fine-tuning;
   - `msaflow simulate` calibrated on the run predicts its fine-tuning round at 1,024 nodes, with
     the tail's gradient bytes in each sync update.
@@ -301,17 +303,19 @@ class Finetune(unittest.TestCase):
             self.assertEqual(c["candidate"]["warm_start"], "")
         self.assertPredictCounts(doc, run_dir, res)
 
-    def one_round(self, name, train, candidates, dam_memory=None):
+    def one_round(self, name, train, candidates, memory=None, test_images=200):
         """A one-round run of `name` that fine-tunes from round 1 with the train step `train`
-        (on a local machine whose dam nodes have `dam_memory`, if given): the pipeline, the run's
-        output, its directory and its results."""
+        (on a local machine whose modules' nodes have `memory`, {module: size}, if given) on
+        `test_images` test images: the pipeline, the run's output, its directory and its results."""
         doc = pipeline(name)
         doc["rounds"] = {"max": 1, "candidates": candidates, "top_k": 1, "strategy": "perturb", "seed": 3}
         doc["steps"]["train"] = train
-        if dam_memory:
+        doc["datasets"]["test"]["limit"] = test_images
+        if memory:
             with open(os.path.join(ROOT, "configs", "machines", "local.json")) as f:
                 machine = json.load(f)
-            machine["modules"]["dam"]["memory"] = dam_memory
+            for module, size in memory.items():
+                machine["modules"][module]["memory"] = size
             doc["machine"] = write(machine, name + "-machine")
         runs = os.path.join(WORK.name, "runs-" + name)
         out = msaflow("run", write(doc, name), "--runs", runs, "--run-id", name).stdout
@@ -321,9 +325,10 @@ class Finetune(unittest.TestCase):
     def assertPredictCounts(self, doc, run_dir, res):
         """`msaflow predict` on the run counts the champion's reported test accuracy."""
         test = doc["datasets"]["test"]
-        r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", "200")
+        images = test["limit"]
+        r = msaflow("predict", run_dir, test["images"], "--labels", test["labels"], "--limit", str(images))
         reported = sum(c["correct"] for c in res["champion"]["test"]["per_class"])
-        self.assertIn(f"accuracy: {reported} of 200 labelled images", r.stdout)
+        self.assertIn(f"accuracy: {reported} of {images} labelled images", r.stdout)
 
     def test_maps_in_float16(self):
         # feature_dtype f16: every split's maps are stored as float16 (half the NAM bytes); the
@@ -359,8 +364,12 @@ class Finetune(unittest.TestCase):
     def test_async_fine_tunes_with_a_parameter_server(self):
         # The dam's nodes have 48 MiB for 3 processes: 16.8 MB a rank, 14.7 MB of them the tail's
         # activations for a batch of 32, so the 2.2 MB of training maps are streamed within 2.0 MB.
+        # The esb's have 63 MiB for its 2 evaluation ranks: 33.0 MB a rank, 29.5 MB of them the
+        # activations for a batch of 64, the rest shared by the validation and test maps: the 400
+        # test images' 2.5 MB of maps are streamed within 1.8 MB (the validation's held whole),
+        # and the test accuracy evaluation computes from them is the one predict counts.
         doc, out, run_dir, res = self.one_round("ftasync", {"module": "dam", "ranks": 2, "mode": "async"}, 1,
-                                                dam_memory="48MiB")
+                                                memory={"dam": "48MiB", "esb": "63MiB"}, test_images=400)
         self.assertRegex(out, r"trained r1-c00 .*\[async on 2 ranks \+ 1 server\(s\), staleness mean [0-9.]+ max \d+, "
                               rf"\d+ refused\] \[fine-tuned from {TRAIN_FROM}: 289920 weights at lr x 0.3\]")
         self.assertIn("fine-tuning mobilenetv2: the training maps (2.2 MB) streamed from the NAM, at most 2.0 MB a rank",
@@ -369,6 +378,12 @@ class Finetune(unittest.TestCase):
             read = [int(x) for x in re.findall(rf"fine-tuning r1-c00: rank {rank} read (\d+) maps parts", out)]
             self.assertTrue(read and read[0] >= 4, out[-3000:])
         print("streamed: " + "; ".join(re.findall(r"fine-tuning r1-c00: rank \d read [^\n]*", out)))
+        self.assertIn("fine-tuning mobilenetv2: the test maps (2.5 MB) streamed from the NAM for evaluation, at most "
+                      "1.8 MB a rank (the rank's memory 33.0 MB less 29.5 MB of activations, shared by 2 maps)", out)
+        held = [float(x) for x in re.findall(r"rank \d/2: evaluated .* maps parts read \([0-9.]+ MB\), held at most "
+                                             r"([0-9.]+) MB", out)]
+        self.assertEqual(len(held), 2, out[-3000:])
+        self.assertTrue(all(h <= 1.8 + 0.3 for h in held), held)  # the test's share and the validation's 0.24 MB
         champion = res["champion"]
         self.assertEqual(champion["candidate"]["finetune"], {"backbone_lr_scale": 0.3})
         # 400 images, 3 epochs from a head initialised on the pretrained tail: it learns (10 classes).
@@ -476,6 +491,17 @@ class Finetune(unittest.TestCase):
         d["machine"] = write(machine, "enough-dam")
         r = msaflow("validate", write(d, "enough"))
         self.assertIn("each training rank holds 9.6 MB (2.2 MB of maps, 7.4 MB", r.stdout)
+        # Evaluation: 2 esb ranks of 21.0 MB cannot hold the tail's activations for a batch of 64.
+        machine["modules"]["esb"]["memory"] = "40MiB"
+        d["machine"] = write(machine, "small-esb")
+        self.refused(d, 3, "fine-tuning mobilenetv2: each evaluation rank needs 31.0 MB: the tail's activations for 64 "
+                     "images (29.5 MB) and at least two parts of the maps of each split it evaluates; a rank of "
+                     "module esb has 21.0 MB", "modules.esb.memory")
+        machine["modules"]["esb"]["memory"] = "64MiB"  # 33.5 MB a rank: both splits' 1.5 MB held whole
+        d["machine"] = write(machine, "esb-64")
+        r = msaflow("validate", write(d, "enough-esb"))
+        self.assertIn("each evaluation rank on module esb holds 31.0 MB (1.5 MB of maps of its 2 evaluated splits, "
+                      "held whole, 29.5 MB of activations for 64 images)", r.stdout)
         d = copy.deepcopy(doc)
         d["backbones"][0]["train_from"] = "block_13_expand_relu"  # ReLU6 at the cut: no weights after it
         self.refused(d, 3, "train_from 'block_13_expand_relu'", "no weights")

@@ -449,6 +449,38 @@ TEST(Planner, AFineTuningRoundsTrainTaskCarriesEachRanksMemory) {
   EXPECT_THROW(workflow::TrainLayoutFromJson(bad, "task"), Error);
 }
 
+// A fine-tuning round's evaluate task carries its ranks' share of an esb node's memory (the
+// maps they hold stay within it); a round of heads alone keeps its task as it was.
+TEST(Planner, AFineTuningRoundsEvaluateTaskCarriesEachRanksMemory) {
+  const Pipeline p = FineTuning(R"("steps": {"evaluate": {"module": "esb", "ranks": 4}},
+    "rounds": {"max": 2, "candidates": 2, "top_k": 1, "finetune_from_round": 2})");
+  Machine m = LoadMachine("local");
+  m.modules.at("esb").memory = 64 << 20;
+  const auto first = FirstRound(p);
+  const auto evaluate_of = [](const RoundPlan& plan) {
+    for (const auto& t : plan.tasks)
+      if (t.step == workflow::Step::kEvaluate) return t;
+    return Task{};
+  };
+  EXPECT_FALSE(evaluate_of(PlanRound(p, m, "run1", "mem://x", 1, first, {})).body.contains("rank_memory"));
+  std::vector<Ranked> ranking = {{first[0], 0.9, "model/run1/1/" + first[0].id, {}, {}}};
+  const Task tunes = evaluate_of(PlanRound(p, m, "run1", "mem://x", 2, NextRound(p, 2, ranking), {}));
+  EXPECT_EQ(tunes.ranks, 4);
+  EXPECT_EQ(tunes.body["rank_memory"], (64 << 20) / 4);  // the 4 ranks on one local node
+  EXPECT_EQ(workflow::ParseTask(tunes.body, "task").rank_memory, (64 << 20) / 4);
+  nlohmann::json bad = tunes.body;
+  for (const nlohmann::json& v :
+       {nlohmann::json(0), nlohmann::json(-5), nlohmann::json(1.5), nlohmann::json("16MiB")}) {
+    bad["rank_memory"] = v;
+    try {
+      workflow::ParseTask(bad, "task.json");
+      ADD_FAILURE() << "rank_memory " << v << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("task.json: rank_memory"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Candidates, PerturbDerivesFromTheBest) {
   Pipeline p = TwoBackbones();
   auto first = FirstRound(p);
