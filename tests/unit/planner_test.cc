@@ -415,6 +415,13 @@ TEST(Candidates, FineTuningCandidatesTrainForFinetuneEpochs) {
   }
 }
 
+// The task of `step` in a round's plan (an empty one where it has none).
+Task TaskOf(const RoundPlan& plan, workflow::Step step) {
+  for (const auto& t : plan.tasks)
+    if (t.step == step) return t;
+  return Task{};
+}
+
 // A round that fine-tunes tells its train task what each process may take (its share of a dam
 // node's memory: all the processes on the local launcher share one), so that a rank streams its
 // maps where they would not fit; a round of heads alone keeps its task as it always was.
@@ -424,11 +431,7 @@ TEST(Planner, AFineTuningRoundsTrainTaskCarriesEachRanksMemory) {
   Machine m = LoadMachine("local");
   m.modules.at("dam").memory = 48 << 20;
   const auto first = FirstRound(p);
-  const auto train_of = [](const RoundPlan& plan) {
-    for (const auto& t : plan.tasks)
-      if (t.step == workflow::Step::kTrain) return t;
-    return Task{};
-  };
+  const auto train_of = [](const RoundPlan& plan) { return TaskOf(plan, workflow::Step::kTrain); };
   const Task heads = train_of(PlanRound(p, m, "run1", "mem://x", 1, first, {}));
   EXPECT_FALSE(heads.body["train"].contains("rank_memory")) << heads.body["train"];
   std::vector<Ranked> ranking = {{first[0], 0.9, "model/run1/1/" + first[0].id, {}, {}}};
@@ -457,11 +460,7 @@ TEST(Planner, AFineTuningRoundsEvaluateTaskCarriesEachRanksMemory) {
   Machine m = LoadMachine("local");
   m.modules.at("esb").memory = 64 << 20;
   const auto first = FirstRound(p);
-  const auto evaluate_of = [](const RoundPlan& plan) {
-    for (const auto& t : plan.tasks)
-      if (t.step == workflow::Step::kEvaluate) return t;
-    return Task{};
-  };
+  const auto evaluate_of = [](const RoundPlan& plan) { return TaskOf(plan, workflow::Step::kEvaluate); };
   EXPECT_FALSE(evaluate_of(PlanRound(p, m, "run1", "mem://x", 1, first, {})).body.contains("rank_memory"));
   std::vector<Ranked> ranking = {{first[0], 0.9, "model/run1/1/" + first[0].id, {}, {}}};
   const Task tunes = evaluate_of(PlanRound(p, m, "run1", "mem://x", 2, NextRound(p, 2, ranking), {}));
