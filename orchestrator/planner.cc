@@ -48,6 +48,10 @@ TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, c
   return t;
 }
 
+int64_t StepRanks(Step step, const workflow::StepSpec& s, const ModuleSpec& mod) {
+  return workflow::SingleWriter(step) ? 1 : std::min<int64_t>(s.ranks, mod.max_ranks);
+}
+
 int64_t PerNode(const Machine& m, const ModuleSpec& mod, int64_t processes) {
   return m.OnThisHost() ? processes
                         : (processes + std::max<int64_t>(1, mod.nodes) - 1) / std::max<int64_t>(1, mod.nodes);
@@ -76,7 +80,7 @@ RoundPlan PlanRound(const Pipeline& p, const Machine& m, const std::string& run_
     t.id = "r" + std::to_string(round) + "-" + name;
     t.step = step;
     t.module = s.module;
-    t.ranks = workflow::SingleWriter(step) ? 1 : std::min<int64_t>(s.ranks, mod.max_ranks);
+    t.ranks = StepRanks(step, s, mod);
     if (!prev.empty()) t.after = {prev};
     prev = t.id;
     t.body = {{"format", kTaskFormat}, {"run", run_id}, {"round", round}, {"step", name},

@@ -52,6 +52,9 @@ struct KeptCandidate {
 TrainLayout ResolveTrainLayout(const Pipeline& p, const workflow::StepSpec& s, const ModuleSpec& mod,
                                size_t candidates);
 
+// The processes a step other than train starts on module `mod`: one for a step that writes alone
+// (workflow::SingleWriter), else the step's ranks capped by the module's max_ranks.
+int64_t StepRanks(workflow::Step step, const workflow::StepSpec& s, const ModuleSpec& mod);
 // Of a step's `processes` on module `mod`, those on one node: every one on this host (a local
 // machine), else the processes spread over the module's nodes.
 int64_t PerNode(const Machine& m, const ModuleSpec& mod, int64_t processes);

@@ -152,7 +152,7 @@ EvalMemory EvaluationMemory(const workflow::Pipeline& p, const workflow::Machine
   EvalMemory e;
   const workflow::StepSpec& s = p.steps.at(workflow::Step::kEvaluate);
   const workflow::ModuleSpec& mod = m.Module(s.module, "/steps/evaluate/module");
-  e.rank_memory = RankMemoryOf(m, mod, std::min<int64_t>(s.ranks, mod.max_ranks));
+  e.rank_memory = RankMemoryOf(m, mod, StepRanks(workflow::Step::kEvaluate, s, mod));
   if (e.rank_memory == 0) return e;
   std::vector<std::string> evaluated = {workflow::SelectionSplit(p)};
   if (evaluated[0] != "test") evaluated.emplace_back("test");

@@ -6,11 +6,12 @@
 // optimiser with its own learning rate, the tail's with the head's learning rate times
 // backbone_lr_scale (Adam or SGD as the head says; no L2 on the tail). The sums overlap the
 // backward pass: the head's gradient is summed while the tail's backward pass runs, and the
-// tail's in buckets as the pass finishes them (FinetuneOptions::bucket_bytes). The batches are the ones
-// head training draws (parallel/sync_batches.h: the same shuffle of the same seed; a source that
-// streams its maps keeps windows of parts together, FinetuneData::Shuffle), so with the same seed
-// one rank and N ranks train the same weights up to the summation order of the gradients. The trained weights are the average of the last epoch's iterates (2 epochs or more),
-// as for heads.
+// tail's in buckets as the pass finishes them (FinetuneOptions::bucket_bytes). The batches are
+// the ones head training draws (parallel/sync_batches.h: the same shuffle of the same seed; a
+// source that streams its maps keeps windows of parts together, FinetuneData::Shuffle), so with
+// the same seed one rank and N ranks train the same weights up to the summation order of the
+// gradients. The trained weights are the average of the last epoch's iterates (2 epochs or
+// more), as for heads.
 #pragma once
 
 #include <cstdint>
